@@ -1,0 +1,129 @@
+"""The `mldebug` command: global options, command registration and the one error handler."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Annotated
+
+import typer
+
+from ml_debug import __version__, output
+from ml_debug.errors import ExitCode, MLDebugError
+
+# Each module owns its commands and registers them; importing them must stay cheap.
+COMMAND_MODULES = (
+    "check",
+    "env",
+    "gpu_test",
+    "allreduce_bench",
+    "health",
+    "dump_stacks",
+    "core_bt",
+    "trace",
+    "remote_exec",
+    "train",
+)
+
+HELP = """mldebug: find what is wrong with a distributed PyTorch job.
+
+Start with `mldebug check` (this node), `mldebug env` (what is installed and set),
+then the command for the symptom: gpu-test / allreduce-bench (ranks cannot talk or are slow),
+health (hardware), dump-stacks / core-bt (hung or crashed job), trace (a process went silent).
+
+Exit codes: 0 all good; 1 a problem was found; 2 bad usage or input; 3 the environment
+lacks something (GPU, py-spy, ptrace permission); 4 partial result (some ranks/nodes never
+answered); 130 interrupted."""
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mldebug {__version__}")
+        raise typer.Exit()
+
+
+def _global_options(
+    json: Annotated[bool, typer.Option("--json", envvar="MLDEBUG_JSON",
+                                       help="Machine-readable output: one JSON document on stdout.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", envvar="MLDEBUG_DEBUG",
+                                        help="Show tracebacks and debug logs.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    output.configure(json=json, debug=debug)
+
+
+def build_app() -> typer.Typer:
+    import importlib
+
+    app = typer.Typer(
+        name="mldebug",
+        help=HELP,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(_global_options)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"ml_debug.cli.{name}").register(app)
+    return app
+
+
+def _debug_requested(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("MLDEBUG_DEBUG", "").lower() in ("1", "true", "yes")
+
+
+def _fail(message: str, hint: str | None) -> None:
+    sys.stdout.flush()
+    sys.stderr.write(f"mldebug: error: {message}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+    sys.stderr.flush()
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return the exit code (tests call this; :func:`main` exits with it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["--help"]
+    debug = _debug_requested(argv)
+    try:
+        rv = build_app()(args=argv, prog_name="mldebug", standalone_mode=False)
+        return rv if isinstance(rv, int) else ExitCode.OK
+    except MLDebugError as e:
+        if debug:
+            traceback.print_exc()
+        _fail(e.message, e.hint)
+        return int(e.exit_code)
+    except typer.TyperException as e:  # Typer's usage errors: unknown command/option, bad value
+        if debug:
+            traceback.print_exc()
+        ctx = getattr(e, "ctx", None)
+        where = ctx.command_path if ctx is not None else "mldebug"
+        _fail(e.format_message().replace("\n", " "), f"try '{where} --help'")
+        return int(getattr(e, "exit_code", ExitCode.USAGE))
+    except (KeyboardInterrupt, typer.Abort):
+        _fail("interrupted", None)
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        # stdout closed early (`mldebug ... | head`): not an error worth a traceback.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        except OSError:
+            pass
+        return ExitCode.OK
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+            _fail(f"internal error: {type(e).__name__}: {e}", None)
+        else:
+            _fail(f"internal error: {type(e).__name__}: {e}",
+                  "run again with --debug for the traceback, and report it as a bug")
+        return ExitCode.PROBLEM
+
+
+def main() -> None:
+    sys.exit(run())

@@ -1,0 +1,175 @@
+"""The one rendering sink: human (rich) or ``--json`` on stdout; logs and progress on stderr.
+
+Library code returns data; a CLI command hands it to :func:`emit` together with
+a function that draws the human view. Every JSON document has the same envelope::
+
+    {"schema": "mldebug.<name>", "schema_version": N, "mldebug_version": "...",
+     "created": "<UTC ISO time>", "environment": {...}, "result": {...}}
+
+rich is imported only when something is drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any
+
+from ml_debug import __version__
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@dataclasses.dataclass
+class Mode:
+    json: bool = False
+    debug: bool = False
+
+
+MODE = Mode()
+
+
+def configure(*, json: bool | None = None, debug: bool | None = None) -> None:
+    """Set the global output mode (called by the CLI's top-level callback)."""
+    if json is not None:
+        MODE.json = json
+    if debug is not None:
+        MODE.debug = debug
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, enums, paths, sets and tuples to plain JSON values; NaN/inf to None."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return to_jsonable(obj.value)
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted(to_jsonable(v) for v in obj)
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return to_jsonable(obj.item())
+    return str(obj)
+
+
+def document(
+    schema: str, version: int, result: Any, environment: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The versioned JSON envelope around one command's result."""
+    if environment is None:
+        from ml_debug.environment import summary
+
+        environment = summary()
+    return {
+        "schema": schema,
+        "schema_version": version,
+        "mldebug_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "environment": to_jsonable(environment),
+        "result": to_jsonable(result),
+    }
+
+
+def dumps(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False, allow_nan=False)
+
+
+def emit(
+    schema: str,
+    version: int,
+    result: Any,
+    human: Callable[[Console], None] | None = None,
+    *,
+    environment: Mapping[str, Any] | None = None,
+    as_json: bool | None = None,
+) -> None:
+    """Write one command's result to stdout: the JSON document, or the human view."""
+    if as_json if as_json is not None else MODE.json:
+        sys.stdout.write(dumps(document(schema, version, result, environment)) + "\n")
+        sys.stdout.flush()
+    elif human is not None:
+        human(stdout_console())
+
+
+_consoles: dict[str, Console] = {}
+
+
+def _width() -> int | None:
+    # Golden tests and pipes get a stable width; a terminal gets its own.
+    value = os.environ.get("MLDEBUG_WIDTH") or os.environ.get("COLUMNS")
+    return int(value) if value and value.isdigit() else None
+
+
+def stdout_console() -> Console:
+    if "out" not in _consoles:
+        from rich.console import Console
+
+        _consoles["out"] = Console(file=sys.stdout, width=_width() or (None if sys.stdout.isatty() else 120),
+                                   highlight=False, soft_wrap=False)
+    return _consoles["out"]
+
+
+def stderr_console() -> Console:
+    if "err" not in _consoles:
+        from rich.console import Console
+
+        _consoles["err"] = Console(file=sys.stderr, width=_width() or (None if sys.stderr.isatty() else 120),
+                                   highlight=False)
+    return _consoles["err"]
+
+
+def reset_consoles() -> None:
+    """Forget cached consoles (tests swap sys.stdout between invocations)."""
+    _consoles.clear()
+
+
+def log(message: str) -> None:
+    """A line for the person at the terminal: always stderr, never mixed into data."""
+    sys.stderr.write(message.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+def warn(message: str) -> None:
+    log(f"mldebug: warning: {message}")
+
+
+class _Progress:
+    """A progress handle; a no-op unless stderr is a terminal and output is human."""
+
+    def __init__(self, bar: Any = None, task: Any = None) -> None:
+        self._bar, self._task = bar, task
+
+    def advance(self, n: float = 1, description: str | None = None) -> None:
+        if self._bar is not None:
+            kw = {"description": description} if description else {}
+            self._bar.update(self._task, advance=n, **kw)
+
+
+@contextmanager
+def progress(total: float | None, description: str) -> Iterator[_Progress]:
+    """Progress on stderr for long work, when a person is watching."""
+    if MODE.json or not sys.stderr.isatty():
+        yield _Progress()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=stderr_console(), transient=True) as bar:
+        yield _Progress(bar, bar.add_task(description, total=total))

@@ -1,0 +1,1 @@
+"""Pytest fixtures for the real test rig (placeholder; the rig fills this in)."""
