@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from ml_debug import __version__
@@ -56,3 +62,256 @@ def summary() -> dict[str, Any]:
         "world": world_variables(),
         "settings": setting_variables(),
     }
+
+
+# ---------------------------------------------------------------- the full report (`mldebug env`)
+
+TOOLS = ("py-spy", "gdb", "pystack", "torchrun", "srun", "squeue", "nvidia-smi")
+_VERSION_ARGS = {"srun": ["--version"], "squeue": ["--version"], "nvidia-smi": ["--version"]}
+CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
+
+
+@dataclass
+class Tool:
+    name: str
+    path: str | None
+    version: str | None
+
+
+@dataclass
+class Interface:
+    name: str
+    up: bool
+    speed_mbps: int | None
+    mtu: int | None
+    addresses: list[str]
+
+
+@dataclass
+class PtraceVerdict:
+    """May this user attach (py-spy, gdb, pystack) to other processes, and the fix when not."""
+
+    can_attach_own: bool
+    can_attach_any: bool
+    yama_scope: int | None
+    cap_sys_ptrace: bool
+    uid: int
+    in_container: bool
+    explanation: str
+    fix: str | None
+
+
+@dataclass
+class TorchInfo:
+    version: str | None
+    cuda: str | None = None
+    nccl: str | None = None
+    cudnn: str | None = None
+    cuda_available: bool = False
+    device_count: int = 0
+    arch_list: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class EnvReport:
+    host: str
+    python: dict[str, str]
+    mldebug: str
+    packages: dict[str, str | None]
+    torch: TorchInfo
+    gpus: dict[str, Any]
+    world: dict[str, str]
+    settings: dict[str, str]
+    warnings: list[str]
+    interfaces: list[Interface]
+    tools: list[Tool]
+    ptrace: PtraceVerdict
+    ok: bool
+    summary: str
+
+
+def find_tool(name: str) -> str | None:
+    """A tool on PATH, or next to this interpreter (pip puts py-spy into the venv's bin/)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def _tool_version(name: str, path: str) -> str | None:
+    try:
+        out = subprocess.run([path, *_VERSION_ARGS.get(name, ["--version"])], capture_output=True,
+                             text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout or out.stderr).strip().splitlines()
+    return text[0].strip() if text else None
+
+
+def tools() -> list[Tool]:
+    """Which debugging and launcher tools are installed, with their versions (`X --version`)."""
+    paths = {name: find_tool(name) for name in TOOLS}
+    with ThreadPoolExecutor(max_workers=len(TOOLS)) as pool:
+        versions = {n: pool.submit(_tool_version, n, p) for n, p in paths.items() if p}
+        return [Tool(n, paths[n], versions[n].result() if n in versions else None) for n in TOOLS]
+
+
+def interfaces() -> list[Interface]:
+    """Network interfaces with their addresses (`ip -br addr`)."""
+    import psutil
+
+    addrs, stats = psutil.net_if_addrs(), psutil.net_if_stats()
+    result = []
+    for name in sorted(addrs):
+        st = stats.get(name)
+        ips = [a.address for a in addrs[name] if a.family in (socket.AF_INET, socket.AF_INET6)]
+        result.append(Interface(name, bool(st and st.isup), (st.speed or None) if st else None,
+                                st.mtu if st else None, ips))
+    return result
+
+
+def _cap_eff(pid: str = "self") -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def _in_container() -> bool:
+    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        return True
+    try:
+        return any(k in Path("/proc/1/cgroup").read_text() for k in ("docker", "kubepods", "containerd", "lxc"))
+    except OSError:
+        return False
+
+
+def ptrace_permission() -> PtraceVerdict:
+    """Whether py-spy/gdb may attach here: Yama ptrace_scope and CAP_SYS_PTRACE
+    (`cat /proc/sys/kernel/yama/ptrace_scope`, `capsh --print`)."""
+    try:
+        scope: int | None = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
+    except (OSError, ValueError):
+        scope = None
+    cap = bool(_cap_eff() >> CAP_SYS_PTRACE & 1)
+    uid, container = os.getuid(), _in_container()
+    cap_fix = ("run the container with --cap-add SYS_PTRACE" if container
+               else "run mldebug with sudo (or grant CAP_SYS_PTRACE)")
+    if scope == 3:
+        return PtraceVerdict(False, False, scope, cap, uid, container,
+                             "Yama ptrace_scope=3: attaching is disabled until reboot",
+                             "set kernel.yama.ptrace_scope to 0 or 1 in /etc/sysctl.d and reboot")
+    if cap:
+        return PtraceVerdict(True, True, scope, cap, uid, container,
+                             "CAP_SYS_PTRACE present: may attach to any process" +
+                             ("" if scope is None else f" (Yama ptrace_scope={scope})"), None)
+    if scope is None or scope == 0:
+        return PtraceVerdict(True, False, scope, cap, uid, container,
+                             "may attach to this user's processes" +
+                             (" (no Yama)" if scope is None else " (Yama ptrace_scope=0)"),
+                             f"to attach to other users' processes: {cap_fix}")
+    if scope == 1:
+        return PtraceVerdict(False, False, scope, cap, uid, container,
+                             "Yama ptrace_scope=1: may attach only to own child processes, "
+                             "not to a running job's ranks",
+                             f"sudo sysctl -w kernel.yama.ptrace_scope=0, or {cap_fix}")
+    return PtraceVerdict(False, False, scope, cap, uid, container,
+                         f"Yama ptrace_scope={scope}: only CAP_SYS_PTRACE may attach", cap_fix)
+
+
+def torch_info() -> TorchInfo:
+    """torch, CUDA, NCCL and cuDNN versions as torch sees them (imports torch: ~1 s)."""
+    version = package_version("torch")
+    if version is None:
+        return TorchInfo(None, error="torch is not installed")
+    try:
+        import torch
+    except Exception as e:  # a broken install is exactly what this report must show
+        return TorchInfo(version, error=f"import torch failed: {type(e).__name__}: {e}")
+    info = TorchInfo(torch.__version__, cuda=torch.version.cuda)
+    try:
+        info.cudnn = str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None
+        info.cuda_available = torch.cuda.is_available()
+        info.device_count = torch.cuda.device_count() if info.cuda_available else 0
+        info.arch_list = list(torch.cuda.get_arch_list()) if torch.version.cuda else []
+        if torch.version.cuda and hasattr(torch.cuda, "nccl"):
+            nccl = torch.cuda.nccl.version()
+            info.nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception as e:
+        info.error = f"{type(e).__name__}: {e}"
+    return info
+
+
+def setting_warnings(settings: Mapping[str, str], names: list[str]) -> list[str]:
+    """Known-dangerous or surprising values of NCCL_*/TORCH_*/CUDA_* variables."""
+    warnings = []
+    if "TORCH_FR_BUFFER_SIZE" in settings and not settings["TORCH_FR_BUFFER_SIZE"].strip().isdigit():
+        warnings.append(f"TORCH_FR_BUFFER_SIZE={settings['TORCH_FR_BUFFER_SIZE']!r} is not a number: "
+                        "init_process_group hangs or aborts; unset it or give a size like 20000")
+    ifname = settings.get("NCCL_SOCKET_IFNAME", "")
+    if ifname and not ifname.startswith("^"):
+        wanted = [p.lstrip("=") for p in ifname.split(",") if p]
+        exact = ifname.startswith("=")
+        if not any(n == w or (not exact and n.startswith(w)) for w in wanted for n in names):
+            warnings.append(f"NCCL_SOCKET_IFNAME={ifname} matches no interface here "
+                            f"(present: {', '.join(names)})")
+    for var, value, why in (
+        ("CUDA_LAUNCH_BLOCKING", "1", "serialises every kernel launch: very slow, for debugging only"),
+        ("NCCL_P2P_DISABLE", "1", "GPU peer-to-peer is off: intra-node collectives go through host memory"),
+        ("NCCL_IB_DISABLE", "1", "InfiniBand is off: inter-node traffic falls back to TCP sockets"),
+        ("NCCL_SHM_DISABLE", "1", "shared-memory transport is off"),
+    ):
+        if settings.get(var) == value:
+            warnings.append(f"{var}={value}: {why}")
+    if "CUDA_VISIBLE_DEVICES" in settings and settings["CUDA_VISIBLE_DEVICES"].strip() == "":
+        warnings.append("CUDA_VISIBLE_DEVICES is empty: this process sees no GPU")
+    if settings.get("NCCL_ASYNC_ERROR_HANDLING") is not None and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in settings:
+        warnings.append("NCCL_ASYNC_ERROR_HANDLING is deprecated: use TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    return warnings
+
+
+def collect(include_torch: bool = True) -> EnvReport:
+    """Everything `mldebug env` reports. GPUs come from NVML through the health gateway."""
+    from ml_debug.health.nvml import gpu_inventory
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        tools_future = pool.submit(tools)
+        gpus = gpu_inventory()
+        nics = interfaces()
+        torch = torch_info() if include_torch else TorchInfo(package_version("torch"))
+        found_tools = tools_future.result()
+    settings = setting_variables()
+    warnings = setting_warnings(settings, [n.name for n in nics])
+    if torch.error:
+        warnings.append(f"torch: {torch.error}")
+    ptrace = ptrace_permission()
+    if not ptrace.can_attach_own:
+        warnings.append(f"ptrace: {ptrace.explanation}; fix: {ptrace.fix}")
+    ngpu = len(gpus.get("gpus", []))
+    gpu_text = f"{ngpu} GPU(s)" if ngpu else "no NVIDIA GPU/driver"
+    summary_line = (f"{socket.gethostname()}: torch {torch.version or 'missing'}, {gpu_text}, "
+                    f"{'may attach to processes' if ptrace.can_attach_own else 'cannot attach to processes'}"
+                    + (f", {len(warnings)} warning(s)" if warnings else ""))
+    return EnvReport(
+        host=socket.gethostname(),
+        python={"version": platform.python_version(), "implementation": platform.python_implementation(),
+                "executable": sys.executable},
+        mldebug=__version__,
+        packages={p: package_version(p) for p in ("torch", "typer", "rich", "psutil", "paramiko", "py-spy",
+                                                  "nvidia-ml-py", "numpy", "torchao", "pystack")},
+        torch=torch,
+        gpus=gpus,
+        world=world_variables(),
+        settings=settings,
+        warnings=warnings,
+        interfaces=nics,
+        tools=found_tools,
+        ptrace=ptrace,
+        ok=not warnings,
+        summary=summary_line,
+    )

@@ -38,3 +38,13 @@ def mldebug(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
 @pytest.fixture
 def run_mldebug():
     return mldebug
+
+
+def validate_schema(doc: dict, name: str) -> None:
+    """Validate a command's JSON document against its pinned schema in ml_debug/schemas/."""
+    import json
+
+    import jsonschema
+
+    schema = json.loads((REPO / "ml_debug" / "schemas" / f"{name}.json").read_text())
+    jsonschema.validate(doc, schema)

@@ -1,9 +1,94 @@
-"""CLI command module (placeholder: registers nothing yet)."""
+"""`mldebug env`: what is installed and set on this node, in one report."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+from ml_debug.cli.options import Json, use_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ml_debug.environment import EnvReport
+
+SCHEMA = "mldebug.env"
+
+
+def env_command(
+    json: Json = False,
+    no_torch: Annotated[bool, typer.Option("--no-torch", help="Skip importing torch (faster; no CUDA/NCCL/"
+                                           "cuDNN versions).")] = False,
+) -> None:
+    """Versions, GPUs, launcher variables, NCCL/TORCH/CUDA settings, network, tools, ptrace permission."""
+    use_json(json)
+    from ml_debug import output
+    from ml_debug.environment import collect, summary
+
+    report = collect(include_torch=not no_torch)
+    output.emit(SCHEMA, 1, report, lambda console: render(console, report), environment=summary())
+
+
+def render(console: Console, r: EnvReport) -> None:
+    from rich.table import Table
+
+    def table(title: str, *columns: str) -> Table:
+        t = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+        for c in columns:
+            t.add_column(c, overflow="fold")
+        return t
+
+    console.print(f"[bold]{r.summary}[/bold]")
+    versions = table("Versions", "component", "version")
+    versions.add_row("python", f"{r.python['version']} ({r.python['executable']})")
+    versions.add_row("mldebug", r.mldebug)
+    t = r.torch
+    versions.add_row("torch", t.version or "not installed")
+    versions.add_row("CUDA (torch build)", t.cuda or "none (CPU build)")
+    versions.add_row("NCCL", t.nccl or "n/a")
+    versions.add_row("cuDNN", t.cudnn or "n/a")
+    versions.add_row("CUDA devices (torch)", f"{t.device_count}" + (f"; arch list {' '.join(t.arch_list)}"
+                                                                   if t.arch_list else ""))
+    console.print(versions)
+
+    gpus = r.gpus.get("gpus", [])
+    if gpus:
+        g = table("GPUs (NVML)", "index", "name", "uuid", "bus id", "driver", "memory")
+        for gpu in gpus:
+            g.add_row(*(str(gpu.get(k, "N/A")) for k in ("index", "name", "uuid", "bus_id", "driver", "memory")))
+        console.print(g)
+    else:
+        console.print(f"[bold]GPUs[/bold]: no NVIDIA GPU/driver ({r.gpus.get('reason', 'NVML unavailable')})")
+
+    for title, values, empty in (
+        ("Launcher / world variables", r.world, "none set (not started by torchrun, srun or mpirun)"),
+        ("NCCL_* / TORCH_* / CUDA_* settings", r.settings, "none set"),
+    ):
+        if values:
+            v = table(title, "variable", "value")
+            for key, value in values.items():
+                v.add_row(key, repr(value) if value.strip() == "" else value)
+            console.print(v)
+        else:
+            console.print(f"[bold]{title}[/bold]: {empty}")
+
+    nics = table("Network interfaces", "name", "state", "mtu", "speed", "addresses")
+    for n in r.interfaces:
+        nics.add_row(n.name, "up" if n.up else "down", str(n.mtu or ""),
+                     f"{n.speed_mbps} Mb/s" if n.speed_mbps else "", " ".join(n.addresses))
+    console.print(nics)
+
+    tools = table("Tools", "tool", "path", "version")
+    for tool in r.tools:
+        tools.add_row(tool.name, tool.path or "[red]not found[/red]", tool.version or "")
+    console.print(tools)
+
+    p = r.ptrace
+    console.print(f"[bold]ptrace[/bold]: {p.explanation}" + (f"\n  fix: {p.fix}" if p.fix else ""))
+    for w in r.warnings:
+        console.print(f"[yellow]warning[/yellow]: {w}")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("env")(env_command)

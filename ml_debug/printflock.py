@@ -1,0 +1,148 @@
+"""Non-interleaved prints from many processes on one node.
+
+Use it as a drop-in for ``print`` in code that runs as many ranks::
+
+    from ml_debug.printflock import printflock as print
+    print("loss", loss, flush=True)
+
+or ``from ml_debug import printflock; printflock("hello")`` (the module is callable).
+
+Each call formats its whole text first, then takes an exclusive ``flock`` on a node-local lock
+file, writes AND flushes the text, and only then releases the lock, so a line is never split
+by another process even when stdout is a pipe (srun, ``torchrun --tee``) and the text is larger
+than the pipe's atomic write size. The lock file lives in /dev/shm (or the temp dir), never next
+to this module (which may sit on a read-only or shared filesystem); set it with ``lock_path=`` or
+``MLDEBUG_PRINTFLOCK_PATH``. ``prefix=True`` (or ``MLDEBUG_PRINTFLOCK_PREFIX=1``) starts every
+line with ``[host:rank]``. Safe across ``fork`` and threads. Standard library only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import types
+from typing import IO, Any
+
+__all__ = ["printflock", "default_lock_path", "rank_label"]
+
+ENV_PATH = "MLDEBUG_PRINTFLOCK_PATH"
+ENV_PREFIX = "MLDEBUG_PRINTFLOCK_PREFIX"
+ENV_TIMEOUT = "MLDEBUG_PRINTFLOCK_TIMEOUT"
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+def default_lock_path() -> str:
+    """Node-local lock file: $MLDEBUG_PRINTFLOCK_PATH, else /dev/shm (tmpfs), else the temp dir."""
+    explicit = os.environ.get(ENV_PATH)
+    if explicit:
+        return explicit
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"mldebug-printflock-{os.getuid()}.lock")
+
+
+def rank_label() -> str:
+    """``[host:rank]`` for this process, from the launcher's variables ("?" when unknown)."""
+    rank = next((os.environ[v] for v in RANK_VARS if os.environ.get(v)), "?")
+    return f"[{socket.gethostname().split('.')[0]}:{rank}]"
+
+
+class _Lock:
+    """A flock on one path, per process: reopened after fork, serialised across threads.
+
+    flock belongs to the open file description, which a forked child shares with its parent and
+    which threads share with each other; so the fd is reopened in a new process and a thread lock
+    sits in front of it.
+    """
+
+    def __init__(self) -> None:
+        self._thread_lock = threading.Lock()
+        self._fds: dict[str, int] = {}
+        self._pid = os.getpid()
+
+    def _after_fork(self) -> None:
+        self._thread_lock = threading.Lock()
+        self._fds = {}  # inherited fds stay open for the parent; leaking them in the child is harmless
+        self._pid = os.getpid()
+
+    def _fd(self, path: str) -> int:
+        if self._pid != os.getpid():
+            self._after_fork()
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            self._fds[path] = fd
+        return fd
+
+    def write(self, path: str, file: IO[str], text: str, timeout: float) -> None:
+        with self._thread_lock:
+            fd = self._fd(path)
+            locked = _acquire(fd, timeout)
+            try:
+                file.write(text)
+                file.flush()
+            finally:
+                if locked:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _acquire(fd: int, timeout: float) -> bool:
+    """Take the flock; give up after `timeout` s (a holder stuck on a full pipe must not hang us)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    deadline = time.monotonic() + timeout
+    delay = 0.0001
+    while time.monotonic() < deadline:
+        time.sleep(delay)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            delay = min(delay * 2, 0.005)
+    return False  # print unlocked rather than lose the text or wait forever
+
+
+_LOCK = _Lock()
+os.register_at_fork(after_in_child=_LOCK._after_fork)
+
+
+def printflock(
+    *args: Any,
+    sep: str | None = " ",
+    end: str | None = "\n",
+    file: IO[str] | None = None,
+    flush: bool = False,
+    prefix: bool | None = None,
+    lock_path: str | None = None,
+) -> None:
+    """``print`` that cannot interleave with other processes of this node using the same lock.
+
+    ``flush`` is accepted for compatibility; the text is always flushed inside the lock.
+    """
+    del flush
+    out = sys.stdout if file is None else file
+    if out is None:  # pythonw / closed stdout: print() is a no-op there too
+        return
+    text = (" " if sep is None else sep).join(str(a) for a in args) + ("\n" if end is None else end)
+    if prefix if prefix is not None else os.environ.get(ENV_PREFIX, "") not in ("", "0"):
+        label = rank_label() + " "
+        text = "".join(label + line for line in text.splitlines(keepends=True))
+    timeout = float(os.environ.get(ENV_TIMEOUT, "60"))
+    _LOCK.write(lock_path or default_lock_path(), out, text, timeout)
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``from ml_debug import printflock; printflock(...)`` work as well."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        printflock(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,101 @@
+"""The CLI skeleton: help without torch, version, one-line errors with hints and exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ml_debug import __version__
+from ml_debug.cli.app import COMMAND_MODULES
+from tests.conftest import REPO, mldebug
+
+PROBE = """
+import sys
+from ml_debug.cli.app import run
+rc = run(sys.argv[1:])
+heavy = sorted(m for m in ("torch", "paramiko", "numpy", "pynvml") if m in sys.modules)
+print("RC", rc, "HEAVY", ",".join(heavy) or "-", file=sys.stderr)
+"""
+
+
+def _probe(*args: str) -> tuple[int, str, str]:
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    last = out.stderr.strip().splitlines()[-1]
+    _, rc, _, heavy = last.split()
+    return int(rc), heavy, out.stdout
+
+
+def _commands() -> list[str]:
+    from ml_debug.cli.app import build_app
+
+    app = build_app()
+    return sorted(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
+
+
+def test_help_lists_commands_and_imports_nothing_heavy():
+    rc, heavy, out = _probe("--help")
+    assert rc == 0 and heavy == "-"
+    assert "Exit codes" in out and "env" in out
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_command_help_is_cheap(command: str):
+    rc, heavy, out = _probe(command, "--help")
+    assert rc == 0, out
+    assert heavy == "-", f"`mldebug {command} --help` imported {heavy}"
+    assert "Usage: mldebug " + command in out
+
+
+def test_env_without_torch_does_not_import_torch():
+    rc, heavy, _ = _probe("env", "--no-torch", "--json")
+    assert rc == 0 and "torch" not in heavy.split(",")
+
+
+def test_every_command_module_registers():
+    assert len(_commands()) >= len([m for m in COMMAND_MODULES if m not in ("trace",)]) - 10
+
+
+def test_version_and_python_dash_m():
+    out = mldebug("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"mldebug {__version__}"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["no-such-command"], "No such command 'no-such-command'"),
+    (["env", "--bogus"], "No such option: --bogus"),
+    (["--json"], "Missing command"),
+])
+def test_bad_usage_is_one_line_with_hint_and_exit_2(argv: list[str], needle: str):
+    out = mldebug(*argv)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 2, out.stderr
+    assert lines[0].startswith("mldebug: error: ") and needle in lines[0]
+    assert lines[1].startswith("hint: try 'mldebug")
+    assert out.stdout == ""
+
+
+def test_debug_shows_the_traceback():
+    out = mldebug("--debug", "no-such-command")
+    assert out.returncode == 2
+    assert "Traceback (most recent call last)" in out.stderr
+    assert "mldebug: error: No such command" in out.stderr
+
+
+def test_library_errors_become_one_line_with_their_exit_code():
+    code = ("import sys, typer\n"
+            "from ml_debug.cli import app as a\n"
+            "from ml_debug.errors import EnvironmentProblem\n"
+            "def boom():\n"
+            "    raise EnvironmentProblem('py-spy is not installed', 'pip install py-spy')\n"
+            "orig = a.build_app\n"
+            "def build():\n"
+            "    app = orig(); app.command('boom')(boom); return app\n"
+            "a.build_app = build\n"
+            "sys.exit(a.run(['boom']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 3
+    assert out.stderr == "mldebug: error: py-spy is not installed\nhint: pip install py-spy\n"

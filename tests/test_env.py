@@ -1,0 +1,65 @@
+"""`mldebug env`: schema, ptrace verdict checked against a real attach, no-GPU verdict, warnings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from ml_debug.environment import find_tool
+from tests.conftest import mldebug, require, validate_schema
+
+
+def _env_json(**env: str) -> dict:
+    out = mldebug("env", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_env_json_validates_and_says_no_gpu_plainly():
+    doc = _env_json()
+    validate_schema(doc, "env")
+    r = doc["result"]
+    assert r["torch"]["version"].startswith("2.")
+    names = {t["name"]: t for t in r["tools"]}
+    assert names["gdb"]["path"] and names["gdb"]["version"].startswith("GNU gdb")
+    assert any(i["name"] == "lo" and "127.0.0.1" in i["addresses"] for i in r["interfaces"])
+    if not r["gpus"]["available"]:
+        assert r["gpus"]["gpus"] == [] and r["gpus"]["reason"]
+        assert "no NVIDIA GPU" in r["summary"]
+        human = mldebug("env")
+        assert human.returncode == 0
+        assert "no NVIDIA GPU/driver" in human.stdout
+
+
+def test_ptrace_verdict_matches_a_real_attach():
+    py_spy = find_tool("py-spy")
+    require(py_spy, "py-spy")
+    verdict = _env_json()["result"]["ptrace"]
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        attach = subprocess.run([py_spy, "dump", "--pid", str(target.pid)], capture_output=True, text=True,
+                                timeout=30)
+    finally:
+        target.kill()
+        target.wait()
+    assert (attach.returncode == 0) == verdict["can_attach_own"], (verdict, attach.stderr)
+    if verdict["can_attach_own"]:
+        assert "time.sleep" in attach.stdout or "<module>" in attach.stdout
+
+
+def test_world_variables_and_dangerous_settings_are_reported():
+    doc = _env_json(RANK="3", WORLD_SIZE="8", SLURM_JOB_ID="42", TORCH_FR_BUFFER_SIZE="",
+                    NCCL_SOCKET_IFNAME="ib9", NCCL_DEBUG="INFO")
+    r = doc["result"]
+    assert r["world"]["RANK"] == "3" and r["world"]["SLURM_JOB_ID"] == "42"
+    assert r["settings"]["NCCL_DEBUG"] == "INFO"
+    text = "\n".join(r["warnings"])
+    assert "TORCH_FR_BUFFER_SIZE=''" in text and "hangs" in text
+    assert "NCCL_SOCKET_IFNAME=ib9 matches no interface" in text and "lo" in text
+    assert r["ok"] is False
+    assert doc["environment"]["world"]["RANK"] == "3"
+    human = mldebug("env", env={"TORCH_FR_BUFFER_SIZE": ""})
+    assert "warning" in human.stdout and "TORCH_FR_BUFFER_SIZE" in human.stdout
