@@ -141,6 +141,8 @@ def find_tool(name: str) -> str | None:
 
 
 def _tool_version(name: str, path: str) -> str | None:
+    if name == "torchrun":  # has no --version; it is torch's own launcher
+        return f"torch {package_version('torch')}"
     try:
         out = subprocess.run([path, *_VERSION_ARGS.get(name, ["--version"])], capture_output=True,
                              text=True, timeout=10, stdin=subprocess.DEVNULL)
@@ -275,10 +277,29 @@ def setting_warnings(settings: Mapping[str, str], names: list[str]) -> list[str]
     return warnings
 
 
+def gpu_inventory() -> dict[str, Any]:
+    """GPUs as NVML sees them (`nvidia-smi -L` plus bus id, driver and memory), or why none."""
+    from ml_debug.health.nvml import is_na, open_gateway
+
+    with open_gateway() as gw:
+        status = gw.open()
+        if not status.available:
+            return {"available": False, "reason": status.reason, "driver": None, "gpus": []}
+        driver = gw.driver_version()
+        gpus = []
+        for index in range(gw.device_count()):
+            h = gw.handle(index)
+            memory = gw.memory(h)
+            gpus.append({
+                "index": index, "name": str(gw.name(h)), "uuid": str(gw.uuid(h)),
+                "bus_id": str(gw.pci_bus_id(h)), "driver": str(driver),
+                "memory": "N/A" if is_na(memory) else f"{memory[0] / 2**30:.1f} GiB",
+            })
+        return {"available": True, "reason": None, "driver": str(driver), "gpus": gpus}
+
+
 def collect(include_torch: bool = True) -> EnvReport:
     """Everything `mldebug env` reports. GPUs come from NVML through the health gateway."""
-    from ml_debug.health.nvml import gpu_inventory
-
     with ThreadPoolExecutor(max_workers=2) as pool:
         tools_future = pool.submit(tools)
         gpus = gpu_inventory()

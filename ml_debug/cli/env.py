@@ -59,7 +59,7 @@ def render(console: Console, r: EnvReport) -> None:
             g.add_row(*(str(gpu.get(k, "N/A")) for k in ("index", "name", "uuid", "bus_id", "driver", "memory")))
         console.print(g)
     else:
-        console.print(f"[bold]GPUs[/bold]: no NVIDIA GPU/driver ({r.gpus.get('reason', 'NVML unavailable')})")
+        console.print(f"[bold]GPUs[/bold]: {r.gpus.get('reason') or 'no NVIDIA GPU/driver'}")
 
     for title, values, empty in (
         ("Launcher / world variables", r.world, "none set (not started by torchrun, srun or mpirun)"),

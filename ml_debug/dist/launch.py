@@ -1,0 +1,159 @@
+"""Self-launch N local ranks of an mldebug command through torch's elastic launcher API.
+
+``mldebug gpu-test --nproc-per-node 4`` is the same as
+``torchrun --nproc-per-node 4 --no-python mldebug gpu-test``, without typing torchrun; multi-node
+takes ``--nnodes/--node-rank/--master-addr/--master-port`` like torchrun's static rendezvous.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ml_debug.errors import ExitCode, UsageError
+
+LAUNCH_OPTIONS = ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port")
+KILLED = -15  # a rank stopped by the launcher because another one failed
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What torchrun's command line would say."""
+
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_timeout_s: float = 120.0  # how long node 0 waits for the other nodes (and they for it)
+    run_timeout_s: float | None = None  # stop every rank after this long, whatever they do
+    cpu_ranks: bool = True  # set OMP_NUM_THREADS=1 unless the user set it
+
+
+@dataclass
+class LaunchResult:
+    """Exit code of every rank this node launched (global rank -> code; negative: killed by signal)."""
+
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    timed_out: bool = False
+
+    @property
+    def code(self) -> int:
+        """The command's exit code: global rank 0's (it prints the verdict) on node 0, else the worst."""
+        if not self.exit_codes or self.timed_out:
+            return ExitCode.PARTIAL
+        if 0 in self.exit_codes:
+            return self.exit_codes[0] if self.exit_codes[0] >= 0 else ExitCode.PARTIAL
+        codes = list(self.exit_codes.values())
+        return ExitCode.PARTIAL if min(codes) < 0 else max(codes)
+
+
+def free_port() -> int:
+    """An unused TCP port on this host (for the single-node rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def strip_launch_options(argv: Sequence[str]) -> list[str]:
+    """Drop the self-launch options from an argv so the ranks do not launch again."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in LAUNCH_OPTIONS:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def validate(spec: LaunchSpec) -> LaunchSpec:
+    if spec.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node {spec.nproc_per_node} must be at least 1", "use 1 or more")
+    if spec.nnodes < 1 or not 0 <= spec.node_rank < spec.nnodes:
+        raise UsageError(f"--node-rank {spec.node_rank} is outside --nnodes {spec.nnodes}",
+                         "node ranks are 0 .. nnodes-1, one per node")
+    if spec.nnodes > 1 and not spec.master_addr:
+        raise UsageError("--nnodes > 1 needs --master-addr (the host of node rank 0)",
+                         "e.g. --master-addr $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)")
+    if spec.master_port is not None and not 0 < spec.master_port < 65536:
+        raise UsageError(f"--master-port {spec.master_port} is not a valid port", "use 1024-65535")
+    return spec
+
+
+def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None = None) -> LaunchResult:
+    """Run ``python -m ml_debug <argv>`` as ``spec.nproc_per_node`` ranks of a (multi-node) world.
+
+    Returns each rank's exit code. Workers inherit stdout/stderr; rank 0 prints the verdict.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    spec = validate(spec)
+    # torch's agent logs every start and stop at INFO/WARNING; only its errors help a user here.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    addr = spec.master_addr or "127.0.0.1"
+    port = spec.master_port or (free_port() if spec.nnodes == 1 else 29500)
+    workdir = tempfile.mkdtemp(prefix="mldebug-launch-")
+    saved = dict(os.environ)
+    timer: threading.Timer | None = None
+    result = LaunchResult()
+    try:
+        os.environ["MLDEBUG_LAUNCH_DIR"] = workdir
+        if spec.cpu_ranks:
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.update(env or {})
+        config = LaunchConfig(
+            min_nodes=spec.nnodes, max_nodes=spec.nnodes, nproc_per_node=spec.nproc_per_node,
+            run_id=f"mldebug-{port}" if spec.nnodes > 1 else f"mldebug-{uuid.uuid4().hex[:12]}",
+            role="mldebug", rdzv_endpoint=f"{addr}:{port}", rdzv_backend="static",
+            rdzv_configs={"rank": spec.node_rank, "timeout": max(1, int(spec.rdzv_timeout_s))},
+            max_restarts=0, monitor_interval=0.2,
+            logs_specs=DefaultLogsSpecs(log_dir=os.path.join(workdir, "logs")),
+        )
+        if spec.run_timeout_s:
+            def _expire() -> None:
+                result.timed_out = True
+                os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into a clean stop
+
+            timer = threading.Timer(spec.run_timeout_s, _expire)
+            timer.daemon = True
+            timer.start()
+        failures: dict[int, int] = {}
+        try:
+            elastic_launch(config, sys.executable)("-u", "-m", "ml_debug.dist.worker", *argv)
+        except ChildFailedError as e:
+            failures = {int(r): int(f.exitcode) for r, f in e.failures.items()}
+        except SignalException as e:
+            if not result.timed_out and e.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from e
+            result.timed_out = True
+        first = spec.node_rank * spec.nproc_per_node
+        for rank in range(first, first + spec.nproc_per_node):
+            rc_file = os.path.join(workdir, f"rank{rank}.rc")
+            if os.path.exists(rc_file):
+                with open(rc_file) as fh:
+                    result.exit_codes[rank] = int(fh.read().strip() or ExitCode.PROBLEM)
+            else:
+                result.exit_codes[rank] = failures.get(rank, KILLED)
+        return result
+    finally:
+        if timer is not None:
+            timer.cancel()
+        os.environ.clear()
+        os.environ.update(saved)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,322 @@
+"""The ssh transport (paramiko): ~/.ssh/config, keys and agent, known_hosts, timeouts, reuse.
+
+Shell equivalent, per host::
+
+    ssh -o BatchMode=yes -o ConnectTimeout=10 -o StrictHostKeyChecking=yes HOST 'CMD'
+
+What it honours from the ssh config (``~/.ssh/config`` or ``--ssh-config``): HostName, Port,
+User, IdentityFile, IdentitiesOnly, UserKnownHostsFile, ProxyJump and ProxyCommand.
+Host keys are checked against ``~/.ssh/known_hosts``, ``/etc/ssh/ssh_known_hosts`` and the
+config's UserKnownHostsFile; an unknown or changed key refuses the host. ``StrictHostKeyChecking``
+in the config is deliberately not honoured: only ``--insecure-no-host-key-check`` skips the check,
+so that skipping it is always visible on the command line.
+
+One :class:`SshPool` per run keeps one connection per (user, address, port); several targets on
+the same host (or a version probe and a command) share it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ml_debug.remote.result import (
+    AUTH_FAILED,
+    HOST_KEY_MISMATCH,
+    MAX_OUTPUT_BYTES,
+    TIMED_OUT,
+    UNREACHABLE,
+    Failure,
+    NodeResult,
+    decode,
+    failed,
+    finished,
+)
+from ml_debug.remote.targets import Target, TargetSpec
+
+if TYPE_CHECKING:
+    import paramiko
+
+DEFAULT_CONFIG = Path("~/.ssh/config")
+DEFAULT_KNOWN_HOSTS = (Path("~/.ssh/known_hosts"), Path("/etc/ssh/ssh_known_hosts"))
+
+
+class SshFailure(Exception):
+    """Connecting failed for a named reason (one of the runner's failure words)."""
+
+    def __init__(self, failure: Failure, detail: str) -> None:
+        super().__init__(detail)
+        self.failure = failure
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a target really is after the ssh config is applied."""
+
+    alias: str
+    hostname: str
+    port: int
+    user: str
+    identities: tuple[str, ...]
+    identities_only: bool
+    known_hosts: tuple[str, ...]
+    proxy_jump: str | None
+    proxy_command: str | None
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.user, self.hostname, self.port)
+
+    @property
+    def where(self) -> str:
+        return f"{self.hostname}:{self.port}"
+
+
+class SshPool:
+    """Connections for one run: resolve through the ssh config, connect once per endpoint."""
+
+    def __init__(self, spec: TargetSpec, connect_timeout_s: float) -> None:
+        import paramiko
+
+        # paramiko logs transport errors (refused banners, resets) to the root logger's
+        # last-resort handler; the runner reports each failure itself, once, in words.
+        if not logging.getLogger("paramiko").handlers:
+            logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("paramiko").propagate = False
+        self.spec = spec
+        self.connect_timeout_s = connect_timeout_s
+        config_path = (spec.ssh_config or DEFAULT_CONFIG).expanduser()
+        if spec.ssh_config is not None or config_path.exists():
+            try:
+                self.config = paramiko.SSHConfig.from_path(str(config_path))
+            except FileNotFoundError:
+                from ml_debug.errors import UsageError
+
+                raise UsageError(f"ssh config {str(config_path)!r} does not exist",
+                                 "--ssh-config takes an ssh_config file (like ~/.ssh/config)") from None
+        else:
+            self.config = paramiko.SSHConfig()
+        self._clients: dict[tuple[str, str, int], paramiko.SSHClient] = {}
+        self._locks: dict[tuple[str, str, int], threading.Lock] = {}
+        self._jump_clients: list[paramiko.SSHClient] = []
+        self._guard = threading.Lock()
+        self._user = getpass.getuser()
+
+    # -- resolving ----------------------------------------------------------------------------
+    def endpoint(self, target: Target) -> Endpoint:
+        """Apply the ssh config to a target (target fields win over the config, like ssh -p)."""
+        cfg = self.config.lookup(target.host)
+        ids = [str(Path(p).expanduser()) for p in self.spec.identities]
+        ids += [str(Path(p).expanduser()) for p in cfg.get("identityfile", [])]
+        known = [str(p.expanduser()) for p in DEFAULT_KNOWN_HOSTS]
+        for item in shlex.split(cfg.get("userknownhostsfile", "")):
+            known.append(str(Path(item).expanduser()))
+        return Endpoint(
+            alias=target.host,
+            hostname=cfg.get("hostname", target.host),
+            port=target.port or int(cfg.get("port", 22)),
+            user=target.user or cfg.get("user") or self._user,
+            identities=tuple(dict.fromkeys(ids)),
+            identities_only=cfg.get("identitiesonly", "no").lower() == "yes",
+            known_hosts=tuple(dict.fromkeys(known)),
+            proxy_jump=None if cfg.get("proxyjump", "none").lower() == "none" else cfg["proxyjump"],
+            proxy_command=None if cfg.get("proxycommand", "none").lower() == "none" else cfg["proxycommand"],
+        )
+
+    # -- connecting ---------------------------------------------------------------------------
+    def client(self, target: Target) -> paramiko.SSHClient:
+        """A connected client for the target, made once per endpoint and shared."""
+        ep = self.endpoint(target)
+        with self._guard:
+            lock = self._locks.setdefault(ep.key, threading.Lock())
+        with lock:
+            client = self._clients.get(ep.key)
+            if client is not None and client.get_transport() is not None and client.get_transport().is_active():
+                return client
+            client = self._connect(ep, sock=self._proxy_sock(ep))
+            self._clients[ep.key] = client
+            return client
+
+    def _proxy_sock(self, ep: Endpoint) -> Any:
+        import paramiko
+
+        if ep.proxy_jump:
+            sock: Any = None
+            hops = [h.strip() for h in ep.proxy_jump.split(",") if h.strip()]
+            # Each hop is itself resolved through the config, then tunnelled through the previous.
+            hop_eps = []
+            for hop in hops:
+                from ml_debug.remote.targets import parse_target
+
+                hop_eps.append(self.endpoint(parse_target(hop, "ProxyJump: ")))
+            for i, hop_ep in enumerate(hop_eps):
+                jump = self._connect(hop_ep, sock=sock, jump=True)
+                with self._guard:
+                    self._jump_clients.append(jump)
+                nxt = hop_eps[i + 1] if i + 1 < len(hop_eps) else ep
+                try:
+                    sock = jump.get_transport().open_channel(  # type: ignore[union-attr]
+                        "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0),
+                        timeout=self.connect_timeout_s)
+                except Exception as e:
+                    raise SshFailure(UNREACHABLE, f"jump host {hop_ep.where} cannot reach "
+                                                  f"{nxt.where}: {e}") from None
+            return sock
+        if ep.proxy_command:
+            return paramiko.ProxyCommand(ep.proxy_command)
+        return None
+
+    def _connect(self, ep: Endpoint, sock: Any = None, jump: bool = False) -> paramiko.SSHClient:
+        import paramiko
+
+        client = paramiko.SSHClient()
+        if self.spec.insecure_no_host_key_check:
+            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # memory only, never saved
+        else:
+            for path in ep.known_hosts:
+                if os.path.isfile(path):
+                    try:
+                        client.load_host_keys(path)
+                    except (OSError, paramiko.SSHException):
+                        pass
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        key_files = [p for p in ep.identities if os.path.isfile(p)]
+        t = self.connect_timeout_s
+        what = f"jump host {ep.where}" if jump else ep.where
+        try:
+            client.connect(
+                ep.hostname, port=ep.port, username=ep.user, key_filename=key_files or None,
+                timeout=t, banner_timeout=t, auth_timeout=t, channel_timeout=t,
+                allow_agent=not (ep.identities_only and key_files),
+                look_for_keys=not (ep.identities_only and key_files), sock=sock,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise SshFailure(HOST_KEY_MISMATCH, f"{what} offered a {e.key.get_name()} host key that differs "
+                                                "from known_hosts (possible man-in-the-middle, or the host "
+                                                "was reinstalled)") from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            raise SshFailure(AUTH_FAILED, f"{ep.user}@{what} refused our keys ({e})") from None
+        except paramiko.SSHException as e:
+            client.close()
+            msg = str(e)
+            if "not found in known_hosts" in msg:
+                raise SshFailure(HOST_KEY_MISMATCH, f"{what} is not in known_hosts, so its host key "
+                                                    "cannot be verified") from None
+            if isinstance(e, paramiko.PasswordRequiredException):
+                raise SshFailure(AUTH_FAILED, f"{what}: the key needs a passphrase; load it into "
+                                              "ssh-agent") from None
+            raise SshFailure(UNREACHABLE, f"{what}: ssh handshake failed: {msg or type(e).__name__}") from None
+        except (socket.timeout, TimeoutError):
+            client.close()
+            raise SshFailure(UNREACHABLE, f"{what}: no answer within {t:g} s") from None
+        except paramiko.ssh_exception.NoValidConnectionsError as e:
+            client.close()
+            reasons = {os.strerror(err.errno) if err.errno else str(err) for err in e.errors.values()}
+            raise SshFailure(UNREACHABLE, f"{what}: {', '.join(sorted(reasons)).lower()}") from None
+        except OSError as e:
+            client.close()
+            raise SshFailure(UNREACHABLE, f"{what}: {(e.strerror or str(e)).lower()}") from None
+        except EOFError:
+            client.close()
+            raise SshFailure(UNREACHABLE, f"{what}: connection closed during the handshake") from None
+        return client
+
+    def close(self) -> None:
+        with self._guard:
+            clients = [*self._clients.values(), *reversed(self._jump_clients)]
+            self._clients.clear()
+            self._jump_clients.clear()
+        for c in clients:
+            try:
+                c.close()
+            except Exception:
+                pass
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self, target: Target, script: str, timeout_s: float) -> NodeResult:
+        """Connect (or reuse), run the script, collect output until exit or the deadline."""
+        label = target.label
+        t0 = time.monotonic()
+        try:
+            client = self.client(target)
+        except SshFailure as e:
+            return failed(label, e.failure, e.detail, time.monotonic() - t0)
+        try:
+            chan = client.get_transport().open_session(timeout=self.connect_timeout_s)  # type: ignore[union-attr]
+            chan.exec_command(script)
+            chan.shutdown_write()  # the command reads no stdin: EOF at once, never a wait
+        except Exception as e:
+            return failed(label, UNREACHABLE, f"{target.label}: cannot open a session: {e}", time.monotonic() - t0)
+        deadline = time.monotonic() + timeout_s
+        out, err = bytearray(), bytearray()
+        pause = 0.001
+        try:
+            while True:
+                got = False
+                while chan.recv_ready():
+                    _append(out, chan.recv(65536))
+                    got = True
+                while chan.recv_stderr_ready():
+                    _append(err, chan.recv_stderr(65536))
+                    got = True
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed and not got:
+                    break
+                if time.monotonic() > deadline:
+                    return failed(label, TIMED_OUT, f"still running after {timeout_s:g} s; session closed",
+                                  time.monotonic() - t0, stdout=decode(bytes(out)), stderr=decode(bytes(err)))
+                # Short naps while output flows, longer ones (up to 20 ms) while the node is quiet:
+                # hundreds of waiting threads must not spin.
+                pause = 0.001 if got else min(pause * 2, 0.02)
+                if not got:
+                    time.sleep(pause)
+            if not chan.exit_status_ready():
+                return failed(label, UNREACHABLE, "the connection closed before the command exited",
+                              time.monotonic() - t0, stdout=decode(bytes(out)), stderr=decode(bytes(err)))
+            status = chan.recv_exit_status()
+        finally:
+            chan.close()
+        if status == -1:  # the server sent no status: the command died of a signal
+            return failed(label, "command failed", "killed by a signal (no exit status)", time.monotonic() - t0,
+                          stdout=decode(bytes(out)), stderr=decode(bytes(err)))
+        return finished(label, status, decode(bytes(out)), decode(bytes(err)), time.monotonic() - t0)
+
+
+def _append(buf: bytearray, data: bytes) -> None:
+    if len(buf) <= MAX_OUTPUT_BYTES:
+        buf.extend(data)
+
+
+def run_ssh(targets: list[Target], spec: TargetSpec, script: str, timeout_s: float,
+            connect_timeout_s: float, max_parallel: int, deliver: Callable[[NodeResult], None],
+            pool: SshPool | None = None) -> None:
+    """Run on every target with at most ``max_parallel`` at once; deliver results as they come."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    own = pool is None
+    pool = pool or SshPool(spec, connect_timeout_s)
+    executor = ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(targets))),
+                                  thread_name_prefix="mldebug-ssh")
+    try:
+        futures = [executor.submit(lambda t=t: deliver(pool.run(t, script, timeout_s))) for t in targets]
+        for f in futures:
+            f.result()
+    finally:
+        # On Ctrl-C: do not start what is queued; open connections are closed below, which ends
+        # the sessions still running.
+        executor.shutdown(wait=False, cancel_futures=True)
+        if own:
+            pool.close()

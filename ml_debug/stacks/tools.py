@@ -1,0 +1,87 @@
+"""Find the external dumpers (py-spy, pystack, gdb) and run them with a hard timeout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from ml_debug.procs.tree import process_state
+
+INSTALL_HINTS = {
+    "py-spy": "pip install py-spy (into the environment you run mldebug from), or choose another "
+              "dumper: --dumper pystack | --dumper gdb",
+    "pystack": "pip install pystack",
+    "gdb": "apt-get install gdb (Debian/Ubuntu) or dnf install gdb (RHEL)",
+}
+
+
+def find_tool(name: str) -> str | None:
+    """A tool on PATH, else next to sys.executable (pip puts py-spy into the venv's bin/,
+    which is not on PATH when mldebug is run as .venv/bin/mldebug)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    return None
+
+
+@dataclass
+class ToolRun:
+    rc: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool
+
+
+def run_tool(argv: list[str], timeout: float, target_pid: int | None = None) -> ToolRun:
+    """Run a dumper; at the timeout stop it (TERM, then KILL) and make sure the target is running again.
+
+    A tracer killed while its target is ptrace-stopped can leave the target in state T; a hung job
+    we looked at must never be left frozen by us, so it gets a SIGCONT.
+    """
+    before = process_state(target_pid) if target_pid else None
+    env = {**os.environ, "RUST_BACKTRACE": "0", "PYTHONWARNINGS": "ignore"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.send_signal(signal.SIGTERM)  # py-spy and gdb detach cleanly on TERM
+        try:
+            out, err = proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+    seconds = time.monotonic() - t0
+    if target_pid and before not in ("T", "t"):
+        after = process_state(target_pid)
+        if after in ("T", "t"):
+            try:
+                os.kill(target_pid, signal.SIGCONT)
+            except OSError:
+                pass
+    return ToolRun(rc=None if timed_out else proc.returncode, stdout=out or "", stderr=err or "",
+                   seconds=seconds, timed_out=timed_out)
+
+
+def first_error_line(stderr: str) -> str:
+    """The line that says what went wrong, without Rust/Python backtraces or emoji decoration."""
+    for raw in stderr.splitlines():
+        line = raw.strip().strip("💀").strip()
+        if not line or line.startswith(("Stack backtrace", "Caused by", "Traceback")):
+            continue
+        if line.startswith("Error: "):
+            line = line[len("Error: "):]
+        return line[:300]
+    return "no error message"
