@@ -304,11 +304,12 @@ def collect(include_torch: bool = True) -> EnvReport:
         tools_future = pool.submit(tools)
         gpus = gpu_inventory()
         nics = interfaces()
-        torch = torch_info() if include_torch else TorchInfo(package_version("torch"))
+        torch = (torch_info() if include_torch
+                 else TorchInfo(package_version("torch"), error="not imported (--no-torch)"))
         found_tools = tools_future.result()
     settings = setting_variables()
     warnings = setting_warnings(settings, [n.name for n in nics])
-    if torch.error:
+    if torch.error and include_torch:
         warnings.append(f"torch: {torch.error}")
     ptrace = ptrace_permission()
     if not ptrace.can_attach_own:

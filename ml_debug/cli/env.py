@@ -45,7 +45,7 @@ def render(console: Console, r: EnvReport) -> None:
     versions.add_row("mldebug", r.mldebug)
     t = r.torch
     versions.add_row("torch", t.version or "not installed")
-    versions.add_row("CUDA (torch build)", t.cuda or "none (CPU build)")
+    versions.add_row("CUDA (torch build)", t.cuda or (t.error or "none (CPU build)"))
     versions.add_row("NCCL", t.nccl or "n/a")
     versions.add_row("cuDNN", t.cudnn or "n/a")
     versions.add_row("CUDA devices (torch)", f"{t.device_count}" + (f"; arch list {' '.join(t.arch_list)}"

@@ -99,13 +99,13 @@ def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None 
 
     Returns each rank's exit code. Workers inherit stdout/stderr; rank 0 prints the verdict.
     """
+    spec = validate(spec)
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    spec = validate(spec)
-    # torch's agent logs every start and stop at INFO/WARNING; only its errors help a user here.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # torch's agent logs every start, stop and failed rank; the command reports those itself.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     addr = spec.master_addr or "127.0.0.1"
     port = spec.master_port or (free_port() if spec.nnodes == 1 else 29500)
     workdir = tempfile.mkdtemp(prefix="mldebug-launch-")

@@ -186,11 +186,14 @@ def gpu_holder_pids() -> tuple[list[int], str | None]:
 
 
 def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, user: str | None = None,
-                 gpu: bool = False, include_launcher: bool = False, host: str | None = None) -> TargetSet:
+                 gpu: bool = False, include_launcher: bool = False, env: dict[str, str] | None = None,
+                 host: str | None = None) -> TargetSet:
     """Choose the processes to dump on this node.
 
     With no selector: every rank under every launcher found; failing that, Python processes whose
     environment carries a rank variable; failing that, the processes holding a GPU.
+    ``env`` keeps only processes whose environment has every KEY=VALUE given (one job among several:
+    ``{"SLURM_JOB_ID": "123"}``, ``{"TORCHELASTIC_RUN_ID": "..."}``).
     """
     host = host or socket.gethostname()
     table = snapshot()
@@ -276,6 +279,13 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
                 out.notes.append(why)
 
     targets = list(chosen.values())
+    if env:
+        keep = []
+        for t in targets:
+            penv = read_environ(t.pid) or {}
+            if all(penv.get(k) == v for k, v in env.items()):
+                keep.append(t)
+        targets = keep
     if user is not None:
         keep = [t for t in targets if t.user == user or str(_uid_of(t.pid)) == user]
         for t in targets:

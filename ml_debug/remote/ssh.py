@@ -255,7 +255,7 @@ class SshPool:
             return failed(label, e.failure, e.detail, time.monotonic() - t0)
         try:
             chan = client.get_transport().open_session(timeout=self.connect_timeout_s)  # type: ignore[union-attr]
-            chan.exec_command(script)
+            chan.exec_command(remote_deadline(script, timeout_s))
             chan.shutdown_write()  # the command reads no stdin: EOF at once, never a wait
         except Exception as e:
             return failed(label, UNREACHABLE, f"{target.label}: cannot open a session: {e}", time.monotonic() - t0)
@@ -293,6 +293,20 @@ class SshPool:
             return failed(label, "command failed", "killed by a signal (no exit status)", time.monotonic() - t0,
                           stdout=decode(bytes(out)), stderr=decode(bytes(err)))
         return finished(label, status, decode(bytes(out)), decode(bytes(err)), time.monotonic() - t0)
+
+
+def remote_deadline(script: str, timeout_s: float) -> str:
+    """Make the far side end the command itself just after we stop waiting for it.
+
+    Closing an ssh session without a terminal does not stop the command (sshd sends no SIGHUP),
+    so a hung command would outlive the run. coreutils ``timeout`` kills its whole process group;
+    where there is none, the command runs as is. The user's login shell runs the script (so
+    ``source venv/bin/activate`` in --remote-prefix keeps working under bash).
+    """
+    quoted = shlex.quote(script)
+    grace = f"{timeout_s + 1:.3f}".rstrip("0").rstrip(".")
+    return (f'if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {grace} "${{SHELL:-/bin/sh}}" -c {quoted}; '
+            f'else exec "${{SHELL:-/bin/sh}}" -c {quoted}; fi')
 
 
 def _append(buf: bytearray, data: bytes) -> None:

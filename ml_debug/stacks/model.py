@@ -48,8 +48,11 @@ class Frame:
     def short(self) -> str:
         return short_path(self.filename)
 
-    def where(self) -> str:
-        """`name (file.py:88)` as a person reads it."""
+    def where(self, brief: bool = False) -> str:
+        """`name (path/file.py:88)` as a person reads it; `brief`: the file's basename only."""
+        if brief and self.kind == "py" and self.filename:
+            base = self.filename.rsplit("/", 1)[-1]
+            return f"{self.name} ({base}:{self.line})" if self.line else f"{self.name} ({base})"
         if self.kind == "native":
             loc = self.short if self.filename else (self.library or "").rsplit("/", 1)[-1]
             if loc and self.line:

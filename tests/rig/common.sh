@@ -123,3 +123,7 @@ write_client_files() {
   fi
   mv "$d/known_hosts.new" "$d/known_hosts"; mv "$d/ssh_config.new" "$d/ssh_config"
 }
+
+# /proc tests that never trip pipefail (grep -q may exit before tr is done: SIGPIPE, status 141).
+environ_has() { tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | grep -xF -- "$2" >/dev/null; }
+cmdline_has() { tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null | grep -F -- "$2" >/dev/null; }

@@ -10,7 +10,7 @@ pids=()
 for pf in "$D"/sshd_*.pid; do
   [ -f "$pf" ] || continue
   pid=$(cat "$pf"); conf=${pf%.pid}.conf
-  if alive "$pid" && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF -- "$conf"; then
+  if alive "$pid" && cmdline_has "$pid" "$conf"; then
     kill "$pid" && pids+=("$pid") && echo "stopped sshd pid $pid ($conf)"
   fi
   rm -f "$pf"
@@ -18,13 +18,13 @@ done
 # Sessions still open keep per-connection sshd children alive: they were started by our listener,
 # so their cmdline names our config too.
 for p in $(pgrep -x sshd 2>/dev/null); do
-  tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -qF -- "$D/sshd_" && kill "$p" 2>/dev/null && pids+=("$p")
+  cmdline_has "$p" "$D/sshd_" && kill "$p" 2>/dev/null && pids+=("$p")
 done
 [ ${#pids[@]} -gt 0 ] && { wait_gone "${pids[@]}" || { kill -KILL "${pids[@]}" 2>/dev/null; wait_gone "${pids[@]}"; }; }
 rm -f "$D/hosts" "$D/bad_host"
 write_client_files
 [ "${CLEAN:-0}" = 1 ] && rm -rf "$D"
-left=$(for p in $(pgrep -x sshd 2>/dev/null); do tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -qF -- "$D/sshd_" && echo "$p"; done)
+left=$(for p in $(pgrep -x sshd 2>/dev/null); do cmdline_has "$p" "$D/sshd_" && echo "$p"; done)
 [ -z "$left" ] || { echo "ERROR: rig sshd still alive: $left" >&2; exit 1; }
 echo "ssh_down: done"
 exit 0

@@ -23,12 +23,12 @@ start_sshd() {  # port hostkey
   local port=$1 key=$2 cfg=$D/sshd_$1.conf pf=$D/sshd_$1.pid pid
   write_sshd_config "$port" "$ADDR" "$key" "$pf" > "$cfg.new"
   pid=$(cat "$pf" 2>/dev/null || true)
-  if [ -n "$pid" ] && alive "$pid" && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF -- "$cfg" \
+  if [ -n "$pid" ] && alive "$pid" && cmdline_has "$pid" "$cfg" \
      && cmp -s "$cfg" "$cfg.new" && port_open "$ADDR" "$port"; then
     rm -f "$cfg.new"; echo "sshd $ADDR:$port already up (pid $pid)"; return 0
   fi
   # ours but stale/different: stop it first
-  if [ -n "$pid" ] && alive "$pid" && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF -- "$cfg"; then
+  if [ -n "$pid" ] && alive "$pid" && cmdline_has "$pid" "$cfg"; then
     kill "$pid"; wait_gone "$pid" || true
   fi
   mv "$cfg.new" "$cfg"
@@ -37,7 +37,7 @@ start_sshd() {  # port hostkey
     return 1
   fi
   /usr/sbin/sshd -t -f "$cfg"
-  /usr/sbin/sshd -f "$cfg" -E "$D/sshd_$port.log"   # daemonizes, writes the pid file
+  /usr/sbin/sshd -f "$cfg" -E "$D/sshd_$port.log" 9>&-# daemonizes, writes the pid file
   for _ in $(seq 1 100); do port_open "$ADDR" "$port" && break; sleep 0.02; done
   port_open "$ADDR" "$port" || { echo "ERROR: sshd on $ADDR:$port did not come up" >&2; cat "$D/sshd_$port.log" >&2; return 1; }
   echo "sshd $ADDR:$port up (pid $(cat "$pf"))"

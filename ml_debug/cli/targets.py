@@ -1,0 +1,163 @@
+"""The target option family shared by every command that works on many nodes.
+
+A command declares the options with these aliases and resolves them with one call::
+
+    from ml_debug.cli import targets as tg
+
+    def dump_stacks(hosts: tg.Hosts = None, slurm_job: tg.SlurmJob = None, local: tg.Local = False,
+                    ssh_config: tg.SshConfig = None, identity: tg.Identity = None,
+                    insecure_no_host_key_check: tg.InsecureNoHostKeyCheck = False,
+                    connect_timeout: tg.ConnectTimeout = 10.0, remote_python: tg.RemotePython = None,
+                    remote_prefix: tg.RemotePrefix = None, max_parallel: tg.MaxParallel = 64) -> None:
+        spec = tg.resolve_targets(hosts=hosts, slurm_job=slurm_job, local=local, ssh_config=ssh_config,
+                                  identity=identity, insecure_no_host_key_check=insecure_no_host_key_check,
+                                  connect_timeout=connect_timeout, remote_python=remote_python,
+                                  remote_prefix=remote_prefix, max_parallel=max_parallel)
+
+Only typer and the standard library are imported here; the library loads inside resolve_targets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from ml_debug.remote.targets import TargetSpec
+
+PANEL = "Targets"
+
+Hosts = Annotated[
+    str | None,
+    typer.Option("--hosts", metavar="FILE|HOSTLIST", rich_help_panel=PANEL,
+                 help="Run on these hosts over ssh: a hostfile (one host per line, host[:port], "
+                      "slots=N; DeepSpeed and MPI hostfiles work) or a hostlist like "
+                      "'node[01-04,07],gpu-a'. [env: MLDEBUG_HOSTS]", envvar="MLDEBUG_HOSTS",
+                 show_envvar=False),
+]
+SlurmJob = Annotated[
+    str | None,
+    typer.Option("--slurm-job", metavar="JOBID", rich_help_panel=PANEL,
+                 help="Run on every node of this running Slurm job, inside its allocation "
+                      "(srun --jobid ID --overlap). [env: MLDEBUG_SLURM_JOB]",
+                 envvar="MLDEBUG_SLURM_JOB", show_envvar=False),
+]
+Local = Annotated[
+    bool,
+    typer.Option("--local", rich_help_panel=PANEL,
+                 help="Run on this node only (the default when neither --hosts nor --slurm-job is given)."),
+]
+SshConfig = Annotated[
+    Path | None,
+    typer.Option("--ssh-config", metavar="FILE", rich_help_panel=PANEL, dir_okay=False,
+                 help="ssh config to use instead of ~/.ssh/config (HostName, Port, User, "
+                      "IdentityFile, ProxyJump are honoured). [env: MLDEBUG_SSH_CONFIG]",
+                 envvar="MLDEBUG_SSH_CONFIG", show_envvar=False),
+]
+Identity = Annotated[
+    list[Path] | None,
+    typer.Option("--identity", "-i", metavar="KEYFILE", rich_help_panel=PANEL, dir_okay=False,
+                 help="Private key to try first (repeatable); the ssh agent and the config's keys "
+                      "are tried too."),
+]
+InsecureNoHostKeyCheck = Annotated[
+    bool,
+    typer.Option("--insecure-no-host-key-check", rich_help_panel=PANEL,
+                 help="DANGEROUS: accept any ssh host key, even a changed one (a man-in-the-middle "
+                      "would go unnoticed). By default keys are checked against known_hosts."),
+]
+ConnectTimeout = Annotated[
+    float,
+    typer.Option("--connect-timeout", min=0.1, metavar="SECONDS", rich_help_panel=PANEL,
+                 help="Give up on a host that does not complete the ssh handshake in this time. "
+                      "[env: MLDEBUG_CONNECT_TIMEOUT]", envvar="MLDEBUG_CONNECT_TIMEOUT", show_envvar=False),
+]
+RemotePython = Annotated[
+    str | None,
+    typer.Option("--remote-python", metavar="PATH", rich_help_panel=PANEL,
+                 help="Start mldebug on the nodes as 'PATH -m ml_debug' (for a venv that a "
+                      "non-interactive shell does not activate). [env: MLDEBUG_REMOTE_PYTHON]",
+                 envvar="MLDEBUG_REMOTE_PYTHON", show_envvar=False),
+]
+RemotePrefix = Annotated[
+    str | None,
+    typer.Option("--remote-prefix", metavar="SHELL", rich_help_panel=PANEL,
+                 help="Shell text run on each node before the command, e.g. "
+                      "'source /opt/venv/bin/activate' or 'module load cuda'. [env: MLDEBUG_REMOTE_PREFIX]",
+                 envvar="MLDEBUG_REMOTE_PREFIX", show_envvar=False),
+]
+MaxParallel = Annotated[
+    int,
+    typer.Option("--max-parallel", min=1, max=4096, metavar="N", rich_help_panel=PANEL,
+                 help="At most this many ssh connections at once. [env: MLDEBUG_MAX_PARALLEL]",
+                 envvar="MLDEBUG_MAX_PARALLEL", show_envvar=False),
+]
+
+
+def looks_like_path(value: str) -> bool:
+    """A --hosts value that names a file rather than hosts (a hostlist never holds '/' or '~')."""
+    return "/" in value or value.startswith(("~", ".")) or Path(value).is_file()
+
+
+def resolve_targets(
+    *,
+    hosts: str | None = None,
+    slurm_job: str | None = None,
+    local: bool = False,
+    ssh_config: Path | None = None,
+    identity: list[Path] | None = None,
+    insecure_no_host_key_check: bool = False,
+    connect_timeout: float = 10.0,
+    remote_python: str | None = None,
+    remote_prefix: str | None = None,
+    max_parallel: int = 64,
+) -> TargetSpec:
+    """Turn the target options into a TargetSpec (UsageError, exit 2, on any mistake).
+
+    ``--hosts`` that is an existing file (or looks like a path) is read as a hostfile, anything
+    else is a hostlist expression. ``--slurm-job`` asks squeue for the job's nodes.
+    """
+    from ml_debug.errors import UsageError
+    from ml_debug.remote.targets import Target, TargetSpec, parse_hostfile, parse_target, unique
+
+    chosen = [name for name, on in (("--hosts", hosts is not None), ("--slurm-job", slurm_job is not None),
+                                    ("--local", local)) if on]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} cannot be combined", "pick one place to run: "
+                         "--local, --hosts FILE|HOSTLIST or --slurm-job ID")
+    common = dict(ssh_config=ssh_config, identities=list(identity or []),
+                  insecure_no_host_key_check=insecure_no_host_key_check, connect_timeout_s=connect_timeout,
+                  remote_python=remote_python, remote_prefix=remote_prefix, max_parallel=max_parallel)
+    if ssh_config is not None and not ssh_config.expanduser().is_file():
+        raise UsageError(f"ssh config {str(ssh_config)!r} does not exist",
+                         "--ssh-config takes an ssh_config file like ~/.ssh/config")
+    for key in identity or []:
+        if not key.expanduser().is_file():
+            raise UsageError(f"identity file {str(key)!r} does not exist", "--identity takes a private key file")
+    if hosts is not None:
+        value = hosts.strip()
+        if not value:
+            raise UsageError("--hosts is empty", "give a hostfile or a hostlist like node[01-04]")
+        if looks_like_path(value):
+            targets = parse_hostfile(value)
+        else:
+            from ml_debug.remote.hostlist import expand_hostlist
+
+            targets = [parse_target(name, "--hosts: ") for name in expand_hostlist(value)]
+        if insecure_no_host_key_check:
+            from ml_debug.output import warn
+
+            warn("--insecure-no-host-key-check: ssh host keys are NOT verified; a man-in-the-middle "
+                 "would go unnoticed")
+        return TargetSpec(kind="ssh", targets=unique(targets), **common)  # type: ignore[arg-type]
+    if slurm_job is not None:
+        from ml_debug.remote.slurm import job_info
+
+        job = job_info(slurm_job.strip())
+        return TargetSpec(kind="slurm", targets=[Target(host=n) for n in job.nodes], slurm_job=job.job_id,
+                          slurm_gres_gpu=job.gres_gpu, **common)  # type: ignore[arg-type]
+    import socket
+
+    return TargetSpec(kind="local", targets=[Target(host=socket.gethostname())], **common)  # type: ignore[arg-type]

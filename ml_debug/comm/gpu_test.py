@@ -1,0 +1,544 @@
+"""`mldebug gpu-test` on one rank: can every rank and GPU talk, and which one cannot.
+
+Each rank runs the stages of gpu_test_report.STAGES, each bounded by its own timeout (and a
+watchdog that ends the process if a call ignores it). Results travel through the job's store, not
+the process group, so a broken group, a missing or a killed rank still ends in one verdict printed
+by rank 0 (or the lowest rank still alive). With ``out_dir`` every rank also writes its own JSON lines,
+the first one before any collective, so nothing is lost if rank 0 is the one that died.
+
+Replaces the seed's torch-distributed-gpu-test.py (all_reduce of a one, never checked, no timeout).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ml_debug import output
+from ml_debug.comm import gpu_test_fault
+from ml_debug.comm.gpu_test_report import (
+    ABSENT,
+    FAIL,
+    OK,
+    SKIPPED,
+    STAGES,
+    TIMEOUT,
+    GpuTestResult,
+    Identity,
+    RankReport,
+    StageResult,
+    Versions,
+    build_result,
+    identity_from_dict,
+    layout_problems,
+    report_from_dict,
+)
+from ml_debug.dist.device import DeviceChoice, choose_device
+from ml_debug.dist.group import init_process_group, is_timeout_error, teardown
+from ml_debug.dist.store import StoreUnavailable, create_store, store_get, store_set, wait_keys
+from ml_debug.dist.world import World, detect_world
+
+HEARTBEAT_S = 1.0
+DEAD_AFTER_S = 4.0  # no heartbeat for this long: the rank is gone (killed), stop waiting for it
+
+
+@dataclass
+class GpuTestConfig:
+    timeout_s: float = 30.0  # per stage
+    init_timeout_s: float | None = None  # rendezvous + init; default timeout_s
+    mem_gb: float = 0.0
+    device: str | None = None
+    backend: str | None = None
+    out_dir: Path | None = None
+    elements: int = 1 << 18
+    grace_s: float = 5.0
+
+    @property
+    def init_timeout(self) -> float:
+        return self.init_timeout_s or self.timeout_s
+
+
+@dataclass
+class RankOutcome:
+    """What one rank ends with: the verdict (on the reporting rank only) and its exit code."""
+
+    own: RankReport
+    exit_code: int
+    result: GpuTestResult | None = None
+    solo: bool = False  # the store was unreachable: this rank reports only itself
+
+
+def _first_line(e: BaseException) -> str:
+    """The useful part of a c10d/gloo error: no C++ source location, no boilerplate advice."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    line = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text.splitlines()[0])
+    line = line.split(" This is typically")[0].split(" GLHF")[0]
+    return line[:300]
+
+
+class _StageFailed(Exception):
+    def __init__(self, status: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+class _OutWriter:
+    """One JSON-lines file per rank under --out-dir; every line is the rank's record so far."""
+
+    def __init__(self, out_dir: Path | None, rank: int) -> None:
+        self.path = None
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self.path = out_dir / f"gpu-test.rank{rank:05d}.jsonl"
+        self._lock = threading.Lock()
+
+    def write(self, rep: RankReport, event: str) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"event": event, "time": time.time(), **output.to_jsonable(rep)})
+        with self._lock, open(self.path, "a") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+class _Watchdog:
+    """Ends the process when a stage overruns its timeout plus grace (a call that ignored its
+    timeout, e.g. a hung NCCL kernel): the rank's record is written first, exit code 4."""
+
+    def __init__(self, rep: RankReport, writer: _OutWriter, label: str) -> None:
+        self.rep, self.writer, self.label = rep, writer, label
+        self._stage: str | None = None
+        self._deadline = 0.0
+        self._budget = 0.0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._loop, name="mldebug-watchdog", daemon=True).start()
+
+    def arm(self, stage: str, budget_s: float) -> None:
+        with self._lock:
+            self._stage, self._budget, self._deadline = stage, budget_s, time.monotonic() + budget_s
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._stage = None
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(0.25)
+            with self._lock:
+                stage, late = self._stage, self._stage is not None and time.monotonic() > self._deadline
+            if late and stage is not None:
+                self.rep.stages.append(StageResult(stage, TIMEOUT, self._budget,
+                                                   f"watchdog: {stage} did not return within {self._budget:g} s"))
+                self.writer.write(self.rep, "watchdog")
+                output.log(f"{self.label} gpu-test: {stage} hung for {self._budget:g} s; exiting (code 4)")
+                os._exit(4)
+
+
+class _Heartbeat:
+    """Bumps hb/<rank> in the store every second so peers can tell a killed rank from a slow one."""
+
+    def __init__(self, store: Any, rank: int) -> None:
+        self.store, self.key = store, f"hb/{rank}"
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, name="mldebug-heartbeat", daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.store.add(self.key, 1)
+            except Exception:
+                return
+            self._stop.wait(HEARTBEAT_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _defer_sigterm(budget_s: float) -> None:
+    """torchrun/self-launch SIGTERM the survivors as soon as one rank dies; finish the verdict first
+    (bounded by ``budget_s``) instead of dying silently. A second SIGTERM exits at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    state = {"seen": False}
+
+    def _handler(signum: int, frame: Any) -> None:
+        if state["seen"]:
+            os._exit(128 + signum)
+        state["seen"] = True
+        timer = threading.Timer(budget_s, lambda: os._exit(128 + signum))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, _handler)
+
+
+def collect_versions() -> Versions:
+    """torch / CUDA / NCCL / cuDNN versions and the GPU archs torch was compiled for."""
+    import torch
+
+    nccl = cudnn = None
+    try:
+        if torch.cuda.is_available():
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception:
+        nccl = None
+    try:
+        c = torch.backends.cudnn.version() if torch.cuda.is_available() else None
+        cudnn = str(c) if c else None
+    except Exception:
+        cudnn = None
+    try:
+        arch = list(torch.cuda.get_arch_list())
+    except Exception:
+        arch = []
+    return Versions(torch=torch.__version__, cuda=torch.version.cuda, nccl=nccl, cudnn=cudnn, arch_list=arch)
+
+
+def _interfaces() -> list[str]:
+    try:
+        import psutil
+
+        return sorted(n for n, addrs in psutil.net_if_addrs().items()
+                      if n != "lo" and any(a.family.name == "AF_INET" for a in addrs))
+    except Exception:
+        return []
+
+
+class _Rank:
+    def __init__(self, cfg: GpuTestConfig, world: World) -> None:
+        self.cfg, self.world = cfg, world
+        self.ident = Identity(world.rank, world.world_size, world.local_rank, world.local_world_size,
+                              world.node_rank, world.host, os.getpid(), world.launcher)
+        self.rep = RankReport(self.ident)
+        ids = os.environ.get("MLDEBUG_DEVICE_IDS", "").split(",")
+        self.device_id = int(ids[world.local_rank]) if len(ids) > world.local_rank and \
+            ids[world.local_rank].strip().isdigit() else world.local_rank
+        self.fault = gpu_test_fault.active(world.rank, self.device_id)
+        self.writer = _OutWriter(cfg.out_dir, world.rank)
+        self.dog = _Watchdog(self.rep, self.writer, world.label)
+        self.store: Any = None
+        self.choice: DeviceChoice | None = None
+        self.broken = False
+        self.store_lost = False
+
+    # -- stage machinery -------------------------------------------------------------------
+    def stage(self, name: str, fn: Callable[[], tuple[str, str]], timeout_s: float) -> None:
+        if self.broken:
+            self.rep.stages.append(StageResult(name, SKIPPED, None, "an earlier stage failed"))
+            return
+        if self.store is not None:
+            try:
+                self.store.set(f"stage/{self.world.rank}", name)
+            except Exception:
+                pass
+        self.dog.arm(name, timeout_s + self.cfg.grace_s)
+        if self.fault is not None and self.fault.stage == name:
+            if self.fault.kind == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif self.fault.kind == "hang":
+                time.sleep(10**6)
+        t0 = time.perf_counter()
+        fatal = False
+        try:
+            status, detail = fn()
+        except _StageFailed as e:  # a data check failed; the group itself still works
+            status, detail = e.status, e.detail
+        except StoreUnavailable as e:
+            status, detail, self.store_lost, fatal = TIMEOUT, e.message, True, True
+        except Exception as e:  # a collective's RuntimeError/DistError: timeouts or dead peers
+            status = TIMEOUT if is_timeout_error(e) else FAIL
+            detail, fatal = _first_line(e), True
+            if "closed by peer" in detail.lower() or "connection reset" in detail.lower():
+                detail += " (a peer rank died or closed its connection)"
+        finally:
+            self.dog.disarm()
+        seconds = round(time.perf_counter() - t0, 4)
+        self.rep.stages.append(StageResult(name, status, seconds, detail))
+        if status == TIMEOUT or (status == FAIL and (fatal or name in ("device", "alloc", "rendezvous", "init"))):
+            self.broken = True
+
+    def _td(self) -> _dt.timedelta:
+        return _dt.timedelta(seconds=self.cfg.timeout_s)
+
+    # -- local stages ----------------------------------------------------------------------
+    def device(self) -> tuple[str, str]:
+        import torch
+
+        assert self.choice is not None
+        self.ident.device, self.ident.backend = self.choice.device, self.choice.backend
+        if not self.choice.is_cuda:
+            return OK, "cpu"
+        index = self.choice.index or 0
+        torch.cuda.set_device(index)
+        props = torch.cuda.get_device_properties(index)
+        self.ident.gpu_name = props.name
+        uuid = str(getattr(props, "uuid", "") or "")
+        self.ident.gpu_uuid = (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else None
+        self.ident.capability = f"{props.major}.{props.minor}"
+        return OK, f"{props.name}, {props.total_memory / 2**30:.0f} GiB, capability {props.major}.{props.minor}"
+
+    def alloc(self) -> tuple[str, str]:
+        import torch
+
+        assert self.choice is not None
+        dev = torch.device(self.choice.device)
+        t = torch.ones(1 << 20, device=dev)
+        total = float(t.sum().item())
+        if total != float(1 << 20):
+            raise _StageFailed(FAIL, f"1 Mi ones summed to {total:g} on {dev}")
+        del t
+        if self.cfg.mem_gb > 0:
+            n = int(self.cfg.mem_gb * 2**30)
+            try:
+                big = torch.empty(n, dtype=torch.uint8, device=dev)
+                big.fill_(1)
+                got = int(big[:: max(1, n // 4096)].sum().item())
+                del big
+            except Exception as e:
+                raise _StageFailed(FAIL, f"could not allocate {self.cfg.mem_gb:g} GiB on {dev}: "
+                                         f"{_first_line(e)}") from e
+            if got != len(range(0, n, max(1, n // 4096))):
+                raise _StageFailed(FAIL, f"{self.cfg.mem_gb:g} GiB block read back wrong on {dev}")
+            if self.choice.is_cuda:
+                torch.cuda.empty_cache()
+            return OK, f"1 Mi floats and {self.cfg.mem_gb:g} GiB"
+        return OK, "1 Mi floats"
+
+    # -- distributed stages ----------------------------------------------------------------
+    def rendezvous(self) -> tuple[str, str]:
+        deadline = time.monotonic() + self.cfg.init_timeout
+        self.store = create_store(self.world, self.cfg.init_timeout)
+        store_set(self.store, f"checkin/{self.world.rank}", json.dumps(asdict(self.ident)))
+        _Heartbeat(self.store, self.world.rank)
+        keys = [f"checkin/{r}" for r in range(self.world.world_size)]
+        missing = wait_keys(self.store, keys, max(0.0, deadline - time.monotonic()))
+        if missing:
+            ranks = [int(k.split("/")[1]) for k in missing]
+            raise _StageFailed(TIMEOUT, f"rank(s) {', '.join(map(str, ranks))} never checked in within "
+                                        f"{self.cfg.init_timeout:g} s")
+        return OK, f"{self.world.world_size} ranks checked in"
+
+    def init(self) -> tuple[str, str]:
+        import torch.distributed as dist
+
+        assert self.choice is not None
+        init_process_group(self.world, self.choice, self.cfg.timeout_s,
+                           store=dist.PrefixStore("pg/", self.store))
+        return OK, f"{self.choice.backend} group of {self.world.world_size}"
+
+    def all_reduce(self) -> tuple[str, str]:
+        import torch
+        import torch.distributed as dist
+
+        assert self.choice is not None
+        w, r, n = self.world.world_size, self.world.rank, self.cfg.elements
+        contribution = float(r + 1) + (1000.0 if self.fault and self.fault.kind == "wrong-value" else 0.0)
+        t = torch.full((n,), contribution, dtype=torch.float32, device=self.choice.device)
+        dist.all_reduce(t, async_op=True).wait(self._td())
+        expected = w * (w + 1) / 2
+        wrong = int((t != expected).sum().item())
+        if wrong == 0:
+            return OK, f"sum {expected:g} exact on {n} elements"
+        got = float(t[0].item())
+        mine = torch.tensor([contribution], dtype=torch.float64, device=self.choice.device)
+        gathered = [torch.zeros_like(mine) for _ in range(w)]
+        dist.all_gather(gathered, mine, async_op=True).wait(self._td())
+        values = [float(g.item()) for g in gathered]
+        culprits = [i for i, v in enumerate(values) if v != i + 1]
+        if r in culprits:
+            raise _StageFailed(FAIL, f"contributed {contribution:g} instead of {r + 1}: the sum was {got:g}, "
+                                     f"expected {expected:g}")
+        if culprits:
+            return OK, (f"sum {got:g} != {expected:g}, caused by rank(s) {', '.join(map(str, culprits))} "
+                        "contributing wrong values")
+        raise _StageFailed(FAIL, f"sum {got:g} != {expected:g} on {wrong}/{n} elements although every rank "
+                                 "contributed the right value: data corrupted in transit")
+
+    def all_gather(self) -> tuple[str, str]:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.world.world_size
+        dist.all_gather_object(gathered, asdict(self.ident))
+        ids = [identity_from_dict(g) for g in gathered]
+        problems = layout_problems(ids)
+        if self.world.rank in problems:
+            raise _StageFailed(FAIL, problems[self.world.rank])
+        hosts = len({i.host for i in ids})
+        return OK, f"{len(ids)} identities on {hosts} host{'s' if hosts != 1 else ''}, layout consistent"
+
+    def broadcast(self) -> tuple[str, str]:
+        import torch
+        import torch.distributed as dist
+
+        assert self.choice is not None
+        n = self.cfg.elements
+        pattern = torch.arange(n, dtype=torch.float32, device=self.choice.device) % 9973 + 7
+        t = pattern.clone() if self.world.rank == 0 else torch.zeros_like(pattern)
+        dist.broadcast(t, 0, async_op=True).wait(self._td())
+        wrong = int((t != pattern).sum().item())
+        if wrong:
+            raise _StageFailed(FAIL, f"{wrong}/{n} elements from rank 0 arrived wrong")
+        return OK, f"{n} elements from rank 0"
+
+    def p2p_ring(self) -> tuple[str, str]:
+        import torch
+        import torch.distributed as dist
+
+        assert self.choice is not None
+        w, r = self.world.world_size, self.world.rank
+        if w == 1:
+            return SKIPPED, "one rank: no peer"
+        nxt, prv = (r + 1) % w, (r - 1) % w
+        send = torch.full((self.cfg.elements,), float(r + 1), device=self.choice.device)
+        recv = torch.zeros_like(send)
+        ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait(self._td())
+        wrong = int((recv != float(prv + 1)).sum().item())
+        if wrong:
+            raise _StageFailed(FAIL, f"{wrong} elements received from rank {prv} were wrong")
+        return OK, f"sent to rank {nxt}, received from rank {prv}"
+
+    def barrier(self) -> tuple[str, str]:
+        import torch.distributed as dist
+
+        w = self.world.world_size
+        if dist.get_backend() == "gloo":
+            try:
+                dist.monitored_barrier(timeout=self._td(), wait_all_ranks=True)
+            except Exception as e:
+                raise _StageFailed(TIMEOUT, _first_line(e)) from e
+            return OK, f"{w} ranks (monitored barrier)"
+        store_set(self.store, f"barrier/{self.world.rank}", "1")
+        missing = wait_keys(self.store, [f"barrier/{i}" for i in range(w)], self.cfg.timeout_s)
+        if missing:
+            raise _StageFailed(TIMEOUT, "rank(s) " + ", ".join(k.split("/")[1] for k in missing)
+                               + f" did not reach the barrier within {self.cfg.timeout_s:g} s")
+        dist.barrier(async_op=True).wait(self._td())
+        return OK, f"{w} ranks (store + {dist.get_backend()} barrier)"
+
+    # -- the whole run ---------------------------------------------------------------------
+    def run(self) -> RankOutcome:
+        t_start = time.monotonic()
+        cfg = self.cfg
+        _defer_sigterm(cfg.timeout_s + 3 * cfg.grace_s + DEAD_AFTER_S)
+        self.choice = choose_device(self.world, cfg.device, cfg.backend)  # bad options: exit 2/3 at once
+        self.stage("device", self.device, cfg.timeout_s)
+        self.stage("alloc", self.alloc, cfg.timeout_s)
+        self.writer.write(self.rep, "local")  # before any collective: survives a dead rank 0
+        for name in STAGES[2:]:
+            self.stage(name, getattr(self, name), cfg.init_timeout if name in ("rendezvous", "init")
+                       else cfg.timeout_s)
+        self.writer.write(self.rep, "final")
+        outcome = self.report(t_start)
+        self.writer.write(self.rep, "done")
+        try:
+            teardown(timeout_s=min(5.0, cfg.timeout_s), barrier=not self.broken and outcome.exit_code == 0)
+        except Exception:
+            pass
+        return outcome
+
+    def report(self, t_start: float) -> RankOutcome:
+        """Post this rank's record, wait for the others (or proof they are gone), let one rank judge."""
+        w, r = self.world.world_size, self.world.rank
+        if self.store is None or self.store_lost:
+            return self._solo(t_start)
+        try:
+            store_set(self.store, f"result/{r}", json.dumps(output.to_jsonable(self.rep)))
+            checked_in = [i for i in range(w) if self.store.check([f"checkin/{i}"])]
+            waiting = {i for i in checked_in if i != r}
+            dead: dict[int, str] = {}
+            beats: dict[int, tuple[int, float]] = {}
+            deadline = time.monotonic() + cfg_wait(self.cfg)
+            while waiting and time.monotonic() < deadline:
+                for i in sorted(waiting):
+                    if self.store.check([f"result/{i}"]):
+                        waiting.discard(i)
+                        continue
+                    hb = int(self.store.add(f"hb/{i}", 0))
+                    last = beats.get(i)
+                    now = time.monotonic()
+                    if last is None or last[0] != hb:
+                        beats[i] = (hb, now)
+                    elif now - last[1] > DEAD_AFTER_S:
+                        waiting.discard(i)
+                        dead[i] = "no heartbeat"
+                time.sleep(0.1)
+            present = [i for i in range(w) if self.store.check([f"result/{i}"])]
+            reporter = min(present)
+            if r != reporter:
+                code_text = wait_keys(self.store, ["verdict"], cfg_wait(self.cfg) + DEAD_AFTER_S)
+                code = int(store_get(self.store, "verdict")) if not code_text else 4
+                store_set(self.store, f"ack/{r}", "1")
+                return RankOutcome(self.rep, code)
+            reports: list[RankReport] = []
+            for i in range(w):
+                if i in present:
+                    reports.append(report_from_dict(json.loads(store_get(self.store, f"result/{i}"))))
+                    continue
+                reports.append(self._absent(i, dead.get(i)))
+            result = build_result(reports, launcher=self.world.launcher,
+                                  backend=self.choice.backend if self.choice else "",
+                                  stage_timeout_s=self.cfg.timeout_s, elapsed_s=time.monotonic() - t_start,
+                                  reporter_rank=r, versions=collect_versions(), interfaces=_interfaces())
+            store_set(self.store, "verdict", str(result.exit_code))
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and r == 0:
+                # this process hosts the store: let the others read the verdict before it goes away
+                wait_keys(self.store, [f"ack/{i}" for i in present if i != r], self.cfg.grace_s)
+            return RankOutcome(self.rep, result.exit_code, result)
+        except StoreUnavailable:
+            return self._solo(t_start)
+
+    def _absent(self, rank: int, why: str | None) -> RankReport:
+        ident = Identity(rank, self.world.world_size, -1, -1, -1, "?", -1, self.world.launcher, "?")
+        where, last = "never checked in", "rendezvous"
+        try:
+            if self.store.check([f"checkin/{rank}"]):
+                ident = identity_from_dict(json.loads(store_get(self.store, f"checkin/{rank}")))
+                last = store_get(self.store, f"stage/{rank}") if self.store.check([f"stage/{rank}"]) else "rendezvous"
+                where = f"stopped during {last}" + (f", {why}" if why else "")
+        except StoreUnavailable:
+            pass
+        # What it did before its last stage is unknown (it never sent its record): show only from there.
+        stages = [StageResult(s, ABSENT, None, where) for s in STAGES[STAGES.index(last):]]
+        return RankReport(ident, stages, answered=False, note=where)
+
+    def _solo(self, t_start: float) -> RankOutcome:
+        first = self.rep.first_problem()
+        text = f"{first.name}: {first.detail}" if first else "the job's store went away"
+        output.log(f"{self.world.label} gpu-test: could not reach the other ranks ({text}); "
+                   "this rank's record is in --out-dir" if self.cfg.out_dir else
+                   f"{self.world.label} gpu-test: could not reach the other ranks ({text})")
+        return RankOutcome(self.rep, 4, None, solo=True)
+
+
+def cfg_wait(cfg: GpuTestConfig) -> float:
+    """How long a finished rank waits for the others' records: a live rank ends its current stage
+    within the stage timeout (its watchdog guarantees it) plus grace."""
+    return cfg.timeout_s + cfg.grace_s
+
+
+def run_rank(cfg: GpuTestConfig, world: World | None = None) -> RankOutcome:
+    """Run every stage on this rank and, on the reporting rank, build the verdict."""
+    world = world or detect_world()
+    outcome = _Rank(cfg, world).run()
+    if not outcome.own.ok:
+        bad = outcome.own.first_problem()
+        if bad is not None:
+            output.log(f"{world.label} gpu-test: {bad.name} {bad.status.upper()}: {bad.detail}")
+    sys.stderr.flush()
+    return outcome

@@ -1,0 +1,66 @@
+"""Human view of a health result (the JSON-able dict): one table per node, a cluster table
+when there are several, and the summary line."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "info": "cyan"}
+
+
+def _label(c: dict[str, Any]) -> str:
+    target, cid = c["target"], c["id"]
+    short = cid.split(".", 1)[-1]
+    return cid.replace(".", " ", 1) if target in ("host", "node", "cluster") else f"{target} {short}"
+
+
+def node_table(node: dict[str, Any], show_pass: bool = True) -> Any:
+    from rich.table import Table
+
+    title = f"{node.get('target') or node['host']}: {node['gpu']['message']} (level {node['level']}, {node['duration_s']:.1f} s)"
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for col, kw in (("check", {"no_wrap": True}), ("status", {"no_wrap": True}), ("value", {}),
+                    ("threshold", {}), ("hint", {"ratio": 1})):
+        t.add_column(col, **kw)
+    for c in node["checks"]:
+        if not show_pass and c["status"] in ("pass", "info", "skip"):
+            continue
+        st = c["status"]
+        t.add_row(_label(c), f"[{STYLE[st]}]{st.upper()}[/]", str(c["value"]), str(c["threshold"]), c["hint"] or "")
+    return t
+
+
+def cluster_table(result: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="cluster", title_justify="left")
+    for col in ("node", "verdict", "gpus", "fail", "warn", "summary"):
+        t.add_column(col, ratio=1 if col == "summary" else None, no_wrap=col != "summary")
+    for n in result["nodes"]:
+        verdict = "[green]OK[/]" if n["ok"] else ("[bold red]FAIL[/]" if n["exit_code"] == 1 else "[yellow]NO GPU[/]")
+        gpus = str(len(n["gpu"].get("gpus", []))) if n["gpu"]["present"] else "0"
+        t.add_row(n.get("target") or n["host"], verdict, gpus, str(n["counts"]["fail"]), str(n["counts"]["warn"]),
+                  n["summary"])
+    for u in result.get("unreachable", []):
+        t.add_row(u["host"], "[bold red]UNREACHED[/]", "-", "-", "-", u["reason"])
+    return t
+
+
+def draw(console: Console, result: dict[str, Any], verbose: bool = True) -> None:
+    """Per-node tables (only problems when there are many nodes and not verbose), then the summary."""
+    many = len(result["nodes"]) + len(result.get("unreachable", [])) > 1
+    for node in result["nodes"]:
+        if many and not verbose and node["ok"] and not node["counts"]["warn"]:
+            continue
+        console.print(node_table(node, show_pass=verbose))
+        console.print()
+    if many:
+        console.print(cluster_table(result))
+        for c in result.get("cluster_checks", []):
+            if c["status"] != "pass":
+                console.print(f"[{STYLE[c['status']]}]{c['status'].upper()}[/] {c['id']}: {c['value']}: {c['hint']}")
+    style = "green" if result["ok"] else "bold red"
+    console.print(f"[{style}]{result['summary']}[/]")

@@ -1,0 +1,69 @@
+"""Dump every target on this node, in parallel, once or several times (`--samples K --interval S`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ml_debug.output import progress
+from ml_debug.procs.find import Target, TargetSet
+from ml_debug.stacks.dumpers import DumpOptions, Tools, dump_process
+from ml_debug.stacks.model import ProcessDump
+from ml_debug.stacks.ptrace import PtraceCheck, check_ptrace
+
+MAX_PARALLEL = 32
+
+
+@dataclass
+class NodeResult:
+    """What one node did: its targets, their samples, and why some are missing."""
+
+    host: str
+    ok: bool
+    error: str | None = None
+    targets: list[Target] = field(default_factory=list)
+    samples: dict[int, list[ProcessDump]] = field(default_factory=dict)  # pid -> dumps in order
+    launchers: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    ptrace: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int = 1,
+                 interval: float = 1.0) -> NodeResult:
+    """`py-spy dump --pid P` for every target at once, `samples` times, `interval` seconds apart."""
+    t0 = time.monotonic()
+    check: PtraceCheck = check_ptrace()
+    node = NodeResult(host=found.host, ok=True, targets=found.targets,
+                      launchers=[asdict(launcher) for launcher in found.launchers], skipped=found.skipped,
+                      notes=list(found.notes), ptrace=asdict(check))
+    node.samples = {t.pid: [] for t in found.targets}
+    uids = {t.pid: _uid(t.pid) for t in found.targets}
+    gone: set[int] = set()
+    workers = max(1, min(MAX_PARALLEL, len(found.targets)))
+    with ThreadPoolExecutor(max_workers=workers) as pool, \
+            progress(samples * len(found.targets), f"dumping {len(found.targets)} processes") as bar:
+        for k in range(samples):
+            if k:
+                time.sleep(interval)
+            todo = [t for t in found.targets if t.pid not in gone]
+            futures = {t.pid: pool.submit(dump_process, t.pid, tools, opts, check, uids[t.pid]) for t in todo}
+            for pid, fut in futures.items():
+                dump = fut.result()
+                node.samples[pid].append(dump)
+                bar.advance()
+                if not dump.ok and dump.error and "exited" in dump.error:
+                    gone.add(pid)  # no point asking a dead process again
+    node.seconds = round(time.monotonic() - t0, 3)
+    return node

@@ -1,0 +1,159 @@
+"""dump-stacks from options to report: on this node, or on many through the remote layer.
+
+Each remote node runs ``mldebug dump-stacks --local --json`` with the same selectors; the
+per-node documents are merged (processes and nodes concatenated) and analysed as one job.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ml_debug import output
+from ml_debug.errors import ExitCode
+from ml_debug.remote.targets import TargetSpec
+from ml_debug.stacks.report import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    build_report,
+    failed_node,
+    node_processes,
+    node_summary,
+)
+
+
+@dataclass
+class DumpRequest:
+    pids: list[int] = field(default_factory=list)
+    pattern: str | None = None
+    user: str | None = None
+    gpu: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    include_launcher: bool = False
+    world_size: int | None = None
+    samples: int = 1
+    interval: float = 1.0
+    native: bool = False
+    locals: bool = False
+    dumper: str = "auto"
+    timeout: float = 10.0
+    gdb_timeout: float = 60.0
+
+    def remote_args(self) -> list[str]:
+        """The same request as `mldebug dump-stacks` arguments, for each node's local run."""
+        args = ["dump-stacks"]
+        for pid in self.pids:
+            args += ["--pid", str(pid)]
+        if self.pattern:
+            args += ["--pattern", self.pattern]
+        if self.user:
+            args += ["--user", self.user]
+        if self.gpu:
+            args.append("--gpu")
+        for k, v in self.env.items():
+            args += ["--env", f"{k}={v}"]
+        if self.include_launcher:
+            args.append("--include-launcher")
+        args += ["--samples", str(self.samples), "--interval", str(self.interval), "--dumper", self.dumper,
+                 "--timeout", str(self.timeout), "--gdb-timeout", str(self.gdb_timeout)]
+        if self.native:
+            args.append("--native")
+        if self.locals:
+            args.append("--locals")
+        return args
+
+    def node_budget(self) -> float:
+        """How long one node may take before the remote layer gives up on it."""
+        per_sample = self.timeout * 2 + self.timeout + (self.gdb_timeout if self.dumper in ("auto", "gdb") else 0)
+        return 30.0 + self.samples * self.interval + self.samples * per_sample
+
+
+def _options(req: DumpRequest) -> dict[str, Any]:
+    d = asdict(req)
+    d.pop("pids")
+    return d
+
+
+NO_TARGETS_HINT = ("name them: --pid PID (a launcher's pid means its ranks), --pattern REGEX, --user USER, "
+                   "--gpu; or run on the node where the job runs (--hosts / --slurm-job)")
+
+
+def local_report(req: DumpRequest) -> dict[str, Any]:
+    """Find and dump the targets on this node; the report for this node alone."""
+    from ml_debug.procs import find_targets
+    from ml_debug.stacks.collect import NodeResult, dump_targets
+    from ml_debug.stacks.dumpers import DumpOptions, resolve_tools
+
+    tools = resolve_tools(req.dumper)  # exit 3 with the install hint before doing anything
+    found = find_targets(pids=req.pids or None, pattern=req.pattern, user=req.user, gpu=req.gpu,
+                         include_launcher=req.include_launcher, env=req.env or None)
+    host = found.host
+    if not found.targets:
+        node = NodeResult(host=host, ok=True, launchers=[asdict(x) for x in found.launchers],
+                          skipped=found.skipped, notes=[*found.notes, "no target processes found"])
+        result = build_report([node_summary(node)], [], _options(req), req.world_size)
+        result["summary"] = (f"no processes to dump on {host}: no rank under a launcher (torchrun, deepspeed, "
+                             "accelerate, srun, mpirun) and no Python process with a rank in its environment")
+        result["hint"] = NO_TARGETS_HINT
+        return result
+    opts = DumpOptions(timeout=req.timeout, gdb_timeout=req.gdb_timeout, native=req.native, locals=req.locals,
+                       dumper=req.dumper)
+    node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval)
+    result = build_report([node_summary(node)], node_processes(node), _options(req), req.world_size)
+    if result["exit_code"] == ExitCode.ENVIRONMENT:
+        fixes = [p["fix"] for p in result["not_dumped"] if p.get("fix")]
+        reasons = sorted({p["error"] for p in result["not_dumped"] if p.get("error")})
+        result["summary"] = f"could not dump any of {len(found.targets)} processes on {host}: " + "; ".join(reasons)
+        result["hint"] = fixes[0] if fixes else None
+    return result
+
+
+def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None = None) -> dict[str, Any]:
+    """The merged report for the targets of `spec` (this node, --hosts, or --slurm-job)."""
+    if spec.kind == "local":
+        result = local_report(req)
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / f"{socket.gethostname()}.json").write_text(
+                output.dumps(output.document(SCHEMA, SCHEMA_VERSION, result)) + "\n")
+        return result
+
+    from ml_debug.remote.runner import AgentResult, run_mldebug_everywhere
+
+    args = req.remote_args()
+    if spec.kind == "slurm" and spec.slurm_job and "SLURM_JOB_ID" not in req.env:
+        # srun --overlap lands beside the job's tasks: keep only that job's processes on each node
+        args += ["--env", f"SLURM_JOB_ID={spec.slurm_job}"]
+
+    def arrived(r: AgentResult) -> None:
+        output.log(f"dump-stacks: {r.node.host}: " + (r.error or f"answered in {r.node.duration_s:.1f} s"))
+
+    budget = req.node_budget()
+    results = run_mldebug_everywhere(spec, args, timeout_s=budget, out_dir=out_dir, on_result=arrived)
+    reached = {r.node.host for r in results}
+    nodes: list[dict[str, Any]] = []
+    processes: list[dict[str, Any]] = []
+    for r in results:
+        doc = r.document
+        body = doc.get("result") if isinstance(doc, dict) else None
+        if not isinstance(body, dict) or "processes" not in body:
+            nodes.append(failed_node(r.node.host, r.error or "no dump-stacks result in its output"))
+            continue
+        for n in body.get("nodes", []):
+            n = dict(n)
+            n["target"] = r.node.host  # the name we reached it by (hostname may differ)
+            if r.error:  # e.g. another mldebug version: the data is used, the difference said
+                n.setdefault("notes", []).append(r.error)
+            nodes.append(n)
+        processes.extend(body["processes"])
+    for t in spec.targets:
+        if t.label not in reached:
+            nodes.append(failed_node(t.label, "no result (interrupted or not started)"))
+    result = build_report(nodes, processes, _options(req), req.world_size)
+    if out_dir is not None:
+        (out_dir / "merged.json").write_text(json.dumps(output.document(SCHEMA, SCHEMA_VERSION, result),
+                                                        indent=2) + "\n")
+    return result

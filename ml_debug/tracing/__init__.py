@@ -1,0 +1,1 @@
+"""Helpers around :mod:`ml_debug.nicertrace`: reading and comparing the trace files it writes."""

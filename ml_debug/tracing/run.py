@@ -1,0 +1,101 @@
+"""Run a script or module under NicerTrace, the way ``python script.py`` / ``python -m mod`` would."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+
+from ml_debug.errors import UsageError
+from ml_debug.nicertrace import NicerTrace
+
+
+@dataclass
+class TraceRun:
+    exit_code: int
+    trace_file: str | None
+
+
+def parse_signal(name: str) -> signal.Signals:
+    """``TERM``, ``SIGTERM`` or ``15`` to a signal."""
+    text = name.strip().upper()
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise UsageError(f"unknown signal {name!r}", "use a name such as TERM, USR1, INT or HUP") from None
+
+
+def _user_traceback(exc: BaseException, skip_files: set[str]) -> None:
+    """Print the traceback without the frames of mldebug, trace and runpy above the user's code."""
+    tb = exc.__traceback__
+    def ours(name: str) -> bool:
+        return name.startswith("<frozen runpy") or os.path.realpath(name) in skip_files
+
+    while tb is not None and ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
+
+
+def run_traced(target: list[str], *, module: bool = False, include: list[str] | None = None,
+               everything: bool = False, out_dir: str = ".", ring: int | None = None,
+               idle_dump: float | None = None, dump_signals: list[str] | None = None,
+               log_pids: bool = False) -> TraceRun:
+    """Run ``target`` (script and its arguments, or module and its arguments) under NicerTrace.
+
+    Shell equivalent: ``python -m trace --trace --timing --ignore-dir ... script.py``, with one
+    file per process.
+    """
+    if not target:
+        raise UsageError("nothing to run", "mldebug trace [OPTIONS] -- script.py ARGS  or  mldebug trace -m module ARGS")
+    packages: list[str] | str | None = None if everything else [p for item in include or [] for p in item.split(",") if p]
+    if packages == []:
+        packages = "uninstalled"
+    signals = [parse_signal(s) for s in dump_signals] if dump_signals is not None else None
+    kwargs = {} if signals is None else {"dump_signals": signals}
+    try:
+        tracer = NicerTrace(count=0, trace=1, timing=True, packages_to_include=packages, log_pids=log_pids,
+                            out_dir=out_dir, ring=ring, idle_dump=idle_dump, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e), "see `mldebug trace --help`") from None
+
+    name, args = target[0], target[1:]
+    if module:
+        if importlib.util.find_spec(name) is None:
+            raise UsageError(f"no module named {name!r}", "is it installed in this Python, or on PYTHONPATH?")
+        sys.argv = [name, *args]  # run_module(alter_sys=True) puts the module's file in argv[0]
+        sys.path.insert(0, os.getcwd())
+        func, fargs, fkw = runpy.run_module, (name,), {"run_name": "__main__", "alter_sys": True}
+    else:
+        if not os.path.isfile(name):
+            raise UsageError(f"no such script: {name}", "give a Python file, or -m MODULE for a module")
+        sys.argv = [name, *args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(name)))
+        func, fargs, fkw = runpy.run_path, (name,), {"run_name": "__main__"}
+
+    skip = {os.path.realpath(f) for f in (__file__, runpy.__file__, sys.modules["trace"].__file__,
+                                           sys.modules["ml_debug.nicertrace"].__file__)}
+    code = 0
+    try:
+        tracer.runfunc(func, *fargs, **fkw)
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            sys.stderr.write(f"{e.code}\n")
+            code = 1
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as e:  # the traced program's own error: report it as python would
+        _user_traceback(e, skip)
+        code = 1
+    finally:
+        sys.stdout.flush()
+    return TraceRun(exit_code=code, trace_file=tracer.path)

@@ -1,0 +1,250 @@
+"""Who stopped where: the last lines of every per-process trace file, grouped by how they end.
+
+The seed did this with ``find . -name "trace*" -exec sh -c 'tail -5 "$1"' ...`` and
+``grep -c``; here the endings are normalised (time stamps, pids, addresses) and compared, so the
+rank that is somewhere else stands out.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ml_debug.errors import UsageError
+
+FILE_RE = re.compile(r"^trace-(?P<host>.+)-(?P<rank>\d+|na)-(?P<pid>\d+)\.txt$")
+_PREFIX_RE = re.compile(r"^(?P<ts>\d+:\d\d:\d\d\.\d+ )?(?:\[pid \d+\] )?")
+_TS_RE = re.compile(r"^(\d+):(\d\d):(\d\d)\.(\d+) ")
+_ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
+_ANON_THREAD_RE = re.compile(r"^\{thread-\d+\} ")
+BLOCK = 1 << 16
+MAX_SCAN = 64 << 20  # bytes read backwards looking for main-thread lines before giving up
+
+
+@dataclass
+class TraceFile:
+    """One per-process trace file and how it ends."""
+
+    path: str
+    host: str | None
+    rank: int | None
+    pid: int | None
+    mode: str | None  # "stream" or "ring(N)", from the file's header
+    dump_reason: str | None  # ring files: why it was written (end, exit, idle 30s, signal SIGTERM)
+    size_bytes: int
+    tail: list[str]  # the last N event lines as written
+    ending: list[str]  # the same lines normalised: what the grouping compares
+    last_elapsed_s: float | None
+    last_event_unix: float | None
+    silent_for_s: float | None  # now minus the last event (for a live or hung process)
+    grep_count: int | None = None
+    group: str = ""
+
+    @property
+    def who(self) -> str:
+        rank = f"rank {self.rank}" if self.rank is not None else "rank na"
+        return f"{rank} ({self.host or '?'} pid {self.pid if self.pid is not None else '?'})"
+
+
+@dataclass
+class TailGroup:
+    """Files whose normalised endings are identical."""
+
+    id: str
+    size: int
+    odd: bool  # not the majority ending
+    ranks: list[int | None]
+    files: list[str]
+    ending: list[str]
+
+
+@dataclass
+class TailReport:
+    ok: bool
+    summary: str
+    paths: list[str]
+    lines: int
+    grep: str | None
+    all_threads: bool
+    files: list[TraceFile]
+    groups: list[TailGroup]
+    odd_files: list[str] = field(default_factory=list)
+
+
+def normalise(line: str) -> str:
+    """A line without its time stamp, pid marker and memory addresses."""
+    body = _PREFIX_RE.sub("", line, count=1)
+    body = _ANON_THREAD_RE.sub("{thread} ", body)
+    return _ADDR_RE.sub("0x?", body).rstrip()
+
+
+def _is_event(line: str, all_threads: bool) -> bool:
+    if not line.strip() or line.startswith("#"):
+        return False
+    return all_threads or not _PREFIX_RE.sub("", line, count=1).startswith("{")
+
+
+def _elapsed(line: str) -> float | None:
+    m = _TS_RE.match(line)
+    if not m:
+        return None
+    h, mi, s, frac = m.groups()
+    return int(h) * 3600 + int(mi) * 60 + int(s) + int(frac) / 10 ** len(frac)
+
+
+def find_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Trace files among the given files and directories (searched recursively, like the seed's find)."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found.extend(f for f in p.rglob("trace-*.txt") if f.is_file() and FILE_RE.match(f.name))
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise UsageError(f"no such file or directory: {p}", "give the --out-dir that `mldebug trace` wrote to")
+    return sorted(set(found))
+
+
+def _header(path: Path) -> dict[str, str]:
+    with open(path, "rb") as f:
+        head = f.read(4096).decode("utf-8", "replace").splitlines()
+    info: dict[str, str] = {}
+    for line in head[:2]:
+        if line.startswith("# nicertrace ") or line.startswith("# dump "):
+            for token in line[2:].split(" "):
+                key, eq, value = token.partition("=")
+                if eq and key not in info:
+                    info[key] = value
+            if line.startswith("# dump "):
+                m = re.search(r"reason=(.*?) at=", line)
+                if m:
+                    info["reason"] = m.group(1)
+    return info
+
+
+def _last_lines(path: Path, n: int, all_threads: bool) -> list[str]:
+    """The last n event lines, reading backwards in blocks (trace files can be huge)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        pos, buf, scanned = end, b"", 0
+        while pos > 0 and scanned < MAX_SCAN:
+            step = min(BLOCK, pos)
+            pos -= step
+            f.seek(pos)
+            buf = f.read(step) + buf
+            scanned += step
+            lines = buf.split(b"\n")
+            complete = lines[1:] if pos > 0 else lines
+            events = [x for x in (b.decode("utf-8", "replace") for b in complete) if _is_event(x, all_threads)]
+            if len(events) >= n:
+                return events[-n:]
+        lines = buf.decode("utf-8", "replace").split("\n")
+        return [x for x in lines if _is_event(x, all_threads)][-n:]
+
+
+def _grep_count(path: Path, pattern: re.Pattern[str]) -> int:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return sum(1 for line in f if not line.startswith("#") and pattern.search(line))
+
+
+def read_trace_file(path: Path, n: int, all_threads: bool = False,
+                    grep: re.Pattern[str] | None = None, now: float | None = None) -> TraceFile:
+    """Parse one file: name parts, header, its last n event lines."""
+    m = FILE_RE.match(path.name)
+    info = _header(path)
+    tail = _last_lines(path, n, all_threads)
+    last = _elapsed(tail[-1]) if tail else None
+    start = float(info["start_unix"]) if info.get("start_unix", "").replace(".", "", 1).isdigit() else None
+    last_unix = start + last if start is not None and last is not None else None
+    now = time.time() if now is None else now
+
+    def num(value: str | None) -> int | None:
+        return int(value) if value is not None and value.isdigit() else None
+
+    return TraceFile(
+        path=str(path),
+        host=m.group("host") if m else info.get("host"),
+        rank=num(m.group("rank")) if m else num(info.get("rank")),
+        pid=num(m.group("pid")) if m else num(info.get("pid")),
+        mode=info.get("mode"),
+        dump_reason=info.get("reason"),
+        size_bytes=path.stat().st_size,
+        tail=[t.rstrip("\n") for t in tail],
+        ending=[normalise(t) for t in tail],
+        last_elapsed_s=last,
+        last_event_unix=last_unix,
+        silent_for_s=round(now - last_unix, 3) if last_unix is not None else None,
+        grep_count=_grep_count(path, grep) if grep is not None else None,
+    )
+
+
+def _labels() -> Iterator[str]:
+    for i in range(10_000):
+        yield chr(ord("A") + i) if i < 26 else f"G{i + 1}"
+
+
+def _rank_key(f: TraceFile) -> tuple[int, int, str]:
+    return (f.rank if f.rank is not None else 1 << 30, f.pid or 0, f.path)
+
+
+def tail_traces(paths: Iterable[str | os.PathLike[str]], lines: int = 5, grep: str | None = None,
+                all_threads: bool = False) -> TailReport:
+    """Group trace files by their last ``lines`` event lines; odd groups are the suspects.
+
+    Shell equivalent: ``find DIR -name 'trace*' -exec sh -c 'echo $1; tail -5 $1' _ {} \\;``.
+    """
+    if lines < 1:
+        raise UsageError(f"-n must be at least 1, got {lines}", "try -n 5")
+    pattern = None
+    if grep is not None:
+        try:
+            pattern = re.compile(grep)
+        except re.error as e:
+            raise UsageError(f"bad --grep pattern {grep!r}: {e}", "it is a Python regular expression") from e
+    paths = [os.fspath(p) for p in paths] or ["."]
+    found = find_trace_files(paths)
+    if not found:
+        raise UsageError(f"no trace files (trace-HOST-RANK-PID.txt) under {', '.join(paths)}",
+                         "run the program with `mldebug trace --out-dir DIR -- script.py`, then point "
+                         "trace-tail at DIR")
+    now = time.time()
+    files = sorted((read_trace_file(p, lines, all_threads, pattern, now) for p in found), key=_rank_key)
+    by_ending: dict[tuple[str, ...], list[TraceFile]] = {}
+    for f in files:
+        by_ending.setdefault(tuple(f.ending), []).append(f)
+    ordered = sorted(by_ending.items(), key=lambda kv: (-len(kv[1]), _rank_key(kv[1][0])))
+    majority = len(ordered) == 1 or len(ordered[0][1]) > len(ordered[1][1])
+    groups = []
+    for label, (ending, members) in zip(_labels(), ordered):  # noqa: B905 (labels are endless)
+        odd = not (majority and not groups)
+        for f in members:
+            f.group = label
+        groups.append(TailGroup(id=label, size=len(members), odd=odd if len(ordered) > 1 else False,
+                                ranks=[f.rank for f in members], files=[f.path for f in members],
+                                ending=list(ending)))
+    odd_files = [f.path for g in groups if g.odd for f in files if f.group == g.id]
+    return TailReport(ok=len(groups) == 1, summary=_summary(files, groups, majority), paths=paths,
+                      lines=lines, grep=grep, all_threads=all_threads, files=files, groups=groups,
+                      odd_files=odd_files)
+
+
+def _summary(files: list[TraceFile], groups: list[TailGroup], majority: bool) -> str:
+    def last(ending: list[str]) -> str:
+        return ending[-1].strip() if ending else "(no events)"
+
+    n = len(files)
+    if len(groups) == 1:
+        return f"all {n} trace file{'s' if n != 1 else ''} end the same way, last: {last(groups[0].ending)}"
+    if majority:
+        odd = [f for f in files if f.group != groups[0].id]
+        names = ", ".join(f"{f.who} at: {last(f.ending)}" for f in odd[:4])
+        more = f" (+{len(odd) - 4} more)" if len(odd) > 4 else ""
+        return (f"{groups[0].size} of {n} trace files end the same way ({last(groups[0].ending)}); "
+                f"different: {names}{more}")
+    sizes = " / ".join(str(g.size) for g in groups)
+    return f"no common ending: {n} trace files split into {len(groups)} groups ({sizes}); see each group's last lines"

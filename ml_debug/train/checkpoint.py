@@ -1,0 +1,126 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP).
+
+Layout: ``CHECKPOINT_DIR/step-N/`` holds DCP's files and, written last by rank 0 after every rank
+has finished, ``COMPLETE``. A folder without it (a job killed mid-save) is never loaded and is
+removed by the next save. The newest ``keep_last`` complete folders are kept.
+
+The equivalent by hand: ``dcp.save(get_state_dict(model, opt), checkpoint_id=dir)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ml_debug.train.data import TokenStream
+
+MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path, bool]]:
+    """(step, folder, complete) for every step-N folder, oldest first."""
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p, (p / MARKER).is_file()))
+    return sorted(out)
+
+
+def latest_complete(root: Path) -> tuple[int, Path] | None:
+    done = [(s, p) for s, p, ok in step_dirs(root) if ok]
+    return done[-1] if done else None
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def save(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, stream: TokenStream,
+         keep_last: int) -> Path:
+    """Save step ``step`` collectively; returns the folder. Every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = root / f"step-{step}"
+    if _rank() == 0:
+        if folder.exists():  # a partial save of the same step from an earlier attempt
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    t0 = time.perf_counter()
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+    _barrier()  # every rank's shards are on disk before the marker says so
+    if _rank() == 0:
+        meta = {"step": step, "data": stream.state_dict(), "world_size": stream.world_size,
+                "save_seconds": round(time.perf_counter() - t0, 3), "time": time.time()}
+        (folder / "train_state.json").write_text(json.dumps(meta, indent=1))
+        (folder / MARKER).write_text(f"{step}\n")
+        _prune(root, keep_last)
+    _barrier()
+    return folder
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    entries = step_dirs(root)
+    complete = [(s, p) for s, p, ok in entries if ok]
+    newest = complete[-1][0] if complete else -1
+    for s, p in complete[:-keep_last]:
+        shutil.rmtree(p, ignore_errors=True)
+    for s, p, ok in entries:
+        if not ok and s < newest:  # leftovers of interrupted saves
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def load(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, stream: TokenStream) -> int:
+    """Load a complete step folder into model, optimizer and data stream; returns its step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    meta = json.loads((folder / "train_state.json").read_text())
+    stream.load_state_dict(meta["data"])
+    return int(meta["step"])
+
+
+def load_full_from_rank0(model: nn.Module, path: Path, is_rank0: bool) -> None:
+    """Low-memory start: rank 0 reads a full state dict (torch.save), every rank gets its shards by
+    broadcast (the seeds' 405B recipe). Other ranks never hold the full model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if is_rank0 else {}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def save_full(model: nn.Module, path: Path) -> None:
+    """Gather a full state dict on rank 0 and torch.save it (every rank must call)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if _rank() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(sd, path)
+    _barrier()

@@ -1,0 +1,184 @@
+"""`mldebug dump-stacks` on real hung gloo jobs from the rig (torchrun ranks, real py-spy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+
+from tests.conftest import REPO, mldebug, require
+
+SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "dump-stacks.json").read_text())
+GOLDEN = REPO / "tests" / "golden" / "dump_stacks_local.txt"
+VENV_BIN = Path(sys.executable).parent
+
+
+def _tools() -> None:
+    require(shutil.which("py-spy") or (VENV_BIN / "py-spy").exists(), "py-spy")
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.stdout.strip(), f"no JSON on stdout; stderr: {proc.stderr}"
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    return doc
+
+
+def normalise(text: str, hosts: list[str]) -> str:
+    """Golden-test view: no pids, hostnames, torch line numbers or trailing spaces."""
+    for h in sorted(hosts, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w-]){re.escape(h)}(?![\w-])", "<HOST>", text)
+    text = re.sub(r"pid \d+", "pid <PID>", text)
+    text = re.sub(r"((?:torch/[\w/]+|distributed_c10d|c10d_logger)\.py):\d+", r"\1:<L>", text)
+    text = re.sub(r"━+", "━", text)  # column widths follow the hostname's length
+    text = re.sub(r"[ \t]+", " ", text)
+    text = re.sub(r" \n", "\n", text)
+    return text.rstrip() + "\n"
+
+
+def test_local_names_the_odd_rank_and_function(hung_job) -> None:
+    _tools()
+    job = hung_job(nranks=4, odd_rank=3, odd_function="load_batch", mode="hang", where="local")
+    launcher = str(job.launcher_pids[0])
+    proc = mldebug("dump-stacks", "--local", "--pid", launcher, "--json", timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    result = _json(proc)["result"]
+    host, pid = job.ranks[3]
+    verdict = result["verdict"]
+    assert verdict.startswith(f"suspect: rank 3 ({host}, pid {pid}) in load_batch (hung_worker.py:"), verdict
+    assert "while 3 ranks wait in all_reduce (distributed_c10d.py:" in verdict, verdict
+    assert result["summary"] == verdict and result["ok"] is False
+    assert [s["ranks"] for s in result["suspects"]] == [[3]]
+    assert result["suspects"][0]["kind"] == "outside-collective"
+    sizes = {g["id"]: (g["size"], sorted(g["ranks"])) for g in result["groups"]}
+    assert sizes == {"A": (3, [0, 1, 2]), "B": (1, [3])}
+    assert result["groups"][0]["collective"]["name"] == "all_reduce"
+    # every raw stack is in the bundle, labelled from /proc/PID/environ
+    by_rank = {p["rank"]: p for p in result["processes"]}
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    for r, p in by_rank.items():
+        assert p["pid"] == job.ranks[r][1] and p["world_size"] == 4 and p["local_rank"] == r
+        assert p["found_by"] == f"torchrun pid {launcher}"
+        main = [t for t in p["samples"][0]["threads"] if t["is_main"]][0]
+        assert main["frames"][0]["name"] == ("load_batch" if r == 3 else "all_reduce")
+    # the dumped ranks are still alive and running
+    assert all(job.alive().values())
+
+    # the human view: a golden tree/table, verdict last
+    human = mldebug("dump-stacks", "--local", "--pid", launcher, timeout=120)
+    assert human.returncode == 1, human.stderr
+    got = normalise(human.stdout, [host])
+    if os.environ.get("MLDEBUG_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(got)
+    assert got == GOLDEN.read_text()
+    assert got.rstrip().splitlines()[-1].startswith("suspect: rank 3 (<HOST>, pid <PID>) in load_batch")
+
+
+def test_unattachable_processes_are_reported_while_the_others_are_dumped(hung_job, tmp_path: Path) -> None:
+    _tools()
+    job = hung_job(nranks=2, odd_rank=1, odd_function="stuck_here", where="local")
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits at once; never reaped until the end
+    not_python = subprocess.Popen(["sleep", "120"])
+    # a Python process that exits between the first and the last sample
+    short = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)"])
+    try:
+        deadline = time.monotonic() + 10
+        while _state(zombie.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [*job.pids, zombie.pid, not_python.pid, short.pid]
+        args = [a for p in pids for a in ("--pid", str(p))]
+        proc = mldebug("dump-stacks", *args, "--samples", "2", "--interval", "3.5", "--json", timeout=120)
+        assert proc.returncode == 4, proc.stderr  # partial: some processes were not dumped
+        result = _json(proc)["result"]
+        reasons = {p["pid"]: p["error"] for p in result["not_dumped"]}
+        assert set(reasons) == {zombie.pid, not_python.pid, short.pid}, reasons
+        assert "zombie" in reasons[zombie.pid]
+        assert reasons[not_python.pid] == "not a Python process"
+        assert reasons[short.pid].startswith("process exited"), reasons[short.pid]
+        assert "last seen in <module>" in reasons[short.pid]
+        dumped = {p["rank"] for p in result["processes"] if p["state"] != "not-dumped"}
+        assert dumped == {0, 1}
+        assert "rank 1" in result["verdict"] and "stuck_here" in result["verdict"]
+        assert "3 processes not dumped" in result["verdict"]
+    finally:
+        for p in (zombie, not_python, short):
+            p.kill()
+            p.wait()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_samples_tell_a_looping_rank_from_stuck_ones(hung_job) -> None:
+    _tools()
+    job = hung_job(nranks=4, odd_rank=2, odd_function="spin_here", mode="loop", where="local")
+    # 5 samples 0.3 s apart land in both halves of the odd rank's 0.4 s loop
+    proc = mldebug("dump-stacks", "--pid", str(job.launcher_pids[0]), "--samples", "5", "--interval", "0.3",
+                   "--json", timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    result = _json(proc)["result"]
+    states = {p["rank"]: p["state"] for p in result["processes"]}
+    assert states == {0: "stuck", 1: "stuck", 2: "moving", 3: "stuck"}, states
+    assert all(len(p["samples"]) == 5 for p in result["processes"])
+    suspect = result["suspects"][0]
+    assert suspect["kind"] == "moving" and suspect["ranks"] == [2]
+    assert result["verdict"].startswith(f"suspect: rank 2 ({job.ranks[2][0]}, pid {job.ranks[2][1]}) keeps "
+                                        "running in ")
+    assert "while 3 ranks are stuck in all_reduce" in result["verdict"]
+
+
+def test_py_spy_missing_exits_3_with_the_install_hint(tmp_path: Path) -> None:
+    # A python whose bin/ has no py-spy (PATH neither): the venv's packages come in via PYTHONPATH.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").symlink_to(os.path.realpath(sys.executable))
+    site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{site}", "MLDEBUG_WIDTH": "160"}
+    proc = subprocess.run([str(bindir / "python"), "-m", "ml_debug", "dump-stacks", "--pid", str(os.getpid())],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert "mldebug: error: py-spy is not installed" in proc.stderr
+    assert "hint: pip install py-spy" in proc.stderr
+
+
+def test_ptrace_refused_says_exactly_why_and_what_to_do(tmp_path: Path) -> None:
+    _tools()
+    require(shutil.which("setpriv") and Path("/usr/bin/python3").exists() and os.geteuid() == 0,
+            "root, setpriv and /usr/bin/python3 (to run a target as another user)")
+    # target: a Python process of uid 65534; mldebug: root without CAP_SYS_PTRACE
+    target = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", "import time\ndef waiting():\n    time.sleep(120)\nwaiting()"], cwd="/")
+    try:
+        time.sleep(0.5)
+        proc = subprocess.run(["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", sys.executable,
+                               "-m", "ml_debug", "dump-stacks", "--pid", str(target.pid), "--json"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 3, proc.stderr
+        result = _json(proc)["result"]
+        (entry,) = result["not_dumped"]
+        assert entry["error"].startswith("permission denied: the process belongs to uid 65534"), entry
+        assert "without CAP_SYS_PTRACE" in entry["error"]
+        assert "sudo" in entry["fix"]
+        assert "hint: run mldebug as that user, or" in proc.stderr
+        assert _state(target.pid) in ("S", "R")  # left running
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_no_target_found_exits_3_with_a_hint() -> None:
+    proc = mldebug("dump-stacks", "--pattern", "no-such-process-[0-9]{40}", timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "no processes to dump" in proc.stdout
+    assert "hint: name them: --pid PID" in proc.stderr

@@ -1,0 +1,163 @@
+"""`mldebug health` on this machine for real: host checks, the "no NVIDIA GPU" verdict and its
+exit codes, the CPU matmul stress at --level 2, JSON schema, and no torch import at level 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from ml_debug.health import host_checks
+from ml_debug.health.model import Status
+from ml_debug.health.nvml import NvmlGateway
+from tests.conftest import REPO, mldebug
+
+SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "health.json").read_text())
+
+
+def _nvml_works() -> bool:
+    return NvmlGateway().open().available
+
+
+pytestmark = pytest.mark.skipif(_nvml_works(), reason="this file checks a node WITHOUT an NVIDIA GPU")
+
+
+def _health_json(*args: str, timeout: float = 120) -> tuple[int, dict]:
+    proc = mldebug("health", "--json", *args, timeout=timeout)
+    assert proc.stdout.strip(), proc.stderr
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    return proc.returncode, doc
+
+
+def test_level1_without_gpu_says_so_and_exit_code_follows_host_checks(tmp_path: Path) -> None:
+    code, doc = _health_json("--path", str(tmp_path))
+    result = doc["result"]
+    node = result["nodes"][0]
+    assert node["gpu"]["present"] is False
+    assert node["gpu"]["message"].startswith("no NVIDIA GPU")
+    assert node["gpu"]["nvml_source"] == "pynvml"
+    nvml = next(c for c in node["checks"] if c["id"] == "gpu.nvml")
+    assert nvml["status"] == "info" and nvml["value"] == "no NVIDIA GPU"
+    ids = {c["id"] for c in node["checks"]}
+    assert {"host.swap", "host.d_state", "host.shm", "host.nofile", "host.disk", "host.inodes",
+            "host.clock_sync", "host.cpu_governor"} <= ids
+    disk = next(c for c in node["checks"] if c["id"] == "host.disk")
+    assert disk["target"] == str(tmp_path) and disk["data"]["size_bytes"] > 0
+    failed = [c["id"] for c in node["checks"] if c["status"] == "fail"]
+    # documented: no GPU expected -> the host checks alone decide (0 all pass, 1 any failure)
+    assert code == (1 if failed else 0) == result["exit_code"]
+    assert result["ok"] is (not failed)
+    assert "no NVIDIA GPU" in result["summary"]
+    assert node["measurements"] == []
+
+
+@pytest.mark.parametrize("flags", [["--expect-gpus", "8"], ["--require-gpu"]])
+def test_expected_gpu_missing_exits_3(flags: list[str], tmp_path: Path) -> None:
+    code, doc = _health_json(*flags, "--path", str(tmp_path))
+    assert code == 3 and doc["result"]["exit_code"] == 3 and doc["result"]["ok"] is False
+    count = next(c for c in doc["result"]["nodes"][0]["checks"] if c["id"] == "gpu.count")
+    assert count["status"] == "fail" and count["value"] == "0" and count["hint"].startswith("no NVIDIA GPU")
+    assert "but a GPU was expected" in doc["result"]["summary"]
+    human = mldebug("health", *flags, "--path", str(tmp_path), timeout=120)
+    assert human.returncode == 3 and "no NVIDIA GPU" in human.stdout
+
+
+def test_expect_zero_gpus_is_fine(tmp_path: Path) -> None:
+    code, doc = _health_json("--expect-gpus", "0", "--path", str(tmp_path))
+    assert code in (0, 1)
+    count = next(c for c in doc["result"]["nodes"][0]["checks"] if c["id"] == "gpu.nvml")
+    assert count["status"] == "info"
+
+
+def test_level2_runs_the_matmul_stress_on_cpu(tmp_path: Path) -> None:
+    code, doc = _health_json("--level", "2", "--stress-seconds", "1", "--matmul-size", "256", "--path", str(tmp_path))
+    node = doc["result"]["nodes"][0]
+    mm = next(m for m in node["measurements"] if m["test"] == "matmul")
+    assert mm["device"] == "cpu" and mm["dtype"] == "float32" and mm["n"] == 256
+    assert mm["iterations"] >= 3 and mm["tflops"] > 0 and mm["error"] is None
+    assert mm["corrupt_iterations"] == 0 and mm["reference_ok"] is True
+    check = next(c for c in node["checks"] if c["id"] == "gpu.matmul")
+    assert check["target"] == "cpu" and check["status"] == "pass" and check["value"].endswith("TFLOPs")
+    mem = next(m for m in node["measurements"] if m["test"] == "memtest")
+    assert mem["mismatches"] == 0 and mem["bytes_tested"] == 64 << 20 and mem["passes"] == 5
+    assert node["level"] == 2 and code == doc["result"]["exit_code"]
+
+
+def test_level1_never_imports_torch() -> None:
+    code = ("import sys; from ml_debug.cli.app import run; rc = run(['health', '--json', '--path', '/tmp']); "
+            "sys.stdout.flush(); sys.stderr.write('TORCH=%s' % ('torch' in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "TORCH=False" in proc.stderr, proc.stderr
+
+
+def test_bad_usage_exits_2() -> None:
+    for args in (["--level", "5"], ["--dtype", "int8"], ["--memtest-fraction", "2"], ["--expect-gpus", "-1"]):
+        proc = mldebug("health", *args, timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith("mldebug: error:"), proc.stderr
+
+
+def test_nofile_limit_below_threshold_fails_in_a_real_process() -> None:
+    # The real check in a child whose soft limit is 1024, as on a stock Debian login.
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit("
+            "resource.RLIMIT_NOFILE)[1])); from ml_debug.health.host_checks import check_nofile; "
+            "c = check_nofile(); print(c.status.value, c.value)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.stdout.split()[0] == "fail", out.stderr
+    assert out.stdout.split()[1] == "1024"
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert host_checks.check_nofile(minimum=1).status is Status.PASS or soft == 0
+
+
+def test_shm_and_disk_thresholds_on_real_filesystems(tmp_path: Path) -> None:
+    assert host_checks.check_shm(min_bytes=1).status is Status.PASS
+    huge = host_checks.check_shm(min_bytes=1 << 60)
+    assert huge.status is Status.FAIL and "--shm-size" in huge.hint
+    missing = host_checks.check_shm(path=str(tmp_path / "nope"))
+    assert missing.status is Status.FAIL and missing.value == "missing"
+    disk, inodes = host_checks.check_disk(str(tmp_path), min_free_bytes=1)
+    assert disk.status is Status.PASS and inodes.id == "host.inodes"
+    starved = host_checks.check_disk(str(tmp_path), min_free_bytes=1 << 62)[0]
+    assert starved.status is Status.FAIL and "checkpoints" in starved.hint
+    gone = host_checks.check_disk(str(tmp_path / "nope"))
+    assert gone[0].status is Status.FAIL and gone[0].value == "not accessible"
+
+
+def test_d_state_parser_reads_real_proc_files(tmp_path: Path) -> None:
+    # A process tree laid out like /proc: a comm with spaces and parentheses must not confuse the parser.
+    for pid, comm, state in ((11, "nfs (io) worker", "D"), (12, "python", "S"), (13, "kworker/0:1", "D")):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{pid} ({comm}) {state} 1 1 1 0 -1 4194560 0 0 0 0\n")
+        (d / "wchan").write_text("rpc_wait_bit_killable" if pid == 11 else "0")
+    found = sorted(host_checks.d_state_processes(str(tmp_path)))
+    assert found == [(11, "nfs (io) worker", "rpc_wait_bit_killable"), (13, "kworker/0:1", "0")]
+    # the live system parses too (the list may be empty)
+    assert all(isinstance(p, int) for p, _, _ in host_checks.d_state_processes())
+
+
+def test_clock_sync_and_governor_give_a_verdict_or_say_why_not() -> None:
+    c = host_checks.check_clock_sync()
+    assert c.status in (Status.PASS, Status.WARN, Status.SKIP) and c.source
+    if c.source == "adjtimex(2)":
+        assert "adjtimex: state" in c.data["detail"]
+    g = host_checks.check_cpu_governor()
+    if not os.path.isdir("/sys/devices/system/cpu/cpu0/cpufreq"):
+        assert g.status is Status.SKIP and "cpufreq" in g.hint
+
+
+def test_kernel_log_reader_returns_lines_or_a_reason() -> None:
+    from ml_debug.health.xid import read_kernel_log
+
+    lines, reason = read_kernel_log()
+    if lines is None:
+        assert "not readable" in reason or "failed" in reason
+    else:
+        assert reason.startswith("/dev/kmsg") and all(isinstance(x, str) for x in lines)
