@@ -308,6 +308,9 @@ class NicerTrace(trace.Trace):
         """
         filename = code.co_filename or ""
         module = globals_.get("__name__") if globals_ is not None else None
+        if module == "__main__" and globals_ is not None:
+            # `python -m pkg.mod` / `mldebug trace -m pkg.mod`: the spec keeps the real name.
+            module = getattr(globals_.get("__spec__"), "name", None) or module
         gfile = globals_.get("__file__") if globals_ is not None else None
         head = None
         if isinstance(gfile, str) and gfile:

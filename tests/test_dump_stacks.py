@@ -37,9 +37,12 @@ def normalise(text: str, hosts: list[str]) -> str:
         text = re.sub(rf"(?<![\w-]){re.escape(h)}(?![\w-])", "<HOST>", text)
     text = re.sub(r"pid \d+", "pid <PID>", text)
     text = re.sub(r"((?:torch/[\w/]+|distributed_c10d|c10d_logger)\.py):\d+", r"\1:<L>", text)
-    text = re.sub(r"━+", "━", text)  # column widths follow the hostname's length
-    text = re.sub(r"[ \t]+", " ", text)
-    text = re.sub(r" \n", "\n", text)
+    lines = []
+    for line in text.splitlines():
+        if "┃" in line or "━" in line or re.match(r"^ [A-Z] ", line):  # table: widths follow the hostname
+            line = re.sub(r" +", " ", re.sub(r"━+", "━", line))
+        lines.append(line.rstrip())
+    text = "\n".join(lines)
     return text.rstrip() + "\n"
 
 
@@ -86,23 +89,34 @@ def test_unattachable_processes_are_reported_while_the_others_are_dumped(hung_jo
     job = hung_job(nranks=2, odd_rank=1, odd_function="stuck_here", where="local")
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits at once; never reaped until the end
     not_python = subprocess.Popen(["sleep", "120"])
-    # a Python process that exits between the first and the last sample
-    short = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)"])
+    # a Python process that exits between the first and the second sample (killed when sample 1 is in)
+    short = subprocess.Popen([sys.executable, "-c", "import time\ndef short_lived():\n    time.sleep(300)\n"
+                              "short_lived()"])
     try:
         deadline = time.monotonic() + 10
         while _state(zombie.pid) != "Z" and time.monotonic() < deadline:
             time.sleep(0.05)
         pids = [*job.pids, zombie.pid, not_python.pid, short.pid]
         args = [a for p in pids for a in ("--pid", str(p))]
-        proc = mldebug("dump-stacks", *args, "--samples", "2", "--interval", "3.5", "--json", timeout=120)
-        assert proc.returncode == 4, proc.stderr  # partial: some processes were not dumped
-        result = _json(proc)["result"]
+        env = {**os.environ, "MLDEBUG_WIDTH": "160"}
+        run = subprocess.Popen([sys.executable, "-m", "ml_debug", "dump-stacks", *args, "--samples", "2",
+                                "--interval", "2", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+        assert run.stderr is not None
+        for line in run.stderr:
+            if "sample 1/2 taken" in line:
+                short.kill()
+                short.wait()
+                break
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 4, err  # partial: some processes were not dumped
+        result = _json(subprocess.CompletedProcess(run.args, run.returncode, out, err))["result"]
         reasons = {p["pid"]: p["error"] for p in result["not_dumped"]}
         assert set(reasons) == {zombie.pid, not_python.pid, short.pid}, reasons
         assert "zombie" in reasons[zombie.pid]
         assert reasons[not_python.pid] == "not a Python process"
-        assert reasons[short.pid].startswith("process exited"), reasons[short.pid]
-        assert "last seen in <module>" in reasons[short.pid]
+        assert reasons[short.pid] == ("process exited before it could be dumped (after 1 good sample; last seen "
+                                      "in short_lived (<string>:3))"), reasons[short.pid]
         dumped = {p["rank"] for p in result["processes"] if p["state"] != "not-dumped"}
         assert dumped == {0, 1}
         assert "rank 1" in result["verdict"] and "stuck_here" in result["verdict"]
@@ -182,3 +196,33 @@ def test_no_target_found_exits_3_with_a_hint() -> None:
     assert proc.returncode == 3, proc.stderr
     assert "no processes to dump" in proc.stdout
     assert "hint: name them: --pid PID" in proc.stderr
+
+
+def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_ssh, rig_slurm) -> None:
+    _tools()
+    job = hung_job(nranks=4, odd_rank=3, odd_function="load_batch", where="slurm", nodes=2)
+    assert job.job_id
+    remote = ["--remote-python", sys.executable, "--json"]
+    via_slurm = mldebug("dump-stacks", "--slurm-job", job.job_id, *remote, env=rig_slurm.env, timeout=240)
+    assert via_slurm.returncode == 1, via_slurm.stderr
+    slurm_result = _json(via_slurm)["result"]
+
+    nodes = [n for n in rig_ssh.nodes if n.name in job.nodes]
+    assert len(nodes) == 2
+    via_ssh = mldebug("dump-stacks", "--hosts", str(rig_ssh.hostfile(nodes)), "--ssh-config",
+                      str(rig_ssh.ssh_config), "--env", f"MLDEBUG_RIG_JOB={job.token}", *remote, timeout=240)
+    assert via_ssh.returncode == 1, via_ssh.stderr
+    ssh_result = _json(via_ssh)["result"]
+
+    host3, pid3 = job.ranks[3]  # node-local pid: the node's own PID namespace
+    for result in (slurm_result, ssh_result):
+        assert result["verdict"].startswith(f"suspect: rank 3 ({host3}, pid {pid3}) in load_batch (hung_worker.py:")
+        assert "while 3 ranks wait in all_reduce (distributed_c10d.py:" in result["verdict"]
+        assert sorted(n["host"] for n in result["nodes"]) == sorted(job.nodes)
+        assert all(n["ok"] and n["targets"] == 2 for n in result["nodes"]), result["nodes"]
+        ranks = {p["rank"]: (p["host"], p["pid"]) for p in result["processes"]}
+        assert ranks == job.ranks
+        assert {p["world_size"] for p in result["processes"]} == {4}
+    assert slurm_result["verdict"] == ssh_result["verdict"]
+    assert {p["rank_source"] for p in slurm_result["processes"]} == {"SLURM_PROCID"}
+    assert all(p["found_by"].startswith("slurmstepd pid ") for p in slurm_result["processes"])

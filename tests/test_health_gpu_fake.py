@@ -72,7 +72,7 @@ def test_pending_row_remap_fails_and_says_reset() -> None:
     c = by_id(checks, "gpu.row_remap", "gpu1")
     assert c.status is Status.FAIL
     assert c.value == "pending=yes failed=no rows unc=2 corr=0"
-    assert "reset" in c.hint and "nvidia-smi -r" in c.hint
+    assert "reset" in c.hint and "`nvidia-smi -r -i 1`" in c.hint  # ready to paste, for this GPU
     assert c.source.startswith("NVML nvmlDeviceGetRemappedRows")
     assert by_id(checks, "gpu.row_remap", "gpu0").status is Status.PASS
     assert by_id(checks, "gpu.ecc_uncorrected_aggregate", "gpu1").status is Status.WARN

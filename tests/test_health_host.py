@@ -25,7 +25,7 @@ def _nvml_works() -> bool:
     return NvmlGateway().open().available
 
 
-pytestmark = pytest.mark.skipif(_nvml_works(), reason="this file checks a node WITHOUT an NVIDIA GPU")
+no_gpu = pytest.mark.skipif(_nvml_works(), reason="checks a node WITHOUT an NVIDIA GPU")
 
 
 def _health_json(*args: str, timeout: float = 120) -> tuple[int, dict]:
@@ -36,6 +36,7 @@ def _health_json(*args: str, timeout: float = 120) -> tuple[int, dict]:
     return proc.returncode, doc
 
 
+@no_gpu
 def test_level1_without_gpu_says_so_and_exit_code_follows_host_checks(tmp_path: Path) -> None:
     code, doc = _health_json("--path", str(tmp_path))
     result = doc["result"]
@@ -58,6 +59,7 @@ def test_level1_without_gpu_says_so_and_exit_code_follows_host_checks(tmp_path: 
     assert node["measurements"] == []
 
 
+@no_gpu
 @pytest.mark.parametrize("flags", [["--expect-gpus", "8"], ["--require-gpu"]])
 def test_expected_gpu_missing_exits_3(flags: list[str], tmp_path: Path) -> None:
     code, doc = _health_json(*flags, "--path", str(tmp_path))
@@ -69,6 +71,7 @@ def test_expected_gpu_missing_exits_3(flags: list[str], tmp_path: Path) -> None:
     assert human.returncode == 3 and "no NVIDIA GPU" in human.stdout
 
 
+@no_gpu
 def test_expect_zero_gpus_is_fine(tmp_path: Path) -> None:
     code, doc = _health_json("--expect-gpus", "0", "--path", str(tmp_path))
     assert code in (0, 1)
@@ -76,6 +79,7 @@ def test_expect_zero_gpus_is_fine(tmp_path: Path) -> None:
     assert count["status"] == "info"
 
 
+@no_gpu
 def test_level2_runs_the_matmul_stress_on_cpu(tmp_path: Path) -> None:
     code, doc = _health_json("--level", "2", "--stress-seconds", "1", "--matmul-size", "256", "--path", str(tmp_path))
     node = doc["result"]["nodes"][0]

@@ -15,7 +15,7 @@ from ml_debug.remote.hostlist import compress_hostlist, expand_hostlist
     ("node[01-04,07],gpu-a", ["node01", "node02", "node03", "node04", "node07", "gpu-a"]),
     ("n[8-10]", ["n8", "n9", "n10"]),
     ("n[08-10]", ["n08", "n09", "n10"]),
-    ("n[098-101]-ib", ["n098-ib", "n099-ib", "n100-ib", "n101-ib"]),
+    ("n[098-101]-ib", ["n098-ib", "n099-ib", "n100-ib", "n101-ib"]),  # Slurm 22.05 refuses this one
     ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
     ("a,b c", ["a", "b", "c"]),
     ("a,a", ["a", "a"]),  # repeats kept, as scontrol keeps them

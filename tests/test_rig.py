@@ -182,7 +182,7 @@ def test_sbatch_wait_running_cancel(rig_slurm: SlurmRig) -> None:
         rig_slurm.wait_running(job, timeout=30)
         proc = rig_slurm.run(["squeue", "-h", "-j", job, "-o", "%T %D"])
         assert proc.stdout.split() == ["RUNNING", "2"]
-        proc = rig_slurm.run(["srun", f"--jobid={job}", "--overlap", "-N", "2", "-l", "pgrep", "-x", "sleep"])
+        proc = rig_slurm.run(["srun", f"--jobid={job}", "--overlap", "-N", "2", "-l", "pgrep", "-f", "bin/sleep 300$"])
         assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 2, proc.stderr
     finally:
         rig_slurm.cancel(job)
@@ -268,3 +268,57 @@ def test_hung_job_slurm(hung_job, rig_slurm: SlurmRig) -> None:
     _assert_hangs(job)
     _assert_killed(job)
     assert not rig_slurm.run(["squeue", "-h", "-j", job.job_id]).stdout.strip()
+
+
+# ----------------------------------------------------------------------------- bring-up / teardown
+
+
+def _rig_processes(base: str) -> list[str]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                args = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if base in args and state != "Z":
+                out.append(f"{entry} {args}")
+    return out
+
+
+def test_second_rig_is_idempotent_and_leaves_nothing(rig_ssh: SshRig, rig_slurm: SlurmRig) -> None:
+    """A second rig (own base dir, tag, ports, subnet) beside the main one: up twice keeps the same
+    daemons, down stops all of them and nothing of the main rig."""
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="mldrig-t-", dir="/tmp")  # short: munge's socket path is limited
+    rig = Path(__file__).parent / "rig"
+    env = {**os.environ, "RIG_BASE": base, "RIG_TAG": "mldtst", "SSH_PORTS": "3222 3223",
+           "SSH_BAD_PORT": "3226", "NET_PREFIX": "10.213.9", "SLURMCTLD_PORT": "7817", "NODES": "2"}
+
+    def sh(script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(rig / script)], capture_output=True, text=True, timeout=180, env=env)
+
+    try:
+        up = sh("up.sh")
+        assert up.returncode == 0, up.stdout + up.stderr
+        first = sorted(_rig_processes(base))
+        assert len([p for p in first if "sshd -f" in p]) == 5  # 2 ports + bad host + 2 nodes
+        again = sh("up.sh")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "already up" in again.stdout
+        assert sorted(_rig_processes(base)) == first
+        proc = subprocess.run(["ssh", "-F", f"{base}/ssh/ssh_config", "node2", "hostname"], capture_output=True,
+                              text=True, timeout=30)
+        assert proc.stdout.strip() == "node2", proc.stderr
+    finally:
+        down = sh("down.sh")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert _rig_processes(base) == []
+    assert "mldtst" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert sh("down.sh").returncode == 0  # idempotent
+    # the main rig is untouched
+    assert rig_ssh.ssh(rig_ssh.nodes[0], "hostname").stdout.strip() == "node1"
+    assert rig_slurm.run(["scontrol", "ping"]).stdout.count("UP") == 1
+    shutil.rmtree(base, ignore_errors=True)

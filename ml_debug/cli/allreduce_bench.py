@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
             "sendrecv (ring: send to rank+1, receive from rank-1); comma-separated, or all.")] = "all_reduce",
         min_bytes: Annotated[str | None, typer.Option(
             "--min-bytes", "-b", metavar="SIZE", help="Smallest size, binary K/M/G suffixes "
-            "(default 1K; --quick 64K on CPU, 1M on GPU).")] = None,
+            "(default 1K; --quick 256K on CPU, 1M on GPU).")] = None,
         max_bytes: Annotated[str | None, typer.Option(
             "--max-bytes", "-e", metavar="SIZE", help="Largest size (default 16M on CPU, 1G on GPU; capped to "
             "what fits in memory, with a note). With --pairwise: the exchange size (default 4M CPU, 256M GPU).")] = None,
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         straggler_threshold: Annotated[float, typer.Option(
             "--straggler-threshold", min=0.0,
             help="A rank is a straggler when its own time exceeds the others' median by more than this "
-                 "fraction in at least half of the sizes.")] = 0.5,
+                 "fraction in more than half of the large sizes (sizes >= 1/8 of the largest).")] = 0.5,
         expect_busbw: Annotated[float | None, typer.Option(
             "--expect-busbw", min=0.0, metavar="GB/s",
             help="Fail (exit 1) when the average busbw over the large sizes is below this.")] = None,

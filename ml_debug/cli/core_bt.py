@@ -1,9 +1,121 @@
-"""CLI command module (placeholder: registers nothing yet)."""
+"""`mldebug core-bt`: backtraces (native and Python) of crashed processes' core files, grouped."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+from ml_debug.cli.options import Json
+
+HELP = """Show where crashed processes died: every thread's backtrace plus the Python frames, from core files.
+
+With no CORE argument, looks where /proc/sys/kernel/core_pattern writes cores (a relative pattern
+such as 'core' means the crashing process's working directory: give it with --dir, default '.').
+Each core is matched to its executable (from the core's own notes) and read with gdb and the
+interpreter's py-bt helper, or with pystack. Cores with the same crash are grouped.
+
+  mldebug core-bt                     # cores in this directory (per core_pattern)
+  mldebug core-bt core.4242           # one core
+  mldebug core-bt --dir /scratch/run7 --newest 20
+
+Exit codes: 0 no core found; 1 crash backtraces shown; 2 a path is not a core; 3 neither gdb nor
+pystack installed; 4 some cores could not be read."""
+
+
+def core_bt(
+    cores: Annotated[list[Path] | None, typer.Argument(metavar="[CORE|DIR]...",
+                     help="Core files, or directories to search.")] = None,
+    dirs: Annotated[list[Path] | None, typer.Option("--dir", file_okay=False,
+                    help="Directory to search for cores (repeatable; default: the current one).")] = None,
+    exe: Annotated[str | None, typer.Option("--exe", help="The executable that crashed, when the core's "
+                   "own record of it is wrong (a container path, a deleted venv).")] = None,
+    newest: Annotated[int | None, typer.Option("--newest", min=1, help="Only the N most recent cores.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds per core for gdb/pystack.")
+                       ] = 120.0,
+    all_threads: Annotated[bool, typer.Option("--all-threads", help="Print every thread, not only the one "
+                           "that crashed.")] = False,
+    json_: Json = False,
+) -> None:
+    from ml_debug import output
+    from ml_debug.cli.options import use_json
+    from ml_debug.errors import ExitCode
+    from ml_debug.stacks.cores import analyse_core, core_summary, find_cores, group_cores
+
+    as_json = use_json(json_)
+    found, search = find_cores(list(cores or []), list(dirs or []) or None, newest)
+    reports = []
+    with output.progress(len(found), "reading cores") as bar:
+        for path in found:
+            reports.append(analyse_core(path, timeout, exe))
+            bar.advance()
+    groups = group_cores(reports)
+    failed = [r for r in reports if not r.ok]
+    if not reports:
+        code = ExitCode.OK
+    elif failed and len(failed) == len(reports):
+        code = ExitCode.PARTIAL
+    elif failed:
+        code = ExitCode.PARTIAL
+    else:
+        code = ExitCode.PROBLEM
+    result: dict[str, Any] = {
+        "ok": not reports,
+        "summary": core_summary(reports, groups, search),
+        "exit_code": int(code),
+        "core_pattern": search.core_pattern,
+        "searched": search.globs,
+        "notes": search.notes,
+        "groups": groups,
+        "cores": reports,
+    }
+    output.emit("mldebug.core-bt", 1, result, lambda console: _human(console, result, all_threads),
+                as_json=as_json)
+    if code:
+        raise typer.Exit(int(code))
+
+
+def _human(console: Any, result: dict[str, Any], all_threads: bool) -> None:
+    from rich.text import Text
+
+    from ml_debug.output import to_jsonable
+
+    for note in result["notes"]:
+        console.print(f"note: {note}")
+    cores = {c["path"]: c for c in to_jsonable(result["cores"])}
+    for g in result["groups"]:
+        first = cores[g["cores"][0]]
+        console.print(Text(f"group {g['id']}: {g['count']} core(s), {g['signal'] or 'signal ?'}, "
+                           f"{first['executable'] or '?'}", style="bold"))
+        for path in g["cores"][:5]:
+            c = cores[path]
+            cmd = (c["cmdline"] or "").replace("\n", "\\n")  # `python -c` scripts span lines
+            console.print(f"  {path}  pid {c['pid']}  {cmd}".rstrip())
+        if len(g["cores"]) > 5:
+            console.print(f"  ... and {len(g['cores']) - 5} more")
+        threads = first["threads"] if all_threads else first["threads"][:1]
+        for i, t in enumerate(threads):
+            title = "crashing thread" if i == 0 else "thread"
+            console.print(f"  {title} {t['os_thread_id']} {t.get('name') or ''}".rstrip() + ":")
+            if t["frames"]:
+                console.print("    Python (innermost first):")
+                for f in t["frames"]:
+                    console.print(f"      {f['name']} ({f['filename'].rsplit('/', 1)[-1]}:{f['line']})")
+            console.print("    native (innermost first):")
+            for f in t["native_frames"][:25]:
+                loc = f["filename"] or f.get("library") or ""
+                line = f":{f['line']}" if f["line"] else ""
+                console.print(f"      {f['name']}  {loc.rsplit('/', 1)[-1]}{line}")
+            if len(t["native_frames"]) > 25:
+                console.print(f"      ... {len(t['native_frames']) - 25} more frames (--json has them all)")
+        console.print()
+    for c in cores.values():
+        if not c["ok"]:
+            console.print(Text(f"not read: {c['path']}: {c['error']}", style="red"))
+    style = "bold red" if result["groups"] else "bold green"
+    console.print(Text(result["summary"], style=style), soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("core-bt", help=HELP)(core_bt)

@@ -88,15 +88,17 @@ def render(res: BenchResult, env: dict[str, Any], console: Console) -> None:
         if c.straggler:
             s2 = c.straggler
             console.print(f"# Straggler            : rank {s2.rank} on {s2.host}, {s2.times_slower:.1f}x the "
-                          f"others in {s2.sizes_flagged}/{s2.sizes_total} sizes")
+                          f"others in {s2.sizes_flagged}/{s2.sizes_total} large sizes")
         if c.expect_ok is not None:
             console.print(f"# Expected busbw       : >= {res.expect_busbw:g} GB/s: {'PASS' if c.expect_ok else 'FAIL'}")
     if res.collectives:
         console.print()
-        console.print("# units: size in bytes; time = mean us per operation over iters (per rank), combined "
-                      "across ranks as --average; algbw = size/time in GB/s (1e9 B/s); busbw = algbw x factor "
-                      "(all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; others 1); "
-                      "slowest = rank with the longest own time (* = straggler); spread = (slowest-fastest)/fastest")
+        console.print("# units: size in bytes; time(us) = mean per operation over --iters on each rank, combined "
+                      "across ranks as --average (avg, as nccl-tests)")
+        console.print("# algbw = size / time in GB/s (1e9 B/s); busbw = algbw x factor: all_reduce 2(n-1)/n; "
+                      "all_gather, reduce_scatter, all_to_all (n-1)/n; others 1")
+        console.print("# slowest = the rank with the longest own time (* = straggler at that size); "
+                      "spread = (slowest - fastest) / fastest")
     console.print(res.summary)
 
 

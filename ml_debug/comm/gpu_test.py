@@ -237,6 +237,8 @@ class _Rank:
 
     # -- stage machinery -------------------------------------------------------------------
     def stage(self, name: str, fn: Callable[[], tuple[str, str]], timeout_s: float) -> None:
+        # rendezvous = connect (torch retries past its timeout by up to ~2 s) + wait for check-ins
+        budget = timeout_s * (2 if name == "rendezvous" else 1) + self.cfg.grace_s
         if self.broken:
             self.rep.stages.append(StageResult(name, SKIPPED, None, "an earlier stage failed"))
             return
@@ -245,7 +247,7 @@ class _Rank:
                 self.store.set(f"stage/{self.world.rank}", name)
             except Exception:
                 pass
-        self.dog.arm(name, timeout_s + self.cfg.grace_s)
+        self.dog.arm(name, budget)
         if self.fault is not None and self.fault.stage == name:
             if self.fault.kind == "die":
                 os.kill(os.getpid(), signal.SIGKILL)

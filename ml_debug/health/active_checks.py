@@ -131,8 +131,12 @@ def copy_checks(target: str, r: Any, max_gen: Any, max_width: Any, th: Threshold
     return out
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
 def memtest_check(target: str, r: Any) -> Check:
-    src = f"pattern test on {r.device}: {r.passes} passes over {r.bytes_tested / 2**30:.1f} GiB"
+    src = f"pattern test on {r.device}: {r.passes} passes over {_size(r.bytes_tested)}"
     data = {"bytes_tested": r.bytes_tested, "mismatches": r.mismatches, "passes": r.passes}
     if r.error:
         return Check("gpu.memtest", target, Status.FAIL, "error", "runs", f"memory test failed: {r.error}", src, data)
@@ -140,4 +144,4 @@ def memtest_check(target: str, r: Any) -> Check:
         return Check("gpu.memtest", target, Status.FAIL, f"{r.mismatches} bad bytes/words", "0",
                      "device memory returned different data than was written: drain this GPU and reset it; RMA if "
                      "it repeats", src, data)
-    return Check("gpu.memtest", target, Status.PASS, f"0 bad in {r.bytes_tested / 2**30:.1f} GiB", "0", "", src, data)
+    return Check("gpu.memtest", target, Status.PASS, f"0 bad in {_size(r.bytes_tested)}", "0", "", src, data)

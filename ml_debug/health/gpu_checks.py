@@ -357,4 +357,6 @@ def checks_for_gpu(gpu: GpuInfo, th: Thresholds, xids: list[XidEvent] | None, xi
     out += check_nvlink(gpu, th)
     out.append(check_processes(gpu))
     out.append(check_xids(gpu, xids, xid_reason))
+    for c in out:  # hints name the GPU to act on, ready to paste
+        c.hint = c.hint.replace("<index>", str(gpu.index))
     return out

@@ -8,6 +8,7 @@ compares the figure with a bare ``torch.matmul`` loop of the same shape.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,76 +68,97 @@ def _sync(torch: Any, device: str) -> None:
 
 
 def make_operands(device: str, dtype: str, n: int, seed: int = 1234) -> tuple[Any, Any]:
-    """Seeded random n x n operands (the same ones the benchmark's bare loop uses)."""
+    """Seeded random n x n operands (the same ones the benchmark's bare loop uses), made on the device."""
     torch = _torch()
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    a = torch.randn(n, n, generator=g, dtype=torch.float32).to(device=device, dtype=getattr(torch, dtype))
-    b = torch.randn(n, n, generator=g, dtype=torch.float32).to(device=device, dtype=getattr(torch, dtype))
+    g = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn(n, n, generator=g, device=device, dtype=torch.float32).to(getattr(torch, dtype))
+    b = torch.randn(n, n, generator=g, device=device, dtype=torch.float32).to(getattr(torch, dtype))
     return a, b
 
 
+def _on(device: str) -> Any:
+    """Make `device` current in this thread: CUDA events and streams belong to the current device."""
+    torch = _torch()
+    return torch.cuda.device(device) if device.startswith("cuda") else contextlib.nullcontext()
+
+
 def matmul_stress(device: str, dtype: str = "bfloat16", n: int = 8192, duration_s: float = 10.0,
-                  min_iterations: int = 3, max_iterations: int = 100_000) -> MatmulResult:
+                  min_iterations: int = 3, max_iterations: int = 100_000,
+                  inject_fault_at: int | None = None) -> MatmulResult:
     """Repeated C = A @ B for `duration_s`, every result compared with the first (gpu-burn's idea,
-    plus a float64 CPU spot check of the reference). TFLOPs = 2 n^3 / time spent in matmul."""
+    plus a float64 CPU spot check of the reference). TFLOPs = 2 n^3 / time spent in matmul.
+    `inject_fault_at=k` corrupts one element of iteration k's result (tests prove the check sees it)."""
     torch = _torch()
     res = MatmulResult(device, dtype, n)
     try:
-        a, b = make_operands(device, dtype, n)
-        c = torch.empty_like(a)
-        torch.matmul(a, b, out=c)
-        ref = c.float()
-        # The reference must itself be right: a few rows against float64 on the CPU.
-        rows = min(16, n)
-        exact = a[:rows].double().cpu() @ b.double().cpu()
-        scale = float(exact.abs().max()) or 1.0
-        tol = TOLERANCE.get(dtype, 2e-2)
-        res.reference_ok = float((ref[:rows].double().cpu() - exact).abs().max()) / scale <= tol
-        ref_scale = float(ref.abs().max()) or 1.0
-        _sync(torch, device)
-        cuda = device.startswith("cuda")
-        # Size the run from a short warm-up so the loop itself never syncs.
-        t0 = time.perf_counter()
-        for _ in range(2):
-            torch.matmul(a, b, out=c)
-            (c.float() - ref).abs().max()
-        _sync(torch, device)
-        per_iter = max((time.perf_counter() - t0) / 2, 1e-6)
-        iters = int(min(max(duration_s / per_iter, min_iterations), max_iterations))
-        errs = torch.zeros(iters, device=device, dtype=torch.float32)
-        if cuda:
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        spent = 0.0
-        for i in range(iters):
-            if cuda:
-                starts[i].record()
-                torch.matmul(a, b, out=c)
-                ends[i].record()
-            else:
-                t = time.perf_counter()
-                torch.matmul(a, b, out=c)
-                spent += time.perf_counter() - t
-            # the check: stays on the device, no sync per iteration
-            errs[i] = (c.float() - ref).abs().max()
-        _sync(torch, device)
-        if cuda:
-            spent = sum(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) / 1000.0
-        rel = (errs / ref_scale).cpu()
-        res.iterations = iters
-        res.matmul_seconds = spent
-        res.tflops = 2.0 * n**3 * iters / spent / 1e12 if spent > 0 else 0.0
-        res.corrupt_iterations = int((rel > tol).sum())
-        res.inexact_iterations = int(((rel > 0) & (rel <= tol)).sum())
-        res.max_rel_error = float(rel.max())
+        with _on(device):
+            _matmul_loop(torch, res, device, dtype, n, duration_s, min_iterations, max_iterations, inject_fault_at)
     except Exception as e:  # OOM, a lost GPU (Xid 79 mid-run), a CUDA error: report, do not crash
         res.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return res
 
 
+def _matmul_loop(torch: Any, res: MatmulResult, device: str, dtype: str, n: int, duration_s: float,
+                 min_iterations: int, max_iterations: int, inject_fault_at: int | None) -> None:
+    a, b = make_operands(device, dtype, n)
+    c = torch.empty_like(a)
+    torch.matmul(a, b, out=c)
+    ref = c.to(torch.float32, copy=True)  # a copy: for float32, .float() would alias c
+    # The reference must itself be right: a few rows against float64 on the CPU.
+    rows, cols = min(16, n), min(256, n)
+    exact = a[:rows].double().cpu() @ b[:, :cols].double().cpu()
+    scale = float(exact.abs().max()) or 1.0
+    tol = TOLERANCE.get(dtype, 2e-2)
+    res.reference_ok = float((ref[:rows, :cols].double().cpu() - exact).abs().max()) / scale <= tol
+    ref_scale = float(ref.abs().max()) or 1.0
+    _sync(torch, device)
+    cuda = device.startswith("cuda")
+    # Size the run from a short warm-up so the loop itself never syncs.
+    t0 = time.perf_counter()
+    for _ in range(2):
+        torch.matmul(a, b, out=c)
+        (c.float() - ref).abs().max()
+    _sync(torch, device)
+    per_iter = max((time.perf_counter() - t0) / 2, 1e-6)
+    iters = int(min(max(duration_s / per_iter, min_iterations), max_iterations))
+    errs = torch.zeros(iters, device=device, dtype=torch.float32)
+    if cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    spent = 0.0
+    for i in range(iters):
+        if cuda:
+            starts[i].record()
+            torch.matmul(a, b, out=c)
+            ends[i].record()
+        else:
+            t = time.perf_counter()
+            torch.matmul(a, b, out=c)
+            spent += time.perf_counter() - t
+        if i == inject_fault_at:  # tests: a silent "bit flip" the check must catch
+            c.view(-1)[n + 1] += 1e4
+        # the check: stays on the device, no sync per iteration
+        errs[i] = (c.float() - ref).abs().max()
+    _sync(torch, device)
+    if cuda:
+        spent = sum(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) / 1000.0
+    rel = (errs / ref_scale).cpu()
+    res.iterations = iters
+    res.matmul_seconds = spent
+    res.tflops = 2.0 * n**3 * iters / spent / 1e12 if spent > 0 else 0.0
+    res.corrupt_iterations = int((rel > tol).sum())
+    res.inexact_iterations = int(((rel > 0) & (rel <= tol)).sum())
+    res.max_rel_error = float(rel.max())
+
+
 def bare_matmul_tflops(device: str, dtype: str, n: int, iterations: int) -> float:
     """A bare ``torch.matmul`` loop of the same shape, timed by the wall clock: the benchmark's yardstick."""
     torch = _torch()
+    with _on(device):
+        return _bare_loop(torch, device, dtype, n, iterations)
+
+
+def _bare_loop(torch: Any, device: str, dtype: str, n: int, iterations: int) -> float:
     a, b = make_operands(device, dtype, n)
     c = torch.empty_like(a)
     for _ in range(2):

@@ -199,7 +199,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     table = snapshot()
     out = TargetSet(host=host)
     me = os.getpid()
-    excluded = {me, *table.ancestors(me), *table.descendants(me)}
+    excluded = {me, *table.ancestors(me)}  # never dump ourselves or the shell/srun that started us
     regex = None
     if pattern:
         try:
@@ -245,6 +245,9 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
             if pid in excluded or not regex.search(" ".join(info.cmdline)):
                 continue
             if pid in launchers and not include_launcher:
+                continue
+            if not is_python(info):
+                out.skipped.append({"pid": pid, "cmdline": " ".join(info.cmdline), "reason": "not a Python process"})
                 continue
             add(_make_target(info, host, "pattern"))
     if gpu:

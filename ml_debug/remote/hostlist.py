@@ -14,6 +14,8 @@ Rules (as Slurm 22.05 applies them):
 * items are separated by commas outside brackets (whitespace also separates items);
 * an item is text with zero or more ``[...]`` groups; several groups give their cartesian
   product (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2);
+* text after the last group (``n[1-2]-ib``) is accepted here, as python-hostlist and clush
+  accept it, although Slurm 22.05 refuses it; :func:`compress_hostlist` never writes it;
 * a group is a comma list of ``N`` or ``LO-HI``; the width of ``LO`` as written sets the zero
   padding of every number in that range (``[08-10]`` -> 08 09 10, ``[8-10]`` -> 8 9 10).
 """
@@ -120,7 +122,9 @@ def expand_hostlist(expr: str) -> list[str]:
     return names
 
 
-_LAST_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$")
+# Slurm 22.05 refuses text after the last bracket group ("Invalid hostlist: n[1-2]-ib"), so only
+# a trailing number is compressed: the result must be usable as `srun -w` / `scontrol` input.
+_LAST_NUMBER = re.compile(r"^(.*?)(\d+)()$")
 
 
 def compress_hostlist(names: Iterable[str]) -> str:

@@ -18,7 +18,8 @@ import re
 import shlex
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from ml_debug.remote.result import (
 )
 from ml_debug.remote.targets import TargetSpec
 
-__all__ = ["AgentResult", "NodeResult", "build_script", "run_everywhere", "run_mldebug_everywhere", "partial"]
+__all__ = ["AgentResult", "NodeResult", "build_script", "connections", "partial", "run_everywhere",
+           "run_mldebug_everywhere"]
 
 
 def build_script(argv: Sequence[str], remote_prefix: str | None = None) -> str:
@@ -59,12 +61,14 @@ def run_everywhere(
     max_parallel: int | None = None,
     out_dir: Path | None = None,
     on_result: Callable[[NodeResult], None] | None = None,
+    pool: Any = None,
     _script: str | None = None,
 ) -> list[NodeResult]:
     """Run ``argv`` on every target of ``spec``; one NodeResult per target, in target order.
 
     Shell equivalent: ``pdsh -w HOSTS -u TIMEOUT CMD`` / ``srun --jobid ID --overlap ... CMD``.
-    ``connect_timeout_s`` and ``max_parallel`` default to the spec's.
+    ``connect_timeout_s`` and ``max_parallel`` default to the spec's. ``pool`` (from
+    :func:`connections`) keeps ssh connections open across several calls.
     """
     script = _script if _script is not None else build_script(argv, spec.remote_prefix)
     connect_timeout_s = spec.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
@@ -93,7 +97,7 @@ def run_everywhere(
     elif spec.kind == "ssh":
         from ml_debug.remote.ssh import run_ssh
 
-        run_ssh(targets, spec, script, timeout_s, connect_timeout_s, max_parallel, deliver)
+        run_ssh(targets, spec, script, timeout_s, connect_timeout_s, max_parallel, deliver, pool=pool)
     elif spec.kind == "slurm":
         from ml_debug.remote.slurm import run_slurm
 
@@ -103,6 +107,26 @@ def run_everywhere(
     else:
         raise ValueError(f"unknown target kind {spec.kind!r}")
     return [results[t.label] for t in targets if t.label in results]
+
+
+@contextmanager
+def connections(spec: TargetSpec, connect_timeout_s: float | None = None) -> Iterator[Any]:
+    """Keep ssh connections open across several runs on the same spec (None for other kinds)::
+
+        with connections(spec) as pool:
+            first = run_everywhere(spec, ["py-spy", "dump", ...], timeout_s=30, pool=pool)
+            again = run_everywhere(spec, ["py-spy", "dump", ...], timeout_s=30, pool=pool)
+    """
+    if spec.kind != "ssh":
+        yield None
+        return
+    from ml_debug.remote.ssh import SshPool
+
+    pool = SshPool(spec, spec.connect_timeout_s if connect_timeout_s is None else connect_timeout_s)
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 def partial(results: Sequence[NodeResult]) -> bool:
@@ -171,6 +195,7 @@ def run_mldebug_everywhere(
     out_dir: Path | None = None,
     on_result: Callable[[AgentResult], None] | None = None,
     add_local: bool = True,
+    pool: Any = None,
 ) -> list[AgentResult]:
     """Run ``mldebug --json <mldebug_args> --local`` on every target and parse each JSON document.
 
@@ -185,7 +210,8 @@ def run_mldebug_everywhere(
         script = agent_script(mldebug_args, spec, add_local)
     wrap = (lambda r: on_result(to_agent_result(r, local=spec.kind == "local"))) if on_result else None
     results = run_everywhere(spec, [], timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
-                             max_parallel=max_parallel, out_dir=out_dir, on_result=wrap, _script=script)
+                             max_parallel=max_parallel, out_dir=out_dir, on_result=wrap, pool=pool,
+                             _script=script)
     return [to_agent_result(r, local=spec.kind == "local") for r in results]
 
 

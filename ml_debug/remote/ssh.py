@@ -11,8 +11,10 @@ config's UserKnownHostsFile; an unknown or changed key refuses the host. ``Stric
 in the config is deliberately not honoured: only ``--insecure-no-host-key-check`` skips the check,
 so that skipping it is always visible on the command line.
 
-One :class:`SshPool` per run keeps one connection per (user, address, port); several targets on
-the same host (or a version probe and a command) share it.
+One :class:`SshPool` per run keeps one connection per target, reused by every command run on that
+target while the pool is open (``runner.connections(spec)`` keeps one open across calls). Two
+targets never share a connection, even when they resolve to the same sshd: sshd allows only
+MaxSessions (10) sessions per connection, and a benchmark or a hostfile may repeat an endpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import getpass
 import logging
 import os
 import shlex
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -73,9 +74,6 @@ class Endpoint:
     proxy_jump: str | None
     proxy_command: str | None
 
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.user, self.hostname, self.port)
 
     @property
     def where(self) -> str:
@@ -106,8 +104,8 @@ class SshPool:
                                  "--ssh-config takes an ssh_config file (like ~/.ssh/config)") from None
         else:
             self.config = paramiko.SSHConfig()
-        self._clients: dict[tuple[str, str, int], paramiko.SSHClient] = {}
-        self._locks: dict[tuple[str, str, int], threading.Lock] = {}
+        self._clients: dict[Target, paramiko.SSHClient] = {}
+        self._locks: dict[Target, threading.Lock] = {}
         self._jump_clients: list[paramiko.SSHClient] = []
         self._guard = threading.Lock()
         self._user = getpass.getuser()
@@ -135,16 +133,17 @@ class SshPool:
 
     # -- connecting ---------------------------------------------------------------------------
     def client(self, target: Target) -> paramiko.SSHClient:
-        """A connected client for the target, made once per endpoint and shared."""
-        ep = self.endpoint(target)
+        """A connected client for the target, made on first use and reused while the pool is open."""
         with self._guard:
-            lock = self._locks.setdefault(ep.key, threading.Lock())
+            lock = self._locks.setdefault(target, threading.Lock())
         with lock:
-            client = self._clients.get(ep.key)
-            if client is not None and client.get_transport() is not None and client.get_transport().is_active():
+            client = self._clients.get(target)
+            transport = client.get_transport() if client is not None else None
+            if client is not None and transport is not None and transport.is_active():
                 return client
+            ep = self.endpoint(target)
             client = self._connect(ep, sock=self._proxy_sock(ep))
-            self._clients[ep.key] = client
+            self._clients[target] = client
             return client
 
     def _proxy_sock(self, ep: Endpoint) -> Any:
@@ -218,7 +217,7 @@ class SshPool:
                 raise SshFailure(AUTH_FAILED, f"{what}: the key needs a passphrase; load it into "
                                               "ssh-agent") from None
             raise SshFailure(UNREACHABLE, f"{what}: ssh handshake failed: {msg or type(e).__name__}") from None
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             client.close()
             raise SshFailure(UNREACHABLE, f"{what}: no answer within {t:g} s") from None
         except paramiko.ssh_exception.NoValidConnectionsError as e:

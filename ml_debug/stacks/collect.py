@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ml_debug.output import progress
+from ml_debug.output import log, progress
 from ml_debug.procs.find import Target, TargetSet
 from ml_debug.stacks.dumpers import DumpOptions, Tools, dump_process
 from ml_debug.stacks.model import ProcessDump
@@ -65,5 +65,8 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
                 bar.advance()
                 if not dump.ok and dump.error and "exited" in dump.error:
                     gone.add(pid)  # no point asking a dead process again
+            if samples > 1:
+                ok = sum(1 for pid in futures if node.samples[pid][-1].ok)
+                log(f"dump-stacks: {found.host}: sample {k + 1}/{samples} taken ({ok}/{len(futures)} dumped)")
     node.seconds = round(time.monotonic() - t0, 3)
     return node

@@ -151,8 +151,15 @@ def member_state(m: Member) -> str:
 
 
 def _ids_unique_ranks(members: list[Member]) -> bool:
-    ranks = [m.rank for m in members]
-    return all(r is not None for r in ranks) and len(set(ranks)) == len(ranks)
+    """Ranks name processes only when no two processes claim the same rank (two jobs on one node)."""
+    ranks = [m.rank for m in members if m.rank is not None]
+    return len(set(ranks)) == len(ranks)
+
+
+def _waits(n: int, stuck: bool) -> str:
+    if stuck:
+        return f"{_count(n)} {'is' if n == 1 else 'are'} stuck in"
+    return f"{_count(n)} {'waits' if n == 1 else 'wait'} in"
 
 
 def describe(members: list[Member], unique_ranks: bool, *, with_where: bool = True) -> str:
@@ -164,10 +171,11 @@ def describe(members: list[Member], unique_ranks: bool, *, with_where: bool = Tr
         if not with_where:
             return who
         return f"{who} ({m.host}, pid {m.pid})" if who.startswith("rank") else f"{who} ({m.host})"
-    if unique_ranks:
+    if unique_ranks and all(m.rank is not None for m in members):
         who = f"ranks {compress(m.rank for m in members if m.rank is not None)}"
     else:
-        who = "pids " + ",".join(str(m.pid) for m in members)
+        who = ", ".join(f"rank {m.rank}" if unique_ranks and m.rank is not None else f"pid {m.pid}"
+                        for m in members)
     if not with_where:
         return who
     return f"{who} ({len(members)} ranks on {', '.join(hosts)})"
@@ -260,7 +268,7 @@ def _suspects(groups: list[Group], not_dumped: list[Member], missing: list[int],
             reason = ("keeps running outside any collective" if kind == "moving"
                       else "is outside any collective")
             out.append(Suspect(kind, [m.id for m in g.members], _ranks(g.members), where,
-                               f"{reason} while {_count(major.size)} wait in "
+                               f"{reason} while {_waits(major.size, False)} "
                                f"{major.collective.where(brief=True) if major.collective else '?'}", g.id))
         for g in sorted((g for g in groups if g.collective is not None and g is not major), key=lambda g: g.size):
             if g.state == "moving":
@@ -270,7 +278,7 @@ def _suspects(groups: list[Group], not_dumped: list[Member], missing: list[int],
             what = "at a different call site of" if same_call else "in a different collective:"
             out.append(Suspect("different-collective", [m.id for m in g.members], _ranks(g.members),
                                g.collective.where(brief=True),
-                               f"waits {what} {g.collective.name} while {_count(major.size)} wait in "
+                               f"waits {what} {g.collective.name} while {_waits(major.size, False)} "
                                f"{major.collective.where(brief=True)}", g.id))
     for r in missing:
         out.append(Suspect("missing", [], [r], None, "no process found for this rank on any node dumped"))
@@ -297,10 +305,11 @@ def _verdict(groups: list[Group], suspects: list[Suspect], not_dumped: list[Memb
     by_id = {m.id: m for g in groups for m in g.members} | {m.id: m for m in not_dumped}
     tail = ""
     if not_dumped and not any(s.kind == "not-dumped" for s in suspects):
-        tail = f"; {_count(len(not_dumped), 'process')} not dumped: " + \
-            ", ".join(f"{describe([m], unique, with_where=False)} ({m.error()})" for m in not_dumped[:3])
-        if len(not_dumped) > 3:
-            tail += ", ..."
+        if len(not_dumped) == 1:
+            m = not_dumped[0]
+            tail = f"; 1 process not dumped: {describe([m], unique, with_where=False)} ({m.error()})"
+        else:
+            tail = f"; {len(not_dumped)} processes not dumped (reasons in the 'not dumped' list)"
     if suspects:
         s = suspects[0]
         more = f" (+{len(suspects) - 1} more suspect{'s' if len(suspects) > 2 else ''})" if len(suspects) > 1 else ""
@@ -310,7 +319,7 @@ def _verdict(groups: list[Group], suspects: list[Suspect], not_dumped: list[Memb
                    "found on the nodes dumped)"
             major = _majority_wait(groups)
             if major and major.collective:
-                head += f" while {_count(major.size)} wait in {major.collective.where(brief=True)}"
+                head += f" while {_waits(major.size, major.state == 'stuck')} {major.collective.where(brief=True)}"
             return head + tail
         who = describe([by_id[i] for i in s.members], unique)
         if s.kind == "moving":
@@ -324,10 +333,9 @@ def _verdict(groups: list[Group], suspects: list[Suspect], not_dumped: list[Memb
         else:
             g = next((g for g in groups if g.id == s.group), None)
             line = f"suspect: {who} {'stuck in' if g is not None and g.state == 'stuck' else 'in'} {s.where}"
-        rest = s.reason.split(" while ", 1)
-        if len(rest) == 2:
-            verb = "are stuck in" if any(g.state == "stuck" for g in groups if g.collective) else "wait in"
-            line += " while " + rest[1].replace(" wait in ", f" {verb} ", 1)
+        major = _majority_wait(groups)
+        if major is not None and major.collective is not None:
+            line += f" while {_waits(major.size, major.state == 'stuck')} {major.collective.where(brief=True)}"
         else:
             line += f" ({s.reason})"
         return line + more + tail

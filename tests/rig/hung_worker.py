@@ -28,8 +28,8 @@ import socket
 import sys
 import time
 import types
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist

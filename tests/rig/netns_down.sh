@@ -13,8 +13,8 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${RIG_TAG}n
   # also whatever lives in a node's PID namespace without being in its network namespace
   for p in $pids; do
     if grep -qP '^NSpid:\t\d+\t1$' "/proc/$p/status" 2>/dev/null; then
-      pidns=$(readlink "/proc/$p/ns/pid")
-      for q in /proc/[0-9]*; do [ "$(readlink "$q/ns/pid" 2>/dev/null)" = "$pidns" ] && pids+=" ${q#/proc/}"; done
+      pidns=$(stat -L -c %i "/proc/$p/ns/pid")
+      pids+=" $(stat -L -c '%i %n' /proc/[0-9]*/ns/pid 2>/dev/null | awk -v i="$pidns" '$1 == i {split($2, a, "/"); printf "%s ", a[3]}')"
     fi
   done
   pids=$(echo $pids | tr ' ' '\n' | sort -u)

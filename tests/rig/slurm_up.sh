@@ -27,7 +27,8 @@ for c in slurmctld slurmd srun munged; do
 done
 [ -s "$RIG_BASE/netns/nodes" ] || { echo "ERROR: no netns nodes: run $RIG_HERE/netns_up.sh first" >&2; exit 1; }
 mkdir -p "$S/etc" "$S/state" "$S/spool" "$S/log" "$S/run" "$S/munge" "$S/jobs"
-chmod 755 "$S/munge"           # munged: the socket dir must be world-executable
+# munged insists that every directory on its socket path be world-executable
+chmod a+x "$RIG_BASE" "$S"; chmod 755 "$S/munge"
 chmod 1777 "$S/jobs"
 
 # ---------------------------------------------------------------- munge

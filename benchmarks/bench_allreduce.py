@@ -1,0 +1,109 @@
+"""allreduce-bench: does the busbw it reports match an independent minimal timing loop, and how
+long does the default sweep take on 2 CPU ranks?
+
+    python benchmarks/run.py allreduce
+
+1. One torchrun job of 2 gloo ranks runs, per size, a minimal loop (barrier, perf_counter, N x
+   dist.all_reduce, perf_counter), then mldebug's sweep (ml_debug.comm.bench.run_sweep), then the
+   minimal loop again; ratio = mldebug busbw / mean of the two minimal busbw (target 1 +- 0.05).
+2. Wall time of `mldebug allreduce-bench` (default sweep, self-launched) and of `--quick`;
+   ratio = wall time / 60 s (the default must stay well under a minute: ratio < 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[1]
+SIZES = [2**20, 4 * 2**20, 16 * 2**20]
+ITERS, WARMUP = 20, 5
+
+try:
+    from benchmarks.common import Result
+except ImportError:  # inside the torchrun worker, run as a script
+    sys.path.insert(0, str(REPO))
+    from benchmarks.common import Result
+
+
+def _minimal_busbw(size: int, n: int) -> float:
+    """The simplest honest measurement: barrier, clock, N all_reduce, clock; mean of ranks' times."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.zeros(size // 4, dtype=torch.float32)
+    for _ in range(WARMUP):
+        dist.all_reduce(x)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(ITERS):
+        dist.all_reduce(x)
+    per_op = torch.tensor([(time.perf_counter() - t0) / ITERS], dtype=torch.float64)
+    dist.all_reduce(per_op)  # sum over ranks -> mean below (nccl-tests' -a 1)
+    t = per_op.item() / n
+    return size / t / 1e9 * 2 * (n - 1) / n
+
+
+def worker() -> None:
+    import torch.distributed as dist
+
+    from ml_debug.comm.bench import BenchConfig, run_sweep
+    from ml_debug.dist import detect_world
+
+    dist.init_process_group("gloo")
+    n = dist.get_world_size()
+    world = detect_world()
+    before = {s: _minimal_busbw(s, n) for s in SIZES}
+    cfg = BenchConfig(min_bytes=SIZES[0], max_bytes=SIZES[-1], step_factor=4, iters=ITERS, warmup=WARMUP,
+                      check=False)
+    res = run_sweep(cfg, world, "cpu", "gloo")
+    after = {s: _minimal_busbw(s, n) for s in SIZES}
+    if dist.get_rank() == 0:
+        rows = [{"size": r.size, "tool": r.busbw, "minimal": (before[r.size] + after[r.size]) / 2,
+                 "before": before[r.size], "after": after[r.size]} for r in res.collectives[0].sizes]
+        print("BENCH " + json.dumps(rows), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def run() -> list[Result]:
+    results: list[Result] = []
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(HERE), "--worker"], capture_output=True, text=True, timeout=600, env=_env(),
+                          cwd=REPO)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if line is None:
+        raise RuntimeError(f"worker failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+    for row in json.loads(line[6:]):
+        results.append(Result(
+            f"allreduce busbw mldebug/minimal {row['size'] >> 20}M", row["tool"] / row["minimal"],
+            f"mldebug {row['tool']:.3f} GB/s vs minimal loop {row['minimal']:.3f} GB/s "
+            f"(before {row['before']:.3f}, after {row['after']:.3f}); 2 gloo ranks, target 1 +- 0.05"))
+    for name, extra in (("default sweep", []), ("--quick", ["--quick"])):
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "ml_debug", "allreduce-bench", *extra, "--json"],
+                           capture_output=True, text=True, timeout=600, env=_env(), cwd=REPO)
+        wall = time.perf_counter() - t0
+        doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+        inner = doc.get("result", {}).get("wall_s", float("nan"))
+        results.append(Result(f"allreduce-bench {name} wall / 60 s", wall / 60.0,
+                              f"{wall:.1f} s wall incl. launch ({inner:.1f} s measuring), rc {p.returncode}, "
+                              f"2 CPU ranks"))
+    return results
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        worker()
+    else:
+        for r in run():
+            print(r.line())

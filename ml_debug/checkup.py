@@ -1,0 +1,207 @@
+"""`mldebug check`: the whole-node checkup. Each step is another mldebug command run as a subprocess
+with ``--json`` and a timeout (the agent pattern): its document's ``result.ok``/``result.summary`` and
+exit code become one row of the verdict. A command that is not registered in this build is reported
+as "not available", not as a failure, so the checkup grows as commands land.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ml_debug import output
+from ml_debug.errors import ExitCode
+
+PASS, FAIL, TIMEOUT, PARTIAL, SKIPPED, UNAVAILABLE, ERROR = (
+    "pass", "fail", "timeout", "partial", "skipped", "not available", "error")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]  # mldebug arguments, without --json
+    timeout_s: float
+    why: str
+
+
+DEFAULT_STEPS = (
+    Step("env", ("env",), 60, "versions, GPUs, launcher variables, tools, ptrace permission"),
+    Step("gpu-test", ("gpu-test", "--timeout", "20"), 240,
+         "every local device (2 CPU ranks without a GPU) can init, all_reduce, gather, broadcast, p2p"),
+    Step("health", ("health", "--level", "1"), 180, "hardware health, quick level"),
+    Step("allreduce-bench", ("allreduce-bench", "--quick"), 240, "collective bandwidth, quick mode"),
+)
+
+
+@dataclass
+class StepResult:
+    name: str
+    command: str
+    status: str
+    exit_code: int | None
+    seconds: float
+    summary: str
+    schema: str | None = None
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    summary: str
+    exit_code: int
+    host: str
+    steps: list[StepResult] = field(default_factory=list)
+
+
+def registered_commands() -> set[str]:
+    """Names of the commands this mldebug build registers (cheap: no torch)."""
+    from ml_debug.cli.app import build_app
+
+    app = build_app()
+    names = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "") for c in app.registered_commands}
+    names |= {g.name for g in app.registered_groups if g.name}
+    return names
+
+
+def _kill_tree(proc: subprocess.Popen[str]) -> None:
+    """Stop a step and every process it started (ranks live in their own sessions: kill by pid)."""
+    try:
+        import psutil
+
+        kids = psutil.Process(proc.pid).children(recursive=True)
+    except Exception:
+        kids = []
+    try:
+        proc.send_signal(signal.SIGTERM)  # lets a launcher stop its ranks cleanly
+        proc.wait(5)
+    except Exception:
+        pass
+    for p in [proc, *kids]:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def run_step(step: Step, timeout_s: float | None = None, out_dir: Path | None = None) -> StepResult:
+    """Run ``mldebug <step> --json`` with a timeout and read its verdict."""
+    argv = [sys.executable, "-m", "ml_debug", *step.argv, "--json"]
+    shown = "mldebug " + " ".join([*step.argv, "--json"])
+    limit = timeout_s or step.timeout_s
+    env = {**os.environ, "MLDEBUG_JSON": "0"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL)
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        return StepResult(step.name, shown, TIMEOUT, None, round(time.monotonic() - t0, 2),
+                          f"no answer within {limit:g} s; stopped it")
+    seconds = round(time.monotonic() - t0, 2)
+    rc = proc.returncode
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"check.{step.name}.json").write_text(stdout)
+        (out_dir / f"check.{step.name}.stderr").write_text(stderr)
+    doc = None
+    try:
+        doc = json.loads(stdout) if stdout.strip() else None
+    except json.JSONDecodeError:
+        doc = None
+    result = doc.get("result", {}) if isinstance(doc, dict) else {}
+    summary = str(result.get("summary") or "").strip()
+    if not summary:
+        tail = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+        summary = tail[-1][:200] if tail else f"exit code {rc}, no JSON document"
+    ok = bool(result.get("ok")) if result else rc == 0
+    if rc == ExitCode.OK and ok:
+        status = PASS
+    elif rc == ExitCode.ENVIRONMENT:
+        status = SKIPPED  # the node lacks what this step needs (e.g. no GPU for a GPU-only check)
+    elif rc == ExitCode.PARTIAL:
+        status = PARTIAL
+    elif rc == ExitCode.USAGE or (rc not in (0, 1) and not result):
+        status = ERROR
+    else:
+        status = FAIL
+    return StepResult(step.name, shown, status, rc, seconds, summary,
+                      doc.get("schema") if isinstance(doc, dict) else None)
+
+
+def run_check(steps: Sequence[Step] = DEFAULT_STEPS, skip: Sequence[str] = (), timeout_s: float | None = None,
+              out_dir: Path | None = None) -> CheckResult:
+    """Run every step in turn (2 CPU ranks and a bandwidth test should not share the cores) and judge."""
+    import socket
+
+    known = registered_commands()
+    results: list[StepResult] = []
+    with output.progress(len(steps), "check") as bar:
+        for step in steps:
+            command = step.argv[0]
+            if step.name in skip:
+                results.append(StepResult(step.name, f"mldebug {command}", SKIPPED, None, 0.0, "skipped (--skip)"))
+            elif command not in known:
+                results.append(StepResult(step.name, f"mldebug {command}", UNAVAILABLE, None, 0.0,
+                                          f"`mldebug {command}` is not in this build"))
+            else:
+                bar.advance(0, description=f"check: {step.name}")
+                results.append(run_step(step, timeout_s, out_dir))
+            bar.advance(1)
+    return judge(results, socket.gethostname())
+
+
+def judge(results: list[StepResult], host: str) -> CheckResult:
+    """0 all ran steps passed; 1 a step found a problem; 4 a step timed out or was partial."""
+    bad = [r for r in results if r.status in (FAIL, ERROR)]
+    late = [r for r in results if r.status in (TIMEOUT, PARTIAL)]
+    ran = [r for r in results if r.status not in (UNAVAILABLE, SKIPPED)]
+    passed = [r for r in ran if r.status == PASS]
+    if bad:
+        code = ExitCode.PROBLEM
+    elif late:
+        code = ExitCode.PARTIAL
+    else:
+        code = ExitCode.OK
+    if code == ExitCode.OK:
+        summary = f"{len(passed)}/{len(ran)} steps passed on {host}"
+    else:
+        summary = f"{len(passed)}/{len(ran)} steps passed on {host}; " + "; ".join(
+            f"{r.name} {r.status}: {r.summary}" for r in [*bad, *late])
+    missing = [r.name for r in results if r.status == UNAVAILABLE]
+    if missing and code == ExitCode.OK:
+        summary += f" ({', '.join(missing)} not available)"
+    return CheckResult(code == ExitCode.OK, summary, int(code), host, results)
+
+
+def render(result: CheckResult, console: object) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    style = {PASS: "green", FAIL: "bold red", ERROR: "bold red", TIMEOUT: "bold red", PARTIAL: "yellow",
+             SKIPPED: "dim", UNAVAILABLE: "dim"}
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for col in ("step", "status", "time", "summary"):
+        table.add_column(col, no_wrap=col != "summary")
+    for r in result.steps:
+        table.add_row(r.name, f"[{style.get(r.status, '')}]{r.status}[/]",
+                      f"{r.seconds:.1f}s" if r.seconds else "-", escape(r.summary))
+    console.print(table)  # type: ignore[attr-defined]
+    mark = "[bold green]OK[/]" if result.ok else "[bold red]PROBLEM[/]"
+    console.print(f"{mark} {escape(result.summary)}", soft_wrap=True)  # type: ignore[attr-defined]
+    for r in result.steps:
+        if r.status in (FAIL, ERROR, TIMEOUT, PARTIAL):
+            console.print(f"  next: {r.command.replace(' --json', '')}  (details)",  # type: ignore[attr-defined]
+                          soft_wrap=True)

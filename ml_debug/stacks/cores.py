@@ -1,0 +1,224 @@
+"""core-bt: find core files, match each to its executable, and print every thread's backtrace with
+the Python frames; cores with the same crash are grouped.
+
+Shell equivalents: ``cat /proc/sys/kernel/core_pattern``, ``gdb -batch <exe> <core> -ex 'thread
+apply all bt' -ex 'thread apply all py-bt'``, ``pystack core <core>``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ml_debug.errors import EnvironmentProblem, UsageError
+from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
+from ml_debug.stacks.elfcore import executable_of, is_core, read_notes
+from ml_debug.stacks.model import Frame, ThreadDump
+from ml_debug.stacks.parsers import parse_gdb, parse_pystack
+from ml_debug.stacks.tools import INSTALL_HINTS, find_tool, first_error_line, run_tool
+
+CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
+CORE_USES_PID = Path("/proc/sys/kernel/core_uses_pid")
+_SPEC = re.compile(r"%.")
+
+
+@dataclass
+class CoreSearch:
+    """Where cores were looked for, and what the kernel setting says."""
+
+    core_pattern: str
+    piped: bool
+    globs: list[str] = field(default_factory=list)  # absolute glob patterns searched
+    notes: list[str] = field(default_factory=list)
+
+
+def pattern_globs(pattern: str, uses_pid: bool, dirs: list[Path]) -> list[str]:
+    """Glob patterns for the core files a core_pattern produces (relative ones in each of `dirs`)."""
+    text = pattern.strip().replace("%%", "\0")
+    glob = _SPEC.sub("*", text).replace("\0", "%")
+    if uses_pid and "%p" not in text:
+        variants = [glob, glob + ".*"]
+    else:
+        variants = [glob]
+    out: list[str] = []
+    for v in variants:
+        if v.startswith("/"):
+            out.append(v)
+        else:
+            out.extend(str(d / v) for d in dirs)
+    return out
+
+
+def find_cores(paths: list[Path], dirs: list[Path] | None = None, newest: int | None = None) -> tuple[list[Path], CoreSearch]:
+    """Core files named on the command line, or where /proc/sys/kernel/core_pattern puts them."""
+    try:
+        pattern = CORE_PATTERN.read_text().strip()
+    except OSError:
+        pattern = "core"
+    try:
+        uses_pid = CORE_USES_PID.read_text().strip() == "1"
+    except OSError:
+        uses_pid = False
+    search = CoreSearch(core_pattern=pattern, piped=pattern.startswith("|"))
+    found: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            raise UsageError(f"{p} does not exist", "give core files or directories to search")
+        if p.is_dir():
+            dirs = [*(dirs or []), p]
+        elif is_core(p):
+            found.append(p)
+        else:
+            raise UsageError(f"{p} is not a core file (not an ELF core)", "file(1) says what it is")
+    if paths and not dirs:
+        return found, search
+    dirs = dirs or [Path.cwd()]
+    if search.piped:
+        handler = pattern[1:].split()[0]
+        hint = ("coredumpctl list; coredumpctl dump PID -o core.PID" if "systemd-coredump" in handler
+                else "/var/crash (apport: apport-unpack)" if "apport" in handler else f"see {handler}")
+        search.notes.append(f"core_pattern pipes cores to {handler}: they are not written as files here ({hint}); "
+                            "searching for 'core*' files anyway")
+        search.globs = [str(d / "core*") for d in dirs]
+    else:
+        search.globs = pattern_globs(pattern, uses_pid, dirs)
+    seen = {p.resolve() for p in found}
+    for g in search.globs:
+        directory, base = os.path.split(g)
+        if any(ch in directory for ch in "*?["):
+            search.notes.append(f"skipped {g}: a directory with wildcards")
+            continue
+        try:
+            entries = os.listdir(directory)
+        except OSError:
+            continue
+        for name in sorted(entries):
+            p = Path(directory) / name
+            if fnmatch.fnmatch(name, base) and p.resolve() not in seen and p.is_file() and is_core(p):
+                seen.add(p.resolve())
+                found.append(p)
+    found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    if newest:
+        found = found[:newest]
+    return found, search
+
+
+@dataclass
+class CoreReport:
+    path: str
+    size: int
+    mtime: float
+    ok: bool
+    pid: int | None = None
+    signal: str | None = None
+    executable: str | None = None
+    cmdline: str | None = None
+    tool: str | None = None
+    error: str | None = None
+    threads: list[ThreadDump] = field(default_factory=list)  # the crashing thread first
+    crash_frame: str | None = None  # innermost native frame of the crashing thread
+    python_frames: list[str] = field(default_factory=list)  # crashing thread, innermost first
+    seconds: float = 0.0
+
+
+_SIGNAL_LINE = re.compile(r"Program terminated with signal (SIG\w+)")
+
+
+def analyse_core(path: Path, timeout: float = 120.0, executable: str | None = None) -> CoreReport:
+    """Backtraces of every thread of one core: gdb (+ the interpreter's py-bt), else pystack core."""
+    t0 = time.monotonic()
+    st = path.stat()
+    report = CoreReport(path=str(path), size=st.st_size, mtime=st.st_mtime, ok=False)
+    notes = read_notes(path)
+    report.pid, report.signal, report.cmdline = notes.pid, notes.signal_name, notes.psargs
+    exe = executable or executable_of(notes)
+    report.executable = exe
+    gdb, pystack = find_tool("gdb"), find_tool("pystack")
+    errors: list[str] = []
+    if gdb:
+        helper = gdb_python_helper(exe=exe) if exe else None
+        target = [exe, str(path)] if exe else ["-c", str(path)]
+        run = run_tool(gdb_argv(gdb, helper, target), timeout)
+        threads = parse_gdb(run.stdout, None) if not run.timed_out else []
+        if threads and any(t.native_frames for t in threads):
+            report.ok, report.tool, report.threads = True, "gdb" + (" + py-bt" if helper else ""), threads
+            m = _SIGNAL_LINE.search(run.stdout)
+            if m:
+                report.signal = m.group(1)
+        else:
+            errors.append("gdb: " + ("timed out" if run.timed_out else first_error_line(run.stderr or run.stdout)))
+    crashing = report.threads[0] if report.threads else None
+    if pystack and (crashing is None or not crashing.python_frames()):
+        argv = [pystack, "core", str(path), *([exe] if exe else []), "--native"]
+        run = run_tool(argv, timeout)
+        py_threads = parse_pystack(run.stdout, notes.pid or -1) if run.rc == 0 else []
+        if py_threads:
+            by_tid = {t.os_thread_id: t for t in py_threads}
+            if report.threads:  # keep gdb's native frames, add pystack's Python frames
+                for t in report.threads:
+                    if t.os_thread_id in by_tid and not t.python_frames():
+                        t.frames = by_tid[t.os_thread_id].frames
+                report.tool = (report.tool or "gdb") + " + pystack"
+            else:
+                report.ok, report.tool, report.threads = True, "pystack", py_threads
+        elif run.rc != 0:
+            errors.append("pystack: " + first_error_line(run.stderr))
+    if not gdb and not pystack:
+        raise EnvironmentProblem("neither gdb nor pystack is installed: no way to read a core file",
+                                 f"{INSTALL_HINTS['gdb']}; or {INSTALL_HINTS['pystack']}")
+    if report.threads:
+        crashing = report.threads[0]
+        natives = crashing.native_frames
+        report.crash_frame = natives[0].where() if natives else None
+        report.python_frames = [f.where(brief=True) for f in crashing.python_frames()]
+    else:
+        report.error = "; ".join(errors) or "no backtrace"
+    if exe is None:
+        report.error = (report.error + "; " if report.error else "") + \
+            "executable not found (pass --exe): symbols and Python frames may be missing"
+    report.seconds = round(time.monotonic() - t0, 3)
+    return report
+
+
+def _names(frames: list[Frame], n: int = 12) -> tuple[str, ...]:
+    return tuple(f.name for f in frames[:n])
+
+
+def group_cores(reports: list[CoreReport]) -> list[dict[str, Any]]:
+    """Cores whose crashing threads have the same native and Python stacks (names only) form one group."""
+    groups: dict[tuple[Any, ...], list[CoreReport]] = {}
+    for r in reports:
+        if not r.ok or not r.threads:
+            continue
+        t = r.threads[0]
+        key = (r.signal, _names(t.native_frames), _names(t.python_frames()))
+        groups.setdefault(key, []).append(r)
+    out = []
+    for i, (_, rs) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
+        first = rs[0]
+        out.append({"id": chr(ord("A") + i) if i < 26 else f"G{i}", "count": len(rs), "signal": first.signal,
+                    "executable": first.executable, "crash_frame": first.crash_frame,
+                    "python_frames": first.python_frames, "cores": [r.path for r in rs]})
+    return out
+
+
+def core_summary(reports: list[CoreReport], groups: list[dict[str, Any]], search: CoreSearch) -> str:
+    if not reports:
+        where = ", ".join(search.globs) or "the paths given"
+        return f"no core files found (searched {where}; core_pattern is {search.core_pattern!r})"
+    if not groups:
+        return f"{len(reports)} core file(s) found, none could be read"
+    g = groups[0]
+    first = next(r for r in reports if r.path == g["cores"][0])
+    prog = os.path.basename(first.executable or first.cmdline or "?")
+    py = f"; Python: {' <- '.join(g['python_frames'][:3])}" if g["python_frames"] else ""
+    head = (f"{prog} (pid {first.pid}) killed by {g['signal'] or 'a signal'} in {g['crash_frame'] or '?'}{py}"
+            if len(reports) == 1 else
+            f"{len(reports)} cores, {len(groups)} distinct crash(es); most common ({g['count']}x): "
+            f"{g['signal'] or 'signal'} in {g['crash_frame'] or '?'}{py}")
+    return f"crash: {head}"

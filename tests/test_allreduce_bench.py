@@ -1,0 +1,224 @@
+"""`mldebug allreduce-bench` on real gloo ranks: 2 and 4 ranks, self-launched and under torchrun.
+
+Small sizes and few iterations keep each run to seconds; the numbers are checked against the
+definitions (from the JSON), never against a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from ml_debug.comm import bandwidth as bw
+from tests.conftest import REPO, mldebug, require
+
+SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "allreduce-bench.json").read_text())
+MLDEBUG_EXE = Path(sys.executable).parent / "mldebug"
+SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "-w", "1", "--timeout", "60"]
+ENV = {"OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160"}
+
+
+def _validate(doc: dict[str, Any]) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["schema"] == "mldebug.allreduce-bench" and doc["schema_version"] == 1
+
+
+def _run_torchrun(nproc: int, args: list[str], env: dict[str, str] | None = None,
+                  timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """torchrun --standalone --nproc-per-node N --no-python mldebug ...; ranks killed by pid on timeout."""
+    require(MLDEBUG_EXE.exists(), f"the mldebug console script at {MLDEBUG_EXE}")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            "--no-python", str(MLDEBUG_EXE), *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **ENV, **(env or {})}, cwd=REPO)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _kill_tree(pid: int) -> None:
+    # torchrun's workers live in their own sessions: stop each one by pid.
+    try:
+        parent = psutil.Process(pid)
+        for child in parent.children(recursive=True):
+            child.kill()
+        parent.kill()
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    start = proc.stdout.find("{")
+    assert start >= 0, f"no JSON on stdout (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    doc = json.loads(proc.stdout[start:])
+    _validate(doc)
+    return doc
+
+
+def _check_definitions(result: dict[str, Any], n: int, elem: int) -> None:
+    """busbw/algbw follow nccl-tests' definitions exactly, and #wrong is 0 everywhere."""
+    assert result["world_size"] == n
+    for c in result["collectives"]:
+        assert c["error"] is None, c
+        assert c["bus_factor"] == pytest.approx(bw.bus_factor(c["collective"], n))
+        assert c["sizes"], c["collective"]
+        for s in c["sizes"]:
+            assert s["wrong"] == 0 and s["wrong_by_rank"] == {}, (c["collective"], s)
+            assert len(s["rank_time_us"]) == n
+            assert s["time_us"] == pytest.approx(sum(s["rank_time_us"]) / n)  # nccl-tests' default -a 1
+            assert s["max_time_us"] == pytest.approx(max(s["rank_time_us"]))
+            assert s["algbw"] == pytest.approx(s["size"] / (s["time_us"] * 1e-6) / 1e9)
+            assert s["busbw"] == pytest.approx(s["algbw"] * bw.bus_factor(c["collective"], n))
+            lay = bw.layout(c["collective"], s["size"], elem, n)
+            assert (s["size"], s["count"]) == (lay.size_bytes, lay.count)
+        large = [s["busbw"] for s in c["sizes"] if s["size"] >= c["large_from"]]
+        assert c["avg_busbw_large"] == pytest.approx(sum(large) / len(large))
+        assert c["peak_busbw"] == pytest.approx(max(s["busbw"] for s in c["sizes"]))
+
+
+def test_self_launched_two_ranks_quick_every_collective_csv_and_plot(tmp_path: Path) -> None:
+    # --quick --json is what `mldebug check` runs; here with every collective, CSV and the plot.
+    csv_path, png = tmp_path / "rows.csv", tmp_path / "busbw.png"
+    proc = mldebug("allreduce-bench", "--quick", "--collective", "all", "--json", "--csv", str(csv_path),
+                   "--plot", str(png), timeout=240, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = _json(proc)["result"]
+    assert result["ok"] is True and result["summary"].startswith("OK") and result["quick"]
+    assert result["iters"] == 5 and result["warmup"] == 2
+    assert [c["collective"] for c in result["collectives"]] == list(bw.COLLECTIVES)
+    assert [s["size"] for s in result["collectives"][0]["sizes"]] == [256 * 1024, 2**20, 4 * 2**20]
+    _check_definitions(result, 2, elem=4)
+    rows = csv_path.read_text().splitlines()
+    assert rows[0].startswith("collective,size,count,type,redop")
+    assert len(rows) == 1 + sum(len(c["sizes"]) for c in result["collectives"])
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_torchrun_four_ranks_every_collective_after_double_dash() -> None:
+    # `--` keeps torchrun's parser off the worker's options (FIELD-NOTES: "ambiguous option").
+    proc = _run_torchrun(4, ["allreduce-bench", "--", "--collective", "all", "-o", "max", "-d", "bf16", *SMALL,
+                             "--json"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = _json(proc)["result"]
+    assert result["ok"], result["summary"]
+    assert len(result["collectives"]) == len(bw.COLLECTIVES) and len(result["ranks"]) == 4
+    assert result["dtype"] == "bfloat16" and result["collectives"][0]["op"] == "max"
+    assert result["collectives"][1]["op"] is None  # all_gather has no reduction
+    _check_definitions(result, 4, elem=2)
+
+
+def test_faults_corrupt_and_straggler_are_named() -> None:
+    env = {"MLDEBUG_TEST_FAULT": "corrupt:rank=1,count=4;slow:rank=1,factor=4"}
+    proc = _run_torchrun(2, ["allreduce-bench", *SMALL, "--json"], env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    result = _json(proc)["result"]
+    assert not result["ok"] and result["test_faults"]
+    c = result["collectives"][0]
+    assert [s["wrong_by_rank"] for s in c["sizes"]] == [{"1": 4}] * len(c["sizes"])
+    assert c["wrong_total"] == 4 * len(c["sizes"])
+    assert c["straggler"]["rank"] == 1 and c["straggler"]["times_slower"] > 2
+    assert "wrong element(s) on rank(s) 1" in result["summary"] and "rank 1" in result["summary"]
+
+
+def test_pairwise_four_ranks_names_the_slow_pair(tmp_path: Path) -> None:
+    png = tmp_path / "pairs.png"
+    proc = mldebug("allreduce-bench", "--pairwise", "--nproc-per-node", "4", "-e", "256K", "-n", "5", "-w", "1",
+                   "--plot", str(png), "--json", timeout=240,
+                   env={**ENV, "MLDEBUG_TEST_FAULT": "slow-pair:pair=1-2,factor=6"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    result = _json(proc)["result"]
+    p = result["pairwise"]
+    assert result["mode"] == "pairwise" and p["units"] == "rank" and p["rounds"] == 3
+    assert all(p["matrix"][a][b] is not None for a in range(4) for b in range(4) if a != b)
+    assert [(link["a"], link["b"]) for link in p["slow_links"]] == [(1, 2)]
+    assert p["slow_units"] == []
+    assert "slow link" in result["summary"] and "rank1" in result["summary"]
+    import matplotlib.image
+
+    assert matplotlib.image.imread(str(png)).ndim == 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_pairwise_between_two_self_launched_nodes() -> None:
+    """Two 'nodes' (two launchers on this host, node ranks 0 and 1) are paired as nodes."""
+    port = str(_free_port())
+    common = ["allreduce-bench", "--pairwise", "--nnodes", "2", "--nproc-per-node", "2", "--master-addr",
+              "127.0.0.1", "--master-port", port, "-e", "64K", "-n", "3", "-w", "1", "--json"]
+    env = {**os.environ, **ENV}
+    procs = [subprocess.Popen([sys.executable, "-m", "ml_debug", *common, "--node-rank", str(r)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+             for r in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=180))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _kill_tree(p.pid)
+    assert procs[0].returncode == 0, outs[0][1][-3000:]
+    result = _json(subprocess.CompletedProcess([], 0, outs[0][0], outs[0][1]))["result"]
+    p = result["pairwise"]
+    assert p["units"] == "node" and len(p["names"]) == 2 and result["nnodes"] == 2
+    assert p["matrix"][0][1] is not None and p["matrix"][0][1] > 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-b", "10X"], "bad --min-bytes '10X'"),
+    (["-b", "1M", "-e", "1K"], "larger than max"),
+    (["-d", "float7"], "unknown dtype"),
+    (["-o", "xor"], "unknown reduction op"),
+    (["-C", "gossip"], "unknown collective"),
+    (["-f", "1"], "step factor"),
+    (["--op", "avg", "-d", "int32"], "floating-point"),
+    (["extra"], "unexpected argument"),
+])
+def test_bad_options_exit_2_with_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # In-process: options are checked before any rank starts or torch is imported.
+    from ml_debug.cli.app import run
+
+    assert run(["allreduce-bench", *args]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("mldebug: error: ") and message in lines[0]
+    assert len(lines) == 2 and lines[1].startswith("hint: ")
+    assert out == ""
+
+
+def test_missing_matplotlib_is_an_environment_problem() -> None:
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from ml_debug.cli.app import run\n"
+            "sys.exit(run(['allreduce-bench', '--plot', 'x.png']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 3, proc.stderr
+    assert "needs matplotlib" in proc.stderr and "pip install 'mldebug[plot]'" in proc.stderr
+
+
+def test_no_stray_ranks_left() -> None:
+    """Every run above ended its ranks (none of ours still holds the CPU)."""
+    mine = [p for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and "allreduce-bench" in " ".join(p.info["cmdline"]) and p.pid != os.getpid()]
+    assert not mine, [p.info["cmdline"] for p in mine]
+    assert shutil.which("true")

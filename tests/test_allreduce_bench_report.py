@@ -1,0 +1,148 @@
+"""allreduce-bench's reporting without ranks: summary/straggler logic, the human table (golden),
+CSV, and the PNG plots (opened again and their axes checked)."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+
+from ml_debug.comm import bandwidth as bw
+from ml_debug.comm import bench
+from ml_debug.comm.bench_faults import Faults
+
+RANKS = [bench.RankInfo(r, "node-a", 0, r, "cpu") for r in range(2)]
+
+
+def _row(size: int, times_s: list[float], wrong: dict[int, int] | None = None, n: int = 2) -> bench.SizeResult:
+    lay = bw.layout("all_reduce", size, 4, n)
+    t = sum(times_s) / n
+    return bench.SizeResult(
+        size=lay.size_bytes, count=lay.count, dtype="float32", op="sum", root=None, time_us=t * 1e6,
+        algbw=bw.algbw_gbps(lay.size_bytes, t), busbw=bw.busbw_gbps("all_reduce", lay.size_bytes, t, n),
+        rank_time_us=[x * 1e6 for x in times_s], slowest_rank=max(range(n), key=lambda r: times_s[r]),
+        max_time_us=max(times_s) * 1e6, spread=bw.spread(times_s), straggler=bw.slow_outlier(times_s, 0.5),
+        wrong=sum((wrong or {}).values()), wrong_by_rank=wrong or {})
+
+
+def _result(rows: list[bench.SizeResult], expect: float | None = None, faults: str = "") -> bench.BenchResult:
+    cfg = bench.BenchConfig(iters=20, warmup=5, expect_busbw=expect, faults=Faults(spec=faults))
+    coll = bench._summarise("all_reduce", cfg, 2, rows, [], RANKS, None)
+    return bench._finish(cfg, 2, "cpu", "gloo", [coll], None, RANKS, [], time.perf_counter())
+
+
+def _sizes() -> list[int]:
+    return bw.sweep(1024, 16 * 2**20, 4)  # 1K 4K 16K 64K 256K 1M 4M 16M
+
+
+def test_healthy_summary_and_footer_numbers() -> None:
+    rows = [_row(s, [s / 1e9 + 1e-4, s / 1e9 + 1.1e-4]) for s in _sizes()]
+    res = _result(rows)
+    c = res.collectives[0]
+    assert res.ok and res.summary.startswith("OK: all_reduce busbw")
+    assert c.large_from == 4 * 2**20  # sizes >= 16M / 8
+    assert c.avg_busbw_large == pytest.approx((rows[-2].busbw + rows[-1].busbw) / 2)
+    assert c.peak_size == rows[-1].size and c.straggler is None and c.wrong_total == 0
+
+
+def test_problems_make_the_summary_and_ok() -> None:
+    rows = [_row(s, [1e-3, 3e-3], wrong={1: 2} if s == 1024 else None) for s in _sizes()]
+    res = _result(rows, expect=1000.0, faults="slow:rank=1")
+    assert not res.ok
+    assert "2 wrong element(s) on rank(s) 1 in 1 of 8 sizes" in res.summary
+    assert "rank 1 (node-a) is a straggler, 3.0x" in res.summary
+    assert "below the expected 1000 GB/s" in res.summary and res.summary.endswith("[TEST-ONLY fault hook active]")
+    assert res.collectives[0].expect_ok is False
+
+
+def test_noise_at_small_sizes_names_no_straggler() -> None:
+    # Rank 1 looks 3x slower only at latency-bound small sizes: not a straggler.
+    rows = [_row(s, [1e-4, 3e-4] if s < 2**20 else [1e-2, 1.05e-2]) for s in _sizes()]
+    assert _result(rows).collectives[0].straggler is None
+
+
+GOLDEN = """\
+# mldebug allreduce-bench: 2 ranks on 1 node(s) (node-a), cpu/gloo, torch 2.x, python 3.x
+# dtype float32, 20 iters + 5 warmup per size, time averaged across ranks: avg
+
+all_reduce (busbw = algbw x 1)
+ size(B)    count     type  redop  root  time(us)  algbw(GB/s)  busbw(GB/s)    #wrong  slowest  spread
+    1024      256  float32    sum     -     100.5       0.0102       0.0102         0        1      1%
+ 1048576   262144  float32    sum     -    1000.0         1.05         1.05  3 (r0:3)       1*    200%
+16777216  4194304  float32    sum     -   10000.0         1.68         1.68         0        0      0%
+# Out of bounds values : 3 FAILED
+# Avg bus bandwidth    : 1.678 GB/s (sizes >= 16M)
+# Peak bus bandwidth   : 1.678 GB/s at 16M
+"""
+
+
+def test_human_table_golden(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from ml_debug.comm.bench_report import render
+
+    rows = [_row(1024, [100e-6, 101e-6]), _row(2**20, [0.5e-3, 1.5e-3], wrong={0: 3}),
+            _row(16 * 2**20, [10e-3, 10e-3])]
+    res = _result(rows)
+    buf = io.StringIO()
+    render(res, {"torch": "2.x", "python": "3.x"}, Console(file=buf, width=160, highlight=False, color_system=None))
+    text = "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
+    assert text.startswith(GOLDEN), text
+    assert "# units: size in bytes" in text and text.splitlines()[-1].startswith("PROBLEM: all_reduce: 3 wrong")
+
+
+def test_csv_rows() -> None:
+    from ml_debug.comm.bench_report import SWEEP_COLUMNS, to_csv
+
+    res = _result([_row(s, [1e-3, 1e-3]) for s in (1024, 2048)])
+    lines = to_csv(res).splitlines()
+    assert lines[0] == ",".join(SWEEP_COLUMNS)
+    assert lines[1].split(",")[:5] == ["all_reduce", "1024", "256", "float32", "sum"]
+    assert len(lines) == 3
+
+
+def test_curve_plot_is_a_png_with_log_size_axis(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    from ml_debug.comm.plot import plot
+
+    res = _result([_row(s, [s / 1e9 + 1e-4] * 2) for s in _sizes()], expect=0.5)
+    info = plot(res, tmp_path / "curve.png")
+    assert (info.kind, info.xscale, info.xlabel, info.ylabel) == ("curve", "log", "message size (bytes)",
+                                                                 "busbw (GB/s)")
+    assert info.series == ["all_reduce"]
+    img = matplotlib.image.imread(str(tmp_path / "curve.png"))
+    assert img.shape[:2] == (500, 800)  # 8x5 inches at 100 dpi
+
+
+def test_heatmap_plot(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    from ml_debug.comm.plot import plot
+
+    names = ["n0", "n1", "n2", "n3"]
+    matrix: list[list[float | None]] = [[None if a == b else 10.0 for b in range(4)] for a in range(4)]
+    matrix[0][3] = matrix[3][0] = 2.0
+    found = bw.find_slow(matrix, 0.3)
+    pw = bench.PairwiseResult("node", names, 2**20, 5, matrix, found.median, 0.3, 3,
+                              [bench.PairLink(0, 3, "n0", "n3", 2.0, 0.2)], [])
+    cfg = bench.BenchConfig(iters=5, warmup=1)
+    res = bench._finish(cfg, 4, "cpu", "gloo", [], pw, RANKS, [], time.perf_counter())
+    assert not res.ok and "slow link(s): n0<->n3" in res.summary
+    info = plot(res, tmp_path / "heat.png")
+    assert (info.kind, info.xlabel, info.ylabel, info.series) == ("heatmap", "node", "node", names)
+    assert matplotlib.image.imread(str(tmp_path / "heat.png")).ndim == 3
+
+
+def test_missing_matplotlib_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ml_debug.comm.plot import require_matplotlib
+    from ml_debug.errors import EnvironmentProblem
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an interpreter without it finds
+    with pytest.raises(EnvironmentProblem) as e:
+        require_matplotlib()
+    assert "mldebug[plot]" in (e.value.hint or "")

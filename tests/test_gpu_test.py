@@ -1,0 +1,217 @@
+"""`mldebug gpu-test` with real gloo ranks: self-launched, under torchrun, by hand (a missing rank,
+a wrong layout), a killed rank, a wrong value (test-only fault hook), --isolate and Slurm (srun)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import psutil
+import pytest
+
+from ml_debug.dist.launch import free_port
+from tests.conftest import REPO, mldebug, require
+
+SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "gpu-test.json").read_text())
+GOLDEN = REPO / "tests" / "golden" / "gpu_test_ok.txt"
+
+
+def _doc(stdout: str) -> dict:
+    doc = json.loads(stdout)
+    jsonschema.validate(doc, SCHEMA)
+    return doc
+
+
+def _no_process_mentions(token: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        left = [p.pid for p in psutil.process_iter(["cmdline"])
+                if any(token in part for part in (p.info["cmdline"] or []))]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes left behind: {left}"
+
+
+def _hand(rank: int, world: int, port: int, *args: str, local: int | None = None,
+          env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank if local is None else local),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "ml_debug", "gpu-test", *args], env=full, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait(procs: list[subprocess.Popen[str]], timeout: float) -> list[tuple[int, str, str]]:
+    out = []
+    for p in procs:
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            so, se = p.communicate()
+            pytest.fail(f"rank pid {p.pid} did not end within {timeout} s: {se[-2000:]}")
+        out.append((p.returncode, so, se))
+    return out
+
+
+def test_self_launch_two_ranks_json(tmp_path: Path) -> None:
+    out = tmp_path / "gt-self"
+    r = mldebug("gpu-test", "--json", "--timeout", "20", "--out-dir", str(out), timeout=180)
+    assert r.returncode == 0, r.stderr
+    res = _doc(r.stdout)["result"]
+    assert res["ok"] and res["summary"] == "2/2 ranks OK on 1 host"
+    assert [(x["identity"]["rank"], x["identity"]["local_rank"], x["identity"]["device"]) for x in res["ranks"]] \
+        == [(0, 0, "cpu"), (1, 1, "cpu")]
+    assert all(s["status"] == "ok" for x in res["ranks"] for s in x["stages"])
+    assert res["versions"]["torch"].startswith("2.")
+    lines = (out / "gpu-test.rank00001.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["event"] == "local" and json.loads(lines[-1])["event"] == "done"
+    _no_process_mentions(str(out))
+
+
+def test_torchrun_four_ranks(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    require(torchrun, "torchrun")
+    mld = str(Path(sys.executable).parent / "mldebug")
+    r = subprocess.run([torchrun, "--nproc-per-node", "4", "--no-python", mld, "gpu-test", "--json", "--timeout", "30"],
+                       capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = _doc(r.stdout)["result"]
+    assert res["world_size"] == 4 and res["ok"]
+    assert sorted(x["identity"]["local_rank"] for x in res["ranks"]) == [0, 1, 2, 3]
+
+
+def test_human_table_golden() -> None:
+    r = mldebug("gpu-test", "--timeout", "20", timeout=180)
+    assert r.returncode == 0, r.stderr
+    text = re.sub(r"ok \d+\.\d\d", "ok T", r.stdout)
+    text = re.sub(r"torch \S+,", "torch V,", text)
+    host = os.uname().nodename
+    text = re.sub(rf"(?m)^{re.escape(host)}\s", "HOST ", text).replace(host, "HOST")
+    text = "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+    if os.environ.get("MLDEBUG_UPDATE_GOLDEN") == "1" or not GOLDEN.exists():
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_missing_rank_is_named_and_everyone_exits(tmp_path: Path) -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    results = _wait([_hand(r, 3, port, "--json", "--timeout", "4", "--out-dir", str(tmp_path)) for r in range(2)],
+                    timeout=90)
+    assert [rc for rc, _, _ in results] == [4, 4], [se[-1500:] for _, _, se in results]
+    res = _doc(results[0][1])["result"]
+    assert res["missing_ranks"] == [2]
+    assert "rank 2 (?) never answered (never checked in)" in res["summary"]
+    assert "rank(s) 2 never checked in" in results[1][2]
+    # each rank's own line was written before any collective
+    for rank in (0, 1):
+        first = json.loads((tmp_path / f"gpu-test.rank{rank:05d}.jsonl").read_text().splitlines()[0])
+        assert first["event"] == "local" and [s["name"] for s in first["stages"]] == ["device", "alloc"]
+    assert time.monotonic() - t0 < 80
+
+
+def test_missing_rank_zero_each_rank_keeps_its_line(tmp_path: Path) -> None:
+    port = free_port()
+    (rc, so, se), = _wait([_hand(1, 2, port, "--json", "--timeout", "3", "--out-dir", str(tmp_path))], timeout=60)
+    assert rc == 4 and so == ""
+    assert "could not reach rank 0's store" in se
+    lines = [json.loads(x) for x in (tmp_path / "gpu-test.rank00001.jsonl").read_text().splitlines()]
+    assert lines[0]["event"] == "local"
+    assert any(s["name"] == "rendezvous" and s["status"] == "timeout" for s in lines[-1]["stages"])
+
+
+def test_killed_rank_is_named_by_survivors(tmp_path: Path) -> None:
+    out = tmp_path / "gt-killed"
+    r = mldebug("gpu-test", "--json", "--timeout", "10", "--out-dir", str(out),
+                env={"MLDEBUG_TEST_FAULT": "die:rank=1:stage=broadcast"}, timeout=180)
+    assert r.returncode == 4, r.stderr[-2000:]
+    res = _doc(r.stdout)["result"]
+    assert res["missing_ranks"] == [1]
+    assert "rank 1 (" in res["summary"] and "stopped during broadcast" in res["summary"]
+    assert res["ranks"][0]["stages"][6]["status"] in ("fail", "timeout")
+    _no_process_mentions(str(out))
+
+
+def test_wrong_value_fails_all_reduce_on_that_rank() -> None:
+    r = mldebug("gpu-test", "--json", "--timeout", "20", env={"MLDEBUG_TEST_FAULT": "wrong-value:rank=1"},
+                timeout=180)
+    assert r.returncode == 1, r.stderr[-2000:]
+    res = _doc(r.stdout)["result"]
+    assert [(f["rank"], f["stage"], f["status"]) for f in res["failures"]] == [(1, "all_reduce", "fail")]
+    assert "contributed 1002 instead of 2" in res["failures"][0]["detail"]
+    assert res["summary"] == "1/2 ranks OK: rank 1 on " + res["hosts"][0] + " failed at all_reduce"
+
+
+def test_wrong_layout_two_ranks_claim_one_local_slot() -> None:
+    port = free_port()
+    results = _wait([_hand(r, 2, port, "--json", "--timeout", "10", local=0) for r in range(2)], timeout=120)
+    assert [rc for rc, _, _ in results] == [1, 1], results[0][2][-1500:]
+    res = _doc(results[0][1])["result"]
+    assert {(f["rank"], f["stage"]) for f in res["failures"]} == {(0, "all_gather"), (1, "all_gather")}
+    assert "local rank 0" in res["failures"][0]["detail"]
+
+
+def test_isolate_points_at_the_bad_slot() -> None:
+    r = mldebug("gpu-test", "--isolate", "--json", "--timeout", "20",
+                env={"MLDEBUG_TEST_FAULT": "wrong-value:device=1"}, timeout=300)
+    assert r.returncode == 1, r.stderr[-2000:]
+    res = _doc(r.stdout)["result"]
+    assert [e["members"] for e in res["entries"]] == [[0], [1], [0, 1]]
+    assert [e["ok"] for e in res["entries"]] == [True, False, False]
+    assert res["suspects"] == ["slot 1 fails alone"]
+
+
+@pytest.mark.parametrize("args,env,code", [
+    (["--backend", "nccl"], {}, 3),
+    (["--backend", "bogus"], {}, 2),
+    (["--isolate"], {"RANK": "0", "WORLD_SIZE": "1"}, 2),
+])
+def test_bad_input(args: list[str], env: dict[str, str], code: int) -> None:
+    import torch
+
+    if code == 3 and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = mldebug("gpu-test", "--nproc-per-node", "1", *args, env=env, timeout=120)
+    assert r.returncode == code, r.stderr
+    assert r.stderr.count("mldebug: error:") == 1 and "hint:" in r.stderr
+
+
+@pytest.mark.rig
+def test_two_node_slurm_step(rig_slurm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    nodes = rig_slurm.nodes[:2]
+    require(len(nodes) == 2, "2 Slurm nodes in the rig")
+    mld = str(Path(sys.executable).parent / "mldebug")
+    out = tmp_path / "slurm.out"
+    tmp_path.chmod(0o777)
+    job = rig_slurm.sbatch([mld, "gpu-test", "--json", "--timeout", "30"], nodes=2, ntasks_per_node=1,
+                           extra=["-w", ",".join(nodes)], output=out,
+                           env={"MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            if not rig_slurm.run(["squeue", "-h", "-j", job, "-o", "%i"]).stdout.strip():
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the Slurm gpu-test job did not end")
+    finally:
+        rig_slurm.cancel(job)
+    text = out.read_text()
+    start = text.index("{")
+    doc, _ = json.JSONDecoder().raw_decode(text[start:])
+    jsonschema.validate(doc, SCHEMA)
+    res = doc["result"]
+    assert res["ok"], text[-3000:]
+    assert res["launcher"] == "slurm" and res["world_size"] == 2
+    assert sorted(x["identity"]["host"] for x in res["ranks"]) == sorted(nodes)
+    assert [x["identity"]["node_rank"] for x in res["ranks"]] == [0, 1]

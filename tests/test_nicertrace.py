@@ -1,0 +1,380 @@
+"""NicerTrace: filter modes, output format, per-process files, counts equal to trace.Trace's."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import socket
+import sys
+import textwrap
+import threading
+import trace
+from pathlib import Path
+
+import pytest
+
+from ml_debug import nicertrace
+from ml_debug.nicertrace import NicerTrace, detect_rank, format_elapsed, trace_file_name
+
+STAMP = r"\d+:\d\d:\d\d\.\d{3}"
+CALL = re.compile(rf"^(?P<ts>{STAMP} )?(?P<pid>\[pid \d+\] )?(?P<thr>\{{[^}}]+\}} )?--> (?P<mod>\S+):(?P<first>\d+) (?P<fn>\S+)$")
+LINE = re.compile(rf"^(?P<ts>{STAMP} )?(?P<pid>\[pid \d+\] )?(?P<thr>\{{[^}}]+\}} )?    (?P<file>\S+):(?P<line>\d+): (?P<src>.*)$")
+
+USER_MODULE = '''
+import json
+import hostlist
+
+
+def to_json(x):
+    y = {"x": x}
+    return json.dumps(y)
+
+
+def hosts():
+    return hostlist.expand_hostlist("n[1-2]")
+
+
+def work():
+    a = to_json(1)
+    b = hosts()
+    return a, b
+'''
+
+
+@pytest.fixture
+def usermod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A module outside site-packages and the stdlib that calls into both."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "nt_usermod.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(src))
+    sys.modules.pop("nt_usermod", None)
+    import nt_usermod
+
+    yield nt_usermod
+    sys.modules.pop("nt_usermod", None)
+
+
+def _traced(tmp_path: Path, func, **kw) -> list[str]:
+    out = tmp_path / "out"
+    kw.setdefault("count", 0)
+    tracer = NicerTrace(out_dir=out, **kw)
+    tracer.runfunc(func)
+    assert tracer.path is not None and Path(tracer.path).parent == out
+    lines = Path(tracer.path).read_text().splitlines()
+    assert lines[0].startswith("# nicertrace ")
+    return lines[1:]
+
+
+def _called_modules(lines: list[str]) -> set[str]:
+    return {m.group("mod") for m in map(CALL.match, lines) if m}
+
+
+# ------------------------------------------------------------------ filters
+
+
+def test_everything_traced_with_none(tmp_path, usermod):
+    mods = _called_modules(_traced(tmp_path, usermod.work, packages_to_include=None))
+    assert {"nt_usermod", "json", "json.encoder", "hostlist"} <= mods
+
+
+@pytest.mark.parametrize("packages", ["uninstalled", [], ["uninstalled"]])
+def test_uninstalled_traces_only_own_code(tmp_path, usermod, packages):
+    # The seed iterated "uninstalled" as characters and ignored nothing.
+    mods = _called_modules(_traced(tmp_path, usermod.work, packages_to_include=packages))
+    assert mods == {"nt_usermod"}
+
+
+def test_listed_stdlib_package_is_traced_with_submodules(tmp_path, usermod):
+    mods = _called_modules(_traced(tmp_path, usermod.work, packages_to_include=["json"]))
+    assert {"nt_usermod", "json", "json.encoder"} <= mods
+    assert "hostlist" not in mods
+
+
+def test_listed_site_package_is_traced(tmp_path, usermod):
+    mods = _called_modules(_traced(tmp_path, usermod.work, packages_to_include=["hostlist"]))
+    assert {"nt_usermod", "hostlist"} <= mods
+    assert not {"json", "json.encoder"} & mods
+
+
+def test_single_package_as_string_is_a_name_not_characters(tmp_path, usermod):
+    mods = _called_modules(_traced(tmp_path, usermod.work, packages_to_include="json"))
+    assert "json" in mods and "hostlist" not in mods
+
+
+@pytest.mark.parametrize("as_str", [True, False])
+def test_single_ignoredir_is_honoured(tmp_path, usermod, as_str):
+    # The seed overrode a one-element ignoredirs list (len > 1 check): everything was traced.
+    src = str(Path(usermod.__file__).parent)
+    mods = _called_modules(_traced(tmp_path, usermod.work, ignoredirs=src if as_str else [src]))
+    assert "nt_usermod" not in mods
+    assert {"json", "hostlist"} <= mods  # packages_to_include=None: the rest is still traced
+
+
+def test_ignoredirs_and_packages_combine(tmp_path, usermod):
+    json_dir = os.path.dirname(json.__file__)
+    mods = _called_modules(_traced(tmp_path, usermod.work, packages_to_include=["json", "hostlist"],
+                                   ignoredirs=[json_dir]))
+    assert mods == {"nt_usermod", "hostlist"}
+
+
+def test_ignoremods_matches_dotted_names_and_submodules(tmp_path, usermod):
+    mods = _called_modules(_traced(tmp_path, usermod.work, ignoremods=["json"]))
+    assert "json" not in mods and "json.encoder" not in mods
+    assert {"nt_usermod", "hostlist"} <= mods
+
+
+def test_bad_package_names_are_rejected():
+    with pytest.raises(ValueError, match="top-level package"):
+        NicerTrace(packages_to_include=["not a name"])
+    with pytest.raises(TypeError):
+        NicerTrace(packages_to_include=[3])
+    with pytest.raises(ValueError, match="ring"):
+        NicerTrace(ring=0)
+    with pytest.raises(ValueError, match="idle_dump"):
+        NicerTrace(idle_dump=5)
+
+
+# ------------------------------------------------------------------ output format
+
+
+def test_call_and_line_format(tmp_path, usermod):
+    lines = _traced(tmp_path, usermod.work, packages_to_include=["json"])
+    assert lines and all(CALL.match(x) or LINE.match(x) for x in lines), lines
+    calls = [CALL.match(x) for x in lines if CALL.match(x)]
+    by_fn = {m.group("fn"): m for m in calls}
+    # Full dotted module name and the function's first line, qualified function name.
+    assert by_fn["to_json"].group("mod") == "nt_usermod"
+    assert int(by_fn["to_json"].group("first")) == usermod.to_json.__code__.co_firstlineno
+    enc = by_fn["JSONEncoder.encode"] if sys.version_info >= (3, 11) else by_fn["encode"]
+    assert enc.group("mod") == "json.encoder"
+    assert int(enc.group("first")) == json.JSONEncoder.encode.__code__.co_firstlineno
+    # Line lines: file basename, line number and that line's source.
+    first = usermod.to_json.__code__.co_firstlineno
+    assert f"    nt_usermod.py:{first + 1}: y = {{\"x\": x}}" in [LINE.match(x).group(0)[len(LINE.match(x).group("ts") or ""):]
+                                                          for x in lines if LINE.match(x)]
+    # Every line carries the elapsed time; it never goes backwards.
+    stamps = [(CALL.match(x) or LINE.match(x)).group("ts") for x in lines]
+    assert all(stamps)
+    assert stamps == sorted(stamps, key=lambda s: tuple(int(p) for p in re.split(r"[:.]", s.strip())))
+
+
+@pytest.mark.parametrize("count", [0, 1])
+def test_timestamps_in_every_mode(tmp_path, usermod, count):
+    # The seed stamped only the trace+count mode.
+    lines = _traced(tmp_path, usermod.work, packages_to_include="uninstalled", count=count)
+    assert all(re.match(STAMP + " ", x) for x in lines)
+
+
+def test_no_timestamps_when_timing_off(tmp_path, usermod):
+    lines = _traced(tmp_path, usermod.work, packages_to_include="uninstalled", timing=False)
+    assert lines and not any(re.match(STAMP, x) for x in lines)
+    assert all(CALL.match(x) or LINE.match(x) for x in lines)
+
+
+def test_log_pids(tmp_path, usermod):
+    lines = _traced(tmp_path, usermod.work, packages_to_include="uninstalled", log_pids=True)
+    assert lines and all(f"[pid {os.getpid()}] " in x for x in lines)
+
+
+def test_threads_are_marked(tmp_path, usermod):
+    def run():
+        t = threading.Thread(target=usermod.work, name="loader")
+        t.start()
+        t.join()
+        usermod.work()
+
+    lines = _traced(tmp_path, run, packages_to_include="uninstalled")
+    tagged = [x for x in lines if "{loader} " in x]
+    assert any("--> nt_usermod:" in x and "work" in x for x in tagged)
+    assert any("--> nt_usermod:" in x and "{" not in x for x in lines)  # the main thread's own calls
+
+
+def test_stdout_when_no_out_dir(capsys, usermod):
+    NicerTrace(count=0, packages_to_include="uninstalled").runfunc(usermod.work)
+    out = capsys.readouterr().out.splitlines()
+    assert any(CALL.match(x) and "to_json" in x for x in out)
+
+
+def test_context_manager_and_counts(tmp_path, usermod):
+    tracer = NicerTrace(count=1, trace=0, packages_to_include="uninstalled")
+    with tracer:
+        usermod.work()
+    first = usermod.to_json.__code__.co_firstlineno
+    assert tracer.counts[(usermod.__file__, first + 1)] == 1
+    assert all(k[0] == usermod.__file__ for k in tracer.counts)
+
+
+# ------------------------------------------------------------------ file names and ranks
+
+
+def test_file_name_and_rank(monkeypatch):
+    for var in nicertrace.RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert detect_rank() == "na"
+    host = socket.gethostname()
+    assert trace_file_name() == f"trace-{host}-na-{os.getpid()}.txt"
+    monkeypatch.setenv("SLURM_PROCID", "7")
+    assert detect_rank() == "7"
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "9")
+    assert detect_rank() == "7"  # SLURM_PROCID comes first
+    monkeypatch.setenv("RANK", "3")
+    assert trace_file_name(pid=42, host="node-a") == "trace-node-a-3-42.txt"
+
+
+def test_rank_in_written_file_name(tmp_path, usermod, monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    tracer = NicerTrace(count=0, out_dir=tmp_path, packages_to_include="uninstalled")
+    tracer.runfunc(usermod.work)
+    assert Path(tracer.path).name == f"trace-{socket.gethostname()}-5-{os.getpid()}.txt"
+    assert "rank=5 " in Path(tracer.path).read_text().splitlines()[0]
+
+
+def test_format_elapsed():
+    assert format_elapsed(0) == "0:00:00.000"
+    assert format_elapsed(3723.4567) == "1:02:03.456"
+
+
+# ------------------------------------------------------------------ same counts as trace.Trace
+
+
+def _loop(x, y):
+    c = x
+    for _ in range(5):
+        c += y
+    return c
+
+
+def _gen(n):
+    c = 5
+    for i in range(n):
+        yield i + c
+
+
+def _calls_gen():
+    k = 0
+    for i in _gen(10):
+        k += i
+    return k
+
+
+def _comprehension():
+    k = 10
+    return [_loop(i, 1) for i in range(k)]
+
+
+def _raises():
+    try:
+        {}["missing"]
+    except KeyError:
+        return 1
+
+
+def _one_line_loop():
+    t = 0
+    for i in range(4): t += i  # noqa: E701 (a backward jump to the same line)
+    return t
+
+
+@pytest.mark.parametrize("func", [_loop, _calls_gen, _comprehension, _raises, _one_line_loop])
+def test_counts_equal_standard_trace(func):
+    args = (2, 3) if func is _loop else ()
+    std = trace.Trace(count=1, trace=0)
+    nice = NicerTrace(count=1, trace=0)
+    old = sys.gettrace()
+    try:
+        assert std.runfunc(func, *args) == nice.runfunc(func, *args)
+    finally:
+        sys.settrace(old)
+    assert nice.results().counts == std.results().counts
+    assert nice.counts  # not vacuous
+
+
+def test_standard_library_test_trace_cases(tmp_path, monkeypatch):
+    """CPython's own Lib/test/test_trace.py counting and ignore cases, NicerTrace substituted."""
+    try:
+        import test.test_trace as tt
+    except ImportError:
+        pytest.skip("this Python ships without its test package (Debian: libpython3-testsuite)")
+    import unittest
+
+    monkeypatch.chdir(tmp_path)  # TestCoverage writes TESTFN here
+    monkeypatch.setattr(tt, "Trace", NicerTrace)
+    monkeypatch.setattr(trace, "Trace", NicerTrace)
+    suite = unittest.TestSuite()
+    for name in ("TestLineCounts", "TestRunExecCounts", "TestFuncs", "TestCallers", "TestCoverage", "Test_Ignore"):
+        suite.addTests(unittest.defaultTestLoader.loadTestsFromTestCase(getattr(tt, name)))
+    old = sys.gettrace()
+    try:
+        result = unittest.TextTestRunner(stream=sys.stderr, verbosity=0).run(suite)
+    finally:
+        sys.settrace(old)
+    assert result.testsRun >= 15
+    assert result.wasSuccessful(), [str(e) for _, e in result.failures + result.errors]
+
+
+def _other_pythons() -> list[str]:
+    """Python 3.12+ interpreters on this machine (pyenv or PATH), to exercise sys.monitoring."""
+    import shutil
+
+    found = []
+    for v in ("3.12", "3.13", "3.14"):
+        pyenv = sorted(Path("/root/.pyenv/versions").glob(f"{v}.*/bin/python{v}")) \
+            if Path("/root/.pyenv/versions").is_dir() else []
+        exe = str(pyenv[-1]) if pyenv else shutil.which(f"python{v}")
+        if exe:
+            found.append(exe)
+    return found
+
+
+MONITORING_CHECK = textwrap.dedent("""
+    import sys, unittest, trace, os, tempfile, json
+    sys.path.insert(0, sys.argv[1])
+    from ml_debug.nicertrace import NicerTrace
+    assert NicerTrace(count=1).backend == "monitoring"
+    import test.test_trace as tt
+    tt.Trace = trace.Trace = NicerTrace
+    os.chdir(tempfile.mkdtemp())
+    suite = unittest.TestSuite()
+    for name in ("TestLineCounts", "TestRunExecCounts", "TestFuncs", "TestCallers", "TestCoverage"):
+        suite.addTests(unittest.defaultTestLoader.loadTestsFromTestCase(getattr(tt, name)))
+    r = unittest.TextTestRunner(verbosity=0).run(suite)
+    assert r.wasSuccessful()
+    def work():
+        return json.dumps({"a": 1})
+    t = NicerTrace(count=0, packages_to_include="uninstalled", out_dir=".", ring=50)
+    t.runfunc(work)
+    text = open(t.path).read()
+    assert "reason=end" in text and " work" in text and "json.encoder" not in text, text
+    t = NicerTrace(count=0, packages_to_include=["json"], out_dir="j")
+    t.runfunc(work)
+    text = open(t.path).read()
+    assert "--> json.encoder:" in text, text
+    print("MONITORING-OK", r.testsRun)
+""")
+
+
+@pytest.mark.parametrize("python", _other_pythons() or [None])
+def test_sys_monitoring_backend_on_newer_python(python, tmp_path):
+    """On 3.12+ NicerTrace uses sys.monitoring: the same stdlib cases must pass there too."""
+    import subprocess
+
+    if python is None:
+        pytest.skip("no Python 3.12+ interpreter here to exercise the sys.monitoring backend")
+    repo = str(Path(nicertrace.__file__).resolve().parents[1])
+    script = tmp_path / "monitoring_check.py"
+    script.write_text(MONITORING_CHECK)
+    p = subprocess.run([python, str(script), repo], capture_output=True, text=True, timeout=120)
+    if "No module named 'test" in p.stderr:
+        pytest.skip(f"{python} has no test package")
+    assert p.returncode == 0 and "MONITORING-OK" in p.stdout, p.stdout + p.stderr
+
+
+def test_source_is_standard_library_only():
+    """Users import nicertrace directly: it must not pull torch, rich or mldebug's other modules."""
+    src = inspect.getsource(nicertrace)
+    imports = {m.split(".")[0] for m in re.findall(r"^(?:from|import) (\S+)", src, re.M)}
+    assert imports <= {"__future__", "atexit", "linecache", "os", "signal", "socket", "sys", "sysconfig",
+                       "threading", "time", "trace", "weakref", "collections", "typing", "select", "site"}

@@ -1,0 +1,129 @@
+"""Finding a job's ranks in the real process table: launchers, wrappers, labels, filters."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ml_debug.errors import UsageError
+from ml_debug.procs import find_targets, labels_from_environ
+from ml_debug.procs.find import is_python, launcher_kind
+from ml_debug.procs.tree import ProcInfo
+
+
+def info(*argv: str, exe: str | None = None, name: str = "x") -> ProcInfo:
+    return ProcInfo(pid=1, ppid=0, uid=0, user="root", state="S", cmdline=list(argv), exe=exe, name=name)
+
+
+@pytest.mark.parametrize(("argv", "kind"), [
+    (["/venv/bin/python3", "/venv/bin/torchrun", "--nproc-per-node", "8", "train.py"], "torchrun"),
+    (["torchrun", "train.py"], "torchrun"),
+    (["python", "-u", "-m", "torch.distributed.run", "train.py"], "torchrun"),
+    (["python", "-m", "torch.distributed.launch", "train.py"], "torchrun"),
+    (["python", "/venv/lib/python3.11/site-packages/torch/distributed/run.py", "x.py"], "torchrun"),
+    (["/usr/bin/python3", "/usr/local/bin/deepspeed", "train.py"], "deepspeed"),
+    (["python", "-m", "deepspeed.launcher.launch", "--world_info=x"], "deepspeed"),
+    (["/venv/bin/python", "/venv/bin/accelerate", "launch", "train.py"], "accelerate"),
+    (["accelerate", "config"], None),
+    (["srun", "-N2", "python", "train.py"], "srun"),
+    (["mpirun", "-np", "8", "python", "train.py"], "mpirun"),
+    (["orted", "--hnp-topo-sig"], "mpirun"),
+    (["python", "train.py"], None),
+    (["bash", "-c", "python train.py"], None),
+])
+def test_launcher_kind(argv: list[str], kind: str | None) -> None:
+    exe = "/usr/bin/python3.11" if argv[0].endswith(("python", "python3")) else None
+    assert launcher_kind(info(*argv, exe=exe)) == kind
+
+
+def test_slurmstepd_is_a_launcher() -> None:
+    assert launcher_kind(info("slurmstepd: [42.0]", name="slurmstepd")) == "slurmstepd"
+
+
+def test_python_by_exe_or_argv0() -> None:
+    assert is_python(info("train", exe="/usr/bin/python3.11"))
+    assert is_python(info("/venv/bin/python", "x.py"))
+    assert not is_python(info("sleep", "1", exe="/usr/bin/sleep"))
+
+
+def test_labels_from_each_launcher() -> None:
+    torchrun = labels_from_environ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "2",
+                                    "SLURM_PROCID": "2"})
+    assert (torchrun.rank, torchrun.local_rank, torchrun.world_size, torchrun.group_rank) == (5, 1, 8, 2)
+    assert torchrun.rank_source == "RANK"
+    slurm = labels_from_environ({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NODEID": "1"})
+    assert (slurm.rank, slurm.local_rank, slurm.world_size, slurm.group_rank, slurm.rank_source) == \
+        (3, 1, 4, 1, "SLURM_PROCID")
+    ompi = labels_from_environ({"OMPI_COMM_WORLD_RANK": "7", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+                                "OMPI_COMM_WORLD_SIZE": "16"})
+    assert (ompi.rank, ompi.local_rank, ompi.world_size) == (7, 3, 16)
+    assert labels_from_environ({}).rank is None
+
+
+LAUNCHER = """#!{python}
+# a stand-in launcher named torchrun: one rank straight below it, one behind a shell, one non-Python child
+import os, subprocess, sys, time
+code = "import time, subprocess, sys\\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\\ntime.sleep(60)"
+kids = []
+for rank in range(2):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MYJOB=sys.argv[1])
+    if rank == 0:
+        argv = [sys.executable, "-c", code]
+    else:  # behind a wrapper shell that stays (no exec)
+        argv = ["sh", "-c", f"{{sys.executable}} -c 'import time; time.sleep(60)'; true"]
+    kids.append(subprocess.Popen(argv, env=env))
+kids.append(subprocess.Popen(["sleep", "60"]))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_ranks_under_a_launcher_through_a_shell_not_their_children(tmp_path: Path) -> None:
+    script = tmp_path / "torchrun"
+    script.write_text(LAUNCHER.format(python=sys.executable))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    token = f"job{os.getpid()}"
+    proc = subprocess.Popen([sys.executable, str(script), token], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        time.sleep(0.5)  # the rank's own child (a "data loader worker") is up too
+        found = find_targets(pids=[proc.pid])
+        assert [(t.rank, t.local_rank, t.world_size) for t in found.targets] == [(0, 0, 2), (1, 1, 2)]
+        assert {t.found_by for t in found.targets} == {f"torchrun pid {proc.pid}"}
+        assert {t.launcher_pid for t in found.targets} == {proc.pid}
+        assert any(s["reason"] == "not a Python process" for s in found.skipped)
+        assert [launcher.kind for launcher in found.launchers if launcher.pid == proc.pid] == ["torchrun"]
+        # the same ranks by their environment, and the launcher itself on request
+        by_env = find_targets(pattern=r"time\.sleep\(60\)", env={"MYJOB": token})
+        # like pgrep -f, but Python only: both ranks and rank 0's own child (it inherits RANK), not the shell
+        assert sorted(t.rank for t in by_env.targets) == [0, 0, 1]
+        assert any(s["reason"] == "not a Python process" and s["cmdline"].startswith("sh -c")
+                   for s in by_env.skipped)
+        with_launcher = find_targets(pids=[proc.pid], include_launcher=True)
+        assert proc.pid in {t.pid for t in with_launcher.targets}
+        assert find_targets(pids=[proc.pid], user="no-such-user").targets == []
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def test_never_picks_itself() -> None:
+    found = find_targets(pattern="pytest")
+    assert os.getpid() not in {t.pid for t in found.targets}
+
+
+def test_bad_pattern_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        find_targets(pattern="(")
+
+
+def test_gpu_selection_without_a_gpu_says_why() -> None:
+    found = find_targets(gpu=True, pids=[os.getpid()])
+    if found.notes:  # no NVIDIA GPU here: a reason, never a crash
+        assert found.notes[0].startswith("--gpu: ")

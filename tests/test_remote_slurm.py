@@ -1,0 +1,107 @@
+"""`mldebug exec --slurm-job` and the srun transport on the rig's real Slurm cluster (slurmd in the
+network-namespace nodes, fake GRES gpu)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from ml_debug.cli.targets import resolve_targets
+from ml_debug.remote.runner import run_mldebug_everywhere
+from ml_debug.remote.slurm import srun_argv
+from tests.conftest import REPO, mldebug
+from tests.rig.fixtures import SlurmRig
+
+pytestmark = pytest.mark.rig
+
+SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "exec.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def running_job(rig_slurm: SlurmRig) -> Iterator[str]:
+    """A job on every rig node whose step holds one (fake) GPU per node."""
+    extra = ["--gres=gpu:1"] if rig_slurm.gpus_per_node else []
+    job = rig_slurm.sbatch(["sleep", "600"], nodes=len(rig_slurm.nodes), extra=extra)
+    try:
+        rig_slurm.wait_running(job, timeout=60)
+        yield job
+    finally:
+        rig_slurm.cancel(job)
+
+
+def _exec(rig: SlurmRig, *args: str):
+    return mldebug("exec", *args, env={"SLURM_CONF": str(rig.conf)}, timeout=120)
+
+
+def test_exec_reaches_every_node_of_a_running_job(rig_slurm: SlurmRig, running_job: str) -> None:
+    proc = _exec(rig_slurm, "--json", "--slurm-job", running_job, "--", "sh", "-c",
+                 'echo "$(hostname) $0"; echo "err $(hostname)" >&2; [ "$(hostname)" = node2 ] && exit 3; true',
+                 "a;b $(x)")
+    assert proc.returncode == 1, proc.stderr  # node2's command failed, every node answered
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    result = doc["result"]
+    assert result["transport"] == "slurm" and result["slurm_job"] == running_job
+    nodes = {n["host"]: n for n in result["nodes"]}
+    assert sorted(nodes) == sorted(rig_slurm.nodes)
+    for name, n in nodes.items():
+        assert n["stdout"] == f"{name} a;b $(x)\n"  # each node's own hostname, arguments literal
+        assert n["stderr"] == f"err {name}\n"
+        assert n["exit_code"] == (3 if name == "node2" else 0)
+    assert nodes["node2"]["failure"] == "command failed"
+
+
+def test_prefixed_output_over_slurm(rig_slurm: SlurmRig, running_job: str) -> None:
+    proc = _exec(rig_slurm, "--slurm-job", running_job, "--", "hostname")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [f"[{n}] {n}" for n in sorted(rig_slurm.nodes)]
+
+
+def test_a_hanging_node_times_out_and_the_others_report(rig_slurm: SlurmRig, running_job: str) -> None:
+    proc = _exec(rig_slurm, "--json", "--slurm-job", running_job, "--timeout", "3", "--", "sh", "-c",
+                 '[ "$(hostname)" = node1 ] && exec sleep 120; echo ok')
+    assert proc.returncode == 4, proc.stderr
+    nodes = {n["host"]: n for n in json.loads(proc.stdout)["result"]["nodes"]}
+    assert nodes["node1"]["failure"] == "timed out" and nodes["node1"]["duration_s"] < 20
+    for name in rig_slurm.nodes[1:]:
+        assert nodes[name]["failure"] is None and nodes[name]["stdout"] == "ok\n"
+    # The step was cancelled: nothing of it is left running on node1.
+    steps = rig_slurm.run(["squeue", "-h", "-s", "-j", running_job, "-o", "%i %j"]).stdout
+    assert "sleep 120" not in steps and "sh" not in steps.split()
+
+
+def test_gres_jobs_get_a_gpu_free_step(rig_slurm: SlurmRig, running_job: str, monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(rig_slurm.conf))
+    spec = resolve_targets(slurm_job=running_job)
+    assert [t.host for t in spec.targets] == rig_slurm.nodes
+    assert spec.slurm_gres_gpu == bool(rig_slurm.gpus_per_node)
+    argv = srun_argv(running_job, rig_slurm.nodes, "true", spec.slurm_gres_gpu)
+    assert argv[:4] == ["srun", f"--jobid={running_job}", "--overlap", f"--nodes={len(rig_slurm.nodes)}"]
+    assert ("--gres=gpu:0" in argv) == spec.slurm_gres_gpu
+
+
+def test_agent_pattern_inside_the_job(rig_slurm: SlurmRig, running_job: str, monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(rig_slurm.conf))
+    spec = resolve_targets(slurm_job=running_job, remote_python=str(Path(REPO) / ".venv" / "bin" / "python"))
+    results = run_mldebug_everywhere(spec, ["env"], timeout_s=90, add_local=False)
+    assert [r.node.host for r in results] == rig_slurm.nodes
+    for r in results:
+        assert r.error is None, r
+        assert r.document["schema"] == "mldebug.env" and r.document["result"]["host"] == r.node.host
+
+
+def test_unknown_and_pending_jobs_are_exit_2(rig_slurm: SlurmRig) -> None:
+    proc = _exec(rig_slurm, "--slurm-job", "987654", "--", "true")
+    assert proc.returncode == 2
+    assert "slurm job 987654 not found: slurm_load_jobs error: Invalid job id specified" in proc.stderr
+    pending = rig_slurm.sbatch(["true"], nodes=1, extra=["--begin=now+1hour"])
+    try:
+        proc = _exec(rig_slurm, "--slurm-job", pending, "--", "true")
+        assert proc.returncode == 2
+        assert f"slurm job {pending} is PENDING, not RUNNING" in proc.stderr
+    finally:
+        rig_slurm.cancel(pending)
