@@ -66,6 +66,14 @@ def _measure(repeat: int = 3) -> list[tuple[str, float, str]]:
             with contextlib.redirect_stdout(sink):
                 trace.Trace(count=0, trace=1, timing=True, ignoredirs=ignore).runfunc(hot.work, N)
 
+        def floor() -> None:
+            # The least any sys.settrace tracer can cost: a global trace function that returns None.
+            sys.settrace(lambda frame, why, arg: None)
+            try:
+                hot.work(N)
+            finally:
+                sys.settrace(None)
+
         def nicer(**kw: object) -> None:
             NicerTrace(count=0, trace=1, out_dir=tmp / "out", **kw).runfunc(hot.work, N)
 
@@ -77,6 +85,8 @@ def _measure(repeat: int = 3) -> list[tuple[str, float, str]]:
             ("trace.Trace, hot code excluded", lambda: std([*std_dirs, str(hotdir)])),
             ("NicerTrace, hot code excluded", lambda: nicer(packages_to_include="uninstalled", ignoredirs=str(hotdir))),
         ]
+        if sys.version_info < (3, 12):
+            cases.append(("floor: sys.settrace(no-op), for reference", floor))
         rows = [("untraced", 1.0, f"{base * 1e3:.2f} ms for {N * 11} calls")]
         for name, fn in cases:
             t = timeit(fn, repeat=repeat)

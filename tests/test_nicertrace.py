@@ -326,7 +326,7 @@ def _other_pythons() -> list[str]:
         exe = str(pyenv[-1]) if pyenv else shutil.which(f"python{v}")
         if exe:
             found.append(exe)
-    return found
+    return found[-1:]  # the newest is enough: each run costs ~10-20 s
 
 
 MONITORING_CHECK = textwrap.dedent("""
