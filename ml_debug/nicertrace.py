@@ -438,12 +438,15 @@ class NicerTrace(trace.Trace):
 
     # ---------------------------------------------------------------- sys.monitoring (3.12+)
 
+    @staticmethod
+    def _free_tool_id() -> int | None:
+        mon = sys.monitoring  # type: ignore[attr-defined]
+        return next((t for t in (4, 3, 5, 2, 1, 0) if mon.get_tool(t) is None), None)
+
     def _mon_start(self) -> None:
         mon = sys.monitoring  # type: ignore[attr-defined]
-        for tool in (4, 3, 5, 2, 1, 0):
-            if mon.get_tool(tool) is None:
-                break
-        else:
+        tool = self._free_tool_id()
+        if tool is None:  # _activate checked; another tool took the last id since
             raise RuntimeError("every sys.monitoring tool id is taken; use backend='settrace'")
         mon.use_tool_id(tool, "mldebug-nicertrace")
         self._mon_tool = tool
@@ -572,6 +575,8 @@ class NicerTrace(trace.Trace):
         self._active = True
         if not self._ours:
             return
+        if self.backend == "monitoring" and self._free_tool_id() is None:
+            self.backend = "settrace"  # debuggers/profilers hold every sys.monitoring id
         self._main_ident = threading.main_thread().ident
         self._open_outputs()
         _ACTIVE.add(self)

@@ -126,7 +126,7 @@ def test_heatmap_plot(tmp_path: Path) -> None:
     matrix: list[list[float | None]] = [[None if a == b else 10.0 for b in range(4)] for a in range(4)]
     matrix[0][3] = matrix[3][0] = 2.0
     found = bw.find_slow(matrix, 0.3)
-    pw = bench.PairwiseResult("node", names, 2**20, 5, matrix, found.median, 0.3, 3,
+    pw = bench.PairwiseResult("node", names, 2**20, 5, 3, matrix, found.median, 0.3, 3,
                               [bench.PairLink(0, 3, "n0", "n3", 2.0, 0.2)], [])
     cfg = bench.BenchConfig(iters=5, warmup=1)
     res = bench._finish(cfg, 4, "cpu", "gloo", [], pw, RANKS, [], time.perf_counter())

@@ -137,18 +137,19 @@ def _state(pid: int) -> str | None:
 def test_samples_tell_a_looping_rank_from_stuck_ones(hung_job) -> None:
     _tools()
     job = hung_job(nranks=4, odd_rank=2, odd_function="spin_here", mode="loop", where="local")
-    # 5 samples 0.3 s apart land in both halves of the odd rank's 0.4 s loop
-    proc = mldebug("dump-stacks", "--pid", str(job.launcher_pids[0]), "--samples", "5", "--interval", "0.3",
+    # 10 samples 0.25 s apart fall in both halves of the odd rank's 0.4 s loop (odd function, load_batch)
+    proc = mldebug("dump-stacks", "--pid", str(job.launcher_pids[0]), "--samples", "10", "--interval", "0.25",
                    "--json", timeout=120)
     assert proc.returncode == 1, proc.stderr
     result = _json(proc)["result"]
     states = {p["rank"]: p["state"] for p in result["processes"]}
     assert states == {0: "stuck", 1: "stuck", 2: "moving", 3: "stuck"}, states
-    assert all(len(p["samples"]) == 5 for p in result["processes"])
+    assert all(len(p["samples"]) == 10 for p in result["processes"])
     suspect = result["suspects"][0]
     assert suspect["kind"] == "moving" and suspect["ranks"] == [2]
     assert result["verdict"].startswith(f"suspect: rank 2 ({job.ranks[2][0]}, pid {job.ranks[2][1]}) keeps "
-                                        "running in ")
+                                        "running (its stack changed across 10 samples: ")
+    assert "spin_here (hung_worker.py:" in result["verdict"] and "load_batch (hung_worker.py:" in result["verdict"]
     assert "while 3 ranks are stuck in all_reduce" in result["verdict"]
 
 
@@ -198,7 +199,8 @@ def test_no_target_found_exits_3_with_a_hint() -> None:
     assert "hint: name them: --pid PID" in proc.stderr
 
 
-def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_ssh, rig_slurm) -> None:
+def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_ssh, rig_slurm,
+                                                                 tmp_path: Path) -> None:
     _tools()
     job = hung_job(nranks=4, odd_rank=3, odd_function="load_batch", where="slurm", nodes=2)
     assert job.job_id
@@ -209,8 +211,10 @@ def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_s
 
     nodes = [n for n in rig_ssh.nodes if n.name in job.nodes]
     assert len(nodes) == 2
+    out_dir = tmp_path / "out"
     via_ssh = mldebug("dump-stacks", "--hosts", str(rig_ssh.hostfile(nodes)), "--ssh-config",
-                      str(rig_ssh.ssh_config), "--env", f"MLDEBUG_RIG_JOB={job.token}", *remote, timeout=240)
+                      str(rig_ssh.ssh_config), "--env", f"MLDEBUG_RIG_JOB={job.token}", "--out-dir", str(out_dir),
+                      *remote, timeout=240)
     assert via_ssh.returncode == 1, via_ssh.stderr
     ssh_result = _json(via_ssh)["result"]
 
@@ -224,5 +228,9 @@ def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_s
         assert ranks == job.ranks
         assert {p["world_size"] for p in result["processes"]} == {4}
     assert slurm_result["verdict"] == ssh_result["verdict"]
+    # --out-dir: each node's answer as it arrived, and the merged report
+    written = sorted(p.name for p in out_dir.iterdir())
+    assert "merged.json" in written and sum(name.endswith(".json") for name in written) == 3, written
+    assert json.loads((out_dir / "merged.json").read_text())["result"]["verdict"] == ssh_result["verdict"]
     assert {p["rank_source"] for p in slurm_result["processes"]} == {"SLURM_PROCID"}
     assert all(p["found_by"].startswith("slurmstepd pid ") for p in slurm_result["processes"])

@@ -74,6 +74,10 @@ def test_prefixed_and_grouped_output(rig_ssh: SshRig) -> None:
 
 def test_each_failure_has_its_own_reason_and_the_rest_succeed(rig_ssh: SshRig, tmp_path: Path) -> None:
     ok, hang = rig_ssh.hosts[0], rig_ssh.hosts[1]
+    # A port that accepts TCP (the kernel completes the handshake) and then never says a word.
+    stall = socket.socket()
+    stall.bind(("127.0.0.1", 0))
+    stall.listen(8)
     bad = rig_ssh.bad_hostkey_host
     down = _free_port()
     common = f"  User root\n  IdentitiesOnly yes\n  UserKnownHostsFile {rig_ssh.known_hosts}\n"
@@ -85,12 +89,16 @@ def test_each_failure_has_its_own_reason_and_the_rest_succeed(rig_ssh: SshRig, t
         f"Host badkey\n  HostName {bad.address}\n  Port {bad.port}\n  IdentityFile {rig_ssh.client_key}\n{common}"
         f"Host refused\n  HostName {ok.address}\n  Port {rig_ssh.hosts[2].port}\n"
         f"  IdentityFile {rig_ssh.alt_client_key}\n{common}"
-        f"Host node\n  HostName {rig_ssh.nodes[0].address}\n  IdentityFile {rig_ssh.client_key}\n{common}")
+        f"Host node\n  HostName {rig_ssh.nodes[0].address}\n  IdentityFile {rig_ssh.client_key}\n{common}"
+        f"Host stall\n  HostName 127.0.0.1\n  Port {stall.getsockname()[1]}\n{common}")
     marker = f"mldebug-hang-{uuid.uuid4().hex[:8]}"
     # Only the host reached on the "hang" port sleeps past the timeout.
     script = f'case "${{SSH_CONNECTION##* }}" in {hang.port}) exec -a {marker} sleep 60;; esac; echo fine'
-    code, doc = _exec_json("--hosts", "ok,hang,down,badkey,refused,node", "--ssh-config", str(cfg),
-                           "--timeout", "8", "--connect-timeout", "5", "--", "bash", "-c", script)
+    try:
+        code, doc = _exec_json("--hosts", "ok,hang,down,badkey,refused,node,stall", "--ssh-config", str(cfg),
+                               "--timeout", "8", "--connect-timeout", "5", "--", "bash", "-c", script)
+    finally:
+        stall.close()
     assert code == 4
     nodes = {n["host"]: n for n in doc["result"]["nodes"]}
     assert nodes["ok"]["failure"] is None and nodes["ok"]["stdout"] == "fine\n"
@@ -100,9 +108,11 @@ def test_each_failure_has_its_own_reason_and_the_rest_succeed(rig_ssh: SshRig, t
     assert nodes["down"]["failure"] == "unreachable" and "refused" in nodes["down"]["detail"]
     assert nodes["badkey"]["failure"] == "host key mismatch"
     assert nodes["refused"]["failure"] == "auth failed"
+    assert nodes["stall"]["failure"] == "unreachable" and "banner" in nodes["stall"]["detail"]
+    assert nodes["stall"]["duration_s"] < 15  # one budget for the whole handshake
     counts = doc["result"]["counts"]
     assert (counts["ok"], counts["timed_out"], counts["unreachable"], counts["host_key_mismatch"],
-            counts["auth_failed"]) == (2, 1, 1, 1, 1)
+            counts["auth_failed"]) == (2, 1, 2, 1, 1)
     assert not doc["result"]["ok"]
 
 
@@ -197,12 +207,13 @@ def test_agent_pattern_parses_each_nodes_json(rig_ssh: SshRig, tmp_path: Path) -
     [missing, _] = run_mldebug_everywhere(_spec(rig_ssh, *hosts), ["env"], timeout_s=60, add_local=False)
     assert missing.document is None and "mldebug is not installed on" in missing.error
     assert "--remote-python" in missing.error
-    for kw in ({"remote_python": venv_python},
-               {"remote_prefix": f"source {Path(venv_python).parent / 'activate'}"}):
-        results = run_mldebug_everywhere(_spec(rig_ssh, *hosts, **kw), ["env"], timeout_s=60, add_local=False)
-        for r in results:
-            assert r.error is None, r
-            assert r.document["schema"] == "mldebug.env"
+    # Either way of finding it works (one host each: `mldebug env` is slow to start; the Slurm test
+    # merges documents from several nodes).
+    for host, kw in ((hosts[0], {"remote_python": venv_python}),
+                     (hosts[1], {"remote_prefix": f"source {Path(venv_python).parent / 'activate'}"})):
+        [r] = run_mldebug_everywhere(_spec(rig_ssh, host, **kw), ["env"], timeout_s=90, add_local=False)
+        assert r.error is None, r
+        assert r.document["schema"] == "mldebug.env" and r.node.host == host.label
     # Another version on the far side is named as such.
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -211,3 +222,17 @@ def test_agent_pattern_parses_each_nodes_json(rig_ssh: SshRig, tmp_path: Path) -
     [old] = run_mldebug_everywhere(_spec(rig_ssh, hosts[0], remote_prefix=f"PATH={fake}:$PATH"), ["env"],
                                    timeout_s=30, add_local=False)
     assert "runs mldebug 0.0.1" in old.error
+
+
+def test_proxyjump_from_the_ssh_config(rig_ssh: SshRig, tmp_path: Path) -> None:
+    jump, target = rig_ssh.nodes[0], rig_ssh.nodes[1]
+    common = (f"  User root\n  IdentitiesOnly yes\n  IdentityFile {rig_ssh.client_key}\n"
+              f"  UserKnownHostsFile {rig_ssh.known_hosts}\n")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host jump\n  HostName {jump.address}\n{common}"
+                   f"Host behind\n  HostName {target.address}\n  ProxyJump jump\n{common}")
+    spec = TargetSpec(kind="ssh", targets=[Target("behind")], ssh_config=cfg)
+    [r] = run_everywhere(spec, ["sh", "-c", 'echo "$(hostname) ${SSH_CONNECTION%% *}"'], timeout_s=30)
+    assert r.ok, r
+    # The target node saw the connection come from the jump node, not from this machine.
+    assert r.stdout.split() == [target.name, jump.address]

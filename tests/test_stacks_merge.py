@@ -88,7 +88,8 @@ def test_moving_rank_is_told_from_stuck_ones() -> None:
     a = analyse(ms)
     assert {g.state for g in a.groups} == {"stuck", "moving"}
     assert a.suspects[0].kind == "moving"
-    assert a.verdict.startswith("suspect: rank 3 (node1, pid 1003) keeps running in helper (train.py:20) while "
+    assert a.verdict.startswith("suspect: rank 3 (node1, pid 1003) keeps running (its stack changed across 3 "
+                                "samples: spin (train.py:10), spin (train.py:12), helper (train.py:20)) while "
                                 "3 ranks are stuck in all_reduce")
 
 

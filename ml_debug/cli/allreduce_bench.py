@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from ml_debug.cli.launch_options import Backend, Device, MasterAddr, MasterPort, Nnodes, NodeRank, NprocPerNode
+from ml_debug.cli.launch_options import (
+    Backend,
+    Device,
+    MasterAddr,
+    MasterPort,
+    Nnodes,
+    NodeRank,
+    NprocPerNode,
+)
 from ml_debug.cli.options import Json
 
 HELP = """Measure collective bandwidth (algbw, busbw) over a size sweep, with nccl-tests' definitions.

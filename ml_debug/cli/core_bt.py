@@ -16,6 +16,7 @@ such as 'core' means the crashing process's working directory: give it with --di
 Each core is matched to its executable (from the core's own notes) and read with gdb and the
 interpreter's py-bt helper, or with pystack. Cores with the same crash are grouped.
 
+
   mldebug core-bt                     # cores in this directory (per core_pattern)
   mldebug core-bt core.4242           # one core
   mldebug core-bt --dir /scratch/run7 --newest 20
@@ -25,14 +26,14 @@ pystack installed; 4 some cores could not be read."""
 
 
 def core_bt(
-    cores: Annotated[list[Path] | None, typer.Argument(metavar="[CORE|DIR]...",
+    cores: Annotated[list[Path] | None, typer.Argument(metavar="CORE",
                      help="Core files, or directories to search.")] = None,
-    dirs: Annotated[list[Path] | None, typer.Option("--dir", file_okay=False,
+    dirs: Annotated[list[Path] | None, typer.Option("--dir", file_okay=False, metavar="DIR",
                     help="Directory to search for cores (repeatable; default: the current one).")] = None,
-    exe: Annotated[str | None, typer.Option("--exe", help="The executable that crashed, when the core's "
+    exe: Annotated[str | None, typer.Option("--exe", metavar="PATH", help="The executable that crashed, when the core's "
                    "own record of it is wrong (a container path, a deleted venv).")] = None,
-    newest: Annotated[int | None, typer.Option("--newest", min=1, help="Only the N most recent cores.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds per core for gdb/pystack.")
+    newest: Annotated[int | None, typer.Option("--newest", min=1, metavar="N", help="Only the N most recent cores.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, metavar="S", help="Seconds per core for gdb/pystack.")
                        ] = 120.0,
     all_threads: Annotated[bool, typer.Option("--all-threads", help="Print every thread, not only the one "
                            "that crashed.")] = False,

@@ -20,6 +20,7 @@ dumps them all at once with py-spy (falling back to pystack, then gdb), groups i
 tree with rank ranges and prints a verdict such as
 "suspect: rank 3 (node2, pid 4242) in load_batch (data.py:88) while 3 ranks wait in all_reduce".
 
+
   mldebug dump-stacks                        # this node
   mldebug dump-stacks --hosts node[01-08]    # over ssh, each node dumps its own ranks
   mldebug dump-stacks --slurm-job 12345      # inside a Slurm job's allocation
@@ -47,7 +48,7 @@ def dump_stacks(
                    help="Dump this process (repeatable); a launcher's pid means its ranks.")] = None,
     pattern: Annotated[str | None, typer.Option("--pattern", rich_help_panel=SEL, metavar="REGEX",
                        help="Dump processes whose command line matches (like pgrep -f).")] = None,
-    user: Annotated[str | None, typer.Option("--user", rich_help_panel=SEL,
+    user: Annotated[str | None, typer.Option("--user", rich_help_panel=SEL, metavar="USER",
                     help="Only processes of this user (name or uid).")] = None,
     gpu: Annotated[bool, typer.Option("--gpu", rich_help_panel=SEL,
                    help="Dump the processes holding a GPU (NVML; nvidia-smi --query-compute-apps=pid).")] = False,
@@ -56,23 +57,23 @@ def dump_stacks(
                         "--env SLURM_JOB_ID=123 to pick one job among several.")] = None,
     include_launcher: Annotated[bool, typer.Option("--include-launcher", rich_help_panel=SEL,
                                 help="Dump the launchers (torchrun, ...) too.")] = False,
-    world_size: Annotated[int | None, typer.Option("--world-size", min=1, rich_help_panel=SEL,
+    world_size: Annotated[int | None, typer.Option("--world-size", min=1, rich_help_panel=SEL, metavar="N",
                           help="Expected number of ranks (default: WORLD_SIZE from the ranks' "
                                "environment); ranks not found are reported missing.")] = None,
-    samples: Annotated[int, typer.Option("--samples", min=1, max=100, rich_help_panel=HOW,
+    samples: Annotated[int, typer.Option("--samples", min=1, max=100, rich_help_panel=HOW, metavar="K",
                        help="Dump K times to tell stuck ranks (same stack) from moving ones.")] = 1,
-    interval: Annotated[float, typer.Option("--interval", min=0.0, max=600.0, rich_help_panel=HOW,
-                        help="Seconds between samples.")] = 1.0,
+    interval: Annotated[float, typer.Option("--interval", min=0.0, max=600.0, rich_help_panel=HOW, metavar="S",
+                        help="Seconds from the start of one sample to the start of the next.")] = 1.0,
     native: Annotated[bool, typer.Option("--native", rich_help_panel=HOW,
                       help="Include C/C++ frames (py-spy --native; slower).")] = False,
     locals_: Annotated[bool, typer.Option("--locals", rich_help_panel=HOW,
                        help="Include local variables (py-spy --locals).")] = False,
-    dumper: Annotated[str, typer.Option("--dumper", rich_help_panel=HOW,
+    dumper: Annotated[str, typer.Option("--dumper", rich_help_panel=HOW, metavar="NAME",
                       help="auto (py-spy, then py-spy --nonblocking, pystack, gdb), py-spy, pystack or gdb.")
                       ] = "auto",
-    timeout: Annotated[float, typer.Option("--timeout", min=0.5, rich_help_panel=HOW,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.5, rich_help_panel=HOW, metavar="S",
                        help="Seconds per py-spy/pystack attach before the next dumper is tried.")] = 10.0,
-    gdb_timeout: Annotated[float, typer.Option("--gdb-timeout", min=1.0, rich_help_panel=HOW,
+    gdb_timeout: Annotated[float, typer.Option("--gdb-timeout", min=1.0, rich_help_panel=HOW, metavar="S",
                            help="Seconds for gdb (it loads every library's symbols).")] = 60.0,
     all_threads: Annotated[bool, typer.Option("--all-threads", help="Also list every thread (watchdog, "
                            "data loader, ...), not only the main thread.")] = False,

@@ -100,11 +100,13 @@ def _self_launch(as_json: bool, out_dir: Path | None, timeout: float, init_timeo
                  isolate: bool, nproc: int | None, nnodes: int, node_rank: int, master_addr: str | None,
                  master_port: int | None, backend: str, device: str) -> None:
     from ml_debug import output
-    from ml_debug.dist.device import visible_gpus
+    from ml_debug.dist.device import choose_device, visible_gpus
     from ml_debug.dist.launch import LaunchSpec, launch
+    from ml_debug.dist.world import detect_world
 
     wants_cpu = device == "cpu" or (backend == "gloo" and device == "auto")
     gpus = 0 if wants_cpu else visible_gpus()
+    choose_device(detect_world(), device, backend, gpu_count=gpus)  # bad options fail here, not in N ranks
     n = nproc or (gpus if gpus else 2)
     argv = ["--timeout", str(timeout), "--mem-gb", str(mem_gb), "--backend", backend, "--device", device]
     if init_timeout:

@@ -19,7 +19,7 @@ TAIL_SCHEMA = "mldebug.trace-tail"
 
 def trace_command(
     target: Annotated[list[str], typer.Argument(
-        help="The script and its arguments (or, with -m, the module and its arguments). Put -- before "
+        metavar="PROGRAM", help="The script and its arguments (or, with -m, the module and its arguments). Put -- before "
              "them when an argument starts with a dash.", show_default=False)],
     module: Annotated[bool, typer.Option("-m", "--module", help="Run a module, like python -m.")] = False,
     include: Annotated[list[str] | None, typer.Option(
@@ -30,8 +30,7 @@ def trace_command(
         "--everything", help="Trace all code, the standard library and site-packages included (slow, big).")] = False,
     out_dir: Annotated[Path, typer.Option(
         "--out-dir", "-o", envvar="MLDEBUG_TRACE_DIR", file_okay=False,
-        help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child). "
-             "[env: MLDEBUG_TRACE_DIR]")] = Path("."),
+        help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child).")] = Path("."),
     ring: Annotated[int | None, typer.Option(
         "--ring", min=1, metavar="N",
         help="Keep only the last N events per thread in memory; write them at exit, on --dump-signal "
@@ -70,7 +69,7 @@ def trace_command(
 
 def tail_command(
     paths: Annotated[list[str] | None, typer.Argument(
-        metavar="[DIR|FILE]...", help="Trace files, or directories searched for trace-*.txt "
+        metavar="PATH", help="Trace files, or directories searched for trace-*.txt "
                                       "(default: the current directory).", show_default=False)] = None,
     lines: Annotated[int, typer.Option("-n", "--lines", min=1, help="How many last lines to compare.")] = 5,
     grep: Annotated[str | None, typer.Option(

@@ -158,6 +158,7 @@ class PairwiseResult:
     names: list[str]
     size: int
     iters: int
+    passes: int  # the schedule ran this many times; each pair keeps its best pass
     matrix: list[list[float | None]]  # GB/s per direction, both directions at once (sendrecv busbw)
     median: float
     threshold: float

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,52 @@ def export_world_env(world: World) -> None:
     for key, value in env.items():
         if world.launcher != "torchrun" or key not in os.environ:
             os.environ[key] = str(value)
+
+
+def _resolves_locally(host: str) -> bool:
+    """Does this host's name resolve to a non-loopback address (what gloo binds to by default)?"""
+    try:
+        return not socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+def route_interface(addr: str) -> str | None:
+    """The local interface whose address routes to ``addr`` (``ip route get ADDR``)."""
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))  # UDP: no packet is sent, only a route is chosen
+            local_ip = s.getsockname()[0]
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.address == local_ip for a in addrs):
+                return name
+    except OSError:
+        return None
+    return None
+
+
+def pick_gloo_interface(world: World) -> str | None:
+    """Set GLOO_SOCKET_IFNAME when gloo would otherwise fall back to loopback across hosts.
+
+    gloo binds to the address of the hostname; when that does not resolve (or resolves to 127.x)
+    it uses loopback and peers on other hosts get "Connection refused". The interface that routes to
+    the master is the one every peer can reach. A value the user set is never changed.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not world.master_addr or world.nnodes < 2 \
+            and world.launcher != "slurm":
+        return None
+    try:
+        master_ip = socket.gethostbyname(world.master_addr)
+    except OSError:
+        return None
+    if master_ip.startswith("127.") or _resolves_locally(socket.gethostname()):
+        return None
+    iface = route_interface(master_ip)
+    if iface and iface != "lo":
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    return iface
 
 
 def _first_line(e: BaseException) -> str:
@@ -54,6 +101,8 @@ def init_process_group(world: World, choice: DeviceChoice, timeout_s: float, sto
     if dist.is_initialized():
         return
     export_world_env(world)
+    if choice.backend == "gloo":
+        pick_gloo_interface(world)
     device_id = None
     if choice.is_cuda:
         torch.cuda.set_device(choice.index or 0)

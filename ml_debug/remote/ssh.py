@@ -23,6 +23,7 @@ import getpass
 import logging
 import os
 import shlex
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -192,10 +193,16 @@ class SshPool:
         key_files = [p for p in ep.identities if os.path.isfile(p)]
         t = self.connect_timeout_s
         what = f"jump host {ep.where}" if jump else ep.where
+        # One budget for the whole handshake (TCP, banner, key exchange, auth), not one per step:
+        # a host that accepts TCP and then stalls must not cost three times --connect-timeout.
+        deadline = time.monotonic() + t
         try:
+            if sock is None:
+                sock = socket.create_connection((ep.hostname, ep.port), timeout=t)
+            left = max(0.1, deadline - time.monotonic())
             client.connect(
                 ep.hostname, port=ep.port, username=ep.user, key_filename=key_files or None,
-                timeout=t, banner_timeout=t, auth_timeout=t, channel_timeout=t,
+                timeout=left, banner_timeout=left, auth_timeout=left, channel_timeout=t,
                 allow_agent=not (ep.identities_only and key_files),
                 look_for_keys=not (ep.identities_only and key_files), sock=sock,
             )
@@ -208,8 +215,15 @@ class SshPool:
             client.close()
             raise SshFailure(AUTH_FAILED, f"{ep.user}@{what} refused our keys ({e})") from None
         except paramiko.SSHException as e:
+            # The transport thread keeps the first error (a banner that never came); the error
+            # raised here is often only its echo ("No existing session").
+            transport = client.get_transport()
+            saved = getattr(transport, "saved_exception", None) if transport is not None else None
             client.close()
-            msg = str(e)
+            msg = str(saved or e)
+            if "No existing session" in msg or "banner" in msg.lower():
+                raise SshFailure(UNREACHABLE, f"{what}: accepted the connection but sent no ssh banner "
+                                              f"within {t:g} s (not an sshd, or overloaded)") from None
             if "not found in known_hosts" in msg:
                 raise SshFailure(HOST_KEY_MISMATCH, f"{what} is not in known_hosts, so its host key "
                                                     "cannot be verified") from None

@@ -54,9 +54,13 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
     workers = max(1, min(MAX_PARALLEL, len(found.targets)))
     with ThreadPoolExecutor(max_workers=workers) as pool, \
             progress(samples * len(found.targets), f"dumping {len(found.targets)} processes") as bar:
+        start = time.monotonic()
         for k in range(samples):
-            if k:
-                time.sleep(interval)
+            # a fixed-rate schedule (not "interval after the last round ended"): dump rounds that take
+            # a while do not stretch the spacing into a multiple of a looping rank's period
+            delay = start + k * interval - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
             todo = [t for t in found.targets if t.pid not in gone]
             futures = {t.pid: pool.submit(dump_process, t.pid, tools, opts, check, uids[t.pid]) for t in todo}
             for pid, fut in futures.items():

@@ -153,6 +153,10 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
         if t.label not in reached:
             nodes.append(failed_node(t.label, "no result (interrupted or not started)"))
     result = build_report(nodes, processes, _options(req), req.world_size)
+    if not processes and not any(n.get("error") for n in nodes):
+        result["summary"] = (f"no processes to dump on {', '.join(n['host'] for n in nodes)}: no rank under a "
+                             "launcher and no Python process with a rank in its environment")
+        result["hint"] = NO_TARGETS_HINT
     if out_dir is not None:
         (out_dir / "merged.json").write_text(json.dumps(output.document(SCHEMA, SCHEMA_VERSION, result),
                                                         indent=2) + "\n")

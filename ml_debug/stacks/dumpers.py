@@ -102,8 +102,7 @@ def _why(pid: int, stderr: str, timed_out: bool, seconds: float, ptrace: PtraceC
             return f"permission denied: {deny[0]}", deny[1], True
         return "permission denied by ptrace", "run mldebug with sudo, or as the job's user", True
     if "failed to find python version" in low or "could not determine python version" in low:
-        return "not a Python process", "pass --native-only processes to gdb: mldebug dump-stacks --dumper gdb " \
-            f"--pid {pid}", True
+        return "not a Python process", f"for its native stack: mldebug dump-stacks --dumper gdb --pid {pid}", True
     return first_error_line(stderr), None, False
 
 

@@ -265,6 +265,8 @@ def _suspects(groups: list[Group], not_dumped: list[Member], missing: list[int],
         for g in outside:
             where = g.location.where(brief=True) if g.location else None
             kind = "moving" if g.state == "moving" else "outside-collective"
+            if kind == "moving":
+                where = _places(g.members)
             reason = ("keeps running outside any collective" if kind == "moving"
                       else "is outside any collective")
             out.append(Suspect(kind, [m.id for m in g.members], _ranks(g.members), where,
@@ -300,6 +302,20 @@ def _suspects(groups: list[Group], not_dumped: list[Member], missing: list[int],
     return out
 
 
+def _places(members: list[Member], limit: int = 3) -> str:
+    """Where moving processes were seen across their samples: `spin (x.py:9), load_batch (x.py:40)`."""
+    seen: list[str] = []
+    for m in members:
+        for d in m.samples:
+            if d.ok:
+                loc = location_frame(main_frames(d))
+                text = loc.where(brief=True) if loc else "?"
+                if text not in seen:
+                    seen.append(text)
+    more = f" and {len(seen) - limit} more places" if len(seen) > limit else ""
+    return ", ".join(seen[:limit]) + more
+
+
 def _verdict(groups: list[Group], suspects: list[Suspect], not_dumped: list[Member], missing: list[int],
              unique: bool, total: int) -> str:
     by_id = {m.id: m for g in groups for m in g.members} | {m.id: m for m in not_dumped}
@@ -323,7 +339,8 @@ def _verdict(groups: list[Group], suspects: list[Suspect], not_dumped: list[Memb
             return head + tail
         who = describe([by_id[i] for i in s.members], unique)
         if s.kind == "moving":
-            line = f"suspect: {who} keeps running in {s.where}"
+            n = max(len(by_id[i].samples) for i in s.members)
+            line = f"suspect: {who} keeps running (its stack changed across {n} samples: {s.where})"
         elif s.kind == "not-dumped":
             line = f"suspect: {who} {s.reason}"
             return line + more + tail

@@ -64,6 +64,13 @@ def run_traced(target: list[str], *, module: bool = False, include: list[str] | 
     except (TypeError, ValueError) as e:
         raise UsageError(str(e), "see `mldebug trace --help`") from None
 
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if not os.access(out_dir, os.W_OK):
+            raise PermissionError(f"{out_dir} is not writable")
+    except OSError as e:
+        raise UsageError(f"cannot write trace files to {out_dir}: {e}", "give a writable --out-dir") from None
+
     name, args = target[0], target[1:]
     if module:
         if importlib.util.find_spec(name) is None:

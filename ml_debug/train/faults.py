@@ -105,8 +105,9 @@ class FaultPlan:
     def wants_core(self) -> bool:
         return any(f.kind == "segfault" for f in self.mine)
 
-    def before_step(self, step: int, last_step_time: float) -> None:
-        """Faults that strike at the start of a step (before the forward's first collective)."""
+    def before_step(self, step: int, last_step_time: float) -> str | None:
+        """Faults that strike at the start of a step (before the forward's first collective); returns
+        what was done when the step goes on (for the metrics line)."""
         if self.due("hang", step):
             injected_hang(step, self.rank)
         if self.due("crash", step):
@@ -119,7 +120,12 @@ class FaultPlan:
             injected_desync(step, self.rank)
         straggler = self.due("straggler", step)
         if straggler and last_step_time > 0:
-            injected_straggler_delay((straggler.factor - 1.0) * last_step_time)
+            delay = (straggler.factor - 1.0) * last_step_time
+            injected_straggler_delay(delay)
+            return f"injected straggler delay {delay:.3f} s (x{straggler.factor:g})"
+        if self.due("nan", step):
+            return "injected nan"
+        return None
 
     def poison_loss(self, step: int) -> bool:
         f = self.due("nan", step)

@@ -211,8 +211,6 @@ def _run(cfg: TrainConfig, world: Any, choice: Any, plan: Any, state: dict[str, 
         kill = cfg.kill_switch is not None and cfg.kill_switch.exists()
         save_now = cfg.save_switch is not None and cfg.save_switch.exists()
         t_step = time.perf_counter()
-        plan.before_step(step, last_compute)
-        t_compute = time.perf_counter()
         if cfg.profile_steps and step == cfg.profile_steps[0]:
             profiler = _start_profiler(device)
         stats_step = cfg.stats_every > 0 and (step % cfg.stats_every == 0 or step == cfg.steps)
@@ -222,6 +220,8 @@ def _run(cfg: TrainConfig, world: Any, choice: Any, plan: Any, state: dict[str, 
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         loss_bad = False
         try:
+            event = plan.before_step(step, last_compute)
+            t_compute = time.perf_counter()
             for micro in range(cfg.grad_accum):
                 t_data = time.perf_counter()
                 inputs, targets = stream.micro_batch(cfg.grad_accum, micro)
@@ -300,7 +300,7 @@ def _run(cfg: TrainConfig, world: Any, choice: Any, plan: Any, state: dict[str, 
             tokens=tokens_per_step, step_time_s=step_time, data_time_s=data_time, tokens_per_s=tps,
             tflops=tflops, hw_tflops=fpt_hw * tps / 1e12,
             mfu=(fpt_model * tps / peak) if peak else None, memory=memory_peak(),
-            numerics_stats=numerics.gather_stats(model) if stats_step else None)
+            numerics_stats=numerics.gather_stats(model) if stats_step else None, event=event)
         log.step(metrics)
         if metrics.numerics_stats:
             result.numerics_stats = metrics.numerics_stats

@@ -127,3 +127,18 @@ write_client_files() {
 # /proc tests that never trip pipefail (grep -q may exit before tr is done: SIGPIPE, status 141).
 environ_has() { tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | grep -xF -- "$2" >/dev/null; }
 cmdline_has() { tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null | grep -F -- "$2" >/dev/null; }
+
+# Install, in one apt-get run, the packages whose commands are missing: need CMD:PACKAGE...
+# (a command given as an absolute path is tested with -x).
+need() {
+  local item cmd pkg missing=()
+  for item in "$@"; do
+    cmd=${item%%:*} pkg=${item#*:}
+    if [[ $cmd == /* ]]; then [ -x "$cmd" ] && continue; else command -v "$cmd" >/dev/null && continue; fi
+    [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+}
+SSH_PKGS=(/usr/sbin/sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client pgrep:procps ps:procps)
+NETNS_PKGS=(ip:iproute2 nsenter:util-linux unshare:util-linux setsid:util-linux)
+SLURM_PKGS=(slurmctld:slurmctld slurmd:slurmd srun:slurm-client sinfo:slurm-client munged:munge)

@@ -138,7 +138,7 @@ class SshRig:
         argv = ["ssh", "-F", str(self.ssh_config), name]
         return argv + ([" ".join(shlex.quote(c) for c in command)] if command else [])
 
-    def ssh(self, host: SshHost | str, *command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def ssh(self, host: SshHost | str, *command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a command on a rig host with the ssh binary."""
         return subprocess.run(self.ssh_argv(host, *command), capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
@@ -428,14 +428,6 @@ def _root_pid_of(pidns_inode: int, local_pid: int, candidates: Sequence[int] | N
     return None
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Launch:
     """Starts one hung job; `HungJob` is what the test gets back."""
 
@@ -444,7 +436,7 @@ class _Launch:
         self.request = request
 
     def __call__(self, nranks: int = 4, odd_rank: int | None = None, odd_function: str = "stuck_here",
-                 mode: str = "hang", where: str = "local", nodes: int = 2, timeout: float = 90) -> HungJob:
+                 mode: str = "hang", where: str = "local", nodes: int = 2, timeout: float = 120) -> HungJob:
         if mode not in ("hang", "loop"):
             raise ValueError(f"mode must be hang or loop, not {mode!r}")
         if where not in ("local", "nodes", "slurm"):
@@ -466,7 +458,7 @@ class _Launch:
         job = HungJob(where=where, ranks={}, root_pids={}, launcher_pids=[], odd_rank=odd_rank if odd_rank >= 0
                       else None, odd_function=odd_function, mode=mode, marker_dir=marker_dir, token=token,
                       log=marker_dir / "launcher.log")
-        jobs.append(job)
+        _jobs.append(job)
         torchrun = [sys.executable, "-m", "torch.distributed.run"]
         pidns: dict[str, int] = {}  # host -> PID namespace inode (netns nodes)
         if where == "local":
@@ -546,22 +538,22 @@ class _Launch:
             time.sleep(0.1)
 
 
-jobs: list[HungJob] = []  # every job started in this session (the factory's teardown kills its own)
+_jobs: list[HungJob] = []  # every job started in this session (the factory's teardown kills its own)
 
 
 @pytest.fixture
 def hung_job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., HungJob]]:
     """Factory: start a hung gloo job; all its ranks are at their hang point when it returns.
     Teardown kills every rank by pid (and the launchers) and fails if any survives."""
-    mine_from = len(jobs)
+    mine_from = len(_jobs)
     yield _Launch(tmp_path, request)
     errors = []
-    for job in jobs[mine_from:]:
+    for job in _jobs[mine_from:]:
         try:
             job.kill()
         except RuntimeError as e:
             errors.append(str(e))
-    del jobs[mine_from:]
+    del _jobs[mine_from:]
     if errors:
         pytest.fail("; ".join(errors))
 

@@ -20,9 +20,7 @@ PFX=${NET_PREFIX:-10.213.7}
 BR=${RIG_TAG}br0
 DIR=$RIG_BASE/netns
 
-[ -x /usr/sbin/sshd ] && command -v ssh-keygen >/dev/null || apt_install openssh-server openssh-client
-command -v ip >/dev/null || apt_install iproute2
-command -v nsenter >/dev/null && command -v unshare >/dev/null || apt_install util-linux
+need "${SSH_PKGS[@]}" "${NETNS_PKGS[@]}"
 mkdir -p "$DIR"
 rig_keys
 

@@ -22,9 +22,7 @@ SLURMD_PORT=${SLURMD_PORT:-6818}
 CONF=$S/etc/slurm.conf
 export SLURM_CONF=$CONF
 
-for c in slurmctld slurmd srun munged; do
-  command -v $c >/dev/null || { apt_install slurmctld slurmd slurm-client munge; echo "installed at $(rig_ms) ms"; break; }
-done
+need "${SLURM_PKGS[@]}" "${SSH_PKGS[@]}"
 [ -s "$RIG_BASE/netns/nodes" ] || { echo "ERROR: no netns nodes: run $RIG_HERE/netns_up.sh first" >&2; exit 1; }
 mkdir -p "$S/etc" "$S/state" "$S/spool" "$S/log" "$S/run" "$S/munge" "$S/jobs"
 # munged insists that every directory on its socket path be world-executable

@@ -14,9 +14,7 @@ PORTS=${SSH_PORTS:-2222 2223 2224 2225}
 BAD_PORT=${SSH_BAD_PORT:-2226}
 ADDR=${SSH_ADDR:-127.0.0.1}
 
-if [ ! -x /usr/sbin/sshd ] || ! command -v ssh >/dev/null || ! command -v ssh-keygen >/dev/null; then
-  apt_install openssh-server openssh-client
-fi
+need "${SSH_PKGS[@]}"
 rig_keys
 
 start_sshd() {  # port hostkey

@@ -1,0 +1,176 @@
+"""`mldebug train --inject`: every fault does exactly what it says, on 2 real gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, mldebug, require
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+BASE = ["train", "--nproc-per-node", "2", "--steps", "5", "--stats-every", "0", "--log-every", "100"]
+
+
+def _steps(metrics: Path, rank: int) -> list[dict]:
+    path = metrics / f"rank-{rank}.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if "step" in r]
+
+
+def _torchrun(args: list[str], cwd: Path, stderr_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(stderr_path, "w") as err:
+        return subprocess.Popen([str(TORCHRUN), "--nproc-per-node", "2", "-m", "ml_debug.train", *args],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd, start_new_session=True)
+
+
+def _ranks(launcher: subprocess.Popen) -> dict[int, psutil.Process]:
+    out = {}
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if "ml_debug.train" in " ".join(child.cmdline()):
+                out[int(child.environ().get("RANK", "-1"))] = child
+        except psutil.Error:
+            pass
+    return out
+
+
+def _kill_all(launcher: subprocess.Popen) -> None:
+    """Ranks live in their own sessions: stop them by pid, then the launcher; check none survive."""
+    ranks = list(_ranks(launcher).values()) if launcher.poll() is None else []
+    for p in ranks:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    launcher.kill()
+    launcher.wait(timeout=30)
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive, f"ranks survived: {alive}"
+
+
+def test_hang_blocks_in_a_named_function_until_killed(tmp_path: Path) -> None:
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    require(Path(pyspy).exists(), "py-spy")
+    err = tmp_path / "stderr"
+    launcher = _torchrun(["--steps", "5", "--inject", "hang@step=2,rank=1", "--timeout", "600"], tmp_path, err)
+    try:
+        deadline = time.monotonic() + 180
+        while "injected hang" not in err.read_text() and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.2)
+        assert "injected hang at step 2" in err.read_text(), err.read_text()[-2000:]
+        time.sleep(2)  # rank 0 reaches its next collective
+        ranks = _ranks(launcher)
+        assert set(ranks) == {0, 1} and all(p.is_running() for p in ranks.values())
+        dump = subprocess.run([pyspy, "dump", "--pid", str(ranks[1].pid)], capture_output=True, text=True,
+                              timeout=60)
+        assert "injected_hang" in dump.stdout, dump.stdout + dump.stderr
+        peer = subprocess.run([pyspy, "dump", "--pid", str(ranks[0].pid)], capture_output=True, text=True,
+                              timeout=60)
+        assert "injected_hang" not in peer.stdout and "_run" in peer.stdout
+        time.sleep(3)
+        assert launcher.poll() is None and ranks[1].is_running(), "a hang must last until killed"
+    finally:
+        _kill_all(launcher)
+
+
+def test_crash_writes_a_torchelastic_error_file(tmp_path: Path) -> None:
+    err = tmp_path / "stderr"
+    launcher = _torchrun(["--steps", "5", "--inject", "crash@step=2,rank=1", "--timeout", "30"], tmp_path, err)
+    try:
+        launcher.wait(timeout=240)
+    finally:
+        _kill_all(launcher)
+    text = err.read_text()
+    assert launcher.returncode == 1
+    root = text.split("Root Cause", 1)[-1]
+    assert "rank      : 1" in root
+    assert re.search(r"error_file: /\S+error\.json", root), root
+    assert "InjectedCrash: injected crash on rank 1 at step 2" in root
+    assert "injected_crash" in root  # the traceback, from the error file
+
+
+def test_nan_names_the_rank_before_the_optimizer_step(tmp_path: Path) -> None:
+    metrics = tmp_path / "m"
+    proc = mldebug(*BASE, "--inject", "nan@step=3,rank=1", "--metrics-dir", str(metrics), "--timeout", "30",
+                   timeout=240, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "non-finite loss on rank 1 at step 3, detected before the optimizer step" in proc.stderr
+    for rank in (0, 1):
+        assert [r["step"] for r in _steps(metrics, rank)] == [1, 2]  # no update at step 3
+
+
+def test_nan_in_a_gradient(tmp_path: Path) -> None:
+    proc = mldebug(*BASE, "--inject", "nan@step=2,rank=0,where=grad", "--timeout", "30", timeout=240,
+                   cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "non-finite gradient on rank 0 at step 2" in proc.stderr
+
+
+def test_segfault_leaves_a_core_per_rank(tmp_path: Path) -> None:
+    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
+    import resource
+
+    require(not pattern.startswith("|") and "/" not in pattern,
+            f"core files in the crashing process's cwd (kernel.core_pattern is {pattern!r})")
+    require(resource.getrlimit(resource.RLIMIT_CORE)[1] != 0, "a non-zero hard core-size limit")
+    cores = tmp_path / "cores"
+    proc = mldebug(*BASE, "--inject", "segfault@step=2,rank=1", "--core-dir", str(cores), "--timeout", "30",
+                   timeout=240, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "Segmentation fault" in proc.stderr and "injected_segfault" in proc.stderr
+    files = [p for p in (cores / "rank-1").iterdir() if p.name.startswith("core")]
+    assert files, "no core file in cores/rank-1"
+    assert not list((cores / "rank-0").glob("core*")), "rank 0 did not crash"
+    assert not list(REPO.glob("core*")) and not list(REPO.glob("cores"))
+
+
+def test_desync_issues_a_different_collective(tmp_path: Path) -> None:
+    proc = mldebug(*BASE, "--inject", "desync@step=2,rank=1", "--timeout", "8", timeout=240, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "rank 1: injected desync at step 2" in proc.stderr
+    assert "a collective failed at step 2" in proc.stderr
+
+
+def test_exit_is_silent(tmp_path: Path) -> None:
+    metrics = tmp_path / "m"
+    proc = mldebug(*BASE, "--inject", "exit@step=3,rank=1,code=7", "--metrics-dir", str(metrics),
+                   "--timeout", "30", timeout=240, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "rank 0: a collective failed at step 3" in proc.stderr
+    assert "Traceback" not in proc.stderr  # rank 1 says nothing
+    assert [r["step"] for r in _steps(metrics, 1)] == [1, 2]
+
+
+def test_straggler_slows_only_its_rank(tmp_path: Path) -> None:
+    metrics = tmp_path / "m"
+    proc = mldebug(*BASE, "--inject", "straggler@step=2,rank=1,factor=3", "--metrics-dir", str(metrics),
+                   timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    slow = [r["event"] for r in _steps(metrics, 1)]
+    assert slow[0] is None and all(e and e.startswith("injected straggler delay") for e in slow[1:])
+    assert all(r["event"] is None for r in _steps(metrics, 0))
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("boom@step=1", "unknown fault"),
+    ("hang@step=0,rank=0", "need step >= 1"),
+    ("hang@step=1,rank=5", "does not exist in a world of 2"),
+    ("hang@step=1,colour=red", "unknown key"),
+])
+def test_bad_inject_is_a_usage_error(spec: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from ml_debug.cli.app import run
+
+    assert run(["train", "--nproc-per-node", "2", "--inject", spec]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "hint:" in err
