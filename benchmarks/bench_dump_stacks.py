@@ -1,7 +1,11 @@
-"""Wall time to a merged report for 8 hung local ranks: `mldebug dump-stacks` against the seed's
-recipe `pgrep -P <launcher> | xargs -I {} py-spy dump --pid {}` (which prints 8 unmerged stacks for a
-person to read; the seed's `pgrep -o python` picks the oldest Python process on the machine, so the
-launcher's pid is given to it here to make it work at all).
+"""Wall time to a merged report.
+
+1. 8 hung local ranks: `mldebug dump-stacks` against the seed's recipe
+   `pgrep -P <launcher> | xargs -I {} py-spy dump --pid {}` (which prints 8 unmerged stacks for a
+   person to read; the seed's `pgrep -o python` picks the oldest Python process on the machine, so
+   the launcher's pid is given to it here to make it work at all).
+2. 1 node against all the rig's network-namespace nodes (3 here), each running its own 2-rank hung
+   job, through `--hosts` over ssh (skipped when the rig cannot be brought up).
 
     python benchmarks/run.py dump_stacks
 """
@@ -16,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common import Result, timeit
@@ -52,7 +57,65 @@ def _stop_job(job: subprocess.Popen[bytes], tmp: Path) -> None:
     job.wait()
 
 
+def _nodes_results() -> list[Result]:
+    sys.path.insert(0, str(REPO))
+    from tests.rig.fixtures import _pids_with_token, ensure_rig, load_nodes, load_ssh_rig
+
+    if any(ensure_rig("ssh", "netns").values()):
+        return []
+    rig, nodes = load_ssh_rig(), load_nodes()
+    token = f"bench{os.getpid()}"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-dump-nodes-"))
+    procs = []
+    try:
+        for node in nodes:
+            marker = tmp / node.name
+            marker.mkdir()
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "HUNG_MARKER_DIR": str(marker), "HUNG_ODD_RANK": "1",
+                   "MLDEBUG_RIG_JOB": token}
+            procs.append(subprocess.Popen(node.nsenter_argv([sys.executable, "-m", "torch.distributed.run",
+                                                             "--standalone", "--nproc-per-node=2", str(WORKER)]),
+                                          env=env, cwd=marker, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
+        deadline = time.monotonic() + 240
+        while sum(len(list((tmp / n.name).glob("rank*.json"))) for n in nodes) < 2 * len(nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the rig nodes' hung jobs did not come up")
+            time.sleep(0.2)
+        time.sleep(1.0)
+
+        def over(hosts: list[object]) -> Callable[[], None]:
+            hostfile = rig.hostfile(hosts, tmp / f"hosts{len(hosts)}")  # type: ignore[arg-type]
+
+            def go() -> None:
+                out = subprocess.run([sys.executable, "-m", "ml_debug", "dump-stacks", "--hosts", str(hostfile),
+                                      "--ssh-config", str(rig.ssh_config), "--remote-python", sys.executable,
+                                      "--env", f"MLDEBUG_RIG_JOB={token}", "--json"],
+                                     capture_output=True, text=True, timeout=300)
+                result = json.loads(out.stdout)["result"]
+                assert len(result["processes"]) == 2 * len(hosts), result["summary"]
+            return go
+
+        t1 = timeit(over(rig.nodes[:1]), repeat=3)
+        tn = timeit(over(rig.nodes), repeat=3)
+        return [Result(f"dump_stacks: 1 node / {len(nodes)} nodes over ssh", t1 / tn,
+                       f"1 node {t1:.2f} s, {len(nodes)} nodes {tn:.2f} s (2 ranks each; nodes dump in parallel)")]
+    finally:
+        for pid in _pids_with_token(token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def run() -> list[Result]:
+    return _local_results() + _nodes_results()
+
+
+def _local_results() -> list[Result]:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     tmp = Path(tempfile.mkdtemp(prefix="bench-dump-stacks-"))
     job = _start_job(tmp)

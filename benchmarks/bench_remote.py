@@ -38,7 +38,7 @@ def _fanout(cfg: Path, names: list[str]) -> float:
 
     spec = TargetSpec(kind="ssh", targets=[Target(n) for n in names], ssh_config=cfg, connect_timeout_s=30)
     t0 = time.perf_counter()
-    results = run_everywhere(spec, ["true"], timeout_s=60, max_parallel=64)
+    results = run_everywhere(spec, ["true"], timeout_s=120, max_parallel=64)
     elapsed = time.perf_counter() - t0
     bad = [r for r in results if not r.ok]
     if bad:

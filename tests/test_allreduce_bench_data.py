@@ -51,7 +51,7 @@ CASES += [("all_reduce", "sum", "bfloat16"), ("all_reduce", "sum", "int8"), ("re
 
 
 @pytest.mark.parametrize(("collective", "op", "dtype"), CASES)
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3])
 def test_expected_values_match_collective_semantics(collective: str, op: str, dtype: str, n: int) -> None:
     root = n - 1
     lay = bw.layout(collective, 4096 + 12, bw.elem_size(dtype), n)

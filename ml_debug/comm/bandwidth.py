@@ -319,15 +319,20 @@ def find_slow(matrix: Sequence[Sequence[float | None]], threshold: float) -> Slo
     names only the link, a bad node drags all its links down and is named itself.
     """
     n = len(matrix)
-    links = {(a, b): matrix[a][b] for a in range(n) for b in range(a + 1, n) if matrix[a][b] is not None}
+    links: dict[tuple[int, int], float] = {}
+    for a in range(n):
+        for b in range(a + 1, n):
+            value = matrix[a][b]
+            if value is not None:
+                links[(a, b)] = value
     if not links:
         return SlowFindings(0.0, [], [], [])
-    med = statistics.median(links.values())  # type: ignore[type-var]
+    med = statistics.median(links.values())
     floor = med * (1 - threshold)
-    slow_links = sorted(k for k, v in links.items() if v is not None and v < floor)
+    slow_links = sorted(k for k, v in links.items() if v < floor)
     scores = []
     for u in range(n):
-        mine = [v for (a, b), v in links.items() if u in (a, b) and v is not None]
+        mine = [v for (a, b), v in links.items() if u in (a, b)]
         scores.append(statistics.median(mine) if mine else math.nan)
     valid = [s for s in scores if not math.isnan(s)]
     unit_med = statistics.median(valid) if valid else 0.0

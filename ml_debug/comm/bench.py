@@ -428,11 +428,11 @@ def _summarise(coll: str, cfg: BenchConfig, n: int, rows: list[SizeResult], drop
     # Small sizes are latency-bound and one descheduled rank shows up as noise there: a rank is named
     # a straggler only when it is the outlier in more than half of the large sizes.
     large_rows = [r for r in rows if r.size in large]
-    flagged = [r for r in large_rows if r.straggler is not None]
+    flagged = [r.straggler for r in large_rows if r.straggler is not None]
     straggler = None
     if flagged:
-        who = statistics.mode(r.straggler for r in flagged)
-        mine = [r for r in flagged if r.straggler == who]
+        who = statistics.mode(flagged)
+        mine = [r for r in large_rows if r.straggler == who]
         if len(mine) * 2 > len(large_rows):
             ratios = [r.rank_time_us[who] / statistics.median(t for i, t in enumerate(r.rank_time_us) if i != who)
                       for r in mine]
@@ -456,10 +456,10 @@ def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
             problems.append(f"{c.collective} failed: {c.error}")
             continue
         if c.wrong_total:
-            where = sorted({r for s in c.sizes for r in s.wrong_by_rank})
+            bad_ranks = sorted({r for s in c.sizes for r in s.wrong_by_rank})
             bad_sizes = sum(1 for s in c.sizes if s.wrong)
             problems.append(f"{c.collective}: {c.wrong_total} wrong element(s) on rank(s) "
-                            f"{','.join(map(str, where))} in {bad_sizes} of {len(c.sizes)} sizes")
+                            f"{','.join(map(str, bad_ranks))} in {bad_sizes} of {len(c.sizes)} sizes")
         if c.straggler:
             s = c.straggler
             problems.append(f"{c.collective}: rank {s.rank} ({s.host}) is a straggler, {s.times_slower:.1f}x "

@@ -75,6 +75,7 @@ def make_call(collective: str, bufs: Buffers, rank: int, n: int, op: str, root: 
     if collective == "all_to_all":
         return lambda: dist.all_to_all_single(out, inp)
     if collective == "sendrecv":
+        assert out is not None
         to, frm = (rank + 1) % n, (rank - 1) % n
 
         def ring() -> None:

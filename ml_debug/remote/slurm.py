@@ -95,7 +95,7 @@ def job_info(job_id: str) -> SlurmJob:
 def srun_argv(job_id: str, nodes: list[str], script: str, gres_gpu: bool) -> list[str]:
     argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
             f"--ntasks={len(nodes)}", "-w", ",".join(nodes), "--label", "--kill-on-bad-exit=0",
-            "--input=none", "--quiet"]
+            "--input=none"]
     if gres_gpu:
         argv.append("--gres=gpu:0")
     return [*argv, "sh", "-c", WRAPPER, "mldebug", script]
@@ -186,8 +186,10 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
             out = _join(task.out) if task else ""
             err = _join(task.err) if task else ""
             if timed_out:
-                deliver(failed(node, TIMED_OUT, f"still running after {timeout_s:g} s; step cancelled",
-                               elapsed, stdout=out, stderr=err))
+                why = f"still running after {timeout_s:g} s; step cancelled"
+                if task is None and srun_errors:  # never started: say what srun was waiting for
+                    why = f"the step did not start within {timeout_s:g} s: {srun_errors[-1].removeprefix('srun: ')}"
+                deliver(failed(node, TIMED_OUT, why, elapsed, stdout=out, stderr=err))
             else:
                 why = "; ".join(e.removeprefix("srun: error: ") for e in srun_errors if node in e) \
                     or "; ".join(e.removeprefix("srun: error: ") for e in srun_errors[-3:]) \

@@ -96,18 +96,22 @@ class SshPool:
         self.connect_timeout_s = connect_timeout_s
         config_path = (spec.ssh_config or DEFAULT_CONFIG).expanduser()
         if spec.ssh_config is not None or config_path.exists():
+            from ml_debug.errors import UsageError
+
             try:
                 self.config = paramiko.SSHConfig.from_path(str(config_path))
             except FileNotFoundError:
-                from ml_debug.errors import UsageError
-
                 raise UsageError(f"ssh config {str(config_path)!r} does not exist",
                                  "--ssh-config takes an ssh_config file (like ~/.ssh/config)") from None
+            except Exception as e:  # paramiko's ConfigParseError and friends
+                raise UsageError(f"cannot read ssh config {str(config_path)!r}: {e}",
+                                 "check it with `ssh -G HOST -F FILE`") from None
         else:
             self.config = paramiko.SSHConfig()
         self._clients: dict[Target, paramiko.SSHClient] = {}
         self._locks: dict[Target, threading.Lock] = {}
-        self._jump_clients: list[paramiko.SSHClient] = []
+        self._jump_clients: dict[tuple[Endpoint, ...], paramiko.SSHClient] = {}
+        self._jump_locks: dict[tuple[Endpoint, ...], threading.Lock] = {}
         self._guard = threading.Lock()
         self._user = getpass.getuser()
 
@@ -117,9 +121,9 @@ class SshPool:
         cfg = self.config.lookup(target.host)
         ids = [str(Path(p).expanduser()) for p in self.spec.identities]
         ids += [str(Path(p).expanduser()) for p in cfg.get("identityfile", [])]
-        known = [str(p.expanduser()) for p in DEFAULT_KNOWN_HOSTS]
-        for item in shlex.split(cfg.get("userknownhostsfile", "")):
-            known.append(str(Path(item).expanduser()))
+        # As in OpenSSH: UserKnownHostsFile replaces ~/.ssh/known_hosts; the global file stays.
+        user_files = shlex.split(cfg.get("userknownhostsfile", "")) or [str(DEFAULT_KNOWN_HOSTS[0])]
+        known = [str(Path(f).expanduser()) for f in user_files] + [str(DEFAULT_KNOWN_HOSTS[1])]
         return Endpoint(
             alias=target.host,
             hostname=cfg.get("hostname", target.host),
@@ -152,18 +156,13 @@ class SshPool:
 
         if ep.proxy_jump:
             sock: Any = None
-            hops = [h.strip() for h in ep.proxy_jump.split(",") if h.strip()]
-            # Each hop is itself resolved through the config, then tunnelled through the previous.
-            hop_eps = []
-            for hop in hops:
-                from ml_debug.remote.targets import parse_target
-
-                hop_eps.append(self.endpoint(parse_target(hop, "ProxyJump: ")))
-            for i, hop_ep in enumerate(hop_eps):
-                jump = self._connect(hop_ep, sock=sock, jump=True)
-                with self._guard:
-                    self._jump_clients.append(jump)
-                nxt = hop_eps[i + 1] if i + 1 < len(hop_eps) else ep
+            # Each hop is resolved through the config too, and tunnelled through the one before.
+            # Jump connections are shared by every target behind them (forwarded channels do not
+            # count against sshd's MaxSessions), so 64 nodes behind a bastion cost one login there.
+            hops = [self.endpoint(_hop_target(h)) for h in ep.proxy_jump.split(",") if h.strip()]
+            for i, hop_ep in enumerate(hops):
+                jump = self._jump_client(tuple(hops[: i + 1]), sock)
+                nxt = hops[i + 1] if i + 1 < len(hops) else ep
                 try:
                     sock = jump.get_transport().open_channel(  # type: ignore[union-attr]
                         "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0),
@@ -175,6 +174,18 @@ class SshPool:
         if ep.proxy_command:
             return paramiko.ProxyCommand(ep.proxy_command)
         return None
+
+    def _jump_client(self, chain: tuple[Endpoint, ...], sock: Any) -> paramiko.SSHClient:
+        with self._guard:
+            lock = self._jump_locks.setdefault(chain, threading.Lock())
+        with lock:
+            client = self._jump_clients.get(chain)
+            transport = client.get_transport() if client is not None else None
+            if client is None or transport is None or not transport.is_active():
+                client = self._jump_clients[chain] = self._connect(chain[-1], sock=sock, jump=True)
+            elif sock is not None:
+                sock.close()  # an earlier hop's channel we no longer need
+            return client
 
     def _connect(self, ep: Endpoint, sock: Any = None, jump: bool = False) -> paramiko.SSHClient:
         import paramiko
@@ -248,7 +259,7 @@ class SshPool:
 
     def close(self) -> None:
         with self._guard:
-            clients = [*self._clients.values(), *reversed(self._jump_clients)]
+            clients = [*self._clients.values(), *reversed(self._jump_clients.values())]
             self._clients.clear()
             self._jump_clients.clear()
         for c in clients:
@@ -306,6 +317,19 @@ class SshPool:
             return failed(label, "command failed", "killed by a signal (no exit status)", time.monotonic() - t0,
                           stdout=decode(bytes(out)), stderr=decode(bytes(err)))
         return finished(label, status, decode(bytes(out)), decode(bytes(err)), time.monotonic() - t0)
+
+
+def _hop_target(hop: str) -> Target:
+    """A ProxyJump hop, ``[user@]host[:port]`` (here a number after ':' is always a port)."""
+    from ml_debug.errors import UsageError
+    from ml_debug.remote.targets import check_hostname
+
+    hop = hop.strip()
+    user, _, rest = hop.rpartition("@")
+    host, _, port = rest.partition(":")
+    if port and not port.isdigit():
+        raise UsageError(f"ProxyJump {hop!r}: {port!r} is not a port", "write [user@]host[:port]")
+    return Target(host=check_hostname(host, "ProxyJump: "), port=int(port) if port else None, user=user or None)
 
 
 def remote_deadline(script: str, timeout_s: float) -> str:
