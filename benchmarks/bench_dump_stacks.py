@@ -71,15 +71,18 @@ def _nodes_results() -> list[Result]:
         for node in nodes:
             marker = tmp / node.name
             marker.mkdir()
+            # node names do not resolve inside the nodes: gloo needs the interface, torchrun the address
             env = {**os.environ, "OMP_NUM_THREADS": "1", "HUNG_MARKER_DIR": str(marker), "HUNG_ODD_RANK": "1",
-                   "MLDEBUG_RIG_JOB": token}
+                   "MLDEBUG_RIG_JOB": token, "GLOO_SOCKET_IFNAME": "eth0"}
             procs.append(subprocess.Popen(node.nsenter_argv([sys.executable, "-m", "torch.distributed.run",
-                                                             "--standalone", "--nproc-per-node=2", str(WORKER)]),
+                                                             "--nnodes=1", "--node-rank=0",
+                                                             f"--master-addr={node.ip}", "--master-port=29517",
+                                                             "--nproc-per-node=2", str(WORKER)]),
                                           env=env, cwd=marker, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True))
         deadline = time.monotonic() + 240
         while sum(len(list((tmp / n.name).glob("rank*.json"))) for n in nodes) < 2 * len(nodes):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError("the rig nodes' hung jobs did not come up")
             time.sleep(0.2)
         time.sleep(1.0)

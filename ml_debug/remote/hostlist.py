@@ -155,12 +155,12 @@ def compress_hostlist(names: Iterable[str]) -> str:
             order.append(key)
         groups[key].add(int(digits))
     parts: list[str] = []
-    for key in sorted(order, key=_sort_key):
-        if isinstance(key, str):
-            parts.append(key)
+    for item in sorted(order, key=_sort_key):
+        if isinstance(item, str):
+            parts.append(item)
             continue
-        prefix, suffix, width = key
-        numbers = sorted(groups[key])
+        prefix, suffix, width = item
+        numbers = sorted(groups[item])
         if len(numbers) == 1:
             parts.append(f"{prefix}{str(numbers[0]).zfill(width)}{suffix}")
             continue

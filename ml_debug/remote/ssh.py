@@ -22,6 +22,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import select
 import shlex
 import socket
 import threading
@@ -114,6 +115,7 @@ class SshPool:
         self._jump_locks: dict[tuple[Endpoint, ...], threading.Lock] = {}
         self._guard = threading.Lock()
         self._user = getpass.getuser()
+        _raise_fd_limit()
 
     # -- resolving ----------------------------------------------------------------------------
     def endpoint(self, target: Target) -> Endpoint:
@@ -257,6 +259,13 @@ class SshPool:
             raise SshFailure(UNREACHABLE, f"{what}: connection closed during the handshake") from None
         return client
 
+    def release(self, target: Target) -> None:
+        """Close the target's connection (the next command on it connects again)."""
+        with self._guard:
+            client = self._clients.pop(target, None)
+        if client is not None:
+            client.close()
+
     def close(self) -> None:
         with self._guard:
             clients = [*self._clients.values(), *reversed(self._jump_clients.values())]
@@ -285,7 +294,6 @@ class SshPool:
             return failed(label, UNREACHABLE, f"{target.label}: cannot open a session: {e}", time.monotonic() - t0)
         deadline = time.monotonic() + timeout_s
         out, err = bytearray(), bytearray()
-        pause = 0.001
         try:
             while True:
                 got = False
@@ -302,11 +310,15 @@ class SshPool:
                 if time.monotonic() > deadline:
                     return failed(label, TIMED_OUT, f"still running after {timeout_s:g} s; session closed",
                                   time.monotonic() - t0, stdout=decode(bytes(out)), stderr=decode(bytes(err)))
-                # Short naps while output flows, longer ones (up to 20 ms) while the node is quiet:
-                # hundreds of waiting threads must not spin.
-                pause = 0.001 if got else min(pause * 2, 0.02)
                 if not got:
-                    time.sleep(pause)
+                    # Sleep until data, EOF or close arrives (the channel's fileno is a pipe paramiko
+                    # signals for stdout and stderr alike), not in a polling loop: hundreds of
+                    # waiting threads must not spin. After EOF the pipe stays readable, so wait for
+                    # the exit status on its own event.
+                    if chan.eof_received:
+                        chan.status_event.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+                    else:
+                        select.select([chan], [], [], min(1.0, max(0.0, deadline - time.monotonic())))
             if not chan.exit_status_ready():
                 return failed(label, UNREACHABLE, "the connection closed before the command exited",
                               time.monotonic() - t0, stdout=decode(bytes(out)), stderr=decode(bytes(err)))
@@ -317,6 +329,20 @@ class SshPool:
             return failed(label, "command failed", "killed by a signal (no exit status)", time.monotonic() - t0,
                           stdout=decode(bytes(out)), stderr=decode(bytes(err)))
         return finished(label, status, decode(bytes(out)), decode(bytes(err)), time.monotonic() - t0)
+
+
+def _raise_fd_limit() -> None:
+    # Each open connection is a socket plus a pipe per channel; a 1024 soft limit is low for
+    # hundreds of hosts, and raising it up to the hard limit needs no privilege.
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 65536
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _hop_target(hop: str) -> Target:
@@ -362,7 +388,14 @@ def run_ssh(targets: list[Target], spec: TargetSpec, script: str, timeout_s: flo
     executor = ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(targets))),
                                   thread_name_prefix="mldebug-ssh")
     try:
-        futures = [executor.submit(lambda t=t: deliver(pool.run(t, script, timeout_s))) for t in targets]
+        def one(t: Target) -> None:
+            try:
+                deliver(pool.run(t, script, timeout_s))
+            finally:
+                if own:  # a one-off run keeps no socket open past its target: fds for 1000s of hosts
+                    pool.release(t)
+
+        futures = [executor.submit(one, t) for t in targets]
         for f in futures:
             f.result()
     finally:

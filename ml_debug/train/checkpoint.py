@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,9 @@ def save(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimiz
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     t0 = time.perf_counter()
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
     _barrier()  # every rank's shards are on disk before the marker says so
     if _rank() == 0:
         meta = {"step": step, "data": stream.state_dict(), "world_size": stream.world_size,
@@ -99,7 +102,9 @@ def load(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, strea
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(folder))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        dcp.load(state, checkpoint_id=str(folder))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     meta = json.loads((folder / "train_state.json").read_text())
     stream.load_state_dict(meta["data"])
