@@ -126,7 +126,7 @@ def test_torchrun_four_ranks_every_collective_after_double_dash() -> None:
 
 def test_faults_corrupt_and_straggler_are_named() -> None:
     env = {"MLDEBUG_TEST_FAULT": "corrupt:rank=1,count=4;slow:rank=1,factor=4"}
-    proc = _run_torchrun(2, ["allreduce-bench", *SMALL, "--json"], env=env)
+    proc = _run_torchrun(2, ["allreduce-bench", *SMALL, "--expect-busbw", "1e6", "--json"], env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]
     result = _json(proc)["result"]
     assert not result["ok"] and result["test_faults"]
@@ -135,6 +135,7 @@ def test_faults_corrupt_and_straggler_are_named() -> None:
     assert c["wrong_total"] == 4 * len(c["sizes"])
     assert c["straggler"]["rank"] == 1 and c["straggler"]["times_slower"] > 2
     assert "wrong element(s) on rank(s) 1" in result["summary"] and "rank 1" in result["summary"]
+    assert c["expect_ok"] is False and "below the expected 1e+06 GB/s" in result["summary"]
 
 
 def test_pairwise_four_ranks_names_the_slow_pair(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def test_human_table_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     render(res, {"torch": "2.x", "python": "3.x"}, Console(file=buf, width=160, highlight=False, color_system=None))
     text = "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
     assert text.startswith(GOLDEN), text
-    assert "# units: size in bytes" in text and text.splitlines()[-1].startswith("PROBLEM: all_reduce: 3 wrong")
+    assert "# algbw = size / time" in text and text.splitlines()[-1].startswith("PROBLEM: all_reduce: 3 wrong")
 
 
 def test_csv_rows() -> None:

@@ -80,7 +80,7 @@ def test_sweep() -> None:
 
 def test_cap_sizes() -> None:
     assert bw.cap_sizes([1, 2, 4, 8], 4) == ([1, 2, 4], [8])
-    assert bw.cap_sizes([16, 32], 4) == ([16], [32])
+    assert bw.cap_sizes([16, 32], 5) == ([4], [16, 32])
 
 
 def test_parse_names() -> None:

@@ -212,11 +212,16 @@ def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_s
     nodes = [n for n in rig_ssh.nodes if n.name in job.nodes]
     assert len(nodes) == 2
     out_dir = tmp_path / "out"
-    via_ssh = mldebug("dump-stacks", "--hosts", str(rig_ssh.hostfile(nodes)), "--ssh-config",
+    bad = rig_ssh.bad_hostkey_host  # a node that never answers (its host key is wrong): the rest is reported
+    via_ssh = mldebug("dump-stacks", "--hosts", str(rig_ssh.hostfile([*nodes, bad])), "--ssh-config",
                       str(rig_ssh.ssh_config), "--env", f"MLDEBUG_RIG_JOB={job.token}", "--out-dir", str(out_dir),
-                      *remote, timeout=240)
-    assert via_ssh.returncode == 1, via_ssh.stderr
+                      "--connect-timeout", "5", *remote, timeout=240)
+    assert via_ssh.returncode == 4, via_ssh.stderr  # partial: one node not reached
     ssh_result = _json(via_ssh)["result"]
+    (failed,) = [n for n in ssh_result["nodes"] if n["error"]]
+    assert failed["host"] == bad.name and "host key" in failed["error"], failed
+    assert f"1 node(s) not reached: {bad.name} (host key mismatch" in ssh_result["summary"]
+    ssh_result["nodes"] = [n for n in ssh_result["nodes"] if not n["error"]]
 
     host3, pid3 = job.ranks[3]  # node-local pid: the node's own PID namespace
     for result in (slurm_result, ssh_result):
@@ -230,7 +235,7 @@ def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_s
     assert slurm_result["verdict"] == ssh_result["verdict"]
     # --out-dir: each node's answer as it arrived, and the merged report
     written = sorted(p.name for p in out_dir.iterdir())
-    assert "merged.json" in written and sum(name.endswith(".json") for name in written) == 3, written
+    assert "merged.json" in written and sum(name.endswith(".json") for name in written) == 4, written
     assert json.loads((out_dir / "merged.json").read_text())["result"]["verdict"] == ssh_result["verdict"]
     assert {p["rank_source"] for p in slurm_result["processes"]} == {"SLURM_PROCID"}
     assert all(p["found_by"].startswith("slurmstepd pid ") for p in slurm_result["processes"])

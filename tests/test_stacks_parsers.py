@@ -121,7 +121,12 @@ def test_every_dumper_reads_a_real_process() -> None:
             assert [f.name for f in main.python_frames()][:2] == ["waiting_here", "<module>"], name
             if name == "gdb":
                 assert gdb_python_helper(p.pid) is not None and main.native_frames
-        assert p.poll() is None  # still running after three attaches
+        native = dump_process(p.pid, tools, DumpOptions(native=True))  # py-spy --native: C frames too
+        assert native.ok and native.dumper == "py-spy"
+        frames = native.main_thread().frames  # type: ignore[union-attr]
+        assert any(f.kind == "native" for f in frames) and frames[0].kind == "native"
+        assert [f.name for f in frames if f.kind == "py"][:2] == ["waiting_here", "<module>"]
+        assert p.poll() is None  # still running after four attaches
     finally:
         p.kill()
         p.wait()

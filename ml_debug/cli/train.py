@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from ml_debug.cli.launch_options import Backend, Device, MasterAddr, MasterPort, Nnodes, NodeRank, NprocPerNode
+from ml_debug.cli.launch_options import (
+    Backend,
+    Device,
+    MasterAddr,
+    MasterPort,
+    Nnodes,
+    NodeRank,
+    NprocPerNode,
+)
 from ml_debug.cli.options import Json
 
 HELP = """Train a small Llama-style model with FSDP2, on CPU (gloo) or GPUs (NCCL), and break it on purpose.

@@ -194,11 +194,12 @@ def sweep(min_bytes: int, max_bytes: int, factor: float = 2.0) -> list[int]:
 
 
 def cap_sizes(sizes: Sequence[int], limit_bytes: int) -> tuple[list[int], list[int]]:
-    """(kept, dropped): sizes above what fits; at least the smallest size is always kept."""
+    """(kept, dropped): sizes above `limit_bytes` are dropped; when none fits, the largest power
+    of two that does is measured instead, so there is always something to report."""
     kept = [s for s in sizes if s <= limit_bytes]
     dropped = [s for s in sizes if s > limit_bytes]
     if not kept and sizes:
-        kept, dropped = [min(sizes)], [s for s in sizes if s != min(sizes)]
+        kept = [1 << max(0, int(limit_bytes).bit_length() - 1)]
     return kept, dropped
 
 

@@ -317,13 +317,15 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
     if cfg.faults.active:
         notes.append(f"TEST-ONLY fault hook active: MLDEBUG_TEST_FAULT={cfg.faults.spec}")
 
+    share = (f"{MEMORY_SHARE_GPU:.0%} of free GPU memory" if device.startswith("cuda")
+             else f"{MEMORY_SHARE_CPU:.0%} of free host memory / local ranks")
     plans: list[tuple[str, list[int], list[int]]] = []
     for coll in cfg.collectives:
         ratio = _worst_footprint_ratio(coll, n)
         kept, dropped = bw.cap_sizes(cfg.sizes(), int(limit / ratio))
         if dropped:
-            notes.append(f"{coll}: sizes above {bw.format_size(kept[-1])} skipped: {len(dropped)} larger "
-                         f"size(s) would not fit in {bw.format_size(limit)} of free memory per rank")
+            notes.append(f"{coll}: capped at {bw.format_size(kept[-1])}: {len(dropped)} larger size(s) would not "
+                         f"fit in {bw.format_size(limit)} of buffers per rank ({share})")
         plans.append((coll, kept, dropped))
 
     total_steps = sum(len(k) for _, k, _ in plans)

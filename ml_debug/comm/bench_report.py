@@ -93,12 +93,10 @@ def render(res: BenchResult, env: dict[str, Any], console: Console) -> None:
             console.print(f"# Expected busbw       : >= {res.expect_busbw:g} GB/s: {'PASS' if c.expect_ok else 'FAIL'}")
     if res.collectives:
         console.print()
-        console.print("# units: size in bytes; time(us) = mean per operation over --iters on each rank, combined "
-                      "across ranks as --average (avg, as nccl-tests)")
-        console.print("# algbw = size / time in GB/s (1e9 B/s); busbw = algbw x factor: all_reduce 2(n-1)/n; "
-                      "all_gather, reduce_scatter, all_to_all (n-1)/n; others 1")
-        console.print("# slowest = the rank with the longest own time (* = straggler at that size); "
-                      "spread = (slowest - fastest) / fastest")
+        console.print("# size in bytes; time(us): mean per operation over --iters on each rank, combined by --average")
+        console.print("# algbw = size / time (GB/s = 1e9 bytes/s); busbw = algbw x bus factor, comparable with link speed:")
+        console.print("#   all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce, sendrecv 1")
+        console.print("# slowest: rank with the longest own time (* = straggler at that size); spread = (slowest-fastest)/fastest")
     console.print(res.summary)
 
 
@@ -108,7 +106,7 @@ def _render_pairwise(res: BenchResult, console: Console) -> None:
     p = res.pairwise
     assert p is not None
     console.print(f"# pairwise: {len(p.names)} {p.units}s, {bw.format_size(p.size)} exchanged both ways per "
-                  f"pair, {p.rounds} round(s) of disjoint pairs; GB/s per direction")
+                  f"pair, {p.rounds} round(s) of disjoint pairs, best of {p.passes} passes; GB/s per direction")
     t = Table(box=None, pad_edge=False, header_style="bold")
     t.add_column("")
     for i in range(len(p.names)):

@@ -78,7 +78,7 @@ def build_report(nodes: list[dict[str, Any]], processes: list[dict[str, Any]], o
     partial = bool(analysis.not_dumped or failed_nodes)
     dumped_any = any(g for g in analysis.groups)
     if not dumped_any:
-        code = ExitCode.ENVIRONMENT if not failed_nodes or len(failed_nodes) < len(nodes) else ExitCode.PARTIAL
+        code = ExitCode.PARTIAL if failed_nodes else ExitCode.ENVIRONMENT
     elif partial:
         code = ExitCode.PARTIAL
     elif analysis.suspects:

@@ -88,7 +88,7 @@ def _prune(root: Path, keep_last: int) -> None:
     entries = step_dirs(root)
     complete = [(s, p) for s, p, ok in entries if ok]
     newest = complete[-1][0] if complete else -1
-    for s, p in complete[:-keep_last]:
+    for _s, p in complete[:-keep_last]:
         shutil.rmtree(p, ignore_errors=True)
     for s, p, ok in entries:
         if not ok and s < newest:  # leftovers of interrupted saves

@@ -152,7 +152,8 @@ def init_weights(model: Transformer, seed: int) -> None:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     for name, param in model.named_parameters():
-        full = _init_value(name, param.shape, model.cfg, seed)
+        # Generated on the CPU (the same numbers on every device type), then moved.
+        full = _init_value(name, param.shape, model.cfg, seed).to(param.device)
         if isinstance(param, DTensor):
             # Each rank keeps only its shard of the same full tensor: no communication.
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)

@@ -124,7 +124,9 @@ def apply_mx(model: nn.Module, mx_format: str, scale_mode: str) -> int:
 
 def apply_fp8(model: nn.Module, emulate: bool) -> int:
     """torchao float8 training (tensorwise scaling) on every block linear; emulated off-GPU."""
-    logging.getLogger("torchao").setLevel(logging.ERROR)
+    # torchao's import logs missing CUDA kernels and a pytree deprecation on every rank: noise here.
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     config = Float8LinearConfig(emulate=emulate)
