@@ -15,6 +15,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -250,6 +251,18 @@ class Timer:
 
 # ---- the sweep ---------------------------------------------------------------------------------
 
+class _NoProgress:
+    def advance(self, n: float = 1, description: str | None = None) -> None:
+        pass
+
+
+def rank0_progress(rank: int, total: int, description: str) -> AbstractContextManager[Any]:
+    """A progress bar on rank 0's stderr (when a person watches); the other ranks draw nothing."""
+    if rank == 0:
+        return output.progress(total, description)
+    return nullcontext(_NoProgress())
+
+
 def memory_limit_bytes(device: str, local_world_size: int) -> int:
     """Bytes one rank may use for buffers: a share of free device (or host) memory."""
     if device.startswith("cuda"):
@@ -331,13 +344,12 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
     total_steps = sum(len(k) for _, k, _ in plans)
     times: dict[str, list[float]] = {}
     errors: dict[str, str] = {}
-    with output.progress(total_steps if rank == 0 else None, "allreduce-bench") as bar:
+    with rank0_progress(rank, total_steps, "allreduce-bench") as bar:
         for coll, kept, _ in plans:
             times[coll] = []
             for size in kept:
                 lay = bw.layout(coll, size, elem, n)
-                if rank == 0:
-                    bar.advance(0, description=f"{coll} {bw.format_size(lay.size_bytes)}")
+                bar.advance(0, description=f"{coll} {bw.format_size(lay.size_bytes)}")
                 try:
                     bufs = ops.allocate(lay, cfg.dtype, device)
                     call = ops.make_call(coll, bufs, rank, n, cfg.op, cfg.root)
@@ -350,8 +362,7 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
                     errors[coll] = _one_line(e)
                     times[coll] = []
                     break
-                if rank == 0:
-                    bar.advance(1)
+                bar.advance(1)
 
     # Verification after all timing: separate buffers, deterministic data.
     wrong: dict[str, list[int]] = {}

@@ -19,7 +19,6 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from ml_debug import output
 from ml_debug.comm import bandwidth as bw
 from ml_debug.comm import bench_ops as ops
 from ml_debug.comm.bench import (
@@ -34,6 +33,7 @@ from ml_debug.comm.bench import (
     _gather_floats,
     _min_across,
     memory_limit_bytes,
+    rank0_progress,
     rank_table,
 )
 
@@ -101,7 +101,7 @@ def run_pairwise(cfg: BenchConfig, world: World, device: str, backend: str) -> B
     # The whole schedule runs PASSES times and each pair keeps its best pass: a transient hiccup
     # (another job, a descheduled rank) must not name a link, a persistently slow one stays slow.
     per_round: list[float] = [math.nan] * len(schedule)
-    with output.progress(PASSES * len(schedule) if rank == 0 else None, "pairwise") as bar:
+    with rank0_progress(rank, PASSES * len(schedule), "pairwise") as bar:
         for pass_no in range(PASSES):
             for ri, pairs in enumerate(schedule):
                 found = partner_of(rank, pairs, members)
@@ -122,8 +122,7 @@ def run_pairwise(cfg: BenchConfig, world: World, device: str, backend: str) -> B
                     slow = cfg.faults.slow_pair_factor if cfg.faults.slow_pair == pair else 1.0
                     t = timer.batch(exchange, cfg.iters, barrier, slow)
                     per_round[ri] = t if math.isnan(per_round[ri]) else min(per_round[ri], t)
-                if rank == 0:
-                    bar.advance(1)
+                bar.advance(1)
 
     all_t = _gather_floats(per_round, device, torch.float64)
     m = len(names)

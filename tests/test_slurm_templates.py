@@ -1,0 +1,46 @@
+"""The sbatch templates in slurm/ run for real on the rig's Slurm cluster (2 nodes, CPU ranks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# The rig's fake nodes have 2 fake GPUs and 8 CPUs each; the templates ask for 8 GPUs per node.
+SMALL = ["--nodes=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=00:05:00"]
+
+
+def _sbatch(rig_slurm, template: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    bindir = str(Path(sys.executable).parent)
+    job_env = {**rig_slurm.env, "PATH": f"{bindir}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+               "MASTER_ADDR": rig_slurm.node_ips[rig_slurm.nodes[0]], **(env or {})}
+    out = subprocess.run(["sbatch", "--wait", "--parsable", f"--chdir={tmp_path}", *SMALL, *extra,
+                          str(REPO / "slurm" / template)],
+                         capture_output=True, text=True, timeout=240, env=job_env)
+    job = out.stdout.strip().split(";")[0]
+    log = next(tmp_path.glob(f"*-{job}.out"), None)
+    return out.returncode, job, log.read_text() if log else ""
+
+
+def test_gpu_test_template_reports_every_rank(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
+    rc, job, log = _sbatch(rig_slurm, "gpu-test.sbatch", tmp_path, "--ntasks-per-node=2",
+                           env={"MLDEBUG_ARGS": "--timeout 60"})
+    assert rc == 0, log
+    assert "4/4 ranks OK on 2 hosts" in log
+    lines = list((tmp_path / f"mldebug-gpu-test-{job}").glob("*"))
+    assert lines, "each rank writes its own result line under --out-dir"
+
+
+def test_health_template_writes_one_json_per_node(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
+    rc, job, log = _sbatch(rig_slurm, "health.sbatch", tmp_path, env={"MLDEBUG_LEVEL": "1"})
+    assert rc == 0, log
+    per_node = sorted((tmp_path / f"mldebug-health-{job}").glob("*.json"))
+    assert [p.stem for p in per_node] == rig_slurm.nodes[:2]
+    for path in per_node:
+        doc = json.loads(path.read_text())
+        assert doc["schema"] == "mldebug.health"
+    assert "failing nodes" in log
