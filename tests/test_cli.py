@@ -92,7 +92,7 @@ def test_library_errors_become_one_line_with_their_exit_code():
             "def boom():\n"
             "    raise EnvironmentProblem('py-spy is not installed', 'pip install py-spy')\n"
             "orig = a.build_app\n"
-            "def build():\n"
+            "def build(argv=None):\n"
             "    app = orig(); app.command('boom')(boom); return app\n"
             "a.build_app = build\n"
             "sys.exit(a.run(['boom']))\n")

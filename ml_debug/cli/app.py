@@ -12,19 +12,23 @@ import typer
 from ml_debug import __version__, output
 from ml_debug.errors import ExitCode, MLDebugError
 
-# Each module owns its commands and registers them; importing them must stay cheap.
-COMMAND_MODULES = (
-    "check",
-    "env",
-    "gpu_test",
-    "allreduce_bench",
-    "health",
-    "dump_stacks",
-    "core_bt",
-    "trace",
-    "remote_exec",
-    "train",
-)
+# command name -> the module in ml_debug/cli that registers it (in --help order). Importing a module
+# must stay cheap; building a command's options costs Typer ~20 ms per option, so a run of one
+# command builds only that command.
+COMMANDS = {
+    "check": "check",
+    "env": "env",
+    "gpu-test": "gpu_test",
+    "allreduce-bench": "allreduce_bench",
+    "health": "health",
+    "dump-stacks": "dump_stacks",
+    "core-bt": "core_bt",
+    "trace": "trace",
+    "trace-tail": "trace",
+    "exec": "remote_exec",
+    "train": "train",
+}
+COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
 HELP = """mldebug: find what is wrong with a distributed PyTorch job.
 
@@ -54,7 +58,8 @@ def _global_options(
     output.configure(json=json, debug=debug)
 
 
-def build_app() -> typer.Typer:
+def build_app(argv: list[str] | None = None) -> typer.Typer:
+    """The Typer app; given the command line, only the invoked command's module is registered."""
     import importlib
 
     app = typer.Typer(
@@ -67,7 +72,8 @@ def build_app() -> typer.Typer:
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     app.callback()(_global_options)
-    for name in COMMAND_MODULES:
+    invoked = next((a for a in argv or [] if not a.startswith("-")), None)
+    for name in (COMMANDS[invoked],) if invoked in COMMANDS else COMMAND_MODULES:
         importlib.import_module(f"ml_debug.cli.{name}").register(app)
     return app
 
@@ -91,7 +97,7 @@ def run(argv: list[str] | None = None) -> int:
         argv = ["--help"]
     debug = _debug_requested(argv)
     try:
-        rv = build_app()(args=argv, prog_name="mldebug", standalone_mode=False)
+        rv = build_app(argv)(args=argv, prog_name="mldebug", standalone_mode=False)
         return rv if isinstance(rv, int) else ExitCode.OK
     except MLDebugError as e:
         if debug:

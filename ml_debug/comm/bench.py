@@ -11,6 +11,7 @@ Every rank returns the same :class:`BenchResult`; rank 0 reports it.
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -226,14 +227,25 @@ class Timer:
         """
         barrier()
         self.sync()  # the barrier itself must be done before the clock starts
+        # A full garbage collection with torch loaded takes ~0.1 s: never let one land in the batch.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._timed(call, iters, slow_factor)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _timed(self, call: Callable[[], None], iters: int, slow_factor: float) -> float:
         if self.cuda:
             import torch
 
+            t0 = time.perf_counter()
             self._start.record()
             for _ in range(iters):
                 call()
             if slow_factor > 1.0:
-                t0 = time.perf_counter()
+                # The stream idles while the host sleeps, so the end event lands that much later.
                 torch.cuda.current_stream().synchronize()
                 time.sleep((time.perf_counter() - t0) * (slow_factor - 1.0))
             self._end.record()
