@@ -13,6 +13,7 @@ long does the default sweep take on 2 CPU ranks?
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -42,10 +43,12 @@ def _minimal_busbw(size: int, n: int) -> float:
     for _ in range(WARMUP):
         dist.all_reduce(x)
     dist.barrier()
+    gc.disable()  # as timeit does (and mldebug): a full collection would dwarf a 20-op batch
     t0 = time.perf_counter()
     for _ in range(ITERS):
         dist.all_reduce(x)
     per_op = torch.tensor([(time.perf_counter() - t0) / ITERS], dtype=torch.float64)
+    gc.enable()
     dist.all_reduce(per_op)  # sum over ranks -> mean below (nccl-tests' -a 1)
     t = per_op.item() / n
     return size / t / 1e9 * 2 * (n - 1) / n

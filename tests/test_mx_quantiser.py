@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -53,12 +54,27 @@ def _wide_values(seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("name", SHARED)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bit_identical_to_torchao(name: str, mode: str, dtype: torch.dtype) -> None:
-    x = _wide_values(hash((name, mode)) & 0xFFFF).to(dtype)
+    x = _wide_values(zlib.crc32(f"{name}/{mode}/{dtype}".encode())).to(dtype)
+    x[-1, :32] = x[-1, 0].abs() * 448.0 * (1 + 2.0**-22)  # a known rceil log2 corner (see below)
     want_scale, want_elems = _oracle(x, name, mode)
     got = mx.quantize(x, name, mode)
-    assert torch.equal(got.scale_code, want_scale)
+    corner = _rceil_log2_corner(x, name) if mode == "rceil" else torch.zeros_like(got.scale_code, dtype=torch.bool)
+    differ = got.scale_code != want_scale
+    # Only where torchao's float32 log2 rounds an amax/max just above a power of two down to it do we
+    # differ, and there we are one step higher: the exact ceiling the hardware computes.
+    assert bool((differ <= corner).all())
+    assert bool((got.scale_code[differ].int() - want_scale[differ].int() == 1).all())
+    same_block = (~differ).repeat_interleave(32, dim=-1)
     # Bit patterns, so -0.0 vs 0.0 and every rounding tie count.
-    assert torch.equal(got.elements.view(torch.int32), want_elems.view(torch.int32))
+    assert bool((got.elements.view(torch.int32) == want_elems.view(torch.int32))[same_block].all())
+    assert int(same_block.sum()) >= x.numel() - 32 * 16
+
+
+def _rceil_log2_corner(x: torch.Tensor, name: str) -> torch.Tensor:
+    blocks = x.float().reshape(*x.shape[:-1], -1, 32)
+    descale = blocks.abs().amax(-1) / mx.FORMATS[name].max_pos
+    log2 = torch.log2(descale)
+    return (log2 == torch.round(log2)) & (torch.frexp(descale)[0] != 0.5)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

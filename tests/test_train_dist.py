@@ -130,6 +130,7 @@ def test_save_switch_then_kill_switch(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--steps", "100000",
                              "--log-every", "1000", "--stats-every", "0", "--metrics-dir", str(metrics),
+                             "--numerics", "mx", "--mx-format", "fp8_e4m3",  # MX + FSDP2 + DCP on 2 ranks
                              "--checkpoint-dir", str(ckpt), "--kill-switch", str(kill), "--save-switch", str(save),
                              "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
