@@ -32,10 +32,8 @@ Exit codes: 0 all good; 1 wrong data, a straggler, a slow link or busbw below --
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("allreduce-bench", help=HELP, no_args_is_help=False,
-                 context_settings={"allow_extra_args": True})
+    @app.command("allreduce-bench", help=HELP, no_args_is_help=False)
     def allreduce_bench(
-        ctx: typer.Context,
         collective: Annotated[str, typer.Option(
             "--collective", "-C", help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, "
             "sendrecv (ring: send to rank+1, receive from rank-1); comma-separated, or all.")] = "all_reduce",
@@ -91,21 +89,6 @@ def register(app: typer.Typer) -> None:
         device: Device = "auto",
         json: Json = False,
     ) -> None:
-        if ctx.args:
-            # `torchrun ... --no-python mldebug allreduce-bench -- -b 1K` (the `--` keeps torchrun off
-            # the worker's options) reaches us as extra arguments: parse the line again without it.
-            import sys
-
-            argv = sys.argv[1:]
-            if "--" not in argv:
-                from ml_debug.errors import UsageError
-
-                raise UsageError(f"unexpected argument(s): {' '.join(ctx.args)}",
-                                 "try 'mldebug allreduce-bench --help'")
-            from ml_debug.cli.app import run
-
-            cut = argv.index("--")
-            raise typer.Exit(run(argv[:cut] + argv[cut + 1:]))
         from ml_debug.cli.options import use_json
         from ml_debug.comm import bandwidth as bw
         from ml_debug.comm.bench import BenchConfig

@@ -29,6 +29,10 @@ COMMANDS = {
     "train": "train",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
+# Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
+# For every other command a `--` only shields its options from a launcher
+# (`torchrun --no-python mldebug gpu-test -- --timeout 5`) and is dropped.
+TAKES_COMMAND = ("exec", "trace")
 
 HELP = """mldebug: find what is wrong with a distributed PyTorch job.
 
@@ -96,6 +100,9 @@ def run(argv: list[str] | None = None) -> int:
     if not argv:
         argv = ["--help"]
     debug = _debug_requested(argv)
+    invoked = next((a for a in argv if not a.startswith("-")), None)
+    if invoked in COMMANDS and invoked not in TAKES_COMMAND and "--" in argv:
+        argv.remove("--")
     try:
         rv = build_app(argv)(args=argv, prog_name="mldebug", standalone_mode=False)
         return rv if isinstance(rv, int) else ExitCode.OK
