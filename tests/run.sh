@@ -20,7 +20,7 @@ echo "tests/run.sh: installed in $(( $(date +%s) - t0 )) s"
 # 3. The whole suite; real parts are required.
 export MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
 [ "${MLDEBUG_RIG_TEARDOWN:-0}" = 1 ] && bash tests/rig/down.sh
