@@ -44,3 +44,13 @@ def test_health_template_writes_one_json_per_node(rig_slurm, tmp_path: Path):  #
         doc = json.loads(path.read_text())
         assert doc["schema"] == "mldebug.health"
     assert "failing nodes" in log
+
+
+def test_allreduce_bench_template_saves_the_json(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
+    rc, job, log = _sbatch(rig_slurm, "allreduce-bench.sbatch", tmp_path, "--ntasks-per-node=1",
+                           env={"MLDEBUG_ARGS": "--quick --timeout 60"})
+    assert rc == 0, log
+    doc = json.loads((tmp_path / f"mldebug-allreduce-{job}" / "allreduce.json").read_text())
+    assert doc["schema"] == "mldebug.allreduce-bench"
+    assert doc["result"]["ok"] is True, doc["result"]["summary"]
+    assert "2 ranks on 2 node" in doc["result"]["summary"]
