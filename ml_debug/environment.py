@@ -68,7 +68,6 @@ def summary() -> dict[str, Any]:
 
 TOOLS = ("py-spy", "gdb", "pystack", "torchrun", "srun", "squeue", "nvidia-smi")
 _VERSION_ARGS = {"srun": ["--version"], "squeue": ["--version"], "nvidia-smi": ["--version"]}
-CAP_SYS_PTRACE = 19  # bit in /proc/<pid>/status CapEff
 
 
 @dataclass
@@ -174,56 +173,24 @@ def interfaces() -> list[Interface]:
     return result
 
 
-def _cap_eff(pid: str = "self") -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    except OSError:
-        pass
-    return 0
-
-
-def _in_container() -> bool:
-    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
-        return True
-    try:
-        return any(k in Path("/proc/1/cgroup").read_text() for k in ("docker", "kubepods", "containerd", "lxc"))
-    except OSError:
-        return False
-
-
 def ptrace_permission() -> PtraceVerdict:
     """Whether py-spy/gdb may attach here: Yama ptrace_scope and CAP_SYS_PTRACE
-    (`cat /proc/sys/kernel/yama/ptrace_scope`, `capsh --print`)."""
-    try:
-        scope: int | None = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
-    except (OSError, ValueError):
-        scope = None
-    cap = bool(_cap_eff() >> CAP_SYS_PTRACE & 1)
-    uid, container = os.getuid(), _in_container()
-    cap_fix = ("run the container with --cap-add SYS_PTRACE" if container
-               else "run mldebug with sudo (or grant CAP_SYS_PTRACE)")
-    if scope == 3:
-        return PtraceVerdict(False, False, scope, cap, uid, container,
-                             "Yama ptrace_scope=3: attaching is disabled until reboot",
-                             "set kernel.yama.ptrace_scope to 0 or 1 in /etc/sysctl.d and reboot")
-    if cap:
-        return PtraceVerdict(True, True, scope, cap, uid, container,
-                             "CAP_SYS_PTRACE present: may attach to any process" +
-                             ("" if scope is None else f" (Yama ptrace_scope={scope})"), None)
-    if scope is None or scope == 0:
-        return PtraceVerdict(True, False, scope, cap, uid, container,
-                             "may attach to this user's processes" +
-                             (" (no Yama)" if scope is None else " (Yama ptrace_scope=0)"),
-                             f"to attach to other users' processes: {cap_fix}")
-    if scope == 1:
-        return PtraceVerdict(False, False, scope, cap, uid, container,
-                             "Yama ptrace_scope=1: may attach only to own child processes, "
-                             "not to a running job's ranks",
-                             f"sudo sysctl -w kernel.yama.ptrace_scope=0, or {cap_fix}")
-    return PtraceVerdict(False, False, scope, cap, uid, container,
-                         f"Yama ptrace_scope={scope}: only CAP_SYS_PTRACE may attach", cap_fix)
+    (`cat /proc/sys/kernel/yama/ptrace_scope`, `capsh --print`); the policy is read by the same
+    check dump-stacks runs before attaching."""
+    from ml_debug.stacks.ptrace import check_ptrace
+
+    check = check_ptrace()
+    own = check.denial(check.euid)
+    other = check.denial(-1)  # any other user's process
+    scope = "no Yama" if check.yama_scope is None else f"Yama ptrace_scope={check.yama_scope}"
+    if own is not None:
+        explanation, fix = own
+    elif other is None:
+        explanation, fix = f"CAP_SYS_PTRACE present: may attach to any process ({scope})", None
+    else:
+        explanation, fix = f"may attach to this user's processes ({scope})", f"for other users' processes: {other[1]}"
+    return PtraceVerdict(own is None, other is None, check.yama_scope, check.has_cap_sys_ptrace, check.euid,
+                         check.in_container, explanation, fix)
 
 
 def torch_info() -> TorchInfo:

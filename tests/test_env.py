@@ -63,3 +63,35 @@ def test_world_variables_and_dangerous_settings_are_reported():
     assert doc["environment"]["world"]["RANK"] == "3"
     human = mldebug("env", env={"TORCH_FR_BUFFER_SIZE": ""})
     assert "warning" in human.stdout and "TORCH_FR_BUFFER_SIZE" in human.stdout
+
+
+def test_ptrace_verdict_for_an_unprivileged_user_matches_real_attaches():
+    """As uid 65534 without capabilities: may attach to its own processes, not to root's."""
+    import os
+    import shutil
+
+    require(os.geteuid() == 0 and shutil.which("setpriv"), "root and setpriv (to drop privileges)")
+    py_spy = find_tool("py-spy")
+    require(py_spy, "py-spy")
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all"]
+    out = subprocess.run([*drop, sys.executable, "-m", "ml_debug", "env", "--json", "--no-torch"],
+                         capture_output=True, text=True, timeout=120, cwd="/tmp")
+    assert out.returncode == 0, out.stderr
+    verdict = json.loads(out.stdout)["result"]["ptrace"]
+    root_target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    own_target = subprocess.Popen([*drop, sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(1)
+        pid_own = own_target.pid  # setpriv execs, so the pid is the Python process's
+        other = subprocess.run([*drop, py_spy, "dump", "--pid", str(root_target.pid)], capture_output=True,
+                               text=True, timeout=30)
+        own = subprocess.run([*drop, py_spy, "dump", "--pid", str(pid_own)], capture_output=True, text=True,
+                             timeout=30)
+    finally:
+        for p in (root_target, own_target):
+            p.kill()
+            p.wait()
+    assert (own.returncode == 0) == verdict["can_attach_own"], (verdict, own.stderr)
+    assert (other.returncode == 0) == verdict["can_attach_any"], (verdict, other.stderr)
+    assert verdict["can_attach_any"] is False and verdict["fix"]
