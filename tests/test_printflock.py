@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REPO
 
 NPROC, NLINES, WIDTH = 16, 2000, 4096
-LINE = re.compile(r"^(\[\S+:\d+\] )?p(\d\d) (\d{5}) (x{%d})$" % WIDTH)
+LINE = re.compile(r"^(\[\S+:\d+\] )?p(\d\d) (\d{5}) (x{" + str(WIDTH) + r"})$")
 
 WORKER = f"""
 import os, sys

@@ -96,9 +96,15 @@ MaxParallel = Annotated[
 ]
 
 
+# Suffixes no hostname ends with: `--hosts hosts.txt` is a file even when it is missing (then the
+# error says so instead of trying to reach a host named "hosts.txt").
+FILE_SUFFIXES = (".txt", ".hosts", ".list", ".lst", ".cfg", ".conf", ".ini")
+
+
 def looks_like_path(value: str) -> bool:
     """A --hosts value that names a file rather than hosts (a hostlist never holds '/' or '~')."""
-    return "/" in value or value.startswith(("~", ".")) or Path(value).is_file()
+    return ("/" in value or value.startswith(("~", ".")) or value.lower().endswith(FILE_SUFFIXES)
+            or "hostfile" in value.lower() or Path(value).is_file())
 
 
 def resolve_targets(
