@@ -17,7 +17,8 @@ export PATH="$PWD/.venv/bin:$PATH"
 bash tests/rig/up.sh
 echo "tests/run.sh: installed in $(( $(date +%s) - t0 )) s"
 
-# 3. The whole suite; real parts are required.
+# 3. Lint, then the whole suite; real parts are required.
+.venv/bin/ruff check --quiet . || { echo "tests/run.sh: ruff found problems" >&2; exit 1; }
 export MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
