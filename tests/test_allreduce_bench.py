@@ -207,7 +207,7 @@ def test_pairwise_between_two_self_launched_nodes() -> None:
     (["-C", "gossip"], "unknown collective"),
     (["-f", "1"], "step factor"),
     (["--op", "avg", "-d", "int32"], "floating-point"),
-    (["extra"], "unexpected argument"),
+    (["extra"], "unexpected extra argument"),
 ])
 def test_bad_options_exit_2_with_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     # In-process: options are checked before any rank starts or torch is imported.
