@@ -75,6 +75,13 @@ def dump_stacks(
                        help="Seconds per py-spy/pystack attach before the next dumper is tried.")] = 10.0,
     gdb_timeout: Annotated[float, typer.Option("--gdb-timeout", min=1.0, rich_help_panel=HOW, metavar="S",
                            help="Seconds for gdb (it loads every library's symbols).")] = 60.0,
+    flight_recorder: Annotated[bool, typer.Option("--flight-recorder/--no-flight-recorder", rich_help_panel=HOW,
+                               help="Where a rank's environment allows it (MLDEBUG_FR_DIR with "
+                                    "ml_debug.flight_recorder.enable(), or TORCH_NCCL_DEBUG_INFO_PIPE_FILE), "
+                                    "trigger a PyTorch Flight Recorder dump and report each rank's last "
+                                    "completed/enqueued collective.")] = True,
+    fr_timeout: Annotated[float, typer.Option("--fr-timeout", min=0.1, rich_help_panel=HOW, metavar="S",
+                          help="Seconds to wait for the Flight Recorder dumps.")] = 5.0,
     all_threads: Annotated[bool, typer.Option("--all-threads", help="Also list every thread (watchdog, "
                            "data loader, ...), not only the main thread.")] = False,
     full: Annotated[bool, typer.Option("--full", help="Show every frame in the tree (long chains are "
@@ -105,7 +112,7 @@ def dump_stacks(
     request = DumpRequest(pids=list(pid or []), pattern=pattern, user=user, gpu=gpu, env=env_filter,
                           include_launcher=include_launcher, world_size=world_size, samples=samples,
                           interval=interval, native=native, locals=locals_, dumper=dumper, timeout=timeout,
-                          gdb_timeout=gdb_timeout)
+                          gdb_timeout=gdb_timeout, flight_recorder=flight_recorder, fr_timeout=fr_timeout)
     result = dump_stacks_report(spec, request, out_dir=Path(out_dir) if out_dir else None)
     output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: render(result, console, full=full,
                                                                         all_threads=all_threads),

@@ -41,6 +41,8 @@ class DumpRequest:
     dumper: str = "auto"
     timeout: float = 10.0
     gdb_timeout: float = 60.0
+    flight_recorder: bool = True
+    fr_timeout: float = 5.0
 
     def remote_args(self) -> list[str]:
         """The same request as `mldebug dump-stacks` arguments, for each node's local run."""
@@ -63,12 +65,16 @@ class DumpRequest:
             args.append("--native")
         if self.locals:
             args.append("--locals")
+        if not self.flight_recorder:
+            args.append("--no-flight-recorder")
+        args += ["--fr-timeout", str(self.fr_timeout)]
         return args
 
     def node_budget(self) -> float:
         """How long one node may take before the remote layer gives up on it."""
         per_sample = self.timeout * 2 + self.timeout + (self.gdb_timeout if self.dumper in ("auto", "gdb") else 0)
-        return 30.0 + self.samples * self.interval + self.samples * per_sample
+        fr = self.fr_timeout + 2 if self.flight_recorder else 0
+        return 30.0 + self.samples * self.interval + self.samples * per_sample + fr
 
 
 def _options(req: DumpRequest) -> dict[str, Any]:
@@ -79,6 +85,16 @@ def _options(req: DumpRequest) -> dict[str, Any]:
 
 NO_TARGETS_HINT = ("name them: --pid PID (a launcher's pid means its ranks), --pattern REGEX, --user USER, "
                    "--gpu; or run on the node where the job runs (--hosts / --slurm-job)")
+
+
+def add_flight_recorder(result: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """The optional `flight_recorder` section; ranks it finds behind are added to the summary's evidence."""
+    from ml_debug.stacks.flight import section
+
+    fr = section(records)
+    result["flight_recorder"] = fr
+    if fr and fr["behind"]:
+        result["summary"] += "; " + fr["evidence"]
 
 
 def local_report(req: DumpRequest) -> dict[str, Any]:
@@ -103,6 +119,12 @@ def local_report(req: DumpRequest) -> dict[str, Any]:
                        dumper=req.dumper)
     node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval)
     result = build_report([node_summary(node)], node_processes(node), _options(req), req.world_size)
+    fr_records: list[dict[str, Any]] = []
+    if req.flight_recorder:
+        from ml_debug.stacks.flight import gather
+
+        fr_records = gather(found.targets, host, req.fr_timeout)
+    add_flight_recorder(result, fr_records)
     if result["exit_code"] == ExitCode.ENVIRONMENT:
         fixes = [p["fix"] for p in result["not_dumped"] if p.get("fix")]
         reasons = sorted({p["error"] for p in result["not_dumped"] if p.get("error")})
@@ -136,6 +158,7 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
     reached = {r.node.host for r in results}
     nodes: list[dict[str, Any]] = []
     processes: list[dict[str, Any]] = []
+    fr_records: list[dict[str, Any]] = []
     for r in results:
         doc = r.document
         body = doc.get("result") if isinstance(doc, dict) else None
@@ -149,10 +172,12 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
                 n.setdefault("notes", []).append(r.error)
             nodes.append(n)
         processes.extend(body["processes"])
+        fr_records.extend((body.get("flight_recorder") or {}).get("ranks") or [])
     for t in spec.targets:
         if t.label not in reached:
             nodes.append(failed_node(t.label, "no result (interrupted or not started)"))
     result = build_report(nodes, processes, _options(req), req.world_size)
+    add_flight_recorder(result, fr_records)
     if not processes and not any(n.get("error") for n in nodes):
         result["summary"] = (f"no processes to dump on {', '.join(n['host'] for n in nodes)}: no rank under a "
                              "launcher and no Python process with a rank in its environment")

@@ -121,6 +121,9 @@ def render(result: dict[str, Any], console: Console, *, full: bool = False, all_
 
         console.print(Text(f"missing ranks (no process found): {compress(result['missing_ranks'])}", style="red"))
 
+    if result.get("flight_recorder"):
+        _flight_recorder(result["flight_recorder"], console)
+
     console.print()
     style = "bold green" if result["ok"] else "bold red"
     console.print(Text(result["summary"], style=style), soft_wrap=True)  # one line, whatever the width
@@ -143,3 +146,33 @@ def _threads(result: dict[str, Any], console: Console) -> None:
             table.add_row(p["host"], str(p["pid"]), "-" if p.get("rank") is None else str(p["rank"]), name, text)
     console.print()
     console.print(table)
+
+
+def _coll(c: dict[str, Any] | None, seq: int | None) -> str:
+    if c and c.get("op"):
+        return f"#{c['seq']} {c['op']}" + (f" {c['input_sizes']}" if c.get("input_sizes") else "")
+    return "-" if seq is None or seq < 0 else f"#{seq}"
+
+
+def _flight_recorder(fr: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    behind = {(b.get("host"), b.get("pid")) for b in fr["behind"]}
+    table = Table(title="flight recorder (last collectives per rank and process group)", title_justify="left",
+                  show_edge=False)
+    for col in ("rank", "host", "pg", "last completed", "last enqueued", "note"):
+        table.add_column(col)
+    for r in fr["ranks"]:
+        rank = "-" if r.get("rank") is None else str(r["rank"])
+        if not r.get("ok"):
+            table.add_row(rank, r.get("host") or "", "-", "-", "-", r.get("error") or "?")
+            continue
+        for pg in r["process_groups"]:
+            note = "◀ behind" if (r.get("host"), r.get("pid")) in behind else ""
+            table.add_row(rank, r.get("host") or "", pg["pg_id"],
+                          _coll(pg.get("last_completed"), pg.get("last_completed_seq")),
+                          _coll(pg.get("last_enqueued"), pg.get("last_enqueued_seq")), note)
+    console.print()
+    console.print(table)
+    console.print(Text(fr["evidence"], style="yellow" if fr["behind"] else ""), soft_wrap=True)
