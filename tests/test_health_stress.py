@@ -46,3 +46,17 @@ def test_memory_pattern_test_reads_back_what_it_wrote() -> None:
     assert r.bytes_tested == 4 << 20 and r.passes == 5
     c = active_checks.memtest_check("cpu", r)
     assert c.status is Status.PASS and c.value == "0 bad in 4 MiB"
+
+
+def test_per_gpu_threads_never_wait_forever():
+    """A GPU whose test never returns (hung kernel) is named instead of hanging health."""
+    import time as _time
+
+    from ml_debug.errors import ProblemFound
+    from ml_debug.health.runner import _in_threads
+
+    assert _in_threads(lambda i: i * 2, [0, 1, 2], "memory test", 10) == [0, 2, 4]
+    t0 = _time.monotonic()
+    with pytest.raises(ProblemFound, match=r"GPU\(s\) 1 did not finish the matmul stress"):
+        _in_threads(lambda i: _time.sleep(30 if i == 1 else 0), [0, 1], "matmul stress", 0.5)
+    assert _time.monotonic() - t0 < 10

@@ -106,7 +106,9 @@ def _cuda_index_map(gpus: list[GpuInfo]) -> dict[int, str]:
     return out
 
 
-def _in_threads(fn: Any, items: list[Any]) -> list[Any]:
+def _in_threads(fn: Any, items: list[Any], what: str, timeout_s: float) -> list[Any]:
+    """fn(item) for every GPU at once; a GPU that does not finish in time (a hung kernel, a GPU
+    fallen off the bus) is named in an error instead of waiting forever."""
     results: list[Any] = [None] * len(items)
 
     def work(i: int, item: Any) -> None:
@@ -115,8 +117,16 @@ def _in_threads(fn: Any, items: list[Any]) -> list[Any]:
     threads = [threading.Thread(target=work, args=(i, it), daemon=True) for i, it in enumerate(items)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout_s
     for t in threads:
-        t.join()
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [items[i] for i, t in enumerate(threads) if t.is_alive()]
+    if stuck:
+        from ml_debug.errors import ProblemFound
+
+        raise ProblemFound(f"GPU(s) {', '.join(map(str, stuck))} did not finish the {what} within {timeout_s:.0f} s",
+                           "a hung kernel or a GPU fallen off the bus: check `dmesg | grep -i xid` and "
+                           "`nvidia-smi -q -i <gpu>`")
     return results
 
 
@@ -140,7 +150,7 @@ def active_gpu_checks(gw: NvmlGateway, gpus: list[GpuInfo], opts: HealthOptions,
     checks: list[Check] = []
 
     log(f"mldebug health: memory pattern test on {len(devices)} GPU(s) ({frac:.0%} of free memory)")
-    mem = _in_threads(lambda i: stress.memory_test(devices[i], frac), list(by_index))
+    mem = _in_threads(lambda i: stress.memory_test(devices[i], frac), list(by_index), "memory test", 900)
     for i, r in zip(by_index, mem, strict=True):
         checks.append(active_checks.memtest_check(f"gpu{i}", r))
         measurements.append({"test": "memtest", "gpu": i, **to_jsonable(r)})
@@ -179,7 +189,8 @@ def active_gpu_checks(gw: NvmlGateway, gpus: list[GpuInfo], opts: HealthOptions,
     sampling = threading.Thread(target=sampler, daemon=True)
     sampling.start()
     try:
-        mm = _in_threads(lambda i: stress.matmul_stress(devices[i], opts.dtype, n, stress_s), list(by_index))
+        mm = _in_threads(lambda i: stress.matmul_stress(devices[i], opts.dtype, n, stress_s), list(by_index),
+                         "matmul stress", stress_s + 300)
     finally:
         done.set()
         sampling.join(timeout=5)
