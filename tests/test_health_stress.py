@@ -59,4 +59,4 @@ def test_per_gpu_threads_never_wait_forever():
     t0 = _time.monotonic()
     with pytest.raises(ProblemFound, match=r"GPU\(s\) 1 did not finish the matmul stress"):
         _in_threads(lambda i: _time.sleep(30 if i == 1 else 0), [0, 1], "matmul stress", 0.5)
-    assert _time.monotonic() - t0 < 10
+    assert _time.monotonic() - t0 < 20  # returned before the stuck "GPU" (30 s) did
