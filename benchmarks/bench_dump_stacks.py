@@ -4,7 +4,7 @@
    `pgrep -P <launcher> | xargs -I {} py-spy dump --pid {}` (which prints 8 unmerged stacks for a
    person to read; the seed's `pgrep -o python` picks the oldest Python process on the machine, so
    the launcher's pid is given to it here to make it work at all).
-2. 1 node against all the rig's network-namespace nodes (3 here), each running its own 2-rank hung
+2. 1 node against all the rig's network-namespace nodes (3 by default; NODES=8 bash tests/rig/netns_up.sh for 8), each running its own 2-rank hung
    job, through `--hosts` over ssh (skipped when the rig cannot be brought up).
 
     python benchmarks/run.py dump_stacks
