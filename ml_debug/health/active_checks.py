@@ -11,35 +11,12 @@ from typing import Any
 from ml_debug.health.gpu_checks import Thresholds
 from ml_debug.health.model import Check, Status
 
-# Dense (no sparsity) peak TFLOPs from the vendor data sheets: (bf16 tensor core, fp32 non-tensor).
-# Matched by substring of the NVML name, most specific first.
-PEAK_TFLOPS: list[tuple[str, float, float]] = [
-    ("GB200", 2500.0, 80.0),
-    ("B200", 2250.0, 80.0),
-    ("H200", 989.0, 67.0),
-    ("H100 NVL", 835.0, 60.0),
-    ("H100 PCIe", 756.0, 51.0),
-    ("H100", 989.0, 67.0),  # SXM: "NVIDIA H100 80GB HBM3"
-    ("H800", 989.0, 67.0),
-    ("GH200", 989.0, 67.0),
-    ("A100", 312.0, 19.5),
-    ("A800", 312.0, 19.5),
-    ("L40S", 362.0, 91.6),
-    ("L40", 181.0, 90.5),
-    ("L4", 121.0, 30.3),
-    ("A10G", 70.0, 31.2),
-    ("A10", 125.0, 31.2),
-    ("V100", 0.0, 15.7),  # no bf16 tensor cores
-]
-
 
 def known_peak(name: str, dtype: str) -> float | None:
     """Vendor peak TFLOPs for a GPU model and dtype, or None when mldebug does not know it."""
-    for key, bf16, fp32 in PEAK_TFLOPS:
-        if key in name:
-            peak = bf16 if dtype == "bfloat16" else fp32 if dtype == "float32" else 0.0
-            return peak or None
-    return None
+    from ml_debug.gpu_peaks import peak_tflops
+
+    return peak_tflops(name, {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, ""))
 
 
 def matmul_check(target: str, gpu_name: str, r: Any, th: Thresholds) -> Check:

@@ -21,33 +21,12 @@ from ml_debug.train.config import ModelConfig
 
 STEP_SCHEMA = "mldebug.train.step"
 
-# Dense peak FLOP/s per device (no sparsity), by a substring of torch.cuda.get_device_name().
-# bf16 and fp8 tensor-core peaks from the vendors' data sheets. Longest match wins.
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "A100": {"bf16": 312e12, "fp8": 312e12},
-    "A10G": {"bf16": 70e12, "fp8": 70e12},
-    "L4": {"bf16": 121e12, "fp8": 242e12},
-    "L40S": {"bf16": 362e12, "fp8": 733e12},
-    "H100 PCIe": {"bf16": 756e12, "fp8": 1513e12},
-    "H100": {"bf16": 989e12, "fp8": 1979e12},
-    "H800": {"bf16": 989e12, "fp8": 1979e12},
-    "H200": {"bf16": 989e12, "fp8": 1979e12},
-    "H20": {"bf16": 148e12, "fp8": 296e12},
-    "GH200": {"bf16": 989e12, "fp8": 1979e12},
-    "B200": {"bf16": 2250e12, "fp8": 4500e12},
-    "MI300X": {"bf16": 1307e12, "fp8": 2615e12},
-}
-
-
 def peak_flops(device_name: str | None, numerics: str) -> float | None:
-    """The device's dense peak for this numerics (fp32/bf16 -> bf16 peak, fp8/mx -> fp8), or None."""
-    if not device_name:
-        return None
-    kind = "fp8" if numerics in ("fp8", "mx") else "bf16"
-    matches = [k for k in PEAK_FLOPS if k in device_name]
-    if not matches:
-        return None
-    return PEAK_FLOPS[max(matches, key=len)][kind]
+    """The device's dense peak FLOP/s for this numerics (fp32/bf16 -> bf16 peak, fp8/mx -> fp8), or None."""
+    from ml_debug.gpu_peaks import peak_tflops
+
+    peak = peak_tflops(device_name, "fp8" if numerics in ("fp8", "mx") else "bf16")
+    return None if peak is None else peak * 1e12
 
 
 def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int, recompute_fraction: float = 0.0
