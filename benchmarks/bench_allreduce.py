@@ -5,7 +5,7 @@ long does the default sweep take on 2 CPU ranks?
 
 1. One torchrun job of 2 gloo ranks runs, per size, 9 interleaved repetitions (alternating which
    goes first) of a minimal loop (barrier, perf_counter, N x dist.all_reduce, perf_counter) and of
-   mldebug's own measurement (ml_debug.comm.bench.run_sweep on that size); ratio = median mldebug
+   mldebug's own measurement (ml_debug.bench.sweep.run_sweep on that size); ratio = median mldebug
    busbw / median minimal busbw (target 1 +- 0.05); spreads and the best of each are in the detail.
 2. Wall time of `mldebug allreduce-bench` (default sweep, self-launched) and of `--quick`;
    ratio = wall time / 60 s (the default must stay well under a minute: ratio < 1).
@@ -59,7 +59,7 @@ def worker() -> None:
 
     import torch.distributed as dist
 
-    from ml_debug.comm.bench import BenchConfig, run_sweep
+    from ml_debug.bench.sweep import BenchConfig, run_sweep
     from ml_debug.dist import detect_world
 
     dist.init_process_group("gloo")

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ml_debug import output
-from ml_debug.errors import ExitCode
+from ml_debug.core import output
+from ml_debug.core.errors import ExitCode
 
 PASS, FAIL, TIMEOUT, PARTIAL, SKIPPED, UNAVAILABLE, ERROR = (
     "pass", "fail", "timeout", "partial", "skipped", "not available", "error")

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ml_debug.comm import bandwidth as bw
+from ml_debug.bench import bandwidth as bw
 from tests.conftest import REPO, require
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "allreduce-bench.json").read_text())

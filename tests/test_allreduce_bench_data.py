@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ml_debug.comm import bandwidth as bw
-from ml_debug.comm import bench_ops as ops
-from ml_debug.comm.bench_faults import parse_faults
-from ml_debug.errors import UsageError
+from ml_debug.bench import bandwidth as bw
+from ml_debug.bench import ops
+from ml_debug.bench.faults import parse_faults
+from ml_debug.core.errors import UsageError
 
 
 def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:

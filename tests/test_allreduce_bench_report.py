@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ml_debug.comm import bandwidth as bw
-from ml_debug.comm import bench
-from ml_debug.comm.bench_faults import Faults
+from ml_debug.bench import bandwidth as bw
+from ml_debug.bench import sweep as bench
+from ml_debug.bench.faults import Faults
 
 RANKS = [bench.RankInfo(r, "node-a", 0, r, "cpu") for r in range(2)]
 
@@ -81,7 +81,7 @@ all_reduce (busbw = algbw x 1)
 def test_human_table_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
-    from ml_debug.comm.bench_report import render
+    from ml_debug.bench.report import render
 
     rows = [_row(1024, [100e-6, 101e-6]), _row(2**20, [0.5e-3, 1.5e-3], wrong={0: 3}),
             _row(16 * 2**20, [10e-3, 10e-3])]
@@ -94,7 +94,7 @@ def test_human_table_golden(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_csv_rows() -> None:
-    from ml_debug.comm.bench_report import SWEEP_COLUMNS, to_csv
+    from ml_debug.bench.report import SWEEP_COLUMNS, to_csv
 
     res = _result([_row(s, [1e-3, 1e-3]) for s in (1024, 2048)])
     lines = to_csv(res).splitlines()
@@ -106,7 +106,7 @@ def test_csv_rows() -> None:
 def test_curve_plot_is_a_png_with_log_size_axis(tmp_path: Path) -> None:
     import matplotlib.image
 
-    from ml_debug.comm.plot import plot
+    from ml_debug.bench.plot import plot
 
     res = _result([_row(s, [s / 1e9 + 1e-4] * 2) for s in _sizes()], expect=0.5)
     info = plot(res, tmp_path / "curve.png")
@@ -120,7 +120,7 @@ def test_curve_plot_is_a_png_with_log_size_axis(tmp_path: Path) -> None:
 def test_heatmap_plot(tmp_path: Path) -> None:
     import matplotlib.image
 
-    from ml_debug.comm.plot import plot
+    from ml_debug.bench.plot import plot
 
     names = ["n0", "n1", "n2", "n3"]
     matrix: list[list[float | None]] = [[None if a == b else 10.0 for b in range(4)] for a in range(4)]
@@ -139,8 +139,8 @@ def test_heatmap_plot(tmp_path: Path) -> None:
 def test_missing_matplotlib_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from ml_debug.comm.plot import require_matplotlib
-    from ml_debug.errors import EnvironmentProblem
+    from ml_debug.bench.plot import require_matplotlib
+    from ml_debug.core.errors import EnvironmentProblem
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an interpreter without it finds
     with pytest.raises(EnvironmentProblem) as e:

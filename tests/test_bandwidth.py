@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ml_debug.comm import bandwidth as bw
-from ml_debug.errors import UsageError
+from ml_debug.bench import bandwidth as bw
+from ml_debug.core.errors import UsageError
 
 
 @pytest.mark.parametrize(("collective", "n", "factor"), [

@@ -92,7 +92,7 @@ def test_debug_shows_the_traceback():
 def test_library_errors_become_one_line_with_their_exit_code():
     code = ("import sys, typer\n"
             "from ml_debug.cli import app as a\n"
-            "from ml_debug.errors import EnvironmentProblem\n"
+            "from ml_debug.core.errors import EnvironmentProblem\n"
             "def boom():\n"
             "    raise EnvironmentProblem('py-spy is not installed', 'pip install py-spy')\n"
             "orig = a.build_app\n"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ml_debug.core.errors import EnvironmentProblem, UsageError
 from ml_debug.dist.device import choose_device
 from ml_debug.dist.world import World
-from ml_debug.errors import EnvironmentProblem, UsageError
 
 W = World(rank=5, world_size=8, local_rank=5, local_world_size=8, node_rank=0, host="h",
           master_addr="127.0.0.1", master_port=29500, launcher="torchrun")

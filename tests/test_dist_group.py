@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from ml_debug.core.errors import UsageError
 from ml_debug.dist.launch import LaunchResult, LaunchSpec, free_port, launch, strip_launch_options
-from ml_debug.errors import UsageError
 
 RANK_SCRIPT = """
 import sys, torch, torch.distributed as dist

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ml_debug.core.errors import UsageError
 from ml_debug.dist.world import derived_port, detect_world, first_host, is_launched, slurm_tasks_per_node
-from ml_debug.errors import UsageError
 
 
 def test_single_process() -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from ml_debug.environment import find_tool
+from ml_debug.core.environment import find_tool
 from tests.conftest import mldebug, require, validate_schema
 
 

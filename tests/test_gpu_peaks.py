@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ml_debug.gpu_peaks import peak_tflops
+from ml_debug.core.gpu_peaks import peak_tflops
 from ml_debug.health.active_checks import known_peak
 from ml_debug.train.metrics import peak_flops
 

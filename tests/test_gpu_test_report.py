@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ml_debug.comm import gpu_test_fault
-from ml_debug.comm.gpu_test_isolate import IsolateEntry, analyse, schedule
-from ml_debug.comm.gpu_test_report import (
+from ml_debug.core.errors import UsageError
+from ml_debug.gputest import fault as gpu_test_fault
+from ml_debug.gputest.isolate import IsolateEntry, analyse, schedule
+from ml_debug.gputest.report import (
     ABSENT,
     FAIL,
     OK,
@@ -18,7 +19,6 @@ from ml_debug.comm.gpu_test_report import (
     build_result,
     layout_problems,
 )
-from ml_debug.errors import UsageError
 
 
 def _id(rank: int, host: str = "h0", local: int | None = None, lws: int = 2, node: int | None = None,

@@ -13,9 +13,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from ml_debug.core.output import document
 from ml_debug.health.cluster import cluster_checks, merge
 from ml_debug.health.nvml_fake import healthy_gpu
-from ml_debug.output import document
 from ml_debug.remote.runner import run_mldebug_everywhere
 from ml_debug.remote.targets import Target, TargetSpec
 from tests.conftest import REPO, mldebug

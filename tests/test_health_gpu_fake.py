@@ -15,10 +15,10 @@ import jsonschema
 import pynvml
 import pytest
 
+from ml_debug.core.nvml import NA, NvmlGateway, is_na
 from ml_debug.health import active_checks, gpu_checks
 from ml_debug.health.gpu_checks import Thresholds
 from ml_debug.health.model import Check, GpuPart, Status
-from ml_debug.health.nvml import NA, NvmlGateway, is_na
 from ml_debug.health.nvml_fake import FakeNVML, healthy_gpu
 from ml_debug.health.runner import HealthOptions, passive_gpu_checks, run_local, verdict
 from ml_debug.health.snapshot import read_gpus

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 
+from ml_debug.core.nvml import NvmlGateway, is_na
 from ml_debug.health import gpu_checks
 from ml_debug.health.model import Status
-from ml_debug.health.nvml import NvmlGateway, is_na
 from ml_debug.health.runner import HealthOptions, passive_gpu_checks, run_local
 from ml_debug.health.snapshot import read_gpus
 from tests.conftest import REPO, mldebug

@@ -52,7 +52,7 @@ def test_per_gpu_threads_never_wait_forever():
     """A GPU whose test never returns (hung kernel) is named instead of hanging health."""
     import time as _time
 
-    from ml_debug.errors import ProblemFound
+    from ml_debug.core.errors import ProblemFound
     from ml_debug.health.runner import _in_threads
 
     assert _in_threads(lambda i: i * 2, [0, 1, 2], "memory test", 10) == [0, 2, 4]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 from ml_debug.remote.hostlist import compress_hostlist, expand_hostlist
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 from ml_debug.procs import find_targets, labels_from_environ
 from ml_debug.procs.find import is_python, launcher_kind
 from ml_debug.procs.tree import ProcInfo

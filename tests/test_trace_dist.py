@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 from ml_debug.tracing.tail import tail_traces
 from tests.conftest import REPO, mldebug, require
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 from ml_debug.train import mx
 from ml_debug.train.config import PRESETS, TrainConfig, parse_fault, parse_profile_steps
 from ml_debug.train.data import TokenStream, decode, encode, synthetic_text

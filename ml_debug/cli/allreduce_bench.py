@@ -89,11 +89,11 @@ def register(app: typer.Typer) -> None:
         device: Device = "auto",
         json: Json = False,
     ) -> None:
+        from ml_debug.bench import bandwidth as bw
+        from ml_debug.bench.faults import faults_from_env
+        from ml_debug.bench.sweep import BenchConfig
         from ml_debug.cli.options import use_json
-        from ml_debug.comm import bandwidth as bw
-        from ml_debug.comm.bench import BenchConfig
-        from ml_debug.comm.bench_faults import faults_from_env
-        from ml_debug.errors import UsageError
+        from ml_debug.core.errors import UsageError
 
         as_json = use_json(json)
         # Every option is checked here, before any rank starts: a typo costs no launch.
@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
         if csv == "-" and as_json:
             raise UsageError("--csv - and --json both want stdout", "give --csv a file name, or drop --json")
         if plot is not None:
-            from ml_debug.comm.plot import require_matplotlib
+            from ml_debug.bench.plot import require_matplotlib
 
             require_matplotlib()
             if plot.suffix.lower() != ".png":
@@ -151,9 +151,9 @@ def register(app: typer.Typer) -> None:
 
 def _self_launch(argv: list[str], nproc: int | None, nnodes: int, node_rank: int, master_addr: str | None,
                  master_port: int | None, backend: str, device: str, timeout: float) -> int:
-    from ml_debug import output
+    from ml_debug.core import output
+    from ml_debug.core.errors import ExitCode
     from ml_debug.dist import LaunchSpec, launch
-    from ml_debug.errors import ExitCode
 
     if nproc is None:
         gpus = 0
@@ -178,10 +178,10 @@ def _run_rank(cfg: object, backend: str, device: str, timeout: float, plot: Path
     """One rank's part under a launcher; rank 0 reports. Returns this rank's exit code."""
     import sys
 
-    from ml_debug import output
-    from ml_debug.comm.bench import SCHEMA, SCHEMA_VERSION, BenchConfig
+    from ml_debug.bench.sweep import SCHEMA, SCHEMA_VERSION, BenchConfig
+    from ml_debug.core import output
+    from ml_debug.core.errors import UsageError
     from ml_debug.dist import choose_device, detect_world, distributed
-    from ml_debug.errors import UsageError
 
     assert isinstance(cfg, BenchConfig)
     world = detect_world()
@@ -190,22 +190,22 @@ def _run_rank(cfg: object, backend: str, device: str, timeout: float, plot: Path
     choice = choose_device(world, device, backend)
     with distributed(world, choice, timeout):
         if cfg.pairwise:
-            from ml_debug.comm.bench_pairwise import run_pairwise
+            from ml_debug.bench.pairwise import run_pairwise
 
             result = run_pairwise(cfg, world, choice.device, choice.backend)
         else:
-            from ml_debug.comm.bench import run_sweep
+            from ml_debug.bench.sweep import run_sweep
 
             result = run_sweep(cfg, world, choice.device, choice.backend)
     if world.rank != 0:
         return 0 if result.ok else 1
 
-    from ml_debug.comm.bench_report import render, to_csv
-    from ml_debug.environment import summary
+    from ml_debug.bench.report import render, to_csv
+    from ml_debug.core.environment import summary
 
     env = summary()
     if plot is not None:
-        from ml_debug.comm.plot import plot as draw
+        from ml_debug.bench.plot import plot as draw
 
         draw(result, plot)
         result.notes.append(f"plot written to {plot}")

@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
-from ml_debug import __version__, output
-from ml_debug.errors import ExitCode, MLDebugError
+from ml_debug import __version__
+from ml_debug.core import output
+from ml_debug.core.errors import ExitCode, MLDebugError
 
 # command name -> the module in ml_debug/cli that registers it (in --help order). Importing a module
 # must stay cheap; building a command's options costs Typer ~20 ms per option, so a run of one

@@ -28,9 +28,10 @@ def check(
     step_timeout: Annotated[float | None, typer.Option("--step-timeout", min=1.0,
                                                        help="Seconds per step (default: each step's own).")] = None,
 ) -> None:
-    from ml_debug import checkup, output
+    from ml_debug import checkup
     from ml_debug.cli.options import use_json
-    from ml_debug.errors import UsageError
+    from ml_debug.core import output
+    from ml_debug.core.errors import UsageError
 
     as_json = use_json(json_)
     names = {s.name for s in checkup.DEFAULT_STEPS}

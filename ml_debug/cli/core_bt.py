@@ -39,9 +39,9 @@ def core_bt(
                            "that crashed.")] = False,
     json_: Json = False,
 ) -> None:
-    from ml_debug import output
     from ml_debug.cli.options import use_json
-    from ml_debug.errors import ExitCode
+    from ml_debug.core import output
+    from ml_debug.core.errors import ExitCode
     from ml_debug.stacks.cores import analyse_core, core_summary, find_cores, group_cores
 
     as_json = use_json(json_)
@@ -80,7 +80,7 @@ def core_bt(
 def _human(console: Any, result: dict[str, Any], all_threads: bool) -> None:
     from rich.text import Text
 
-    from ml_debug.output import to_jsonable
+    from ml_debug.core.output import to_jsonable
 
     for note in result["notes"]:
         console.print(f"note: {note}")

@@ -104,7 +104,7 @@ def dump_stacks(
                               identity=identity, insecure_no_host_key_check=insecure_no_host_key_check,
                               connect_timeout=connect_timeout, remote_python=remote_python,
                               remote_prefix=remote_prefix, max_parallel=max_parallel)
-    from ml_debug import output
+    from ml_debug.core import output
     from ml_debug.stacks.command import DumpRequest, dump_stacks_report
     from ml_debug.stacks.render import render
     from ml_debug.stacks.report import SCHEMA, SCHEMA_VERSION

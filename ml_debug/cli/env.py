@@ -11,7 +11,7 @@ from ml_debug.cli.options import Json, use_json
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ml_debug.environment import EnvReport
+    from ml_debug.core.environment import EnvReport
 
 SCHEMA = "mldebug.env"
 
@@ -23,8 +23,8 @@ def env_command(
 ) -> None:
     """Versions, GPUs, launcher variables, NCCL/TORCH/CUDA settings, network, tools, ptrace permission."""
     use_json(json)
-    from ml_debug import output
-    from ml_debug.environment import collect, summary
+    from ml_debug.core import output
+    from ml_debug.core.environment import collect, summary
 
     report = collect(include_torch=not no_torch)
     output.emit(SCHEMA, 1, report, lambda console: render(console, report), environment=summary())

@@ -55,8 +55,8 @@ def gpu_test(
                                                    help="Internal (--isolate): write the verdict document here.")] = None,
 ) -> None:
     from ml_debug.cli.options import use_json
+    from ml_debug.core.errors import UsageError
     from ml_debug.dist.world import detect_world, is_launched
-    from ml_debug.errors import UsageError
 
     as_json = use_json(json_)
     if is_launched():
@@ -71,9 +71,9 @@ def gpu_test(
 
 def _run_as_rank(world, as_json: bool, out_dir: Path | None, timeout: float, init_timeout: float | None,  # type: ignore[no-untyped-def]
                  mem_gb: float, backend: str, device: str, report_to: Path | None) -> None:
-    from ml_debug import output
-    from ml_debug.comm.gpu_test import GpuTestConfig, run_rank
-    from ml_debug.comm.gpu_test_view import render
+    from ml_debug.core import output
+    from ml_debug.gputest.stages import GpuTestConfig, run_rank
+    from ml_debug.gputest.view import render
 
     cfg = GpuTestConfig(timeout_s=timeout, init_timeout_s=init_timeout, mem_gb=mem_gb, device=device,
                         backend=backend, out_dir=out_dir)
@@ -99,7 +99,7 @@ def _run_as_rank(world, as_json: bool, out_dir: Path | None, timeout: float, ini
 def _self_launch(as_json: bool, out_dir: Path | None, timeout: float, init_timeout: float | None, mem_gb: float,
                  isolate: bool, nproc: int | None, nnodes: int, node_rank: int, master_addr: str | None,
                  master_port: int | None, backend: str, device: str) -> None:
-    from ml_debug import output
+    from ml_debug.core import output
     from ml_debug.dist.device import choose_device, visible_gpus
     from ml_debug.dist.launch import LaunchSpec, launch
     from ml_debug.dist.world import detect_world
@@ -114,7 +114,7 @@ def _self_launch(as_json: bool, out_dir: Path | None, timeout: float, init_timeo
     init_s = init_timeout or timeout
     run_timeout = init_s * 2 + (timeout + 5) * 8 + 60
     if isolate:
-        from ml_debug.comm.gpu_test_isolate import render, run_isolation, visible_members
+        from ml_debug.gputest.isolate import render, run_isolation, visible_members
 
         members = visible_members(n) if gpus else list(range(n))
         result = run_isolation(members, bool(gpus), argv, rdzv_timeout_s=max(30.0, init_s),

@@ -69,8 +69,8 @@ def health(
     remote_prefix: tg.RemotePrefix = None,
     max_parallel: tg.MaxParallel = 64,
 ) -> None:
-    from ml_debug import output
     from ml_debug.cli.options import use_json
+    from ml_debug.core import output
     from ml_debug.health.gpu_checks import Thresholds
     from ml_debug.health.runner import HealthOptions
 
@@ -81,8 +81,8 @@ def health(
                          matmul_n=matmul_size, cpu_stress=not no_cpu_stress)
     opts.validate()
     if hosts is None and slurm_job is None:
+        from ml_debug.core.output import to_jsonable
         from ml_debug.health.runner import run_local
-        from ml_debug.output import to_jsonable
 
         node = to_jsonable(run_local(opts))
         result = {"ok": node["ok"], "summary": node["summary"], "level": level, "exit_code": node["exit_code"],
@@ -128,8 +128,8 @@ def _forward_args(opts: HealthOptions, paths: list[str] | None) -> list[str]:
 
 
 def _run_many(opts: HealthOptions, brief: bool, out_dir: Path | None, timeout: float | None, target_opts: dict) -> dict:
+    from ml_debug.core.output import log
     from ml_debug.health.cluster import merge
-    from ml_debug.output import log
     from ml_debug.remote.runner import run_mldebug_everywhere
 
     spec = tg.resolve_targets(**target_opts)

@@ -25,7 +25,7 @@ Timeout = Annotated[
 
 def use_json(flag: bool) -> bool:
     """Combine a command's own --json with the global one; returns the effective mode."""
-    from ml_debug import output
+    from ml_debug.core import output
 
     if flag:
         output.configure(json=True)

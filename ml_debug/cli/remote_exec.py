@@ -46,7 +46,7 @@ def exec_command(
     out_dir: opt.OutDir = None,
     json_flag: opt.Json = False,
 ) -> None:
-    from ml_debug import output
+    from ml_debug.core import output
     from ml_debug.remote import execview
     from ml_debug.remote.runner import run_everywhere
 

@@ -125,7 +125,7 @@ def resolve_targets(
     ``--hosts`` that is an existing file (or looks like a path) is read as a hostfile, anything
     else is a hostlist expression. ``--slurm-job`` asks squeue for the job's nodes.
     """
-    from ml_debug.errors import UsageError
+    from ml_debug.core.errors import UsageError
     from ml_debug.remote.targets import Target, TargetSpec, parse_hostfile, parse_target, unique
 
     chosen = [name for name, on in (("--hosts", hosts is not None), ("--slurm-job", slurm_job is not None),
@@ -153,7 +153,7 @@ def resolve_targets(
 
             targets = [parse_target(name, "--hosts: ") for name in expand_hostlist(value)]
         if insecure_no_host_key_check:
-            from ml_debug.output import warn
+            from ml_debug.core.output import warn
 
             warn("--insecure-no-host-key-check: ssh host keys are NOT verified; a man-in-the-middle "
                  "would go unnoticed")

@@ -49,8 +49,8 @@ def trace_command(
     When a rank stops responding and py-spy cannot attach, its trace file still says what it did
     last. Read them together with `mldebug trace-tail DIR`.
     """
-    from ml_debug import output
-    from ml_debug.errors import UsageError
+    from ml_debug.core import output
+    from ml_debug.core.errors import UsageError
     from ml_debug.tracing.run import run_traced
 
     if idle_dump is not None and ring is None:
@@ -84,7 +84,7 @@ def tail_command(
     same way, 1 when they differ (the odd group is named), 2 when no trace file is found.
     """
     use_json(json)
-    from ml_debug import output
+    from ml_debug.core import output
     from ml_debug.tracing.tail import tail_traces
 
     report = tail_traces(paths or ["."], lines=lines, grep=grep, all_threads=all_threads)

@@ -158,9 +158,9 @@ def worker_argv(cfg: object, as_json: bool) -> list[str]:
 
 def _self_launch(cfg: object, as_json: bool, nproc: int, nnodes: int, node_rank: int, master_addr: str | None,
                  master_port: int | None) -> int:
-    from ml_debug import output
+    from ml_debug.core import output
+    from ml_debug.core.errors import ExitCode
     from ml_debug.dist import LaunchSpec, launch
-    from ml_debug.errors import ExitCode
 
     result = launch(worker_argv(cfg, as_json), LaunchSpec(nproc_per_node=nproc, nnodes=nnodes,
                                                           node_rank=node_rank, master_addr=master_addr,
@@ -180,8 +180,8 @@ def _run_rank(cfg: object, as_json: bool) -> int:
     """This process's part: train, then rank 0 reports."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from ml_debug import output
-    from ml_debug.errors import ProblemFound
+    from ml_debug.core import output
+    from ml_debug.core.errors import ProblemFound
     from ml_debug.train.faults import InjectedCrash
     from ml_debug.train.loop import SCHEMA, train
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ml_debug.dist.world import World
-from ml_debug.errors import EnvironmentProblem, UsageError
+from ml_debug.core.errors import EnvironmentProblem, UsageError
 
 BACKENDS = ("auto", "nccl", "gloo")
 

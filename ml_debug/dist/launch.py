@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ml_debug.errors import ExitCode, UsageError
+from ml_debug.core.errors import ExitCode, UsageError
 
 LAUNCH_OPTIONS = ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port")
 KILLED = -15  # a rank stopped by the launcher because another one failed
@@ -135,7 +135,7 @@ def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None 
             timer.start()
         failures: dict[int, int] = {}
         try:
-            elastic_launch(config, sys.executable)("-u", "-m", "ml_debug.dist.worker", *argv)
+            elastic_launch(config, sys.executable)("-u", "-m", "ml_debug.cli.worker", *argv)
         except ChildFailedError as e:
             failures = {int(r): int(f.exitcode) for r, f in e.failures.items()}
         except SignalException as e:

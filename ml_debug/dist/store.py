@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ml_debug.dist.world import World
-from ml_debug.errors import PartialResult, UsageError
+from ml_debug.core.errors import PartialResult, UsageError
 
 
 class StoreUnavailable(PartialResult):

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 LAUNCHERS = ("torchrun", "slurm", "mpi", "single")
 DEFAULT_PORT = 29500

@@ -14,7 +14,7 @@ from ml_debug.health.model import Check, Status
 
 def known_peak(name: str, dtype: str) -> float | None:
     """Vendor peak TFLOPs for a GPU model and dtype, or None when mldebug does not know it."""
-    from ml_debug.gpu_peaks import peak_tflops
+    from ml_debug.core.gpu_peaks import peak_tflops
 
     return peak_tflops(name, {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, ""))
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ml_debug.errors import ExitCode
+from ml_debug.core.errors import ExitCode
+from ml_debug.core.output import to_jsonable
 from ml_debug.health.active_checks import outlier_checks
 from ml_debug.health.model import Check, Status
-from ml_debug.output import to_jsonable
 
 SCHEMA = "mldebug.health"
 

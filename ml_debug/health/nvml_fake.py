@@ -1,6 +1,6 @@
 """FakeNVML: the project's only fake, standing in for ``pynvml`` at the NVML gateway.
 
-It implements just the ``nvml*`` functions :class:`~ml_debug.health.nvml.NvmlGateway`
+It implements just the ``nvml*`` functions :class:`~ml_debug.core.nvml.NvmlGateway`
 calls, with pynvml's signatures and return shapes, from a plain dict per GPU. A key left
 out of a GPU's dict makes that call raise pynvml's own "Not Supported" error, exactly as a
 GPU without the feature does. Used by the tests (GPU decision logic on a machine without

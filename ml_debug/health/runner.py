@@ -14,13 +14,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ml_debug.errors import ExitCode, UsageError
+from ml_debug.core.errors import ExitCode, UsageError
+from ml_debug.core.nvml import NvmlGateway, is_na, open_gateway
+from ml_debug.core.output import log, to_jsonable
 from ml_debug.health import active_checks, gpu_checks, host_checks
 from ml_debug.health.gpu_checks import Thresholds
 from ml_debug.health.model import Check, GpuInfo, GpuPart, NodeReport, Status, count_statuses
-from ml_debug.health.nvml import NvmlGateway, is_na, open_gateway
 from ml_debug.health.snapshot import read_gpus
-from ml_debug.output import log, to_jsonable
 
 LEVEL_DEFAULTS = {  # stress seconds, memtest fraction of free memory, copy bytes
     1: (0.0, 0.0, 0),
@@ -122,7 +122,7 @@ def _in_threads(fn: Any, items: list[Any], what: str, timeout_s: float) -> list[
         t.join(timeout=max(0.0, deadline - time.monotonic()))
     stuck = [items[i] for i, t in enumerate(threads) if t.is_alive()]
     if stuck:
-        from ml_debug.errors import ProblemFound
+        from ml_debug.core.errors import ProblemFound
 
         raise ProblemFound(f"GPU(s) {', '.join(map(str, stuck))} did not finish the {what} within {timeout_s:.0f} s",
                            "a hung kernel or a GPU fallen off the bus: check `dmesg | grep -i xid` and "

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ml_debug.core.nvml import NotAvailable, NvmlGateway, is_na
 from ml_debug.health.model import GpuInfo
-from ml_debug.health.nvml import NotAvailable, NvmlGateway, is_na
 
 
 def _pick(value: Any, i: int) -> Any:

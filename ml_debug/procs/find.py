@@ -14,7 +14,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 from ml_debug.procs.labels import RankLabels, labels_from_environ, read_environ
 from ml_debug.procs.tree import ProcInfo, ProcTable, snapshot
 
@@ -166,7 +166,7 @@ def gpu_holder_pids() -> tuple[list[int], str | None]:
     Returns (pids, None), or ([], reason) when NVML cannot be used here (no GPU, no driver).
     """
     try:
-        from ml_debug.health.nvml import is_na, open_gateway
+        from ml_debug.core.nvml import is_na, open_gateway
     except Exception as e:  # the binding itself is missing
         return [], f"NVML unavailable: {type(e).__name__}: {e}"
     gw = open_gateway()

@@ -84,7 +84,7 @@ def print_grouped(results: Sequence[NodeResult]) -> None:
 
 def print_summary(report: ExecReport) -> None:
     """One line per failure reason on stderr (the data on stdout stays clean for pipes)."""
-    from ml_debug.output import log
+    from ml_debug.core.output import log
 
     nodes = report.nodes
     if report.ok:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 # A host list is a user typing on a command line; refuse expressions that would expand into a
 # number of names no cluster has (a typo like [1-1000000000] must not eat the memory).

@@ -43,7 +43,7 @@ def build_script(argv: Sequence[str], remote_prefix: str | None = None) -> str:
     ``source venv/bin/activate && exec echo 'a;b'``
     """
     if not argv:
-        from ml_debug.errors import UsageError
+        from ml_debug.core.errors import UsageError
 
         raise UsageError("no command to run", "put the command after --, e.g. mldebug exec --hosts h -- uptime")
     cmd = shlex.join(argv)
@@ -138,7 +138,7 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._:-]")
 
 
 def _write(out_dir: Path, r: NodeResult) -> None:
-    from ml_debug.output import to_jsonable
+    from ml_debug.core.output import to_jsonable
 
     name = _SAFE_NAME.sub("_", r.host)
     (out_dir / f"{name}.out").write_text(r.stdout + r.stderr)

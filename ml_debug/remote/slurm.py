@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ml_debug.errors import EnvironmentProblem, UsageError
+from ml_debug.core.errors import EnvironmentProblem, UsageError
 from ml_debug.remote.hostlist import expand_hostlist
 from ml_debug.remote.result import TIMED_OUT, UNREACHABLE, NodeResult, decode, failed, finished
 from ml_debug.remote.targets import Target

@@ -97,7 +97,7 @@ class SshPool:
         self.connect_timeout_s = connect_timeout_s
         config_path = (spec.ssh_config or DEFAULT_CONFIG).expanduser()
         if spec.ssh_config is not None or config_path.exists():
-            from ml_debug.errors import UsageError
+            from ml_debug.core.errors import UsageError
 
             try:
                 self.config = paramiko.SSHConfig.from_path(str(config_path))
@@ -347,7 +347,7 @@ def _raise_fd_limit() -> None:
 
 def _hop_target(hop: str) -> Target:
     """A ProxyJump hop, ``[user@]host[:port]`` (here a number after ':' is always a port)."""
-    from ml_debug.errors import UsageError
+    from ml_debug.core.errors import UsageError
     from ml_debug.remote.targets import check_hostname
 
     hop = hop.strip()

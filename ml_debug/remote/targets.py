@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 Kind = Literal["local", "ssh", "slurm"]
 

@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ml_debug.output import log, progress
+from ml_debug.core.output import log, progress
+from ml_debug.core.ptrace import PtraceCheck, check_ptrace
 from ml_debug.procs.find import Target, TargetSet
 from ml_debug.stacks.dumpers import DumpOptions, Tools, dump_process
 from ml_debug.stacks.model import ProcessDump
-from ml_debug.stacks.ptrace import PtraceCheck, check_ptrace
 
 MAX_PARALLEL = 32
 

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ml_debug import output
-from ml_debug.errors import ExitCode
+from ml_debug.core import output
+from ml_debug.core.errors import ExitCode
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.stacks.report import (
     SCHEMA,

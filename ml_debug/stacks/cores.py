@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ml_debug.errors import EnvironmentProblem, UsageError
+from ml_debug.core.errors import EnvironmentProblem, UsageError
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
 from ml_debug.stacks.elfcore import executable_of, is_core, read_notes
 from ml_debug.stacks.model import Frame, ThreadDump

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from ml_debug.errors import ExitCode
-from ml_debug.output import to_jsonable
+from ml_debug.core.errors import ExitCode
+from ml_debug.core.output import to_jsonable
 from ml_debug.stacks.collect import NodeResult
 from ml_debug.stacks.merge import Analysis, Member, analyse, member_state
 from ml_debug.stacks.model import dump_from_json

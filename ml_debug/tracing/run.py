@@ -10,7 +10,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 from ml_debug.nicertrace import NicerTrace
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 FILE_RE = re.compile(r"^trace-(?P<host>.+)-(?P<rank>\d+|na)-(?P<pid>\d+)\.txt$")
 _PREFIX_RE = re.compile(r"^(?P<ts>\d+:\d\d:\d\d\.\d+ )?(?:\[pid \d+\] )?")

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 NUMERICS = ("fp32", "bf16", "fp8", "mx")
 MX_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1", "int8")

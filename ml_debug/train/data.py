@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 STDLIB_CAP = 8 << 20  # bytes read from the standard library (plenty for any run here)
 

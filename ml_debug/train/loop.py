@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ml_debug.errors import MLDebugError, ProblemFound
+from ml_debug.core.errors import MLDebugError, ProblemFound
 from ml_debug.train.config import TrainConfig
 
 SCHEMA = "mldebug.train"

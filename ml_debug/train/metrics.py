@@ -23,7 +23,7 @@ STEP_SCHEMA = "mldebug.train.step"
 
 def peak_flops(device_name: str | None, numerics: str) -> float | None:
     """The device's dense peak FLOP/s for this numerics (fp32/bf16 -> bf16 peak, fp8/mx -> fp8), or None."""
-    from ml_debug.gpu_peaks import peak_tflops
+    from ml_debug.core.gpu_peaks import peak_tflops
 
     peak = peak_tflops(device_name, "fp8" if numerics in ("fp8", "mx") else "bf16")
     return None if peak is None else peak * 1e12

@@ -24,9 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ml_debug import output
-from ml_debug.comm import gpu_test_fault
-from ml_debug.comm.gpu_test_report import (
+from ml_debug.core import output
+from ml_debug.dist.device import DeviceChoice, choose_device
+from ml_debug.dist.group import init_process_group, is_timeout_error, teardown
+from ml_debug.dist.store import StoreUnavailable, create_store, store_get, store_set, wait_keys
+from ml_debug.dist.world import World, detect_world
+from ml_debug.gputest import fault as gpu_test_fault
+from ml_debug.gputest.report import (
     ABSENT,
     FAIL,
     OK,
@@ -43,10 +47,6 @@ from ml_debug.comm.gpu_test_report import (
     layout_problems,
     report_from_dict,
 )
-from ml_debug.dist.device import DeviceChoice, choose_device
-from ml_debug.dist.group import init_process_group, is_timeout_error, teardown
-from ml_debug.dist.store import StoreUnavailable, create_store, store_get, store_set, wait_keys
-from ml_debug.dist.world import World, detect_world
 
 HEARTBEAT_S = 1.0
 DEAD_AFTER_S = 4.0  # no heartbeat for this long: the rank is gone (killed), stop waiting for it

@@ -20,10 +20,10 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ml_debug import output
-from ml_debug.comm import bandwidth as bw
-from ml_debug.comm import bench_ops as ops
-from ml_debug.comm.bench_faults import Faults
+from ml_debug.bench import bandwidth as bw
+from ml_debug.bench import ops
+from ml_debug.bench.faults import Faults
+from ml_debug.core import output
 
 if TYPE_CHECKING:
     from ml_debug.dist.world import World

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 ENV = "MLDEBUG_TEST_FAULT"
 KINDS = ("wrong-value", "die", "hang")

@@ -1,4 +1,4 @@
-"""Entry point of a self-launched rank: ``python -m ml_debug.dist.worker <command> [args]``.
+"""Entry point of a self-launched rank: ``python -m ml_debug.cli.worker <command> [args]``.
 
 Runs the mldebug command like ``python -m ml_debug`` would, writes its exit code where the launcher
 reads it (MLDEBUG_LAUNCH_DIR/rank<R>.rc), then exits 0: torch's elastic agent kills every other rank

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 ENV = "MLDEBUG_TEST_FAULT"
 

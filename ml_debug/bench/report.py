@@ -6,8 +6,8 @@ import csv
 import io
 from typing import TYPE_CHECKING, Any
 
-from ml_debug.comm import bandwidth as bw
-from ml_debug.comm.bench import BenchResult
+from ml_debug.bench import bandwidth as bw
+from ml_debug.bench.sweep import BenchResult
 
 if TYPE_CHECKING:
     from rich.console import Console

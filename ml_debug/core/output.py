@@ -74,7 +74,7 @@ def document(
 ) -> dict[str, Any]:
     """The versioned JSON envelope around one command's result."""
     if environment is None:
-        from ml_debug.environment import summary
+        from ml_debug.core.environment import summary
 
         environment = summary()
     return {

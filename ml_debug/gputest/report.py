@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ml_debug.errors import ExitCode
+from ml_debug.core.errors import ExitCode
 
 STAGES = ("device", "alloc", "rendezvous", "init", "all_reduce", "all_gather", "broadcast", "p2p_ring",
           "barrier")

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ml_debug.errors import UsageError
+from ml_debug.core.errors import UsageError
 
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv",

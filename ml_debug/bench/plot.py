@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ml_debug.comm import bandwidth as bw
-from ml_debug.errors import EnvironmentProblem
+from ml_debug.bench import bandwidth as bw
+from ml_debug.core.errors import EnvironmentProblem
 
 INSTALL_HINT = "install the plotting extra: pip install 'mldebug[plot]' (or pip install matplotlib)"
 

@@ -19,9 +19,9 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from ml_debug.comm import bandwidth as bw
-from ml_debug.comm import bench_ops as ops
-from ml_debug.comm.bench import (
+from ml_debug.bench import bandwidth as bw
+from ml_debug.bench import ops
+from ml_debug.bench.sweep import (
     BenchConfig,
     BenchResult,
     PairLink,

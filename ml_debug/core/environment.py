@@ -177,7 +177,7 @@ def ptrace_permission() -> PtraceVerdict:
     """Whether py-spy/gdb may attach here: Yama ptrace_scope and CAP_SYS_PTRACE
     (`cat /proc/sys/kernel/yama/ptrace_scope`, `capsh --print`); the policy is read by the same
     check dump-stacks runs before attaching."""
-    from ml_debug.stacks.ptrace import check_ptrace
+    from ml_debug.core.ptrace import check_ptrace
 
     check = check_ptrace()
     own = check.denial(check.euid)
@@ -246,7 +246,7 @@ def setting_warnings(settings: Mapping[str, str], names: list[str]) -> list[str]
 
 def gpu_inventory() -> dict[str, Any]:
     """GPUs as NVML sees them (`nvidia-smi -L` plus bus id, driver and memory), or why none."""
-    from ml_debug.health.nvml import is_na, open_gateway
+    from ml_debug.core.nvml import is_na, open_gateway
 
     with open_gateway() as gw:
         status = gw.open()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ml_debug.comm import bandwidth as bw
+from ml_debug.bench import bandwidth as bw
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ml_debug.errors import ExitCode
+from ml_debug.core.errors import ExitCode
 
 
 def schedule(n: int) -> list[tuple[int, ...]]:
@@ -84,7 +84,7 @@ def run_isolation(members: Sequence[int], gpu: bool, worker_argv: Sequence[str],
     """Launch one gpu-test per group of the schedule and judge the groups together."""
     import time
 
-    from ml_debug import output
+    from ml_debug.core import output
     from ml_debug.dist.launch import LaunchSpec, launch
 
     entries: list[IsolateEntry] = []
