@@ -200,3 +200,50 @@ def test_full_state_dict_round_trip(tmp_path: Path) -> None:
     cfg = TrainConfig(steps=1, batch_size=2, seq_len=32, init_from=tmp_path / "full.pt", log_every=100)
     other = TrainConfig(steps=1, batch_size=2, seq_len=32, seed=99, log_every=100)
     assert train(cfg).losses == train(other).losses
+
+
+def test_agreement_sum_names_bad_ranks_and_any_switch() -> None:
+    from ml_debug.train.agreement import Contribution, pack, unpack
+
+    ranks = [Contribution(loss=2.0, grad_sq=4.0, kill=False, save=False),
+             Contribution(loss=float("nan"), grad_sq=9.0, kill=True, save=False),
+             Contribution(loss=3.0, grad_sq=float("inf"), kill=False, save=True),
+             Contribution(loss=1.0, grad_sq=16.0, kill=True, save=False)]
+    # The SUM that the all_reduce does, over every rank's packed vector.
+    total = sum(pack(c, r, 4) for r, c in enumerate(ranks))
+    agreed = unpack(total, 4)
+    assert (agreed.loss_bad_ranks, agreed.grad_bad_ranks) == ([1], [2]) and not agreed.finite
+    # A bad value contributes 0, so the sums of the others stay finite and readable.
+    assert agreed.loss_sum == 6.0 and agreed.loss == 1.5
+    assert agreed.grad_sq == 29.0 and agreed.grad_norm == math.sqrt(29.0)
+    assert agreed.kill and agreed.save
+    calm = unpack(pack(Contribution(loss=2.5, grad_sq=1.0, kill=False, save=False), 0, 1), 1)
+    assert calm.finite and not calm.kill and not calm.save and calm.loss == 2.5
+
+
+def test_trainer_step_by_step_with_switches(tmp_path: Path) -> None:
+    from ml_debug.dist import choose_device, detect_world
+    from ml_debug.train.checkpointer import Switches
+    from ml_debug.train.faults import FaultPlan
+    from ml_debug.train.loop import train
+    from ml_debug.train.trainer import Trainer
+
+    save, kill, ck = tmp_path / "SAVE", tmp_path / "KILL", tmp_path / "ck"
+    args: dict[str, object] = {"steps": 5, "batch_size": 2, "seq_len": 32, "log_every": 100, "stats_every": 0}
+    cfg = TrainConfig(**args, checkpoint_dir=ck, save_switch=save, kill_switch=kill)  # type: ignore[arg-type]
+    world = detect_world({})
+    trainer = Trainer(cfg, world, choose_device(world, "cpu", "gloo"), FaultPlan([], 0))
+    save.touch()
+    first = trainer.train_step(1, trainer.checkpointer.switches())
+    assert first.save and not first.kill
+    trainer.checkpointer.after_step(1, first.save)
+    assert (ck / "step-1" / "COMPLETE").is_file() and not save.exists(), "saved, and the switch consumed"
+    second = trainer.train_step(2, Switches(kill=True, save=False))
+    assert second.kill and not second.save
+    result = trainer.summary()
+    assert (result.start_step, result.last_step, result.steps_run) == (0, 2, 2)
+    assert result.checkpoints == [str(ck / "step-1")] and result.final_loss == second.loss
+    trainer.close()
+    assert not hasattr(trainer, "model") and not hasattr(trainer, "optimizer")
+    # The steps are the ones train() runs.
+    assert train(TrainConfig(**args)).losses.items() >= {1: first.loss, 2: second.loss}.items()  # type: ignore[arg-type]

@@ -119,13 +119,3 @@ def load_full_from_rank0(model: nn.Module, path: Path, is_rank0: bool) -> None:
     full = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if is_rank0 else {}
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
-
-def save_full(model: nn.Module, path: Path) -> None:
-    """Gather a full state dict on rank 0 and torch.save it (every rank must call)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if _rank() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(sd, path)
-    _barrier()

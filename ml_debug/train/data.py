@@ -106,10 +106,6 @@ class TokenStream:
         corpus = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return cls(corpus, seq_len, batch_size, rank, world_size)
 
-    @property
-    def sequences_per_step_rank(self) -> int:
-        return self.batch_size
-
     def micro_batch(self, accum: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Micro-batch ``micro`` of ``accum`` of the current step, for this rank."""
         n_windows = (self.corpus.numel() - 1 - self.seq_len)
