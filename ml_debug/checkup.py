@@ -113,9 +113,13 @@ def run_step(step: Step, timeout_s: float | None = None, out_dir: Path | None = 
     seconds = round(time.monotonic() - t0, 2)
     rc = proc.returncode
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"check.{step.name}.json").write_text(stdout)
-        (out_dir / f"check.{step.name}.stderr").write_text(stderr)
+        from ml_debug.core.output import warn
+        from ml_debug.core.safefs import write_out
+
+        for name, text in ((f"check.{step.name}.json", stdout), (f"check.{step.name}.stderr", stderr)):
+            note = write_out(out_dir, name, text)
+            if note:
+                warn(f"--out-dir: {note}")
     doc = None
     try:
         doc = json.loads(stdout) if stdout.strip() else None

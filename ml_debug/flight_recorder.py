@@ -16,8 +16,10 @@ collective releases the GIL). Standard library only; torch is imported when a du
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import threading
 import time
 
@@ -44,16 +46,33 @@ def dump_json() -> bytes:
 
 
 def write_dump(dump_dir: str, rank: int) -> str:
-    """Write ``<dump_dir>/fr-<rank>.json`` atomically (a reader never sees half a file); its path."""
+    """Write ``<dump_dir>/fr-<rank>.json`` atomically (a reader never sees half a file); its path.
+
+    The directory may be shared (``/tmp``): the data goes to a new file with an unpredictable name
+    (``O_EXCL | O_NOFOLLOW``, mode 0600: only this user and root read it), renamed over the final
+    name, so nothing another user planted there is written through.
+    """
     path = os.path.join(dump_dir, f"fr-{rank}.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         text = dump_json()
     except Exception as e:  # noqa: BLE001 - a diagnostics helper must never kill the job
         text = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
-    with open(tmp, "wb") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = f"{path}.{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o600)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 

@@ -99,19 +99,25 @@ class _OutWriter:
 
     def __init__(self, out_dir: Path | None, rank: int) -> None:
         self.path = None
+        self.out_dir = out_dir
         if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
             self.path = out_dir / f"gpu-test.rank{rank:05d}.jsonl"
         self._lock = threading.Lock()
 
     def write(self, rep: RankReport, event: str) -> None:
-        if self.path is None:
+        if self.path is None or self.out_dir is None:
             return
+        from ml_debug.core.safefs import open_append
+
         line = json.dumps({"event": event, "time": time.time(), **output.to_jsonable(rep)})
-        with self._lock, open(self.path, "a") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        with self._lock:
+            fd, note = open_append(self.out_dir, self.path.name)  # never through a link planted there
+            if note:
+                output.warn(f"--out-dir: {note}")
+            with open(fd, "a", closefd=True) as fh:
+                fh.write(line + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
 
 
 class _Watchdog:

@@ -14,6 +14,7 @@ stderr) and ``<host>.json`` the moment it arrives, so Ctrl-C keeps what was gath
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -74,7 +75,9 @@ def run_everywhere(
     connect_timeout_s = spec.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
     max_parallel = spec.max_parallel if max_parallel is None else max_parallel
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        from ml_debug.core.safefs import open_out_dir
+
+        os.close(open_out_dir(out_dir))  # made, and checked to be ours, before any node answers
     results: dict[str, NodeResult] = {}
     lock = threading.Lock()
 
@@ -138,11 +141,14 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._:-]")
 
 
 def _write(out_dir: Path, r: NodeResult) -> None:
-    from ml_debug.core.output import to_jsonable
+    from ml_debug.core.output import to_jsonable, warn
+    from ml_debug.core.safefs import write_out
 
     name = _SAFE_NAME.sub("_", r.host)
-    (out_dir / f"{name}.out").write_text(r.stdout + r.stderr)
-    (out_dir / f"{name}.json").write_text(json.dumps(to_jsonable(r), indent=2) + "\n")
+    for note in (write_out(out_dir, f"{name}.out", r.stdout + r.stderr),
+                 write_out(out_dir, f"{name}.json", json.dumps(to_jsonable(r), indent=2) + "\n")):
+        if note:
+            warn(f"--out-dir: {note}")
 
 
 # ------------------------------------------------------------------------------- agent pattern

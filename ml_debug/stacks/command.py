@@ -7,6 +7,7 @@ per-node documents are merged (processes and nodes concatenated) and analysed as
 from __future__ import annotations
 
 import json
+import os
 import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -135,12 +136,18 @@ def local_report(req: DumpRequest) -> dict[str, Any]:
 
 def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None = None) -> dict[str, Any]:
     """The merged report for the targets of `spec` (this node, --hosts, or --slurm-job)."""
+    from ml_debug.core import safefs
+
+    if out_dir is not None:  # an unusable --out-dir is said before the work, not after it
+        os.close(safefs.open_out_dir(out_dir))
     if spec.kind == "local":
         result = local_report(req)
         if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / f"{socket.gethostname()}.json").write_text(
-                output.dumps(output.document(SCHEMA, SCHEMA_VERSION, result)) + "\n")
+            name = f"{socket.gethostname()}.json"
+            note = safefs.planted(out_dir, name)
+            if note and result.get("nodes"):
+                result["nodes"][0].setdefault("notes", []).append(f"--out-dir: {note}")
+            safefs.write_out(out_dir, name, output.dumps(output.document(SCHEMA, SCHEMA_VERSION, result)) + "\n")
         return result
 
     from ml_debug.remote.runner import AgentResult, run_mldebug_everywhere
@@ -183,6 +190,9 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
                              "launcher and no Python process with a rank in its environment")
         result["hint"] = NO_TARGETS_HINT
     if out_dir is not None:
-        (out_dir / "merged.json").write_text(json.dumps(output.document(SCHEMA, SCHEMA_VERSION, result),
-                                                        indent=2) + "\n")
+        note = safefs.planted(out_dir, "merged.json")
+        if note:
+            output.warn(f"--out-dir: {note}")
+        safefs.write_out(out_dir, "merged.json",
+                         json.dumps(output.document(SCHEMA, SCHEMA_VERSION, result), indent=2) + "\n")
     return result

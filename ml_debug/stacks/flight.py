@@ -8,12 +8,18 @@ Two ways a rank can dump its Flight Recorder buffer on request:
   there makes it dump to TORCH_NCCL_DEBUG_INFO_TEMP_FILE (default ``/tmp/nccl_trace_rank_``)<rank>,
   a pickle of plain data that we read with a restricted unpickler (no global but plain builtins).
 
+Every path comes from the rank's environment and mldebug usually runs as root: each is opened
+through :mod:`ml_debug.core.safefs`, as the rank's own user could (no symbolic link followed, a
+FIFO for the pipe, a regular file of that user no larger than MAX_DUMP_BYTES for a dump); anything
+else is refused, and the rank's error says why.
+
 Every dump is summarised per rank (last completed / last enqueued collective of each process
 group) and the ranks are compared. Absent evidence is never an error: the section is ``None``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -22,14 +28,17 @@ import pickle
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
+
+from ml_debug.core import safefs
+from ml_debug.core.safefs import Owner, Refused
 
 FR_DIR_VAR = "MLDEBUG_FR_DIR"
 NCCL_PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 NCCL_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 NCCL_FILE_DEFAULT = "/tmp/nccl_trace_rank_"
 MAX_DUMP_BYTES = 256 * 1024 * 1024
+REFUSED = "refused: "  # how a rank's error starts when one of its paths failed the safety checks
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -173,32 +182,47 @@ def section(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
         evidence = f"flight recorder: {got} rank(s) dumped, none behind the others"
     else:
         evidence = "flight recorder: no rank could be dumped"
+    refused = [r for r in ranks if str(r.get("error") or "").startswith(REFUSED)]
+    if refused:  # said where every view shows it, not only in a table cell
+        evidence += "; " + "; ".join(f"{_who(r)}: {r['error']}" for r in refused)
     return {"ranks": ranks, "behind": behind, "evidence": evidence}
 
 
 # ---- triggering --------------------------------------------------------------------------------
+#
+# Every path below comes from the target's environment, and mldebug usually runs as root: each one
+# is opened through ml_debug.core.safefs (no symbolic link followed at the last component, the type
+# and the owner checked on the descriptor, sizes bounded), as the target's user could do it.
 
-def _wait_file(path: Path, since: float, deadline: float, stable: bool = True) -> bytes | None:
-    """The file's bytes once it exists, is newer than `since` and has stopped growing; None at the deadline."""
+def _wait_dump(open_dump: Callable[[], tuple[int, os.stat_result]], shown: str, since: float,
+               deadline: float) -> bytes | None:
+    """The dump's bytes once it exists, is newer than `since` and has stopped growing; None at the deadline.
+
+    A dump that is not a regular file of the job's user (a planted link, a FIFO) or is too big raises
+    :class:`Refused` at once: waiting would not make it any better."""
     last = -1
     while time.monotonic() < deadline:
         try:
-            st = path.stat()
-            if st.st_mtime >= since and st.st_size > 0 and st.st_size <= MAX_DUMP_BYTES:
-                if not stable or st.st_size == last:
-                    return path.read_bytes()
-                last = st.st_size
-        except OSError:
+            fd, st = open_dump()
+        except FileNotFoundError:
             pass
+        else:
+            with safefs.opened(fd):
+                if st.st_mtime >= since and st.st_size > 0:
+                    if st.st_size == last:
+                        return safefs.read_fd(fd, shown, MAX_DUMP_BYTES)
+                    last = st.st_size
         time.sleep(0.1)
     return None
 
 
-def _write_pipe(pipe: str, deadline: float) -> str | None:
-    """Write to a FIFO without blocking (no reader yet: ENXIO, retried); the error, or None."""
+def _write_pipe(pipe: str, owner: Owner, cwd_fd: int | None, deadline: float) -> str | None:
+    """Write to the rank's FIFO without blocking (no reader yet: ENXIO, retried); the error, or None.
+
+    Only a FIFO of the job's user is opened: a link or a regular file at that name is refused."""
     while True:
         try:
-            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            fd, _ = safefs.open_untrusted(pipe, owner, "fifo", os.O_WRONLY | os.O_NONBLOCK, cwd_fd=cwd_fd)
         except OSError as e:
             if e.errno == errno.ENXIO and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -213,6 +237,38 @@ def _write_pipe(pipe: str, deadline: float) -> str | None:
         return None
 
 
+def _trigger(dir_fd: int, shown: str, name: str, owner: Owner) -> tuple[int, int] | None:
+    """Create ``<dir>/trigger-<rank>`` as the job's user could; (st_dev, st_ino) of the file we made,
+    None when a trigger of the job's user is already there (pending)."""
+    st = os.fstat(dir_fd)
+    if not owner.may_write_dir(st):
+        raise Refused(f"{shown} is not writable by the job's user ({owner.describe()}): no trigger created there")
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=dir_fd)
+    except FileExistsError:
+        fd, _ = safefs.open_in(dir_fd, name, f"{shown}/{name}", owner, "file", os.O_RDONLY | os.O_NONBLOCK)
+        os.close(fd)
+        return None
+    with safefs.opened(fd):
+        if os.geteuid() != owner.uid:
+            # the job must be able to remove it, also in a sticky directory such as /tmp
+            with contextlib.suppress(OSError):
+                os.fchown(fd, owner.uid, owner.gid)
+        made = os.fstat(fd)
+    return made.st_dev, made.st_ino
+
+
+def _remove_trigger(dir_fd: int, name: str, made: tuple[int, int] | None) -> None:
+    """Remove the trigger we made if it is still there (not picked up: it must not fire much later)."""
+    if made is None:
+        return
+    with contextlib.suppress(OSError):
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == made:
+            os.unlink(name, dir_fd=dir_fd)
+
+
 def how(env: dict[str, str], rank: int | None) -> str | None:
     """'mldebug' or 'nccl' when this rank's launch environment allows a dump on request, else None."""
     if env.get(FR_DIR_VAR):
@@ -222,42 +278,73 @@ def how(env: dict[str, str], rank: int | None) -> str | None:
     return None
 
 
-def fetch(env: dict[str, str], rank: int | None, pid: int, timeout: float) -> dict[str, Any]:
-    """Trigger one rank's dump and read it back: a per-rank record (ok, or the error)."""
+def fetch(env: dict[str, str], rank: int | None, pid: int, timeout: float, owner: Owner | None = None
+          ) -> dict[str, Any]:
+    """Trigger one rank's dump and read it back: a per-rank record (ok, or the error).
+
+    `owner` is the job's user, whose files alone are used (default: the process's, else ours); a
+    path that fails the checks of ml_debug.core.safefs leaves an error that starts with "refused: ".
+    """
     source = how(env, rank)
     rec: dict[str, Any] = {"rank": rank, "pid": pid, "source": source, "file": None, "ok": False, "error": None,
                            "process_groups": []}
+    if source is None:
+        rec["error"] = "no Flight Recorder trigger in the environment"
+        return rec
+    owner = owner or Owner.of_process(pid) or Owner.current()
     deadline = time.monotonic() + timeout
     since = time.time() - 0.01
+    cwd_fd = safefs.process_cwd(pid)
+    dir_fd: int | None = None
     try:
         if source == "mldebug":
-            d = Path(env[FR_DIR_VAR])
+            shown = env[FR_DIR_VAR]
             r = rank if rank is not None else 0
-            out = d / f"fr-{r}.json"
-            (d / f"trigger-{r}").touch()
-        elif source == "nccl":
+            out, trigger = f"fr-{r}.json", f"trigger-{r}"
+            rec["file"] = f"{shown.rstrip('/')}/{out}"
+            dir_fd = safefs.open_dir(shown, owner, cwd_fd)
+            made = _trigger(dir_fd, shown, trigger, owner)
+            try:
+                data = _wait_dump(lambda: safefs.open_in(dir_fd, out, rec["file"], owner, "file",
+                                                         os.O_RDONLY | os.O_NONBLOCK, MAX_DUMP_BYTES),
+                                  rec["file"], since, deadline)
+            finally:
+                _remove_trigger(dir_fd, trigger, made)
+        else:
             base = next((env[v] for v in NCCL_FILE_VARS if env.get(v)), NCCL_FILE_DEFAULT)
-            out = Path(f"{base}{rank}")
-            err = _write_pipe(f"{env[NCCL_PIPE_VAR]}{rank}.pipe", deadline)
+            rec["file"] = f"{base}{rank}"
+            err = _write_pipe(f"{env[NCCL_PIPE_VAR]}{rank}.pipe", owner, cwd_fd, deadline)
             if err:
                 rec["error"] = err
                 return rec
-        else:
-            rec["error"] = "no Flight Recorder trigger in the environment"
-            return rec
-        rec["file"] = str(out)
-        data = _wait_file(out, since, deadline)
+            data = _wait_dump(lambda: safefs.open_untrusted(rec["file"], owner, "file", os.O_RDONLY | os.O_NONBLOCK,
+                                                            cwd_fd=cwd_fd, max_bytes=MAX_DUMP_BYTES),
+                              rec["file"], since, deadline)
         if data is None:
-            if source == "mldebug":  # not picked up: do not leave a trigger that fires much later
-                (out.parent / f"trigger-{out.stem.split('-', 1)[1]}").unlink(missing_ok=True)
-            rec["error"] = (f"no dump in {out} within {timeout:g} s (is TORCH_FR_BUFFER_SIZE>0 set, and the rank "
-                            "alive?)")
+            rec["error"] = (f"no dump in {rec['file']} within {timeout:g} s (is TORCH_FR_BUFFER_SIZE>0 set, and "
+                            "the rank alive?)")
             return rec
         rec["process_groups"] = summarise_dump(parse_dump(data))
         rec["ok"] = True
+    except Refused as e:
+        rec["error"] = REFUSED + str(e)
     except (OSError, ValueError, pickle.UnpicklingError, EOFError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        for fd in (dir_fd, cwd_fd):
+            if fd is not None:
+                os.close(fd)
     return rec
+
+
+def _fetch_as(fetch_one: Callable[..., dict[str, Any]], t: Any, owner: Owner | None, timeout: float
+              ) -> dict[str, Any]:
+    if owner is None:
+        return {"rank": t.rank, "pid": t.pid, "source": how(t.env, t.rank), "file": None, "ok": False,
+                "error": "the process exited before its Flight Recorder could be asked", "process_groups": []}
+    if fetch_one is fetch:
+        return fetch(t.env, t.rank, t.pid, timeout, owner)
+    return fetch_one(t.env, t.rank, t.pid, timeout)
 
 
 def gather(targets: Iterable[Any], host: str, timeout: float,
@@ -269,8 +356,11 @@ def gather(targets: Iterable[Any], host: str, timeout: float,
     todo = [t for t in targets if how(t.env, t.rank)]
     if not todo:
         return []
+    # the job's user is read now, while the process is known alive: a process that exits meanwhile
+    # does not turn its paths into ones that root would trust
+    owners = {t.pid: Owner.of_process(t.pid) for t in todo}
     with ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
-        futs = [pool.submit(fetch_one, t.env, t.rank, t.pid, timeout) for t in todo]
+        futs = [pool.submit(_fetch_as, fetch_one, t, owners[t.pid], timeout) for t in todo]
         recs = [f.result() for f in futs]
     for r in recs:
         r["host"] = host

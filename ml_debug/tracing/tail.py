@@ -13,8 +13,11 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
+from ml_debug.core import safefs
 from ml_debug.core.errors import UsageError
+from ml_debug.core.safefs import Owner, Refused
 
 FILE_RE = re.compile(r"^trace-(?P<host>.+)-(?P<rank>\d+|na)-(?P<pid>\d+)\.txt$")
 _PREFIX_RE = re.compile(r"^(?P<ts>\d+:\d\d:\d\d\.\d+ )?(?:\[pid \d+\] )?")
@@ -73,6 +76,7 @@ class TailReport:
     files: list[TraceFile]
     groups: list[TailGroup]
     odd_files: list[str] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # {path, reason}: files not read, and why
 
 
 def normalise(line: str) -> str:
@@ -96,22 +100,54 @@ def _elapsed(line: str) -> float | None:
     return int(h) * 3600 + int(mi) * 60 + int(s) + int(frac) / 10 ** len(frac)
 
 
-def find_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Trace files among the given files and directories (searched recursively, like the seed's find)."""
-    found: list[Path] = []
+def _locate(paths: Iterable[str | os.PathLike[str]]) -> dict[Path, Path]:
+    """{path as shown: path to open} for the trace files among the given files and directories.
+
+    A directory named here is resolved once (the operator chose it); below it no symbolic link to a
+    directory is walked, and a symbolic link named like a trace file is kept so that reading it can
+    refuse it with a reason."""
+    found: dict[Path, Path] = {}
     for p in map(Path, paths):
         if p.is_dir():
-            found.extend(f for f in p.rglob("trace-*.txt") if f.is_file() and FILE_RE.match(f.name))
-        elif p.is_file():
-            found.append(p)
+            root = Path(os.path.realpath(p))
+            for f in p.rglob("trace-*.txt"):
+                if FILE_RE.match(f.name) and (f.is_symlink() or not f.is_dir()):
+                    found[f] = root / f.relative_to(p)
+        elif os.path.lexists(p):
+            found[p] = Path(os.path.realpath(p.parent)) / p.name
         else:
             raise UsageError(f"no such file or directory: {p}", "give the --out-dir that `mldebug trace` wrote to")
-    return sorted(set(found))
+    return dict(sorted(found.items()))
 
 
-def _header(path: Path) -> dict[str, str]:
-    with open(path, "rb") as f:
-        head = f.read(4096).decode("utf-8", "replace").splitlines()
+def find_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Trace files among the given files and directories (searched recursively, like the seed's find)."""
+    return list(_locate(paths))
+
+
+def open_trace_file(path: Path, shown: Path | None = None) -> BinaryIO:
+    """Open a trace file that another user wrote, for reading only what it is.
+
+    The files of a job belong to its user and mldebug may run as root: a symbolic link, a FIFO or a
+    device named like a trace file is refused (no link is followed, nothing blocks), and so is a
+    hard link to a file of another user than the directory's (a way to show root another file).
+    """
+    me = Owner.current()
+    name = str(shown or path)
+    dfd, leaf = safefs.split(os.path.abspath(path), None, me)
+    with safefs.opened(dfd):
+        fd, st = safefs.open_in(dfd, leaf, name, me, "file", os.O_RDONLY | os.O_NONBLOCK, any_owner=True)
+        owner_dir = os.fstat(dfd).st_uid
+    if st.st_nlink > 1 and st.st_uid != owner_dir:
+        os.close(fd)
+        raise Refused(f"{name} is a hard link to a file of uid {st.st_uid} in a directory of uid {owner_dir}: "
+                      "not read")
+    return os.fdopen(fd, "rb")
+
+
+def _header(f: BinaryIO) -> dict[str, str]:
+    f.seek(0)
+    head = f.read(4096).decode("utf-8", "replace").splitlines()
     info: dict[str, str] = {}
     for line in head[:2]:
         if line.startswith("# nicertrace ") or line.startswith("# dump "):
@@ -126,38 +162,48 @@ def _header(path: Path) -> dict[str, str]:
     return info
 
 
-def _last_lines(path: Path, n: int, all_threads: bool) -> list[str]:
+def _last_lines(f: BinaryIO, n: int, all_threads: bool) -> list[str]:
     """The last n event lines, reading backwards in blocks (trace files can be huge)."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        end = f.tell()
-        pos, buf, scanned = end, b"", 0
-        while pos > 0 and scanned < MAX_SCAN:
-            step = min(BLOCK, pos)
-            pos -= step
-            f.seek(pos)
-            buf = f.read(step) + buf
-            scanned += step
-            lines = buf.split(b"\n")
-            complete = lines[1:] if pos > 0 else lines
-            events = [x for x in (b.decode("utf-8", "replace") for b in complete) if _is_event(x, all_threads)]
-            if len(events) >= n:
-                return events[-n:]
-        lines = buf.decode("utf-8", "replace").split("\n")
-        return [x for x in lines if _is_event(x, all_threads)][-n:]
+    f.seek(0, os.SEEK_END)
+    end = f.tell()
+    pos, buf, scanned = end, b"", 0
+    while pos > 0 and scanned < MAX_SCAN:
+        step = min(BLOCK, pos)
+        pos -= step
+        f.seek(pos)
+        buf = f.read(step) + buf
+        scanned += step
+        lines = buf.split(b"\n")
+        complete = lines[1:] if pos > 0 else lines
+        events = [x for x in (b.decode("utf-8", "replace") for b in complete) if _is_event(x, all_threads)]
+        if len(events) >= n:
+            return events[-n:]
+    text = buf.decode("utf-8", "replace").split("\n")
+    return [x for x in text if _is_event(x, all_threads)][-n:]
 
 
-def _grep_count(path: Path, pattern: re.Pattern[str]) -> int:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return sum(1 for line in f if not line.startswith("#") and pattern.search(line))
+def _grep_count(f: BinaryIO, pattern: re.Pattern[str]) -> int:
+    f.seek(0)
+    count = 0
+    for raw in f:
+        line = raw.decode("utf-8", "replace")
+        if not line.startswith("#") and pattern.search(line):
+            count += 1
+    return count
 
 
 def read_trace_file(path: Path, n: int, all_threads: bool = False,
-                    grep: re.Pattern[str] | None = None, now: float | None = None) -> TraceFile:
-    """Parse one file: name parts, header, its last n event lines."""
+                    grep: re.Pattern[str] | None = None, now: float | None = None, real: Path | None = None
+                    ) -> TraceFile:
+    """Parse one file: name parts, header, its last n event lines (:class:`Refused` if it is not one).
+
+    `real` is where to open it when `path` (as shown) has been resolved already."""
     m = FILE_RE.match(path.name)
-    info = _header(path)
-    tail = _last_lines(path, n, all_threads)
+    with open_trace_file(real or path, path) as f:
+        info = _header(f)
+        tail = _last_lines(f, n, all_threads)
+        size = os.fstat(f.fileno()).st_size
+        grep_count = _grep_count(f, grep) if grep is not None else None
     last = _elapsed(tail[-1]) if tail else None
     start = float(info["start_unix"]) if info.get("start_unix", "").replace(".", "", 1).isdigit() else None
     last_unix = start + last if start is not None and last is not None else None
@@ -173,13 +219,13 @@ def read_trace_file(path: Path, n: int, all_threads: bool = False,
         pid=num(m.group("pid")) if m else num(info.get("pid")),
         mode=info.get("mode"),
         dump_reason=info.get("reason"),
-        size_bytes=path.stat().st_size,
+        size_bytes=size,
         tail=[t.rstrip("\n") for t in tail],
         ending=[normalise(t) for t in tail],
         last_elapsed_s=last,
         last_event_unix=last_unix,
         silent_for_s=round(now - last_unix, 3) if last_unix is not None else None,
-        grep_count=_grep_count(path, grep) if grep is not None else None,
+        grep_count=grep_count,
     )
 
 
@@ -207,13 +253,26 @@ def tail_traces(paths: Iterable[str | os.PathLike[str]], lines: int = 5, grep: s
         except re.error as e:
             raise UsageError(f"bad --grep pattern {grep!r}: {e}", "it is a Python regular expression") from e
     paths = [os.fspath(p) for p in paths] or ["."]
-    found = find_trace_files(paths)
+    found = _locate(paths)
     if not found:
         raise UsageError(f"no trace files (trace-HOST-RANK-PID.txt) under {', '.join(paths)}",
                          "run the program with `mldebug trace --out-dir DIR -- script.py`, then point "
                          "trace-tail at DIR")
     now = time.time()
-    files = sorted((read_trace_file(p, lines, all_threads, pattern, now) for p in found), key=_rank_key)
+    read: list[TraceFile] = []
+    skipped: list[dict[str, str]] = []
+    for p, real in found.items():
+        try:
+            read.append(read_trace_file(p, lines, all_threads, pattern, now, real))
+        except Refused as e:
+            skipped.append({"path": str(p), "reason": f"refused: {e}"})
+        except OSError as e:
+            skipped.append({"path": str(p), "reason": f"cannot read: {e.strerror or e}"})
+    if not read:
+        why = "; ".join(f"{s['reason']}" for s in skipped[:3])
+        raise UsageError(f"no readable trace files under {', '.join(paths)}: {why}",
+                         "trace-tail reads regular files only, and follows no symbolic link")
+    files = sorted(read, key=_rank_key)
     by_ending: dict[tuple[str, ...], list[TraceFile]] = {}
     for f in files:
         by_ending.setdefault(tuple(f.ending), []).append(f)
@@ -228,9 +287,12 @@ def tail_traces(paths: Iterable[str | os.PathLike[str]], lines: int = 5, grep: s
                                 ranks=[f.rank for f in members], files=[f.path for f in members],
                                 ending=list(ending)))
     odd_files = [f.path for g in groups if g.odd for f in files if f.group == g.id]
-    return TailReport(ok=len(groups) == 1, summary=_summary(files, groups, majority), paths=paths,
+    summary = _summary(files, groups, majority)
+    if skipped:
+        summary += f"; skipped {len(skipped)} file(s): " + "; ".join(f"{s['reason']}" for s in skipped[:4])
+    return TailReport(ok=len(groups) == 1, summary=summary, paths=paths,
                       lines=lines, grep=grep, all_threads=all_threads, files=files, groups=groups,
-                      odd_files=odd_files)
+                      odd_files=odd_files, skipped=skipped)
 
 
 def _summary(files: list[TraceFile], groups: list[TailGroup], majority: bool) -> str:
