@@ -6,32 +6,40 @@ Shell equivalents: ``scontrol show hostnames EXPR`` and ``scontrol show hostlist
 Our own small parser rather than python-hostlist because (a) its errors do not say where an
 expression is wrong, and a user typing ``--hosts`` deserves that, (b) it drops duplicates and
 this module follows ``scontrol show hostnames`` exactly (order and repeats kept; the target
-resolver removes repeats itself), and (c) the rules are short: a property test fuzzes this module
+resolver removes repeats itself), and (c) the rules are short: property tests fuzz this module
 against the real ``scontrol`` (tests/test_hostlist_scontrol.py).
 
 Rules (as Slurm 22.05 applies them):
 
 * items are separated by commas outside brackets (whitespace also separates items);
 * an item is text with zero or more ``[...]`` groups; several groups give their cartesian
-  product (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2);
+  product, in Slurm's order: the last group varies fastest, then the first, the second, ...,
+  and the one before the last varies slowest (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2;
+  ``[1-2][1-2][1-2]`` -> 111 112 211 212 121 122 221 222);
 * text after the last group (``n[1-2]-ib``) is accepted here, as python-hostlist and clush
   accept it, although Slurm 22.05 refuses it; :func:`compress_hostlist` never writes it;
-* a group is a comma list of ``N`` or ``LO-HI``; the width of ``LO`` as written sets the zero
-  padding of every number in that range (``[08-10]`` -> 08 09 10, ``[8-10]`` -> 8 9 10).
+* a group is a comma list of ``N`` or ``LO-HI`` in ASCII digits; the width of ``LO`` as written
+  sets the zero padding of every number in that range (``[08-10]`` -> 08 09 10, ``[8-10]`` ->
+  8 9 10); one range holds at most 65536 names ("Too many hosts in range", as Slurm says).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ml_debug.core.errors import UsageError
 
-# A host list is a user typing on a command line; refuse expressions that would expand into a
-# number of names no cluster has (a typo like [1-1000000000] must not eat the memory).
+# Slurm refuses a single LO-HI range of more than 64Ki names (MAX_RANGE in its hostlist.c).
+MAX_RANGE = 65536
+# Slurm has no limit on a whole expression (a[1-1000]b[1-1000] gives a million names); this
+# one is ours: a typo must not eat the memory of the machine a user types --hosts on.
 MAX_HOSTS = 1_000_000
 
 _HINT = "a hostlist looks like node[01-04,07],gpu-a (ranges inside brackets, items separated by commas)"
+_RANGE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")
 
 
 def _bad(expr: str, pos: int, why: str) -> UsageError:
@@ -67,8 +75,14 @@ def _expand_group(expr: str, off: int, body: str) -> list[str]:
     out: list[str] = []
     pos = off
     for part in body.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        m = _RANGE.fullmatch(part)
         if not m:
+            # str.isdigit() is true for Arabic-Indic, fullwidth, ... digits, which Slurm (C
+            # isdigit) does not read as numbers: say so rather than "not a number".
+            odd = next((ch for ch in part if ch.isdigit() and not ch.isascii()), None)
+            if odd is not None:
+                raise _bad(expr, pos + part.index(odd),
+                           f"{odd!r} is a non-ASCII digit; hostlist numbers are written with 0-9")
             raise _bad(expr, pos, f"{part!r} is not a number or a LO-HI range")
         lo_s, hi_s = m.group(1), m.group(2)
         if hi_s is None:
@@ -77,8 +91,9 @@ def _expand_group(expr: str, off: int, body: str) -> list[str]:
             lo, hi = int(lo_s), int(hi_s)
             if hi < lo:
                 raise _bad(expr, pos, f"range {lo_s}-{hi_s} goes backwards")
-            if hi - lo + 1 > MAX_HOSTS:
-                raise _bad(expr, pos, f"range {lo_s}-{hi_s} has more than {MAX_HOSTS} names")
+            if hi - lo + 1 > MAX_RANGE:
+                raise _bad(expr, pos, f"Too many hosts in range {lo_s}-{hi_s} ({hi - lo + 1} names; "
+                                      f"Slurm takes at most {MAX_RANGE} in one range)")
             width = len(lo_s)
             out.extend(str(n).zfill(width) for n in range(lo, hi + 1))
         pos += len(part) + 1
@@ -86,21 +101,32 @@ def _expand_group(expr: str, off: int, body: str) -> list[str]:
 
 
 def _expand_item(expr: str, off: int, item: str) -> list[str]:
-    names = [""]
+    texts: list[str] = []  # the text before each group, then the text after the last one
+    groups: list[list[str]] = []
     i = 0
-    while i < len(item):
-        j = item.find("[", i)
-        if j < 0:
-            text = item[i:]
-            names = [n + text for n in names]
-            break
-        text = item[i:j]
+    while (j := item.find("[", i)) >= 0:
         k = item.index("]", j)  # _split_top has checked the brackets balance
-        numbers = _expand_group(expr, off + j + 1, item[j + 1:k])
-        if len(names) * len(numbers) > MAX_HOSTS:
-            raise _bad(expr, off + j, f"expands to more than {MAX_HOSTS} names")
-        names = [n + text + num for n in names for num in numbers]
+        texts.append(item[i:j])
+        groups.append(_expand_group(expr, off + j + 1, item[j + 1:k]))
         i = k + 1
+    texts.append(item[i:])
+    if not groups:
+        return [item]
+    count = 1
+    for numbers in groups:
+        count *= len(numbers)
+    if count > MAX_HOSTS:
+        raise _bad(expr, off, f"expands to more than {MAX_HOSTS} names")
+    # Slurm's order: the group before the last varies slowest, down to the first, and the last
+    # group varies fastest. product() varies its last argument fastest.
+    n = len(groups)
+    order = [*range(n - 2, -1, -1), n - 1]
+    names: list[str] = []
+    values = [""] * n
+    for combo in itertools.product(*(groups[g] for g in order)):
+        for g, value in zip(order, combo, strict=True):
+            values[g] = value
+        names.append(texts[0] + "".join(v + t for v, t in zip(values, texts[1:], strict=True)))
     return names
 
 
@@ -122,61 +148,89 @@ def expand_hostlist(expr: str) -> list[str]:
     return names
 
 
-# Slurm 22.05 refuses text after the last bracket group ("Invalid hostlist: n[1-2]-ib"), so only
-# a trailing number is compressed: the result must be usable as `srun -w` / `scontrol` input.
-_LAST_NUMBER = re.compile(r"^(.*?)(\d+)()$")
+# Only a trailing run of ASCII digits is a host number (Slurm 22.05 refuses text after the last
+# bracket group, so "n1-ib" stays a plain name: the result must be valid `srun -w` input).
+_TRAILING_NUMBER = re.compile(r"^(.*?)([0-9]+)$", re.DOTALL)
+
+
+@dataclass
+class _Range:
+    prefix: str
+    lo: int
+    hi: int
+    width: int  # digits printed, zero padded; a name with no number has width -1
+
+    def numbers(self) -> str:
+        lo = str(self.lo).zfill(self.width)
+        return lo if self.lo == self.hi else f"{lo}-{str(self.hi).zfill(self.width)}"
+
+
+def _pad(num: int, width: int) -> int:
+    """Zeros printed before `num` at this width."""
+    return max(width - len(str(num)), 0)
+
+
+def _joinable(tail: _Range, num: int, width: int) -> bool:
+    """Can host `num` (written `width` digits wide) extend `tail`, and at which width?
+
+    Two widths are one when writing both numbers at either of them leaves one number's padding
+    unchanged (08..10 at width 2; 8..10 at width 1; 099..100 at width 3), the rule Slurm applies
+    when it builds a hostlist. The range keeps its width when the other side is the one that
+    would change; otherwise it takes the new host's.
+    """
+    if tail.width < 0 or tail.hi + 1 != num:
+        return False
+    if tail.width == width:
+        return True
+    tail_same = _pad(tail.lo, tail.width) == _pad(tail.lo, width)
+    new_same = _pad(num, width) == _pad(num, tail.width)
+    if not tail_same and not new_same:
+        return False
+    if tail_same:
+        tail.width = width
+    return True
 
 
 def compress_hostlist(names: Iterable[str]) -> str:
-    """The shortest-ish expression for a set of names (``scontrol show hostlist a,b,c``).
+    """The expression for a set of names (``scontrol show hostlist a,b,c`` of them, sorted).
 
-    Repeats are dropped; names sharing a prefix, suffix and padding collapse into one bracket
-    group on their last number, sorted numerically. ``expand_hostlist`` of the result gives the
-    same set of names.
+    Repeats are dropped and the names sorted by prefix, then number; then they are folded as
+    Slurm folds them: a host joins the range before it when its prefix is the same, its number
+    is the next one and its zero padding fits, and consecutive ranges sharing a prefix share one
+    bracket. So ``scontrol show hostlist`` of the expanded result writes this same string, and
+    ``expand_hostlist`` of it gives each name once.
     """
-    groups: dict[tuple[str, str, int], set[int]] = {}
-    plain: set[str] = set()
-    order: list[tuple[str, str, int] | str] = []
+    hosts: set[tuple[str, int, int]] = set()
     for name in names:
-        m = _LAST_NUMBER.match(name)
-        if not m or "[" in name or "]" in name or "," in name:
-            if name not in plain:
-                plain.add(name)
-                order.append(name)
+        if not name:
             continue
-        prefix, digits, suffix = m.groups()
-        # "007" and "7" are different hosts: padding is part of the group key. A number written
-        # without leading zeros gets width 0 so that 8, 9, 10 share one group; a padded group
-        # only holds numbers of exactly its width, so its ranges never change length.
-        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
-        key = (prefix, suffix, width)
-        if key not in groups:
-            groups[key] = set()
-            order.append(key)
-        groups[key].add(int(digits))
+        m = _TRAILING_NUMBER.match(name)
+        if m:
+            hosts.add((m.group(1), int(m.group(2)), len(m.group(2))))
+        else:
+            hosts.add((name, 0, -1))
+    ranges: list[_Range] = []
+    # Plain names (width -1) sort before numbered ones of the same prefix; among equal numbers
+    # the narrower padding comes first (7 before 007).
+    for prefix, num, width in sorted(hosts, key=lambda h: (h[0], h[2] >= 0, h[1], h[2])):
+        tail = ranges[-1] if ranges else None
+        if width >= 0 and tail is not None and tail.prefix == prefix and _joinable(tail, num, width):
+            tail.hi = num
+        else:
+            ranges.append(_Range(prefix, num, num, width))
     parts: list[str] = []
-    for item in sorted(order, key=_sort_key):
-        if isinstance(item, str):
-            parts.append(item)
+    i = 0
+    while i < len(ranges):
+        first = ranges[i]
+        if first.width < 0:
+            parts.append(first.prefix)
+            i += 1
             continue
-        prefix, suffix, width = item
-        numbers = sorted(groups[item])
-        if len(numbers) == 1:
-            parts.append(f"{prefix}{str(numbers[0]).zfill(width)}{suffix}")
-            continue
-        ranges: list[str] = []
-        lo = prev = numbers[0]
-        for n in [*numbers[1:], None]:
-            if n is not None and n == prev + 1:
-                prev = n
-                continue
-            lo_s, hi_s = str(lo).zfill(width), str(prev).zfill(width)
-            ranges.append(lo_s if lo == prev else f"{lo_s}-{hi_s}")
-            if n is not None:
-                lo = prev = n
-        parts.append(f"{prefix}[{','.join(ranges)}]{suffix}")
+        j = i + 1
+        while j < len(ranges) and ranges[j].width >= 0 and ranges[j].prefix == first.prefix:
+            j += 1
+        body = ",".join(r.numbers() for r in ranges[i:j])
+        parts.append(f"{first.prefix}{body}" if j == i + 1 and first.lo == first.hi
+                     else f"{first.prefix}[{body}]")
+        i = j
     return ",".join(parts)
-
-
-def _sort_key(key: tuple[str, str, int] | str) -> tuple[str, str, int]:
-    return (key, "", -1) if isinstance(key, str) else key
