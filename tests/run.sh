@@ -10,7 +10,20 @@ t0=$(date +%s)
 
 # 1. Python: a venv with pinned CPU torch (an open range could pull a multi-GB CUDA build).
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' > .venv/pip.log 2>&1 \
+# On Linux, PyPI's torch wheel is the CUDA build (GBs of NVIDIA libraries): when PyTorch's CPU index
+# answers within 5 s, torch comes from there first (MLDEBUG_TORCH_INDEX= skips that, or names another
+# index). An unreachable index is never handed to pip: pip retries each project page 5 times on it,
+# each try up to its socket timeout, which adds minutes to the install.
+TORCH_INDEX=${MLDEBUG_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
+: > .venv/pip.log
+if [ -n "$TORCH_INDEX" ] \
+   && ! .venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch").split("+")[0] != "2.13.0")' 2>/dev/null \
+   && timeout 10 .venv/bin/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=5)' "$TORCH_INDEX" 2>/dev/null; then
+  echo "tests/run.sh: torch from $TORCH_INDEX"
+  .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 --index-url "$TORCH_INDEX" >> .venv/pip.log 2>&1 \
+    || echo "tests/run.sh: torch from $TORCH_INDEX failed (.venv/pip.log); using the default index" >&2
+fi
+.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' >> .venv/pip.log 2>&1 \
   || { tail -n 30 .venv/pip.log; echo "tests/run.sh: pip install failed" >&2; exit 1; }
 export PATH="$PWD/.venv/bin:$PATH"
 # 2. Debian packages of the rig (openssh, Slurm, munge, gdb, iproute2), and the rig itself up.
