@@ -14,19 +14,29 @@ than the pipe's atomic write size. The lock file lives in /dev/shm (or the temp 
 to this module (which may sit on a read-only or shared filesystem); set it with ``lock_path=`` or
 ``MLDEBUG_PRINTFLOCK_PATH``. ``prefix=True`` (or ``MLDEBUG_PRINTFLOCK_PREFIX=1``) starts every
 line with ``[host:rank]``. Safe across ``fork`` and threads. Standard library only.
+
+Otherwise it behaves as the builtin ``print``: ``file=`` only needs ``write()`` (``flush()`` is
+called when the object has one, and required only with ``flush=True``), and a bad ``sep``, ``end``
+or keyword raises print's own exception with print's own message. Two differences, both on
+purpose: the text goes out in one ``write()`` call rather than one per piece, and when an
+argument's ``str()`` raises, nothing at all is written.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import fcntl
 import os
 import socket
+import stat
 import sys
 import tempfile
 import threading
 import time
 import types
-from typing import IO, Any
+from collections.abc import Iterator
+from typing import Any, NoReturn, Protocol
 
 __all__ = ["printflock", "default_lock_path", "rank_label"]
 
@@ -34,6 +44,20 @@ ENV_PATH = "MLDEBUG_PRINTFLOCK_PATH"
 ENV_PREFIX = "MLDEBUG_PRINTFLOCK_PREFIX"
 ENV_TIMEOUT = "MLDEBUG_PRINTFLOCK_TIMEOUT"
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+class SupportsWrite(Protocol):
+    """What ``file=`` must be: an object with ``write(str)``, as for builtin print."""
+
+    def write(self, text: str, /) -> object: ...
+
+
+class _Discard:
+    def write(self, text: str, /) -> int:
+        return len(text)
+
+
+_DISCARD = _Discard()
 
 
 def default_lock_path() -> str:
@@ -74,24 +98,43 @@ class _Lock:
             self._after_fork()
         fd = self._fds.get(path)
         if fd is None:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = _open_lock(path)
             self._fds[path] = fd
         return fd
 
-    def write(self, path: str, file: IO[str], text: str, timeout: float) -> None:
+    @contextlib.contextmanager
+    def held(self, path: str, timeout: float) -> Iterator[None]:
         with self._thread_lock:
             fd = self._fd(path)
             locked = _acquire(fd, timeout)
             try:
-                file.write(text)
-                file.flush()
+                yield
             finally:
                 if locked:
                     fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+def _open_lock(path: str) -> int:
+    """The lock file's fd, or -1 (print unlocked) when the path is not a plain file of ours or root's.
+
+    The default path is in a world-writable directory: another user may have planted a link there (we
+    would create or lock the file it points to) or a file of theirs (they could hold the lock forever).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return -1
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+        os.close(fd)
+        return -1
+    return fd
+
+
 def _acquire(fd: int, timeout: float) -> bool:
     """Take the flock; give up after `timeout` s (a holder stuck on a full pipe must not hang us)."""
+    if fd < 0:
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -117,25 +160,48 @@ def printflock(
     *args: Any,
     sep: str | None = " ",
     end: str | None = "\n",
-    file: IO[str] | None = None,
+    file: SupportsWrite | None = None,
     flush: bool = False,
     prefix: bool | None = None,
     lock_path: str | None = None,
+    **invalid: NoReturn,
 ) -> None:
     """``print`` that cannot interleave with other processes of this node using the same lock.
 
-    ``flush`` is accepted for compatibility; the text is always flushed inside the lock.
+    The text is flushed inside the lock whenever ``file`` has ``flush()``; ``flush=True``
+    additionally requires it, as in print. Checks run in print's order (unknown keyword, then
+    ``sys.stdout``, then ``sep``, then ``end``); a failing check is handed to builtin print itself
+    so the exception and its words are print's, on every Python version.
     """
-    del flush
-    out = sys.stdout if file is None else file
-    if out is None:  # pythonw / closed stdout: print() is a no-op there too
-        return
+    if invalid:
+        builtins.print(file=_DISCARD, **invalid)
+        raise TypeError(f"{next(iter(invalid))!r} is an invalid keyword argument for print()")
+    out: SupportsWrite | None
+    if file is None:
+        try:
+            out = sys.stdout
+        except AttributeError:
+            raise RuntimeError("lost sys.stdout") from None
+        if out is None:  # pythonw / closed stdout: print() is a no-op there too
+            return
+    else:
+        out = file
+    if not (sep is None or isinstance(sep, str)) or not (end is None or isinstance(end, str)):
+        builtins.print(sep=sep, end=end, file=_DISCARD)
+        raise TypeError("sep and end must be None or a string")
+    write = out.write  # looked up before any str(), as print does: AttributeError for a bad file
     text = (" " if sep is None else sep).join(str(a) for a in args) + ("\n" if end is None else end)
     if prefix if prefix is not None else os.environ.get(ENV_PREFIX, "") not in ("", "0"):
         label = rank_label() + " "
         text = "".join(label + line for line in text.splitlines(keepends=True))
     timeout = float(os.environ.get(ENV_TIMEOUT, "60"))
-    _LOCK.write(lock_path or default_lock_path(), out, text, timeout)
+    with _LOCK.held(lock_path or default_lock_path(), timeout):
+        write(text)
+        # The flush inside the lock is what keeps a buffered file from letting this text out
+        # after another process's. print needs only write(): a missing flush() is an error only
+        # when flush=True asks for it, and then, as in print, after the text is written.
+        if flush or hasattr(out, "flush"):
+            out.flush()  # type: ignore[attr-defined]
 
 
 class _CallableModule(types.ModuleType):

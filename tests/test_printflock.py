@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import subprocess
@@ -151,3 +152,120 @@ def test_control_plain_print_tears_lines_so_the_check_can_fail():
     assert all(p.wait(timeout=120) == 0 for p in procs)
     with pytest.raises(AssertionError, match="torn line"):
         _check(text)
+
+
+# --- the same results as builtin print -------------------------------------------------------
+
+
+class _WriteOnly:
+    """A file with write() and nothing else: all that builtin print needs."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+
+class _Flushable(_WriteOnly):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise ValueError("no text for this one")
+
+
+def _outcome(fn, args: tuple, kwargs: dict, file_kind: str, monkeypatch: pytest.MonkeyPatch):
+    """(text written, exception type, message, writes, flushes) of one call."""
+    target: _WriteOnly | None = None
+    if file_kind == "write-only":
+        target = _WriteOnly()
+        kwargs = {**kwargs, "file": target}
+    elif file_kind == "flushable":
+        target = _Flushable()
+        kwargs = {**kwargs, "file": target}
+    elif file_kind == "stdout":
+        target = _Flushable()
+        monkeypatch.setattr(sys, "stdout", target)
+    elif file_kind == "stdout-is-None":
+        monkeypatch.setattr(sys, "stdout", None)
+    elif file_kind == "int":
+        kwargs = {**kwargs, "file": 5}
+    elif file_kind == "object":
+        kwargs = {**kwargs, "file": object()}
+    else:
+        raise AssertionError(file_kind)
+    error: tuple[type, str] | None = None
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the exception is the thing compared
+        error = (type(e), str(e))
+    finally:
+        monkeypatch.undo()
+    writes = target.writes if target is not None else []
+    return "".join(writes), error, len(writes), getattr(target, "flushes", None)
+
+
+CASES = [
+    (("a", 1, None), {"sep": "-", "end": "!\n"}),
+    ((), {}),
+    (("x", "y"), {"sep": None, "end": None}),
+    (("x", "y"), {"sep": "", "end": ""}),
+    (("multi\nline", 2.5), {}),
+    (("x",), {"flush": True}),
+    (("x",), {"flush": "yes"}),  # any true value asks for a flush, as in print
+    (("x",), {"flush": 0}),
+    (("x",), {"sep": 1}),
+    (("x",), {"end": b"\n"}),
+    (("x",), {"sep": collections.OrderedDict()}),  # print names the type as "collections.OrderedDict"
+    (("x",), {"foo": 1}),
+    (("x",), {"sep": 1, "foo": 1}),  # the unknown keyword is reported first
+    (("x",), {"foo": 1, "bar": 2}),
+]
+FILES = ["write-only", "flushable", "stdout", "stdout-is-None", "int", "object"]
+
+
+@pytest.mark.parametrize("file_kind", FILES)
+@pytest.mark.parametrize("args, kwargs", CASES)
+def test_same_result_as_builtin_print(args: tuple, kwargs: dict, file_kind: str, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ml_debug.printflock import printflock
+
+    monkeypatch.setenv("MLDEBUG_PRINTFLOCK_PATH", str(tmp_path / "lock"))
+    monkeypatch.delenv("MLDEBUG_PRINTFLOCK_PREFIX", raising=False)
+    text, error, _, _ = _outcome(print, args, kwargs, file_kind, monkeypatch)
+    ours, our_error, writes, flushes = _outcome(printflock, args, kwargs, file_kind, monkeypatch)
+    assert (ours, our_error) == (text, error)
+    if error is None and file_kind != "stdout-is-None":
+        assert writes == 1  # the whole text in one write: no other process can come between
+        if file_kind in ("flushable", "stdout"):
+            assert flushes == 1  # flushed inside the lock even without flush=True
+
+
+@pytest.mark.parametrize("file_kind", ["write-only", "flushable", "stdout"])
+def test_text_that_cannot_be_formatted_writes_nothing(file_kind: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ml_debug.printflock import printflock
+
+    monkeypatch.setenv("MLDEBUG_PRINTFLOCK_PATH", str(tmp_path / "lock"))
+    args = ("before", _Unprintable(), "after")
+    _, error, _, _ = _outcome(print, args, {}, file_kind, monkeypatch)
+    ours, our_error, _, _ = _outcome(printflock, args, {}, file_kind, monkeypatch)
+    assert our_error == error == (ValueError, "no text for this one")
+    assert ours == ""  # print has already written "before " by then; printflock writes all or nothing
+
+
+def test_lost_sys_stdout_as_print(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ml_debug.printflock import printflock
+
+    monkeypatch.delattr(sys, "stdout")
+    for fn in (print, printflock):
+        with pytest.raises(RuntimeError, match="lost sys.stdout"):
+            fn("x")
