@@ -284,6 +284,26 @@ def read_untrusted(path: str, owner: Owner, max_bytes: int, *, cwd_fd: int | Non
         _close(fd)
 
 
+def open_found(path: str, shown: str | None = None, max_bytes: int | None = None) -> tuple[int, os.stat_result]:
+    """Open a regular file found in a directory that another user may control (a job's trace or core file).
+
+    `path` should be absolute with its directories already resolved; a symbolic link on the way is
+    followed only when root or we own it, the file itself is never a link, a FIFO or a device, and a
+    hard link to a file of another user than the directory's owner is refused (a way to make root
+    read someone else's file where hard links to others' files are allowed)."""
+    me = Owner.current()
+    name = shown or path
+    dfd, leaf = split(os.path.abspath(path), None, me)
+    with opened(dfd):
+        fd, st = open_in(dfd, leaf, name, me, "file", os.O_RDONLY | os.O_NONBLOCK, max_bytes, any_owner=True)
+        dir_uid = os.fstat(dfd).st_uid
+    if st.st_nlink > 1 and st.st_uid != dir_uid:
+        _close(fd)
+        raise Refused(f"{name} is a hard link to a file of {_who(st.st_uid)} in a directory of {_who(dir_uid)}: "
+                      "not read")
+    return fd, st
+
+
 @contextlib.contextmanager
 def opened(fd: int) -> Iterator[int]:
     try:

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ml_debug.core import safefs
 from ml_debug.core.errors import EnvironmentProblem, UsageError
+from ml_debug.core.safefs import Refused
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
-from ml_debug.stacks.elfcore import executable_of, is_core, read_notes
+from ml_debug.stacks.elfcore import executable_of, is_core_fd, read_notes_fd
 from ml_debug.stacks.model import Frame, ThreadDump
 from ml_debug.stacks.parsers import parse_gdb, parse_pystack
 from ml_debug.stacks.tools import INSTALL_HINTS, find_tool, first_error_line, run_tool
@@ -54,8 +56,25 @@ def pattern_globs(pattern: str, uses_pid: bool, dirs: list[Path]) -> list[str]:
     return out
 
 
+def _core_at(path: Path) -> tuple[bool, os.stat_result | None, str | None]:
+    """(is a core, its stat, why it was refused): opened like any file from a job's directory."""
+    try:
+        fd, st = safefs.open_found(os.path.abspath(path), str(path))
+    except Refused as e:
+        return False, None, str(e)
+    except OSError:
+        return False, None, None
+    try:
+        return is_core_fd(fd), st, None
+    finally:
+        os.close(fd)
+
+
 def find_cores(paths: list[Path], dirs: list[Path] | None = None, newest: int | None = None) -> tuple[list[Path], CoreSearch]:
-    """Core files named on the command line, or where /proc/sys/kernel/core_pattern puts them."""
+    """Core files named on the command line, or where /proc/sys/kernel/core_pattern puts them.
+
+    Core files sit in the jobs' own directories and mldebug may run as root: a symbolic link, a FIFO
+    or a device named like a core is skipped with a note (never followed, never opened)."""
     try:
         pattern = CORE_PATTERN.read_text().strip()
     except OSError:
@@ -65,19 +84,32 @@ def find_cores(paths: list[Path], dirs: list[Path] | None = None, newest: int | 
     except OSError:
         uses_pid = False
     search = CoreSearch(core_pattern=pattern, piped=pattern.startswith("|"))
-    found: list[Path] = []
+    found: list[tuple[Path, os.stat_result]] = []
+    seen: set[tuple[int, int]] = set()
+
+    def add(p: Path, st: os.stat_result) -> None:
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            found.append((p, st))
+
     for p in paths:
-        if not p.exists():
+        if not os.path.lexists(p):
             raise UsageError(f"{p} does not exist", "give core files or directories to search")
         if p.is_dir():
             dirs = [*(dirs or []), p]
-        elif is_core(p):
-            found.append(p)
+            continue
+        p = Path(os.path.realpath(p.parent)) / p.name  # the operator named it; its last part stays unfollowed
+        ok, st, refused = _core_at(p)
+        if refused:
+            search.notes.append(f"skipped {refused}")
+        elif ok and st is not None:
+            add(p, st)
         else:
             raise UsageError(f"{p} is not a core file (not an ELF core)", "file(1) says what it is")
     if paths and not dirs:
-        return found, search
-    dirs = dirs or [Path.cwd()]
+        return [p for p, _ in found], search
+    # the directories are the operator's choice, resolved once; what lies inside them is not trusted
+    dirs = [Path(os.path.realpath(d)) for d in (dirs or [Path.cwd()])]
     if search.piped:
         handler = pattern[1:].split()[0]
         hint = ("coredumpctl list; coredumpctl dump PID -o core.PID" if "systemd-coredump" in handler
@@ -87,7 +119,6 @@ def find_cores(paths: list[Path], dirs: list[Path] | None = None, newest: int | 
         search.globs = [str(d / "core*") for d in dirs]
     else:
         search.globs = pattern_globs(pattern, uses_pid, dirs)
-    seen = {p.resolve() for p in found}
     for g in search.globs:
         directory, base = os.path.split(g)
         if any(ch in directory for ch in "*?["):
@@ -98,14 +129,18 @@ def find_cores(paths: list[Path], dirs: list[Path] | None = None, newest: int | 
         except OSError:
             continue
         for name in sorted(entries):
+            if not fnmatch.fnmatch(name, base):
+                continue
             p = Path(directory) / name
-            if fnmatch.fnmatch(name, base) and p.resolve() not in seen and p.is_file() and is_core(p):
-                seen.add(p.resolve())
-                found.append(p)
-    found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+            ok, st, refused = _core_at(p)
+            if refused:
+                search.notes.append(f"skipped {refused}")
+            elif ok and st is not None:
+                add(p, st)
+    found.sort(key=lambda ps: ps[1].st_mtime, reverse=True)
     if newest:
         found = found[:newest]
-    return found, search
+    return [p for p, _ in found], search
 
 
 @dataclass
@@ -132,17 +167,30 @@ _SIGNAL_LINE = re.compile(r"Program terminated with signal (SIG\w+)")
 def analyse_core(path: Path, timeout: float = 120.0, executable: str | None = None) -> CoreReport:
     """Backtraces of every thread of one core: gdb (+ the interpreter's py-bt), else pystack core."""
     t0 = time.monotonic()
-    st = path.stat()
+    try:
+        fd, st = safefs.open_found(os.path.abspath(path), str(path))
+    except (Refused, OSError) as e:
+        return CoreReport(path=str(path), size=0, mtime=0.0, ok=False, error=f"not read: {e}")
+    try:
+        return _analyse_fd(path, fd, st, t0, timeout, executable)
+    finally:
+        os.close(fd)
+
+
+def _analyse_fd(path: Path, fd: int, st: os.stat_result, t0: float, timeout: float, executable: str | None
+                ) -> CoreReport:
     report = CoreReport(path=str(path), size=st.st_size, mtime=st.st_mtime, ok=False)
-    notes = read_notes(path)
+    notes = read_notes_fd(fd)
     report.pid, report.signal, report.cmdline = notes.pid, notes.signal_name, notes.psargs
+    # gdb and pystack read the very file checked above, through our descriptor, not by its name
+    core_file = f"/proc/{os.getpid()}/fd/{fd}"
     exe = executable or executable_of(notes)
     report.executable = exe
     gdb, pystack = find_tool("gdb"), find_tool("pystack")
     errors: list[str] = []
     if gdb:
         helper = gdb_python_helper(exe=exe) if exe else None
-        target = [exe, str(path)] if exe else ["-c", str(path)]
+        target = [exe, core_file] if exe else ["-c", core_file]
         run = run_tool(gdb_argv(gdb, helper, target), timeout)
         threads = parse_gdb(run.stdout, None) if not run.timed_out else []
         if threads and any(t.native_frames for t in threads):
@@ -154,7 +202,7 @@ def analyse_core(path: Path, timeout: float = 120.0, executable: str | None = No
             errors.append("gdb: " + ("timed out" if run.timed_out else first_error_line(run.stderr or run.stdout)))
     crashing = report.threads[0] if report.threads else None
     if pystack and (crashing is None or not crashing.python_frames()):
-        argv = [pystack, "core", str(path), *([exe] if exe else []), "--native"]
+        argv = [pystack, "core", core_file, *([exe] if exe else []), "--native"]
         run = run_tool(argv, timeout)
         py_threads = parse_pystack(run.stdout, notes.pid or -1) if run.rc == 0 else []
         if py_threads:

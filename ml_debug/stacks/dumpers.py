@@ -69,7 +69,10 @@ def gdb_python_helper(pid: int | None = None, exe: str | None = None) -> str | N
     libdir = os.path.join(os.path.dirname(os.path.dirname(real)), "lib")
     candidates += [os.path.join(libdir, f"lib{base}.so.1.0-gdb.py"),
                    f"/usr/share/gdb/auto-load/usr/lib/x86_64-linux-gnu/lib{base}.so.1.0-gdb.py"]
-    return next((c for c in candidates if os.path.isfile(c)), None)
+    # gdb runs it as root: only a file no other user can write (never one from the job's own tree)
+    from ml_debug.core.safefs import trusted_system_file
+
+    return next((c for c in candidates if os.path.isfile(c) and trusted_system_file(c)), None)
 
 
 def gdb_argv(gdb: str, helper: str | None, target: list[str]) -> list[str]:

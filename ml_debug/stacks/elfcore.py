@@ -28,17 +28,35 @@ class CoreNotes:
     threads: int = 0
 
 
-def is_core(path: Path) -> bool:
-    """An ELF file of type ET_CORE."""
+def _open(path: Path) -> int:
+    """A read fd of a regular file, never opening a FIFO or a device (no block, no side effect)."""
+    from ml_debug.core.safefs import Refused, open_found
+
     try:
-        with open(path, "rb") as f:
-            head = f.read(18)
-    except OSError:
-        return False
+        return open_found(os.path.abspath(path))[0]
+    except Refused as e:
+        raise OSError(str(e)) from None
+
+
+def is_core_fd(fd: int) -> bool:
+    """An ELF file of type ET_CORE (reads the first 18 bytes of an open file)."""
+    head = os.pread(fd, 18, 0)
     if len(head) < 18 or head[:4] != b"\x7fELF":
         return False
     endian = "<" if head[5] == 1 else ">"
     return struct.unpack(endian + "H", head[16:18])[0] == ET_CORE
+
+
+def is_core(path: Path) -> bool:
+    """An ELF file of type ET_CORE (False for anything that is not a regular file: a link, a FIFO)."""
+    try:
+        fd = _open(path)
+    except OSError:
+        return False
+    try:
+        return is_core_fd(fd)
+    finally:
+        os.close(fd)
 
 
 def _signame(num: int | None) -> str | None:
@@ -50,23 +68,37 @@ def _signame(num: int | None) -> str | None:
         return f"signal {num}"
 
 
+MAX_NOTES_BYTES = 64 << 20  # all PT_NOTE segments together; a crafted core must not exhaust memory
+
+
 def read_notes(path: Path) -> CoreNotes:
     """Parse the PT_NOTE segments of a 64-bit little-endian core (x86_64, aarch64)."""
+    fd = _open(path)
+    try:
+        return read_notes_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def read_notes_fd(fd: int) -> CoreNotes:
+    """:func:`read_notes` of an open file. Sizes come from the file and are bounded before use."""
     notes = CoreNotes()
-    with open(path, "rb") as f:
-        ident = f.read(64)
-        if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
-            return notes  # only ELF64 LE is read; gdb still works on the others
-        e_phoff, = struct.unpack_from("<Q", ident, 32)
-        e_phentsize, e_phnum = struct.unpack_from("<HH", ident, 54)
-        f.seek(e_phoff)
-        phdrs = f.read(e_phentsize * e_phnum)
-        for i in range(e_phnum):
-            p_type, _flags, p_offset, _va, _pa, p_filesz = struct.unpack_from("<IIQQQQ", phdrs, i * e_phentsize)
-            if p_type != PT_NOTE:
-                continue
-            f.seek(p_offset)
-            _parse_notes(f.read(min(p_filesz, 64 << 20)), notes)
+    ident = os.pread(fd, 64, 0)
+    if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
+        return notes  # only ELF64 LE is read; gdb still works on the others
+    e_phoff, = struct.unpack_from("<Q", ident, 32)
+    e_phentsize, e_phnum = struct.unpack_from("<HH", ident, 54)
+    if e_phentsize != 56:  # sizeof(Elf64_Phdr)
+        return notes
+    phdrs = os.pread(fd, e_phentsize * e_phnum, e_phoff)
+    budget = MAX_NOTES_BYTES
+    for i in range(len(phdrs) // e_phentsize):
+        p_type, _flags, p_offset, _va, _pa, p_filesz = struct.unpack_from("<IIQQQQ", phdrs, i * e_phentsize)
+        if p_type != PT_NOTE or budget <= 0:
+            continue
+        data = os.pread(fd, min(p_filesz, budget), p_offset)
+        budget -= len(data)
+        _parse_notes(data, notes)
     return notes
 
 
