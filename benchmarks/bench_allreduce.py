@@ -59,8 +59,9 @@ def worker() -> None:
 
     import torch.distributed as dist
 
-    from ml_debug.bench.sweep import BenchConfig, run_sweep
-    from ml_debug.dist import detect_world
+    from ml_debug.bench.config import BenchConfig
+    from ml_debug.bench.sweep import run_sweep
+    from ml_debug.dist.world import detect_world
 
     dist.init_process_group("gloo")
     n = dist.get_world_size()

@@ -1,11 +1,11 @@
 """`mldebug check`: the whole-node checkup. Each step is another mldebug command run as a subprocess
 with ``--json`` and a timeout (the agent pattern): its document's ``result.ok``/``result.summary`` and
-exit code become one row of the verdict. A command that is not registered in this build is reported
-as "not available", not as a failure, so the checkup grows as commands land.
+exit code become one row of the verdict.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import signal
@@ -19,8 +19,19 @@ from pathlib import Path
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
 
-PASS, FAIL, TIMEOUT, PARTIAL, SKIPPED, UNAVAILABLE, ERROR = (
-    "pass", "fail", "timeout", "partial", "skipped", "not available", "error")
+
+class StepStatus(str, enum.Enum):
+    """How one step of the checkup ended."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    TIMEOUT = "timeout"
+    PARTIAL = "partial"
+    SKIPPED = "skipped"
+    ERROR = "error"
+
+
+PASS, FAIL, TIMEOUT, PARTIAL, SKIPPED, ERROR = StepStatus
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,7 @@ DEFAULT_STEPS = (
 class StepResult:
     name: str
     command: str
-    status: str
+    status: StepStatus
     exit_code: int | None
     seconds: float
     summary: str
@@ -58,16 +69,6 @@ class CheckResult:
     exit_code: int
     host: str
     steps: list[StepResult] = field(default_factory=list)
-
-
-def registered_commands() -> set[str]:
-    """Names of the commands this mldebug build registers (cheap: no torch)."""
-    from ml_debug.cli.app import build_app
-
-    app = build_app()
-    names = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "") for c in app.registered_commands}
-    names |= {g.name for g in app.registered_groups if g.name}
-    return names
 
 
 def _kill_tree(proc: subprocess.Popen[str]) -> None:
@@ -150,16 +151,12 @@ def run_check(steps: Sequence[Step] = DEFAULT_STEPS, skip: Sequence[str] = (), t
     """Run every step in turn (2 CPU ranks and a bandwidth test should not share the cores) and judge."""
     import socket
 
-    known = registered_commands()
     results: list[StepResult] = []
     with output.progress(len(steps), "check") as bar:
         for step in steps:
             command = step.argv[0]
             if step.name in skip:
                 results.append(StepResult(step.name, f"mldebug {command}", SKIPPED, None, 0.0, "skipped (--skip)"))
-            elif command not in known:
-                results.append(StepResult(step.name, f"mldebug {command}", UNAVAILABLE, None, 0.0,
-                                          f"`mldebug {command}` is not in this build"))
             else:
                 bar.advance(0, description=f"check: {step.name}")
                 results.append(run_step(step, timeout_s, out_dir))
@@ -171,7 +168,7 @@ def judge(results: list[StepResult], host: str) -> CheckResult:
     """0 all ran steps passed; 1 a step found a problem; 4 a step timed out or was partial."""
     bad = [r for r in results if r.status in (FAIL, ERROR)]
     late = [r for r in results if r.status in (TIMEOUT, PARTIAL)]
-    ran = [r for r in results if r.status not in (UNAVAILABLE, SKIPPED)]
+    ran = [r for r in results if r.status != SKIPPED]
     passed = [r for r in ran if r.status == PASS]
     if bad:
         code = ExitCode.PROBLEM
@@ -184,9 +181,6 @@ def judge(results: list[StepResult], host: str) -> CheckResult:
     else:
         summary = f"{len(passed)}/{len(ran)} steps passed on {host}; " + "; ".join(
             f"{r.name} {r.status}: {r.summary}" for r in [*bad, *late])
-    missing = [r.name for r in results if r.status == UNAVAILABLE]
-    if missing and code == ExitCode.OK:
-        summary += f" ({', '.join(missing)} not available)"
     return CheckResult(code == ExitCode.OK, summary, int(code), host, results)
 
 
@@ -195,7 +189,7 @@ def render(result: CheckResult, console: object) -> None:
     from rich.table import Table
 
     style = {PASS: "green", FAIL: "bold red", ERROR: "bold red", TIMEOUT: "bold red", PARTIAL: "yellow",
-             SKIPPED: "dim", UNAVAILABLE: "dim"}
+             SKIPPED: "dim"}
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for col in ("step", "status", "time", "summary"):
         table.add_column(col, no_wrap=col != "summary")

@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ml_debug.cli.targets import resolve_targets
+from ml_debug.remote.options import resolve_targets
 from ml_debug.remote.runner import run_mldebug_everywhere
 from ml_debug.remote.slurm import srun_argv
 from tests.conftest import REPO, mldebug

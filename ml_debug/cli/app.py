@@ -140,4 +140,6 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    sys.exit(run())
+    from ml_debug.cli.worker import exit_cli
+
+    exit_cli(run())

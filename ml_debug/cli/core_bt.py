@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
-from ml_debug.cli.options import Json
+from ml_debug.core.options import argument, option
 
 HELP = """Show where crashed processes died: every thread's backtrace plus the Python frames, from core files.
 
@@ -24,32 +25,43 @@ interpreter's py-bt helper, or with pystack. Cores with the same crash are group
 Exit codes: 0 no core found; 1 crash backtraces shown; 2 a path is not a core; 3 neither gdb nor
 pystack installed; 4 some cores could not be read."""
 
+EXAMPLES = (
+    "mldebug core-bt                     # cores in this directory (per core_pattern)",
+    "mldebug core-bt core.4242           # one core",
+    "mldebug core-bt --dir /scratch/run7 --newest 20",
+)
 
-def core_bt(
-    cores: Annotated[list[Path] | None, typer.Argument(metavar="CORE",
-                     help="Core files, or directories to search.")] = None,
-    dirs: Annotated[list[Path] | None, typer.Option("--dir", file_okay=False, metavar="DIR",
-                    help="Directory to search for cores (repeatable; default: the current one).")] = None,
-    exe: Annotated[str | None, typer.Option("--exe", metavar="PATH", help="The executable that crashed, when the core's "
-                   "own record of it is wrong (a container path, a deleted venv).")] = None,
-    newest: Annotated[int | None, typer.Option("--newest", min=1, metavar="N", help="Only the N most recent cores.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", min=1.0, metavar="S", help="Seconds per core for gdb/pystack.")
-                       ] = 120.0,
-    all_threads: Annotated[bool, typer.Option("--all-threads", help="Print every thread, not only the one "
-                           "that crashed.")] = False,
-    json_: Json = False,
-) -> None:
-    from ml_debug.cli.options import use_json
+
+@dataclass(frozen=True)
+class CoreBtOptions:
+    """The options of `mldebug core-bt`."""
+
+    cores: list[Path] = argument(default_factory=list, metavar="CORE", help="Core files, or directories to search.")
+    dirs: list[Path] = option(flags=("--dir",), default_factory=list, file_okay=False, metavar="DIR",
+                              help="Directory to search for cores (repeatable; default: the current one).")
+    exe: str | None = option(None, metavar="PATH", help="The executable that crashed, when the core's own record "
+                                                       "of it is wrong (a container path, a deleted venv).")
+    newest: int | None = option(None, min=1, metavar="N", help="Only the N most recent cores.")
+    timeout: float = option(120.0, min=1.0, metavar="S", help="Seconds per core for gdb/pystack.")
+    all_threads: bool = option(False, help="Print every thread, not only the one that crashed.")
+
+
+def register(app: typer.Typer) -> None:
+    from ml_debug.cli.params import command
+
+    command(app, "core-bt", core_bt, help=HELP, examples=EXAMPLES, opts=CoreBtOptions)
+
+
+def core_bt(opts: CoreBtOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import ExitCode
     from ml_debug.stacks.cores import analyse_core, core_summary, find_cores, group_cores
 
-    as_json = use_json(json_)
-    found, search = find_cores(list(cores or []), list(dirs or []) or None, newest)
+    found, search = find_cores(list(opts.cores), list(opts.dirs) or None, opts.newest)
     reports = []
     with output.progress(len(found), "reading cores") as bar:
         for path in found:
-            reports.append(analyse_core(path, timeout, exe))
+            reports.append(analyse_core(path, opts.timeout, opts.exe))
             bar.advance()
     groups = group_cores(reports)
     failed = [r for r in reports if not r.ok]
@@ -71,10 +83,8 @@ def core_bt(
         "groups": groups,
         "cores": reports,
     }
-    output.emit("mldebug.core-bt", 1, result, lambda console: _human(console, result, all_threads),
-                as_json=as_json)
-    if code:
-        raise typer.Exit(int(code))
+    output.emit("mldebug.core-bt", 1, result, lambda console: _human(console, result, opts.all_threads))
+    return int(code)
 
 
 def _human(console: Any, result: dict[str, Any], all_threads: bool) -> None:
@@ -117,6 +127,3 @@ def _human(console: Any, result: dict[str, Any], all_threads: bool) -> None:
     style = "bold red" if result["groups"] else "bold green"
     console.print(Text(result["summary"], style=style), soft_wrap=True)
 
-
-def register(app: typer.Typer) -> None:
-    app.command("core-bt", help=HELP)(core_bt)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import typer
 
-from ml_debug.cli.options import Json, use_json
+from ml_debug.core.options import option
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -16,18 +17,33 @@ if TYPE_CHECKING:
 SCHEMA = "mldebug.env"
 
 
-def env_command(
-    json: Json = False,
-    no_torch: Annotated[bool, typer.Option("--no-torch", help="Skip importing torch (faster; no CUDA/NCCL/"
-                                           "cuDNN versions).")] = False,
-) -> None:
-    """Versions, GPUs, launcher variables, NCCL/TORCH/CUDA settings, network, tools, ptrace permission."""
-    use_json(json)
+HELP = """What is installed and set on this node: versions, GPUs (NVML), launcher variables,
+NCCL/TORCH/CUDA settings (with warnings for dangerous ones), network interfaces, tools, and whether
+this user may attach to other processes (ptrace).
+
+Exit codes: 0 always (the report is the result); 2 bad options."""
+
+EXAMPLES = (
+    "mldebug env",
+    "mldebug env --no-torch            # faster: skip importing torch",
+    "mldebug exec --hosts node[01-04] -- mldebug env --json",
+)
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """The options of `mldebug env`."""
+
+    no_torch: bool = option(False, help="Skip importing torch (faster; no CUDA/NCCL/cuDNN versions).")
+
+
+def env_command(opts: EnvOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.environment import collect, summary
 
-    report = collect(include_torch=not no_torch)
+    report = collect(include_torch=not opts.no_torch)
     output.emit(SCHEMA, 1, report, lambda console: render(console, report), environment=summary())
+    return 0
 
 
 def render(console: Console, r: EnvReport) -> None:
@@ -54,7 +70,9 @@ def render(console: Console, r: EnvReport) -> None:
 
     gpus = r.gpus.get("gpus", [])
     if gpus:
-        g = table("GPUs (NVML)", "index", "name", "uuid", "bus id", "driver", "memory")
+        fake = str(r.gpus.get("nvml_source") or "").startswith("fake:")
+        g = table("GPUs (FAKE NVML: test data, not this node's hardware)" if fake else "GPUs (NVML)",
+                  "index", "name", "uuid", "bus id", "driver", "memory")
         for gpu in gpus:
             g.add_row(*(str(gpu.get(k, "N/A")) for k in ("index", "name", "uuid", "bus_id", "driver", "memory")))
         console.print(g)
@@ -91,4 +109,6 @@ def render(console: Console, r: EnvReport) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("env")(env_command)
+    from ml_debug.cli.params import command
+
+    command(app, "env", env_command, help=HELP, examples=EXAMPLES, opts=EnvOptions)

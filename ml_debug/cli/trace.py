@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import typer
 
-from ml_debug.cli.options import Json, use_json
+from ml_debug.core.options import argument, option
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -17,80 +19,111 @@ if TYPE_CHECKING:
 TAIL_SCHEMA = "mldebug.trace-tail"
 
 
-def trace_command(
-    target: Annotated[list[str], typer.Argument(
-        metavar="PROGRAM", help="The script and its arguments (or, with -m, the module and its arguments). Put -- before "
-             "them when an argument starts with a dash.", show_default=False)],
-    module: Annotated[bool, typer.Option("-m", "--module", help="Run a module, like python -m.")] = False,
-    include: Annotated[list[str] | None, typer.Option(
-        "--include", "-i", metavar="PKG",
-        help="Also trace this installed top-level package (repeat, or a,b). Your own code (anything "
-             "outside site-packages and the standard library) is always traced.")] = None,
-    everything: Annotated[bool, typer.Option(
-        "--everything", help="Trace all code, the standard library and site-packages included (slow, big).")] = False,
-    out_dir: Annotated[Path, typer.Option(
-        "--out-dir", "-o", envvar="MLDEBUG_TRACE_DIR", file_okay=False,
-        help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child).")] = Path("."),
-    ring: Annotated[int | None, typer.Option(
-        "--ring", min=1, metavar="N",
-        help="Keep only the last N events per thread in memory; write them at exit, on --dump-signal "
-             "and after --idle-dump seconds of quiet.")] = None,
-    idle_dump: Annotated[float | None, typer.Option(
-        "--idle-dump", metavar="SECONDS", min=0.01,
-        help="With --ring: write the ring when no new event arrived for this long (a hang).")] = None,
-    dump_signal: Annotated[list[str] | None, typer.Option(
-        "--dump-signal", metavar="SIG",
-        help="With --ring: signals that write the ring (default TERM and USR1). USR1/USR2 keep the "
-             "program running; others then act as before (TERM still ends it).")] = None,
-    log_pids: Annotated[bool, typer.Option("--log-pids", help="Prefix every line with [pid N].")] = False,
-) -> None:
-    """Run a program and log every call and line of your code to one file per process.
+TRACE_HELP = """Run a program and log every call and line of your code to one file per process.
 
-    When a rank stops responding and py-spy cannot attach, its trace file still says what it did
-    last. Read them together with `mldebug trace-tail DIR`.
-    """
+When a rank stops responding and py-spy cannot attach, its trace file still says what it did
+last. Read them together with `mldebug trace-tail DIR`.
+
+Exit codes: the program's own exit code (128+N when a signal ended it); 2 bad options."""
+
+TRACE_EXAMPLES = (
+    "mldebug trace -- train.py --lr 1e-3",
+    "mldebug trace -m mypkg.train --ring 10000 --idle-dump 60",
+    "torchrun --nproc-per-node 8 --no-python mldebug trace -o traces -- train.py",
+)
+
+TAIL_HELP = """The last lines of every trace file, grouped by identical endings: who stopped where.
+
+Time stamps, pids and addresses are ignored when comparing.
+
+Exit codes: 0 every file ends the same way; 1 they differ (the odd group is named); 2 no trace file
+is found."""
+
+TAIL_EXAMPLES = (
+    "mldebug trace-tail traces/",
+    "mldebug trace-tail -n 10 --grep 'all_reduce' traces/",
+)
+
+
+class LineFormat(str, enum.Enum):
+    """How `mldebug trace` writes each call and line."""
+
+    nicer = "nicer"
+    seed = "seed"
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """The options of `mldebug trace`."""
+
+    target: list[str] = argument(
+        metavar="PROGRAM", help="The script and its arguments (or, with -m, the module and its arguments). Put -- "
+                                "before them when an argument starts with a dash.")
+    module: bool = option(False, flags=("-m", "--module"), help="Run a module, like python -m.")
+    include: list[str] = option(
+        flags=("--include", "-i"), default_factory=list, metavar="PKG",
+        help="Also trace this installed top-level package (repeat, or a,b). Your own code (anything outside "
+             "site-packages and the standard library) is always traced.")
+    everything: bool = option(False, help="Trace all code, the standard library and site-packages included "
+                                          "(slow, big).")
+    out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), envvar="MLDEBUG_TRACE_DIR", file_okay=False,
+                           help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child).")
+    ring: int | None = option(None, min=1, metavar="N",
+                              help="Keep only the last N events per thread in memory; write them at exit, on "
+                                   "--dump-signal and after --idle-dump seconds of quiet.")
+    idle_dump: float | None = option(None, metavar="SECONDS", min=0.01,
+                                     help="With --ring: write the ring when no new event arrived for this long "
+                                          "(a hang).")
+    dump_signal: list[str] = option(default_factory=list, metavar="SIG",
+                                    help="With --ring: signals that write the ring (default TERM and USR1). "
+                                         "USR1/USR2 keep the program running; others then act as before (TERM "
+                                         "still ends it).")
+    log_pids: bool = option(False, help="Prefix every line with [pid N].")
+    line_format: LineFormat = option(
+        LineFormat.nicer, flags=("--format",),
+        help="nicer: millisecond time stamps on every line, qualified function names, thread tags. seed: "
+             "the line format of the ML Engineering handbook's NicerTrace, for tools that parse it.")
+
+
+@dataclass(frozen=True)
+class TailOptions:
+    """The options of `mldebug trace-tail`."""
+
+    paths: list[str] = argument(default_factory=list, metavar="PATH",
+                                help="Trace files, or directories searched for trace-*.txt (default: the current "
+                                     "directory).")
+    lines: int = option(5, flags=("-n", "--lines"), min=1, help="How many last lines to compare.")
+    grep: str | None = option(None, metavar="PATTERN",
+                              help="Also count the lines matching this regular expression in each file.")
+    all_threads: bool = option(False, help="Compare the last lines of every thread, not only the main thread's.")
+
+
+def trace_command(opts: TraceOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
     from ml_debug.tracing.run import run_traced
 
-    if idle_dump is not None and ring is None:
+    if opts.idle_dump is not None and opts.ring is None:
         raise UsageError("--idle-dump needs --ring N", "e.g. --ring 10000 --idle-dump 30")
-    if dump_signal and ring is None:
+    if opts.dump_signal and opts.ring is None:
         raise UsageError("--dump-signal needs --ring N",
                          "without --ring every event is already on disk (flushed every 0.5 s)")
-    result = run_traced(list(target), module=module, include=include, everything=everything,
-                        out_dir=str(out_dir), ring=ring, idle_dump=idle_dump, dump_signals=dump_signal,
-                        log_pids=log_pids)
+    result = run_traced(list(opts.target), module=opts.module, include=opts.include or None,
+                        everything=opts.everything, out_dir=str(opts.out_dir), ring=opts.ring,
+                        idle_dump=opts.idle_dump, dump_signals=opts.dump_signal or None, log_pids=opts.log_pids,
+                        line_format=opts.line_format.value)
     if result.trace_file:
         output.log(f"mldebug trace: wrote {result.trace_file}")
-    if result.exit_code != 0:
-        raise typer.Exit(result.exit_code)
+    return result.exit_code
 
 
-def tail_command(
-    paths: Annotated[list[str] | None, typer.Argument(
-        metavar="PATH", help="Trace files, or directories searched for trace-*.txt "
-                                      "(default: the current directory).", show_default=False)] = None,
-    lines: Annotated[int, typer.Option("-n", "--lines", min=1, help="How many last lines to compare.")] = 5,
-    grep: Annotated[str | None, typer.Option(
-        "--grep", metavar="PATTERN", help="Also count the lines matching this regular expression in each file.")] = None,
-    all_threads: Annotated[bool, typer.Option(
-        "--all-threads", help="Compare the last lines of every thread, not only the main thread's.")] = False,
-    json: Json = False,
-) -> None:
-    """The last lines of every trace file, grouped by identical endings: who stopped where.
-
-    Time stamps, pids and addresses are ignored when comparing. Exit 0 when every file ends the
-    same way, 1 when they differ (the odd group is named), 2 when no trace file is found.
-    """
-    use_json(json)
+def tail_command(opts: TailOptions) -> int:
     from ml_debug.core import output
     from ml_debug.tracing.tail import tail_traces
 
-    report = tail_traces(paths or ["."], lines=lines, grep=grep, all_threads=all_threads)
+    report = tail_traces(opts.paths or ["."], lines=opts.lines, grep=opts.grep, all_threads=opts.all_threads)
     output.emit(TAIL_SCHEMA, 1, report, lambda console: render_tail(console, report))
-    if not report.ok:
-        raise typer.Exit(1)
+    return 0 if report.ok else 1
 
 
 def render_tail(console: Console, r: TailReport) -> None:
@@ -126,6 +159,9 @@ def render_tail(console: Console, r: TailReport) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from ml_debug.cli.params import command
+
     # Stop option parsing at the script name: its own options belong to it (like python itself).
-    app.command("trace", context_settings={"allow_interspersed_args": False})(trace_command)
-    app.command("trace-tail")(tail_command)
+    command(app, "trace", trace_command, help=TRACE_HELP, examples=TRACE_EXAMPLES,
+            context_settings={"allow_interspersed_args": False}, opts=TraceOptions)
+    command(app, "trace-tail", tail_command, help=TAIL_HELP, examples=TAIL_EXAMPLES, opts=TailOptions)

@@ -98,10 +98,9 @@ def emit(
     human: Callable[[Console], None] | None = None,
     *,
     environment: Mapping[str, Any] | None = None,
-    as_json: bool | None = None,
 ) -> None:
-    """Write one command's result to stdout: the JSON document, or the human view."""
-    if as_json if as_json is not None else MODE.json:
+    """Write one command's result to stdout: the JSON document (with --json), or the human view."""
+    if MODE.json:
         sys.stdout.write(dumps(document(schema, version, result, environment)) + "\n")
         sys.stdout.flush()
     elif human is not None:
@@ -111,18 +110,23 @@ def emit(
 _consoles: dict[str, Console] = {}
 
 
-def _width() -> int | None:
-    # Golden tests and pipes get a stable width; a terminal gets its own.
+UNLIMITED = 10_000
+"""Width of output that is not a terminal: a pipe or a file gets every column whole, never cut."""
+
+
+def _width(stream: Any) -> int | None:
+    """MLDEBUG_WIDTH or COLUMNS when set (golden tests), a terminal's own width, else unlimited."""
     value = os.environ.get("MLDEBUG_WIDTH") or os.environ.get("COLUMNS")
-    return int(value) if value and value.isdigit() else None
+    if value and value.isdigit():
+        return int(value)
+    return None if stream.isatty() else UNLIMITED
 
 
 def stdout_console() -> Console:
     if "out" not in _consoles:
         from rich.console import Console
 
-        _consoles["out"] = Console(file=sys.stdout, width=_width() or (None if sys.stdout.isatty() else 120),
-                                   highlight=False, soft_wrap=False)
+        _consoles["out"] = Console(file=sys.stdout, width=_width(sys.stdout), highlight=False, soft_wrap=False)
     return _consoles["out"]
 
 
@@ -130,14 +134,8 @@ def stderr_console() -> Console:
     if "err" not in _consoles:
         from rich.console import Console
 
-        _consoles["err"] = Console(file=sys.stderr, width=_width() or (None if sys.stderr.isatty() else 120),
-                                   highlight=False)
+        _consoles["err"] = Console(file=sys.stderr, width=_width(sys.stderr), highlight=False)
     return _consoles["err"]
-
-
-def reset_consoles() -> None:
-    """Forget cached consoles (tests swap sys.stdout between invocations)."""
-    _consoles.clear()
 
 
 def log(message: str) -> None:

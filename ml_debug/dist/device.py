@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ml_debug.dist.world import World
 from ml_debug.core.errors import EnvironmentProblem, UsageError
+from ml_debug.dist.world import World
 
 BACKENDS = ("auto", "nccl", "gloo")
 

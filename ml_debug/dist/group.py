@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ml_debug.core.errors import MLDebugError, PartialResult, ProblemFound, UsageError
 from ml_debug.dist.device import DeviceChoice
 from ml_debug.dist.world import World
-from ml_debug.core.errors import MLDebugError, PartialResult, ProblemFound, UsageError
 
 
 def export_world_env(world: World) -> None:

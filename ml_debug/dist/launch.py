@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ml_debug.core.errors import ExitCode, UsageError
 
-LAUNCH_OPTIONS = ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port")
+WORKER_MODULE = "ml_debug.cli.worker"  # each rank runs the CLI through this entry point (named, not imported)
 KILLED = -15  # a rank stopped by the launcher because another one failed
 
 
@@ -36,6 +36,7 @@ class LaunchSpec:
     master_port: int | None = None
     rdzv_timeout_s: float = 120.0  # how long node 0 waits for the other nodes (and they for it)
     run_timeout_s: float | None = None  # stop every rank after this long, whatever they do
+    linger_s: float = 30.0  # once one rank has finished, stop the others after this long
     cpu_ranks: bool = True  # set OMP_NUM_THREADS=1 unless the user set it
 
 
@@ -45,6 +46,8 @@ class LaunchResult:
 
     exit_codes: dict[int, int] = field(default_factory=dict)
     timed_out: bool = False
+    stopped: list[int] = field(default_factory=list)
+    """Ranks still running ``linger_s`` after another rank finished, which the launcher stopped."""
 
     @property
     def code(self) -> int:
@@ -64,20 +67,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def strip_launch_options(argv: Sequence[str]) -> list[str]:
-    """Drop the self-launch options from an argv so the ranks do not launch again."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in LAUNCH_OPTIONS:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
+def _stop_stragglers(workdir: str, ranks: range, linger_s: float, result: LaunchResult,
+                     done: threading.Event) -> None:
+    """Once one rank has finished, give the others ``linger_s``; then stop the launch, naming them.
+
+    Without this a rank hung outside any collective (a deadlock, a sleep) keeps the launcher waiting
+    forever after its peers timed out and left.
+    """
+    def finished() -> list[int]:
+        return [r for r in ranks if os.path.exists(os.path.join(workdir, f"rank{r}.rc"))]
+
+    while not done.wait(0.2):
+        if finished():
+            break
+    else:
+        return
+    if done.wait(linger_s):
+        return
+    result.stopped = [r for r in ranks if r not in finished()]
+    if result.stopped:
+        os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into a clean stop of every rank
 
 
 def validate(spec: LaunchSpec) -> LaunchSpec:
@@ -133,17 +142,24 @@ def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None 
             timer = threading.Timer(spec.run_timeout_s, _expire)
             timer.daemon = True
             timer.start()
+        first = spec.node_rank * spec.nproc_per_node
+        ranks = range(first, first + spec.nproc_per_node)
+        done = threading.Event()
+        threading.Thread(target=_stop_stragglers, args=(workdir, ranks, spec.linger_s, result, done),
+                         daemon=True, name="mldebug-linger").start()
         failures: dict[int, int] = {}
         try:
-            elastic_launch(config, sys.executable)("-u", "-m", "ml_debug.cli.worker", *argv)
+            elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE, *argv)
         except ChildFailedError as e:
             failures = {int(r): int(f.exitcode) for r, f in e.failures.items()}
         except SignalException as e:
-            if not result.timed_out and e.sigval == signal.SIGINT:
+            if not result.timed_out and not result.stopped and e.sigval == signal.SIGINT:
                 raise KeyboardInterrupt from e
-            result.timed_out = True
-        first = spec.node_rank * spec.nproc_per_node
-        for rank in range(first, first + spec.nproc_per_node):
+            if not result.stopped:
+                result.timed_out = True
+        finally:
+            done.set()
+        for rank in ranks:
             rc_file = os.path.join(workdir, f"rank{rank}.rc")
             if os.path.exists(rc_file):
                 with open(rc_file) as fh:

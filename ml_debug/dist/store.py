@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ml_debug.dist.world import World
 from ml_debug.core.errors import PartialResult, UsageError
+from ml_debug.dist.world import World
 
 
 class StoreUnavailable(PartialResult):

@@ -1,21 +1,9 @@
-"""`torchrun -m ml_debug.train [options]` / `python -m ml_debug.train`: the same as `mldebug train`."""
+"""`torchrun -m ml_debug.train [options]` / `python -m ml_debug.train`: the same as `mldebug train`.
 
-from __future__ import annotations
+An entry point, so it sits above every layer: it only hands over to the CLI.
+"""
 
-import os
-import sys
-
-
-def main() -> int:
-    from ml_debug.cli.app import run
-
-    return run(["train", *sys.argv[1:]])
-
+from ml_debug.cli.worker import train_main
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The process group is already destroyed; skipping interpreter finalisation keeps gloo's worker
-    # threads from aborting the exit (FIELD-NOTES "exit crash") and turning success into SIGABRT.
-    os._exit(code)
+    train_main()

@@ -1,4 +1,4 @@
-"""Configuration of the bundled training job: plain dataclasses, one docstring per field.
+"""Configuration of the bundled training job: plain dataclasses; TrainConfig's fields are the CLI options.
 
 Torch-free, so the CLI can validate options before importing torch.
 """
@@ -6,10 +6,12 @@ Torch-free, so the CLI can validate options before importing torch.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ml_debug.core.errors import UsageError
+from ml_debug.core.options import option
+from ml_debug.dist.options import backend_option, device_option
 
 NUMERICS = ("fp32", "bf16", "fp8", "mx")
 MX_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1", "int8")
@@ -110,93 +112,113 @@ def parse_fault(text: str) -> FaultSpec:
     return FaultSpec(kind, step, rank, factor, code, where)
 
 
+def format_fault(f: FaultSpec) -> str:
+    """The ``--inject`` word that :func:`parse_fault` reads back as ``f``."""
+    return f"{f.kind}@step={f.step},rank={f.rank},factor={f.factor!r},code={f.code},where={f.where}"
+
+
+def parse_betas(text: str) -> tuple[float, float]:
+    """``B1,B2`` -> (B1, B2), each in [0, 1)."""
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"bad --betas {text!r}", "use two numbers in [0, 1), e.g. --betas 0.9,0.95") from None
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise UsageError(f"bad --betas {text!r}: each must be in [0, 1)", "e.g. --betas 0.9,0.95")
+    return b1, b2
+
+
+def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
+    """``A:B`` (or a single step ``A``) -> (A, B)."""
+    if not text:
+        return None
+    a, _, b = text.partition(":")
+    try:
+        start, end = int(a), int(b or a)
+    except ValueError as e:
+        raise UsageError(f"bad --profile-steps {text!r}", "use A:B, e.g. --profile-steps 3:5") from e
+    return start, end
+
+
+MODEL, OPTIM, RUN, STATE, FAULTS = "Model", "Optimizer", "Run", "Checkpoints and switches", "Faults"
+
+
 @dataclass
 class TrainConfig:
-    """Everything one training run needs; the CLI fills it from options."""
+    """Everything one training run needs: the options of `mldebug train`, one field each."""
 
-    preset: str = "tiny"
-    """Model size: tiny, debug, 125m or 1b."""
-    steps: int = 50
-    """Optimizer steps to run (the run stops at this step, resume included)."""
-    batch_size: int = 4
-    """Sequences per rank per micro-batch."""
-    seq_len: int = 64
-    """Tokens per sequence (batch_size * seq_len must be a multiple of 32 for MX)."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step (gradient accumulation)."""
-    lr: float = 3e-3
-    """Peak learning rate."""
-    min_lr_ratio: float = 0.1
-    """The schedule decays to lr * min_lr_ratio."""
-    warmup_steps: int = 5
-    """Linear warmup from 0 to lr over this many steps."""
-    schedule: str = "cosine"
-    """Decay after warmup: cosine, linear or constant."""
-    weight_decay: float = 0.1
-    """AdamW decoupled weight decay (not applied to norms)."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas."""
-    grad_clip: float = 1.0
-    """Clip the global grad norm (over all shards) to this; 0 disables clipping."""
-    optimizer_impl: str = "auto"
-    """AdamW implementation: fused, foreach, for-loop or auto (fused on GPU, foreach on CPU)."""
-    zero_grad_set_to_none: bool = True
-    """zero_grad(set_to_none=...): free the grads between steps (True) or zero them in place."""
-    numerics: str = "fp32"
-    """fp32, bf16 (FSDP mixed precision, fp32 reduce), fp8 (torchao float8) or mx."""
-    mx_format: str = "fp8_e4m3"
-    """MX element format: fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1 or int8."""
-    mx_scale_mode: str = "floor"
-    """MX scale: floor (OCP spec) or rceil (cuBLAS/Blackwell)."""
-    activation_checkpoint: str = "none"
-    """Recompute activations in backward: none, full (every block) or selective (every ac_every-th)."""
-    ac_every: int = 2
-    """selective activation checkpointing: checkpoint one block in this many."""
-    cpu_offload: bool = False
-    """FSDP2 CPUOffloadPolicy: keep sharded params/grads/optimizer state in host memory."""
-    reshard_after_forward: bool = True
-    """FSDP2: free gathered params after forward (ZeRO-3) or keep them until backward (ZeRO-2)."""
-    fsdp: bool = True
-    """Shard with FSDP2; False trains a plain (replicated, unsynchronised) model: benchmarks only."""
-    seed: int = 1234
-    """Seed of the initial weights (the data stream is deterministic by itself)."""
-    data: str = "synthetic"
-    """Text source: synthetic (generated arithmetic, the same everywhere), stdlib (Python's own .py
-    files) or a path to a text file."""
-    device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
-    backend: str = "auto"
-    """auto, gloo or nccl."""
-    timeout: float = 120.0
-    """Seconds a collective may wait before the process group gives up."""
-    log_every: int = 1
-    """One human line on rank 0 every this many steps."""
-    stats_every: int = 10
-    """Record MX/fp8 saturation/underflow/amax per layer every this many steps (0: never)."""
-    metrics_dir: Path | None = None
-    """Write one JSON line per step per rank to METRICS_DIR/rank-R.jsonl."""
-    checkpoint_dir: Path | None = None
-    """Folder of step-N checkpoints (torch.distributed.checkpoint)."""
-    checkpoint_every: int = 0
-    """Save every this many steps (0: only on the save switch and at the end when a dir is given)."""
-    keep_last: int = 2
-    """Keep the newest K complete checkpoints."""
-    resume: bool = True
-    """Continue from the newest complete checkpoint in checkpoint_dir when there is one."""
-    kill_switch: Path | None = None
-    """When this file exists (checked at start and every step) the job saves nothing and exits 0."""
-    save_switch: Path | None = None
-    """When this file exists the job saves a checkpoint now, then deletes the file."""
-    init_from: Path | None = None
-    """A full (unsharded) state dict saved with torch.save: rank 0 loads it, then broadcasts."""
-    profile_steps: tuple[int, int] | None = None
-    """Profile steps A..B (inclusive) with torch.profiler; one trace per rank."""
-    profile_dir: Path | None = None
-    """Where profiler traces go (default: metrics_dir, else ./profile)."""
-    inject: list[FaultSpec] = field(default_factory=list)
-    """Faults to inject (see FaultSpec)."""
-    core_dir: Path | None = None
-    """segfault: each rank runs from CORE_DIR/rank-R so its core file lands there."""
+    preset: str = option("tiny", panel=MODEL, help="Model size: tiny (CI), debug, 125m, 1b.")
+    steps: int = option(50, min=1, panel=RUN, help="Optimizer steps (the run stops at this step, resume included).")
+    batch_size: int = option(4, min=1, panel=RUN, help="Sequences per rank per micro-batch.")
+    seq_len: int = option(64, min=2, panel=RUN,
+                          help="Tokens per sequence (batch_size * seq_len must be a multiple of 32 for MX).")
+    grad_accum: int = option(1, min=1, panel=RUN, help="Micro-batches per optimizer step (gradient accumulation).")
+    lr: float = option(3e-3, min=0.0, panel=OPTIM, help="Peak learning rate.")
+    min_lr_ratio: float = option(0.1, min=0.0, max=1.0, panel=OPTIM,
+                                 help="The schedule decays to lr * min_lr_ratio.")
+    warmup_steps: int = option(5, min=0, panel=OPTIM, help="Linear warmup from 0 to lr over this many steps.")
+    schedule: str = option("cosine", panel=OPTIM, help="Decay after warmup: cosine, linear, constant.")
+    weight_decay: float = option(0.1, min=0.0, panel=OPTIM, help="AdamW decoupled weight decay (not on norms).")
+    betas: tuple[float, float] = option((0.9, 0.95), metavar="B1,B2", panel=OPTIM, parse=parse_betas,
+                                        format=lambda b: f"{b[0]!r},{b[1]!r}", help="AdamW betas.")
+    grad_clip: float = option(1.0, min=0.0, panel=OPTIM,
+                              help="Clip the global grad norm (over all shards) to this; 0 disables clipping.")
+    optimizer_impl: str = option("auto", panel=OPTIM,
+                                 help="AdamW implementation: auto (fused on GPU, foreach on CPU), fused, foreach, "
+                                      "for-loop.")
+    zero_grad_set_to_none: bool = option(True, flags=("--zero-grad-to-none/--zero-grad-in-place",), panel=OPTIM,
+                                         help="Free the grads between steps, or zero them in place.")
+    numerics: str = option("fp32", panel=MODEL,
+                           help="fp32, bf16 (FSDP mixed precision, fp32 reduce), fp8 (torchao float8) or mx.")
+    mx_format: str = option("fp8_e4m3", panel=MODEL,
+                            help="MX elements: fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1, int8.")
+    mx_scale_mode: str = option("floor", flags=("--mx-scale",), panel=MODEL,
+                                help="MX scale rule: floor (OCP spec) or rceil (cuBLAS/Blackwell).")
+    activation_checkpoint: str = option("none", flags=("--ac",), panel=MODEL,
+                                        help="Recompute activations in backward: none, full (every block) or "
+                                             "selective (every --ac-every-th block).")
+    ac_every: int = option(2, min=1, panel=MODEL, help="selective: checkpoint one block in N.")
+    cpu_offload: bool = option(False, flags=("--cpu-offload/--no-cpu-offload",), panel=MODEL,
+                               help="FSDP2 CPU offload of params/grads/optimizer state.")
+    reshard_after_forward: bool = option(True, flags=("--reshard-after-forward/--no-reshard-after-forward",),
+                                         panel=MODEL, help="FSDP2 ZeRO-3 (on) or ZeRO-2 (off).")
+    fsdp: bool = option(True, flags=("--fsdp/--no-fsdp",), panel=MODEL,
+                        help="Shard with FSDP2 (off: plain unsynchronised copies; benchmarks only).")
+    seed: int = option(1234, panel=RUN, help="Seed of the initial weights (the data stream is deterministic).")
+    data: str = option("synthetic", panel=RUN,
+                       help="synthetic (generated arithmetic), stdlib (Python's own .py files) or a text file.")
+    device: str = device_option()
+    backend: str = backend_option()
+    timeout: float = option(120.0, min=1.0, panel=RUN, help="Seconds a collective may wait.")
+    log_every: int = option(1, min=1, panel=RUN, help="Human log line every N steps (rank 0).")
+    stats_every: int = option(10, min=0, panel=RUN,
+                              help="Numerics stats (MX/fp8 saturation, underflow, amax) per layer every N steps "
+                                   "(0: never).")
+    metrics_dir: Path | None = option(None, file_okay=False, panel=RUN,
+                                      help="One JSON line per step per rank: DIR/rank-R.jsonl.")
+    checkpoint_dir: Path | None = option(None, file_okay=False, panel=STATE,
+                                         help="step-N checkpoints here (torch.distributed.checkpoint).")
+    checkpoint_every: int = option(0, min=0, panel=STATE, help="Save every N steps (0: at the end).")
+    keep_last: int = option(2, min=1, panel=STATE, help="Keep the newest K complete checkpoints.")
+    resume: bool = option(True, flags=("--resume/--no-resume",), panel=STATE,
+                          help="Continue from the newest complete checkpoint.")
+    kill_switch: Path | None = option(None, panel=STATE,
+                                      help="Stop cleanly (exit 0, no save) when this file exists.")
+    save_switch: Path | None = option(None, panel=STATE, help="Save when this file exists, then delete it.")
+    init_from: Path | None = option(None, dir_okay=False, panel=STATE,
+                                    help="Full state dict (torch.save) loaded by rank 0 and broadcast.")
+    profile_steps: tuple[int, int] | None = option(
+        None, metavar="A:B", panel=RUN, parse=parse_profile_steps, format=lambda p: f"{p[0]}:{p[1]}",
+        help="Profile steps A..B with torch.profiler (a trace per rank).")
+    profile_dir: Path | None = option(None, file_okay=False, panel=RUN,
+                                      help="Where traces go (default METRICS_DIR/profile, else ./profile).")
+    inject: list[FaultSpec] = option(default_factory=list, metavar="KIND@step=S,rank=R", panel=FAULTS,
+                                     parse=parse_fault, format=format_fault,
+                                     help="Inject a fault (repeatable): hang, straggler, crash, segfault, nan, "
+                                          "desync, exit; keys step, rank, factor, code, where.")
+    core_dir: Path | None = option(None, file_okay=False, panel=FAULTS,
+                                   help="segfault: each rank runs in CORE_DIR/rank-R so its core lands there "
+                                        "(default ./cores).")
 
     @property
     def model(self) -> ModelConfig:
@@ -237,15 +259,3 @@ class TrainConfig:
             if fault.rank >= world_size:
                 bad(f"--inject {fault.describe()}: rank {fault.rank} does not exist in a world of {world_size}",
                     f"use a rank below {world_size}")
-
-
-def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
-    """``A:B`` (or a single step ``A``) -> (A, B)."""
-    if not text:
-        return None
-    a, _, b = text.partition(":")
-    try:
-        start, end = int(a), int(b or a)
-    except ValueError as e:
-        raise UsageError(f"bad --profile-steps {text!r}", "use A:B, e.g. --profile-steps 3:5") from e
-    return start, end

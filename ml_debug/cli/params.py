@@ -1,0 +1,105 @@
+"""Typer commands built from configuration dataclasses (see :mod:`ml_debug.core.options`).
+
+A command is declared as a function that takes its configuration objects::
+
+    command(app, "gpu-test", run_gpu_test, help=HELP, examples=EXAMPLES,
+            config=GpuTestOptions, launch=LaunchOptions)
+
+and this module derives the Typer options from the dataclass fields, builds the objects from what
+was parsed, adds the options every command has (``--json``), and ends the help with the same
+examples + docs epilog everywhere. The function returns an exit code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ml_debug.core.options import CliField, cli_fields, from_options, strip_optional
+
+DOCS = "docs/commands/{name}.md"
+"""Each command's page, relative to the root of the mldebug repository."""
+
+JSON_HELP = ("Print one JSON document (stable, versioned schema) on stdout instead of tables. "
+             "Same as the global `mldebug --json`.")
+
+
+def epilog(name: str, examples: Sequence[str]) -> str:
+    """The end of every `--help`: examples kept line by line (\\b stops re-wrapping), then the docs."""
+    lines = ["Examples:", "", "\b"] + [f"  {e}" for e in examples] if examples else []
+    return "\n".join([*lines, "", f"Docs: {DOCS.format(name=name)} in the mldebug repository."])
+
+
+def _typer_type(cf: CliField) -> Any:
+    """The type Typer parses: the field's own, or str (list[str]) where the field parses its words."""
+    if cf.opt.parse is None:
+        return cf.type
+    base: Any = list[str] if cf.is_list else str
+    optional = type(None) in typing.get_args(cf.type)
+    return (base | None) if optional or cf.is_list else base
+
+
+def _parameter(cf: CliField) -> inspect.Parameter:
+    o = cf.opt
+    extra: dict[str, Any] = {}
+    if o.min is not None:
+        extra["min"] = o.min
+    if o.max is not None:
+        extra["max"] = o.max
+    tp = _typer_type(cf)
+    if Path in (tp, *typing.get_args(tp)):
+        extra.update(file_okay=o.file_okay, dir_okay=o.dir_okay)
+    if o.argument:
+        info = typer.Argument(help=o.help, metavar=o.metavar, show_default=False, hidden=o.hidden, **extra)
+    else:
+        info = typer.Option(*o.flags, help=o.help, metavar=o.metavar, envvar=o.envvar,
+                            show_envvar=bool(o.envvar), rich_help_panel=o.panel, hidden=o.hidden, **extra)
+    if cf.is_list:  # Typer wants None, not [], for a repeatable option given no times
+        default: Any = None
+        tp = strip_optional(tp) | None
+    elif cf.default is MISSING:
+        default = ...
+    elif cf.opt.parse is not None and cf.default is not None:
+        default = cf.opt.format(cf.default) if cf.opt.format else str(cf.default)  # the word parse reads back
+    else:
+        default = cf.default
+    return inspect.Parameter(cf.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[tp, info])
+
+
+def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help: str,
+            examples: Sequence[str] = (), context_settings: dict[str, Any] | None = None, **configs: type) -> None:
+    """Register ``mldebug <name>``: options from the ``configs`` classes; ``run(**objects)`` -> exit code."""
+    params = [inspect.Parameter("json_", inspect.Parameter.KEYWORD_ONLY, default=False,
+                                annotation=Annotated[bool, typer.Option("--json", help=JSON_HELP)])]
+    owner: dict[str, str] = {}
+    for group, cls in configs.items():
+        for cf in cli_fields(cls):
+            if cf.name in owner:
+                raise TypeError(f"{name}: option field {cf.name!r} is in both {owner[cf.name]} and {group}")
+            owner[cf.name] = group
+            params.append(_parameter(cf))
+
+    def handler(**values: Any) -> None:
+        from ml_debug.core import output
+
+        if values.pop("json_"):
+            output.configure(json=True)
+        objects = {group: from_options(cls, {k: v for k, v in values.items() if owner[k] == group})
+                   for group, cls in configs.items()}
+        code = run(**objects)
+        if code:
+            raise typer.Exit(int(code))
+
+    handler.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    handler.__annotations__ = {p.name: p.annotation for p in params}
+    handler.__name__ = name.replace("-", "_")
+    app.command(name, help=help, epilog=epilog(name, examples), no_args_is_help=False,
+                context_settings=context_settings)(handler)
+

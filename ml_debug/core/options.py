@@ -1,0 +1,173 @@
+"""Command options declared once, as dataclass fields.
+
+A command's configuration is a dataclass whose fields carry an :class:`Opt` in their metadata
+(written with :func:`option`). That one declaration gives:
+
+- the command-line option (``ml_debug.cli.params`` turns the fields into Typer options);
+- the words that rebuild the same configuration in another process (:func:`to_argv`), which is how
+  self-launched ranks and remote nodes receive it: ``mldebug <command> <to_argv(config)>``.
+
+So adding an option to a command is one edit: a field. This module is torch-, typer- and rich-free;
+library packages import it to declare their configurations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Opt:
+    """How a configuration field appears on the command line."""
+
+    flags: tuple[str, ...]
+    """Option names, e.g. ("--max-bytes", "-e"); a switch with a negative form: ("--check/--no-check",)."""
+    help: str
+    metavar: str | None = None
+    min: float | None = None
+    max: float | None = None
+    envvar: str | None = None
+    """Also read from this environment variable (the help says so)."""
+    panel: str | None = None
+    """Help panel that groups the option (e.g. "Targets")."""
+    hidden: bool = False
+    parse: Callable[[str], Any] | None = None
+    """Command-line word -> field value (for each item of a list field)."""
+    format: Callable[[Any], str] | None = None
+    """Field value -> command-line word; the inverse of ``parse``."""
+    forward: bool = True
+    """Passed on to self-launched ranks and remote nodes (launch and target options are not)."""
+    multiple: bool | None = None
+    """Repeatable (one word per item). Default: when the field is a list; False for a list parsed from one word."""
+    argument: bool = False
+    """A positional argument (``mldebug core-bt CORE...``) rather than an option; it has no flags."""
+    file_okay: bool = True
+    dir_okay: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.flags[0].split("/")[0]
+
+    @property
+    def negative(self) -> str | None:
+        _, _, off = self.flags[0].partition("/")
+        return off or None
+
+
+def option(default: Any = MISSING, *, help: str, flags: tuple[str, ...] = (),
+           default_factory: Callable[[], Any] | None = None, **kw: Any) -> Any:
+    """A dataclass field that is also a command-line option (``flags`` default to ``--field-name``)."""
+    meta = {"cli": Opt(flags=tuple(flags), help=help, **kw)}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def argument(default: Any = MISSING, *, help: str, default_factory: Callable[[], Any] | None = None,
+             **kw: Any) -> Any:
+    """A dataclass field that is a positional command-line argument."""
+    return option(default, help=help, default_factory=default_factory, argument=True, **kw)
+
+
+@dataclass(frozen=True)
+class CliField:
+    """One option of a configuration class: its field, its Opt (with the flags filled in) and its type."""
+
+    name: str
+    opt: Opt
+    type: Any
+    default: Any
+
+    @property
+    def is_list(self) -> bool:
+        """The option is repeatable: each word is one item of the field's list."""
+        if self.opt.multiple is not None:
+            return self.opt.multiple
+        return typing.get_origin(strip_optional(self.type)) is list
+
+
+def cli_fields(cls: type) -> list[CliField]:
+    """The fields of ``cls`` that are command-line options, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        opt = f.metadata.get("cli")
+        if opt is None:
+            continue
+        if not opt.flags and not opt.argument:
+            opt = dataclasses.replace(opt, flags=("--" + f.name.rstrip("_").replace("_", "-"),))
+        if f.default is not MISSING:
+            default = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory()
+        else:
+            default = MISSING
+        out.append(CliField(f.name, opt, hints[f.name], default))
+    return out
+
+
+def from_options(cls: type, values: dict[str, Any]) -> Any:
+    """Build ``cls`` from parsed command-line values (keyed by field name), applying each ``parse``."""
+    kwargs: dict[str, Any] = {}
+    for cf in cli_fields(cls):
+        if cf.name not in values:
+            continue
+        value = values[cf.name]
+        if cf.is_list:
+            value = [cf.opt.parse(v) if cf.opt.parse else v for v in value or []]
+        elif value is not None and cf.opt.parse is not None:
+            value = cf.opt.parse(value)
+        kwargs[cf.name] = value
+    return cls(**kwargs)
+
+
+def _word(cf: CliField, value: Any) -> str:
+    if cf.opt.format is not None:
+        return cf.opt.format(value)
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, PurePath):
+        return str(value)
+    return str(value)
+
+
+def to_argv(config: Any, *, forwarded_only: bool = True) -> list[str]:
+    """The command-line words that rebuild ``config`` (every set value, explicitly)."""
+    argv: list[str] = []
+    positional: list[str] = []
+    for cf in cli_fields(type(config)):
+        if forwarded_only and not cf.opt.forward:
+            continue
+        value = getattr(config, cf.name)
+        if value is None:
+            continue
+        if cf.opt.argument:
+            positional += [_word(cf, v) for v in value] if cf.is_list else [_word(cf, value)]
+        elif isinstance(value, bool):
+            if value:
+                argv.append(cf.opt.name)
+            elif cf.opt.negative:
+                argv.append(cf.opt.negative)
+        elif cf.is_list:
+            for item in value:
+                argv += [cf.opt.name, _word(cf, item)]
+        else:
+            argv += [cf.opt.name, _word(cf, value)]
+    return argv + (["--", *positional] if positional else [])
+
+
+def strip_optional(tp: Any) -> Any:
+    """``X | None`` -> ``X``; anything else unchanged."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return tp

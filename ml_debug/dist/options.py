@@ -1,0 +1,48 @@
+"""Options every command that runs ranks shares: where the ranks run (launch) and on what (device).
+
+The launch options spell torchrun's own (an exact match is passed through to the worker by torchrun,
+while a worker option that is only a *prefix* of a torchrun option makes torchrun fail with
+"ambiguous option"), so the same words work with and without torchrun. They are never forwarded to
+the ranks; the device options are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ml_debug.core.options import option
+
+PANEL = "Launch"
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How to self-launch ranks when no launcher (torchrun, srun, mpirun) started us."""
+
+    nproc_per_node: int | None = option(
+        None, min=1, envvar="MLDEBUG_NPROC_PER_NODE", panel=PANEL, forward=False,
+        help="Self-launch this many local ranks (default: one per visible GPU, or 2 CPU ranks). "
+             "Ignored when torchrun, srun or mpirun already launched us.")
+    nnodes: int = option(1, min=1, panel=PANEL, forward=False,
+                         help="Nodes in a self-launched multi-node run (run the same command on each node "
+                              "with its --node-rank).")
+    node_rank: int = option(0, min=0, panel=PANEL, forward=False,
+                            help="This node's rank in a self-launched multi-node run (0 .. nnodes-1).")
+    master_addr: str | None = option(None, panel=PANEL, forward=False,
+                                     help="Host of node rank 0 (needed with --nnodes > 1).")
+    master_port: int | None = option(None, min=1, max=65535, panel=PANEL, forward=False,
+                                     help="Rendezvous port on the master (default: a free port on one node, "
+                                          "29500 across nodes).")
+
+
+def backend_option() -> Any:
+    """The ``--backend`` field of a command configuration."""
+    return option("auto", envvar="MLDEBUG_BACKEND", panel=PANEL,
+                  help="Process-group backend: auto (nccl with a GPU, else gloo), nccl or gloo.")
+
+
+def device_option() -> Any:
+    """The ``--device`` field of a command configuration."""
+    return option("auto", envvar="MLDEBUG_DEVICE", panel=PANEL,
+                  help="auto (cuda:<local rank> with a GPU, else cpu), cpu, cuda or cuda:N.")

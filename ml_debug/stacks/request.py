@@ -1,0 +1,77 @@
+"""What `mldebug dump-stacks` is asked to do: its options (cheap to import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ml_debug.core.errors import UsageError
+from ml_debug.core.options import option
+
+SEL = "Which processes"
+HOW = "How to dump"
+
+
+def parse_env_filter(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> (KEY, VALUE)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise UsageError(f"--env {item!r} is not KEY=VALUE", "e.g. --env SLURM_JOB_ID=123")
+    return key, value
+
+
+@dataclass
+class DumpRequest:
+    """Which processes to dump and how: the options of `mldebug dump-stacks`."""
+
+    pids: list[int] = option(flags=("--pid",), default_factory=list, metavar="PID", panel=SEL,
+                             help="Dump this process (repeatable); a launcher's pid means its ranks.")
+    pattern: str | None = option(None, metavar="REGEX", panel=SEL,
+                                 help="Dump processes whose command line matches (like pgrep -f).")
+    user: str | None = option(None, metavar="USER", panel=SEL, help="Only processes of this user (name or uid).")
+    gpu: bool = option(False, panel=SEL,
+                       help="Dump the processes holding a GPU (NVML; nvidia-smi --query-compute-apps=pid).")
+    env: list[tuple[str, str]] = option(
+        default_factory=list, metavar="KEY=VALUE", panel=SEL, parse=parse_env_filter, format="=".join,
+        help="Only processes whose environment has KEY=VALUE (repeatable), e.g. --env SLURM_JOB_ID=123 to pick "
+             "one job among several.")
+    include_launcher: bool = option(False, panel=SEL, help="Dump the launchers (torchrun, ...) too.")
+    world_size: int | None = option(None, min=1, metavar="N", panel=SEL,
+                                    help="Expected number of ranks (default: WORLD_SIZE from the ranks' environment); "
+                                         "ranks not found are reported missing.")
+    samples: int = option(1, min=1, max=100, metavar="K", panel=HOW,
+                          help="Dump K times to tell stuck ranks (same stack) from moving ones.")
+    interval: float = option(1.0, min=0.0, max=600.0, metavar="S", panel=HOW,
+                             help="Seconds from the start of one sample to the start of the next.")
+    native: bool = option(False, panel=HOW, help="Include C/C++ frames (py-spy --native; slower).")
+    locals: bool = option(False, panel=HOW, help="Include local variables (py-spy --locals).")
+    dumper: str = option("auto", metavar="NAME", panel=HOW,
+                         help="auto (py-spy, then py-spy --nonblocking, pystack, gdb), py-spy, pystack or gdb.")
+    timeout: float = option(10.0, min=0.5, metavar="S", panel=HOW,
+                            help="Seconds per py-spy/pystack attach before the next dumper is tried.")
+    gdb_timeout: float = option(60.0, min=1.0, metavar="S", panel=HOW,
+                                help="Seconds for gdb (it loads every library's symbols).")
+    flight_recorder: bool = option(
+        True, flags=("--flight-recorder/--no-flight-recorder",), panel=HOW,
+        help="Where a rank's environment allows it (MLDEBUG_FR_DIR with ml_debug.flight_recorder.enable(), or "
+             "TORCH_NCCL_DEBUG_INFO_PIPE_FILE), trigger a PyTorch Flight Recorder dump and report each rank's "
+             "last completed/enqueued collective.")
+    fr_timeout: float = option(5.0, min=0.1, metavar="S", panel=HOW,
+                               help="Seconds to wait for the Flight Recorder dumps.")
+    all_threads: bool = option(False, forward=False, help="Also list every thread (watchdog, data loader, ...), "
+                                                         "not only the main thread.")
+    full: bool = option(False, forward=False,
+                        help="Show every frame in the tree (long chains are shortened otherwise).")
+    out_dir: Path | None = option(None, file_okay=False, forward=False,
+                                  help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
+                                       "a crash.")
+
+    @property
+    def env_filter(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def node_budget(self) -> float:
+        """How long one node may take before the remote layer gives up on it."""
+        per_sample = self.timeout * 2 + self.timeout + (self.gdb_timeout if self.dumper in ("auto", "gdb") else 0)
+        fr = self.fr_timeout + 2 if self.flight_recorder else 0
+        return 30.0 + self.samples * self.interval + self.samples * per_sample + fr
