@@ -15,14 +15,16 @@ scale to hundreds of nodes; a global barrier per round gives the same common sta
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import TYPE_CHECKING
 
 from ml_debug.bench import bandwidth as bw
 from ml_debug.bench import ops
+from ml_debug.bench.config import BenchConfig
 from ml_debug.bench.sweep import (
-    BenchConfig,
+    COMMAND,
     BenchResult,
     PairLink,
     PairwiseResult,
@@ -36,6 +38,7 @@ from ml_debug.bench.sweep import (
     rank0_progress,
     rank_table,
 )
+from ml_debug.core import testhooks
 
 if TYPE_CHECKING:
     from ml_debug.dist.world import World
@@ -83,8 +86,9 @@ def run_pairwise(cfg: BenchConfig, world: World, device: str, backend: str) -> B
     ranks = rank_table(world, device)
     units, names, members = unit_layout(ranks)
     notes: list[str] = []
-    if cfg.faults.active:
-        notes.append(f"TEST-ONLY fault hook active: MLDEBUG_TEST_FAULT={cfg.faults.spec}")
+    hooked = testhooks.note(COMMAND)
+    if hooked:
+        notes.append(hooked)
     elem = bw.elem_size(cfg.dtype)
     limit = _min_across(memory_limit_bytes(device, world.local_world_size), device)
     size = min(size_req, max(elem, limit // 2))
@@ -119,8 +123,9 @@ def run_pairwise(cfg: BenchConfig, world: World, device: str, backend: str) -> B
                     for _ in range(cfg.warmup if pass_no == 0 else min(cfg.warmup, 1)):
                         exchange()
                     timer.sync()
-                    slow = cfg.faults.slow_pair_factor if cfg.faults.slow_pair == pair else 1.0
-                    t = timer.batch(exchange, cfg.iters, barrier, slow)
+                    hook = (functools.partial(testhooks.call, testhooks.BENCH_PAIR_EXCHANGE, rank=rank, pair=pair)
+                            if testhooks.active() else None)
+                    t = timer.batch(exchange, cfg.iters, barrier, hook)
                     per_round[ri] = t if math.isnan(per_round[ri]) else min(per_round[ri], t)
                 bar.advance(1)
 
@@ -145,4 +150,4 @@ def run_pairwise(cfg: BenchConfig, world: World, device: str, backend: str) -> B
                             slow_links=slow_links, slow_units=[names[u] for u in found_slow.slow_units])
     if len(names) < 2:
         notes.append("pairwise needs at least 2 ranks (or nodes)")
-    return _finish(cfg, n, device, backend, [], result, ranks, notes, started)
+    return _finish(cfg, n, device, backend, [], result, ranks, notes, started, testhooks.describe(COMMAND))

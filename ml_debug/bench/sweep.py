@@ -11,6 +11,7 @@ Every rank returns the same :class:`BenchResult`; rank 0 reports it.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import statistics
@@ -22,70 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 from ml_debug.bench import bandwidth as bw
 from ml_debug.bench import ops
-from ml_debug.bench.faults import Faults
-from ml_debug.core import output
+from ml_debug.bench.config import BenchConfig
+from ml_debug.core import output, testhooks
 
 if TYPE_CHECKING:
     from ml_debug.dist.world import World
 
 SCHEMA = "mldebug.allreduce-bench"
+COMMAND = "allreduce-bench"  # the name test hooks use for this command
 SCHEMA_VERSION = 1
-
-# Default sweeps: a meaningful curve in seconds on 2 CPU ranks; up to 1G on GPUs (nccl-tests users
-# often go to 8G with -e 8G). Quick mode is what `mldebug check` runs.
-CPU_DEFAULT = (1024, 16 * 2**20, 2.0)
-GPU_DEFAULT = (1024, 2**30, 2.0)
-CPU_QUICK = (256 * 1024, 4 * 2**20, 4.0)
-GPU_QUICK = (2**20, 256 * 2**20, 16.0)
-DEFAULT_ITERS, DEFAULT_WARMUP = 20, 5
-QUICK_ITERS, QUICK_WARMUP = 5, 2
 # Share of free memory the largest size may use (the rest is for the job, caches, other ranks).
 MEMORY_SHARE_CPU = 0.5
 MEMORY_SHARE_GPU = 0.8
-
-
-@dataclass
-class BenchConfig:
-    """What to measure. Sizes are None until resolved against the device (CPU and GPU defaults differ)."""
-
-    collectives: list[str] = field(default_factory=lambda: ["all_reduce"])
-    min_bytes: int | None = None
-    max_bytes: int | None = None
-    step_factor: float | None = None
-    iters: int | None = None
-    warmup: int | None = None
-    dtype: str = "float32"
-    op: str = "sum"
-    root: int = 0
-    average: str = "avg"
-    check: bool = True
-    quick: bool = False
-    pairwise: bool = False
-    straggler_threshold: float = 0.5
-    slow_threshold: float = 0.3
-    expect_busbw: float | None = None
-    faults: Faults = field(default_factory=Faults)
-
-    def resolved(self, on_gpu: bool) -> BenchConfig:
-        """Fill sizes/iterations from the defaults for this device; explicit values win."""
-        lo, hi, f = (GPU_QUICK if self.quick else GPU_DEFAULT) if on_gpu else (
-            CPU_QUICK if self.quick else CPU_DEFAULT)
-        if self.min_bytes is not None and self.max_bytes is None:
-            hi = max(hi, self.min_bytes)
-        if self.max_bytes is not None and self.min_bytes is None:
-            lo = min(lo, self.max_bytes)
-        iters, warmup = (QUICK_ITERS, QUICK_WARMUP) if self.quick else (DEFAULT_ITERS, DEFAULT_WARMUP)
-        from dataclasses import replace
-
-        return replace(self, min_bytes=self.min_bytes if self.min_bytes is not None else lo,
-                       max_bytes=self.max_bytes if self.max_bytes is not None else hi,
-                       step_factor=self.step_factor if self.step_factor is not None else f,
-                       iters=self.iters if self.iters is not None else iters,
-                       warmup=self.warmup if self.warmup is not None else warmup)
-
-    def sizes(self) -> list[int]:
-        assert self.min_bytes is not None and self.max_bytes is not None and self.step_factor is not None
-        return bw.sweep(self.min_bytes, self.max_bytes, self.step_factor)
 
 
 @dataclass
@@ -219,11 +168,12 @@ class Timer:
             torch.cuda.synchronize()
 
     def batch(self, call: Callable[[], None], iters: int, barrier: Callable[[], None],
-              slow_factor: float = 1.0) -> float:
+              hook: Callable[..., object] | None = None) -> float:
         """Seconds per operation for `iters` back-to-back calls that start together on all ranks.
 
-        ``slow_factor`` > 1 is the TEST-ONLY straggler hook: this rank stays that much longer in
-        its own timed region.
+        ``hook`` (TEST-ONLY, see ml_debug.core.testhooks) runs inside the timed region after the
+        calls, as ``hook(elapsed_s=...)`` with a function that returns the seconds spent so far;
+        what it does there is measured, as a straggler's delay would be.
         """
         barrier()
         self.sync()  # the barrier itself must be done before the clock starts
@@ -231,12 +181,12 @@ class Timer:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._timed(call, iters, slow_factor)
+            return self._timed(call, iters, hook)
         finally:
             if gc_was_enabled:
                 gc.enable()
 
-    def _timed(self, call: Callable[[], None], iters: int, slow_factor: float) -> float:
+    def _timed(self, call: Callable[[], None], iters: int, hook: Callable[..., object] | None) -> float:
         if self.cuda:
             import torch
 
@@ -244,21 +194,22 @@ class Timer:
             self._start.record()
             for _ in range(iters):
                 call()
-            if slow_factor > 1.0:
-                # The stream idles while the host sleeps, so the end event lands that much later.
-                torch.cuda.current_stream().synchronize()
-                time.sleep((time.perf_counter() - t0) * (slow_factor - 1.0))
+            if hook is not None:
+                def since_start() -> float:
+                    # The stream idles while the hook holds the host, so the end event lands that much later.
+                    torch.cuda.current_stream().synchronize()
+                    return time.perf_counter() - t0
+
+                hook(elapsed_s=since_start)
             self._end.record()
             self._end.synchronize()
             return self._start.elapsed_time(self._end) / 1e3 / iters
         t0 = time.perf_counter()
         for _ in range(iters):
             call()
-        elapsed = time.perf_counter() - t0
-        if slow_factor > 1.0:
-            time.sleep(elapsed * (slow_factor - 1.0))
-            elapsed = time.perf_counter() - t0
-        return elapsed / iters
+        if hook is not None:
+            hook(elapsed_s=lambda: time.perf_counter() - t0)
+        return (time.perf_counter() - t0) / iters
 
 
 # ---- the sweep ---------------------------------------------------------------------------------
@@ -337,10 +288,9 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
     timer = Timer(device)
     barrier = _barrier(device)
     elem = bw.elem_size(cfg.dtype)
-    slow = cfg.faults.slow_factor if cfg.faults.slow_rank == rank else 1.0
-    corrupt = cfg.faults.corrupt_count if cfg.faults.corrupt_rank == rank else 0
-    if cfg.faults.active:
-        notes.append(f"TEST-ONLY fault hook active: MLDEBUG_TEST_FAULT={cfg.faults.spec}")
+    hooked = testhooks.note(COMMAND)
+    if hooked:
+        notes.append(hooked)
 
     share = (f"{MEMORY_SHARE_GPU:.0%} of free GPU memory" if device.startswith("cuda")
              else f"{MEMORY_SHARE_CPU:.0%} of free host memory / local ranks")
@@ -368,7 +318,9 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
                     for _ in range(cfg.warmup):
                         call()
                     timer.sync()
-                    times[coll].append(timer.batch(call, cfg.iters, barrier, slow))
+                    hook = (functools.partial(testhooks.call, testhooks.BENCH_TIMED_REGION, rank=rank, collective=coll,
+                                              size=lay.size_bytes) if testhooks.active() else None)
+                    times[coll].append(timer.batch(call, cfg.iters, barrier, hook))
                     del bufs, call
                 except RuntimeError as e:  # e.g. an op this backend lacks: report, go on
                     errors[coll] = _one_line(e)
@@ -389,7 +341,7 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
                 ops.fill_inputs(coll, bufs, rank, n, cfg.op, cfg.root)
                 ops.make_call(coll, bufs, rank, n, cfg.op, cfg.root)()
                 timer.sync()
-                wrong[coll].append(ops.count_wrong(coll, bufs, rank, n, cfg.op, cfg.root, cfg.dtype, corrupt))
+                wrong[coll].append(ops.count_wrong(coll, bufs, rank, n, cfg.op, cfg.root, cfg.dtype))
                 del bufs
 
     # One gather of every measurement: [rank][i]. Errors differ per rank only in text; they are
@@ -427,7 +379,7 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
             wi += len(kept) if cfg.check else 0
         results.append(_summarise(coll, cfg, n, rows, dropped, ranks, errors.get(coll)))
 
-    return _finish(cfg, n, device, backend, results, None, ranks, notes, started)
+    return _finish(cfg, n, device, backend, results, None, ranks, notes, started, testhooks.describe(COMMAND))
 
 
 def _barrier(device: str) -> Callable[[], None]:
@@ -473,7 +425,8 @@ def _summarise(coll: str, cfg: BenchConfig, n: int, rows: list[SizeResult], drop
 
 def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
             results: list[CollectiveResult], pairwise: PairwiseResult | None, ranks: list[RankInfo],
-            notes: list[str], started: float) -> BenchResult:
+            notes: list[str], started: float, test_faults: str | None = None) -> BenchResult:
+    """The verdict; ``test_faults`` says which TEST-ONLY hooks shaped this run (none: None)."""
     problems: list[str] = []
     good: list[str] = []
     for c in results:
@@ -515,7 +468,7 @@ def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
         summary = f"OK: {'; '.join(good)}{checked} ({where})"
     else:
         summary = f"PROBLEM: {'; '.join(problems)} ({where})"
-    if cfg.faults.active:
+    if test_faults:
         summary += " [TEST-ONLY fault hook active]"
     return BenchResult(
         ok=ok, summary=summary, mode="pairwise" if pairwise is not None else "sweep", world_size=n,
@@ -523,4 +476,4 @@ def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
         dtype=cfg.dtype, op=cfg.op, iters=cfg.iters or 0, warmup=cfg.warmup or 0, average=cfg.average,
         quick=cfg.quick, check=cfg.check, expect_busbw=cfg.expect_busbw, units=UNITS, collectives=results,
         pairwise=pairwise, ranks=ranks, notes=notes,
-        test_faults=cfg.faults.spec or None, wall_s=time.perf_counter() - started)
+        test_faults=test_faults or None, wall_s=time.perf_counter() - started)

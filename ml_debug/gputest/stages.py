@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ml_debug.core import output
+from ml_debug.core import output, testhooks
 from ml_debug.dist.device import DeviceChoice, choose_device
 from ml_debug.dist.group import init_process_group, is_timeout_error, teardown
 from ml_debug.dist.store import StoreUnavailable, create_store, store_get, store_set, wait_keys
 from ml_debug.dist.world import World, detect_world
-from ml_debug.gputest import fault as gpu_test_fault
+from ml_debug.gputest.options import GpuTestConfig
 from ml_debug.gputest.report import (
     ABSENT,
     FAIL,
@@ -50,22 +50,6 @@ from ml_debug.gputest.report import (
 
 HEARTBEAT_S = 1.0
 DEAD_AFTER_S = 4.0  # no heartbeat for this long: the rank is gone (killed), stop waiting for it
-
-
-@dataclass
-class GpuTestConfig:
-    timeout_s: float = 30.0  # per stage
-    init_timeout_s: float | None = None  # rendezvous + init; default timeout_s
-    mem_gb: float = 0.0
-    device: str | None = None
-    backend: str | None = None
-    out_dir: Path | None = None
-    elements: int = 1 << 18
-    grace_s: float = 5.0
-
-    @property
-    def init_timeout(self) -> float:
-        return self.init_timeout_s or self.timeout_s
 
 
 @dataclass
@@ -233,7 +217,6 @@ class _Rank:
         ids = os.environ.get("MLDEBUG_DEVICE_IDS", "").split(",")
         self.device_id = int(ids[world.local_rank]) if len(ids) > world.local_rank and \
             ids[world.local_rank].strip().isdigit() else world.local_rank
-        self.fault = gpu_test_fault.active(world.rank, self.device_id)
         self.writer = _OutWriter(cfg.out_dir, world.rank)
         self.dog = _Watchdog(self.rep, self.writer, world.label)
         self.store: Any = None
@@ -254,11 +237,7 @@ class _Rank:
             except Exception:
                 pass
         self.dog.arm(name, budget)
-        if self.fault is not None and self.fault.stage == name:
-            if self.fault.kind == "die":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif self.fault.kind == "hang":
-                time.sleep(10**6)
+        testhooks.call(testhooks.GPU_TEST_STAGE_START, rank=self.world.rank, device=self.device_id, stage=name)
         t0 = time.perf_counter()
         fatal = False
         try:
@@ -354,7 +333,8 @@ class _Rank:
 
         assert self.choice is not None
         w, r, n = self.world.world_size, self.world.rank, self.cfg.elements
-        contribution = float(r + 1) + (1000.0 if self.fault and self.fault.kind == "wrong-value" else 0.0)
+        replaced = testhooks.call(testhooks.GPU_TEST_CONTRIBUTION, rank=r, device=self.device_id, value=float(r + 1))
+        contribution = float(r + 1) if replaced is None else float(replaced)
         t = torch.full((n,), contribution, dtype=torch.float32, device=self.choice.device)
         dist.all_reduce(t, async_op=True).wait(self._td())
         expected = w * (w + 1) / 2
@@ -503,6 +483,9 @@ class _Rank:
                                   backend=self.choice.backend if self.choice else "",
                                   stage_timeout_s=self.cfg.timeout_s, elapsed_s=time.monotonic() - t_start,
                                   reporter_rank=r, versions=collect_versions(), interfaces=_interfaces())
+            hooked = testhooks.note("gpu-test")
+            if hooked:
+                result.warnings.append(hooked)
             store_set(self.store, "verdict", str(result.exit_code))
             if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and r == 0:
                 # this process hosts the store: let the others read the verdict before it goes away

@@ -11,52 +11,15 @@ import socket
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
-from ml_debug.core.errors import ExitCode, UsageError
-from ml_debug.core.nvml import NvmlGateway, is_na, open_gateway
+from ml_debug.core.errors import ExitCode
+from ml_debug.core.nvml import NvmlGateway, is_fake_source, is_na, open_gateway
 from ml_debug.core.output import log, to_jsonable
 from ml_debug.health import active_checks, gpu_checks, host_checks
-from ml_debug.health.gpu_checks import Thresholds
 from ml_debug.health.model import Check, GpuInfo, GpuPart, NodeReport, Status, count_statuses
+from ml_debug.health.options import LEVEL_DEFAULTS, HealthOptions
 from ml_debug.health.snapshot import read_gpus
-
-LEVEL_DEFAULTS = {  # stress seconds, memtest fraction of free memory, copy bytes
-    1: (0.0, 0.0, 0),
-    2: (15.0, 0.5, 256 << 20),
-    3: (120.0, 0.9, 1 << 30),
-}
-
-
-@dataclass
-class HealthOptions:
-    """What to run and what passes (the CLI's options, as data)."""
-
-    level: int = 1
-    expect_gpus: int | None = None
-    require_gpu: bool = False
-    paths: list[str] | None = None
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    stress_seconds: float | None = None  # per-device matmul stress; default by level
-    memtest_fraction: float | None = None  # share of free device memory; default by level
-    dtype: str = "bfloat16"  # matmul dtype on GPU (CPU always uses float32)
-    matmul_n: int | None = None  # square size; 8192 on GPU, 1024 on CPU
-    cpu_stress: bool = True  # without a GPU, --level >= 2 runs the matmul stress on the CPU
-
-    def validate(self) -> None:
-        if self.level not in LEVEL_DEFAULTS:
-            raise UsageError(f"--level must be 1, 2 or 3, not {self.level}", "1 quick checks, 2 + stress (~1 min), 3 long")
-        if self.expect_gpus is not None and self.expect_gpus < 0:
-            raise UsageError("--expect-gpus must be >= 0", "the number of GPUs this node should have, e.g. 8")
-        if self.dtype not in ("bfloat16", "float16", "float32"):
-            raise UsageError(f"unknown --dtype {self.dtype!r}", "use bfloat16, float16 or float32")
-        if self.memtest_fraction is not None and not 0 < self.memtest_fraction <= 0.95:
-            raise UsageError("--memtest-fraction must be in (0, 0.95]", "e.g. 0.5 tests half of the free memory")
-
-    @property
-    def gpu_expected(self) -> bool:
-        return self.require_gpu or bool(self.expect_gpus)
 
 
 def _gpu_part(gw: NvmlGateway, status: Any, gpus: list[GpuInfo]) -> GpuPart:
@@ -241,6 +204,8 @@ def verdict(checks: list[Check], part: GpuPart, opts: HealthOptions) -> tuple[bo
         gpu_txt = part.message if part.message.startswith("no NVIDIA GPU") else f"no NVIDIA GPU ({part.message})"
     else:
         gpu_txt = part.message
+    if is_fake_source(part.nvml_source):
+        gpu_txt += " from FAKE NVML"  # test data must never read as this node's hardware
     if not part.present and opts.gpu_expected:
         return False, int(ExitCode.ENVIRONMENT), f"{gpu_txt}, but a GPU was expected; {tally}"
     if fails:
@@ -270,7 +235,7 @@ def run_local(opts: HealthOptions, gateway: NvmlGateway | None = None) -> NodeRe
         else:
             checks.append(Check("gpu.nvml", "node", Status.INFO, "no NVIDIA GPU", "(none expected)", part.message,
                                 "NVML nvmlInit"))
-        checks += host_checks.host_checks(opts.paths)
+        checks += host_checks.host_checks(opts.paths or None)
         if opts.level >= 2:
             if part.present:
                 checks += active_gpu_checks(gw, gpus, opts, measurements)

@@ -6,15 +6,17 @@ per-node documents are merged (processes and nodes concatenated) and analysed as
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
+from ml_debug.core.options import to_argv
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.stacks.report import (
     SCHEMA,
@@ -24,63 +26,15 @@ from ml_debug.stacks.report import (
     node_processes,
     node_summary,
 )
-
-
-@dataclass
-class DumpRequest:
-    pids: list[int] = field(default_factory=list)
-    pattern: str | None = None
-    user: str | None = None
-    gpu: bool = False
-    env: dict[str, str] = field(default_factory=dict)
-    include_launcher: bool = False
-    world_size: int | None = None
-    samples: int = 1
-    interval: float = 1.0
-    native: bool = False
-    locals: bool = False
-    dumper: str = "auto"
-    timeout: float = 10.0
-    gdb_timeout: float = 60.0
-    flight_recorder: bool = True
-    fr_timeout: float = 5.0
-
-    def remote_args(self) -> list[str]:
-        """The same request as `mldebug dump-stacks` arguments, for each node's local run."""
-        args = ["dump-stacks"]
-        for pid in self.pids:
-            args += ["--pid", str(pid)]
-        if self.pattern:
-            args += ["--pattern", self.pattern]
-        if self.user:
-            args += ["--user", self.user]
-        if self.gpu:
-            args.append("--gpu")
-        for k, v in self.env.items():
-            args += ["--env", f"{k}={v}"]
-        if self.include_launcher:
-            args.append("--include-launcher")
-        args += ["--samples", str(self.samples), "--interval", str(self.interval), "--dumper", self.dumper,
-                 "--timeout", str(self.timeout), "--gdb-timeout", str(self.gdb_timeout)]
-        if self.native:
-            args.append("--native")
-        if self.locals:
-            args.append("--locals")
-        if not self.flight_recorder:
-            args.append("--no-flight-recorder")
-        args += ["--fr-timeout", str(self.fr_timeout)]
-        return args
-
-    def node_budget(self) -> float:
-        """How long one node may take before the remote layer gives up on it."""
-        per_sample = self.timeout * 2 + self.timeout + (self.gdb_timeout if self.dumper in ("auto", "gdb") else 0)
-        fr = self.fr_timeout + 2 if self.flight_recorder else 0
-        return 30.0 + self.samples * self.interval + self.samples * per_sample + fr
+from ml_debug.stacks.request import DumpRequest
 
 
 def _options(req: DumpRequest) -> dict[str, Any]:
+    """The request as the report records it."""
     d = asdict(req)
-    d.pop("pids")
+    for key in ("pids", "all_threads", "full", "out_dir"):
+        d.pop(key)
+    d["env"] = req.env_filter
     return d
 
 
@@ -106,7 +60,7 @@ def local_report(req: DumpRequest) -> dict[str, Any]:
 
     tools = resolve_tools(req.dumper)  # exit 3 with the install hint before doing anything
     found = find_targets(pids=req.pids or None, pattern=req.pattern, user=req.user, gpu=req.gpu,
-                         include_launcher=req.include_launcher, env=req.env or None)
+                         include_launcher=req.include_launcher, env=req.env_filter or None)
     host = found.host
     if not found.targets:
         node = NodeResult(host=host, ok=True, launchers=[asdict(x) for x in found.launchers],
@@ -152,10 +106,10 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
 
     from ml_debug.remote.runner import AgentResult, run_mldebug_everywhere
 
-    args = req.remote_args()
-    if spec.kind == "slurm" and spec.slurm_job and "SLURM_JOB_ID" not in req.env:
+    if spec.kind == "slurm" and spec.slurm_job and "SLURM_JOB_ID" not in req.env_filter:
         # srun --overlap lands beside the job's tasks: keep only that job's processes on each node
-        args += ["--env", f"SLURM_JOB_ID={spec.slurm_job}"]
+        req = dataclasses.replace(req, env=[*req.env, ("SLURM_JOB_ID", spec.slurm_job)])
+    args = ["dump-stacks", *to_argv(req)]
 
     def arrived(r: AgentResult) -> None:
         output.log(f"dump-stacks: {r.node.host}: " + (r.error or f"answered in {r.node.duration_s:.1f} s"))
