@@ -222,7 +222,8 @@ def test_agreement_sum_names_bad_ranks_and_any_switch() -> None:
 
 
 def test_trainer_step_by_step_with_switches(tmp_path: Path) -> None:
-    from ml_debug.dist import choose_device, detect_world
+    from ml_debug.dist.device import choose_device
+    from ml_debug.dist.world import detect_world
     from ml_debug.train.checkpointer import Switches
     from ml_debug.train.faults import FaultPlan
     from ml_debug.train.loop import train

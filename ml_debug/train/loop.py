@@ -35,7 +35,9 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     Equivalent by hand: ``torchrun --nproc-per-node N -m ml_debug.train --preset tiny``.
     """
-    from ml_debug.dist import choose_device, detect_world, init_process_group, teardown
+    from ml_debug.dist.device import choose_device
+    from ml_debug.dist.group import init_process_group, teardown
+    from ml_debug.dist.world import detect_world
 
     t_start = time.perf_counter()
     _resolve_paths(cfg)
