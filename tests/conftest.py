@@ -2,14 +2,25 @@
 
 Real parts (torchrun, py-spy, gdb, sshd, Slurm) are required: when one is missing a test
 FAILS if MLDEBUG_REQUIRE_REAL=1 (as in CI, set by tests/run.sh) and skips otherwise.
+Golden files are compared, never written, unless MLDEBUG_UPDATE_GOLDEN=1 (outside CI).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
 
 import pytest
 
@@ -17,6 +28,9 @@ pytest_plugins = ["tests.rig.fixtures"]
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRE_REAL = os.environ.get("MLDEBUG_REQUIRE_REAL") == "1"
+# CI sets CI=true; either flag means a missing part or golden file is a failure, not a skip.
+IN_CI = REQUIRE_REAL or os.environ.get("CI", "").lower() == "true"
+T = TypeVar("T")
 
 
 def require(condition: object, what: str) -> None:
@@ -27,10 +41,157 @@ def require(condition: object, what: str) -> None:
         pytest.skip(f"real part missing: {what}")
 
 
+def require_module(name: str, why: str = "") -> ModuleType:
+    """Import `name`; when it is missing, fail (CI) or skip (a laptop), as `require` does.
+
+    The replacement for `pytest.importorskip`, which would skip silently in CI too."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        require(False, f"Python module {name} ({e}){': ' + why if why else ''}")
+        raise  # not reached: require() fails or skips
+
+
+def read_golden(path: Path, fresh: str) -> str:
+    """The text of the golden file `path`, which `fresh` (this run's output) is to be compared with.
+
+    A golden file is only ever written on request (MLDEBUG_UPDATE_GOLDEN=1, never in CI): it is
+    written from `fresh` and the test skips, because comparing a file with what was just written
+    into it proves nothing. A missing golden file fails in CI (MLDEBUG_REQUIRE_REAL=1 or CI=true)
+    and skips elsewhere; it is never created silently."""
+    rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    if os.environ.get("MLDEBUG_UPDATE_GOLDEN") == "1":
+        if IN_CI:
+            pytest.fail(f"MLDEBUG_UPDATE_GOLDEN=1 under CI would compare {rel} with itself: unset it")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(fresh)
+        pytest.skip(f"wrote golden file {rel}: review the diff, commit it, rerun without MLDEBUG_UPDATE_GOLDEN")
+    if not path.exists():
+        msg = f"golden file {rel} is missing: create it with MLDEBUG_UPDATE_GOLDEN=1 and commit it"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return path.read_text()
+
+
+def check_golden(path: Path, text: str) -> None:
+    """Assert that `text` equals the golden file `path` (see `read_golden`)."""
+    assert text == read_golden(path, text), f"output differs from golden file {path.name} " \
+        "(MLDEBUG_UPDATE_GOLDEN=1 rewrites it)"
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `predicate` until it returns something truthy (returned) or `timeout` s pass (the test
+    fails, naming `what`). The one way tests wait for an observable condition."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A TCP port the OS picked, held bound (so nobody else can take it) but never listening:
+    connecting to it is refused at once. For "a host/rank that is not there"."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        yield int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def agent_store(host: str = "127.0.0.1") -> Iterator[dict[str, str]]:
+    """Host the job's TCPStore here, on a port the OS picked and read back, and yield the environment
+    that makes every rank use it as a client (torchrun's TORCHELASTIC_USE_AGENT_STORE). No free-port
+    race: the port is never released between being picked and being used."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=600), wait_for_workers=False)
+    try:
+        yield {"MASTER_ADDR": host, "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    finally:
+        del store
+
+
+def py_spy() -> str | None:
+    """The py-spy binary of this venv (or PATH)."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def main_thread_functions(pid: int) -> list[str] | None:
+    """Function names of `pid`'s main-thread Python stack, innermost first (`py-spy dump --json`);
+    None when it cannot be read right now (not started yet, exiting, or no py-spy)."""
+    exe = py_spy()
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "dump", "--pid", str(pid), "--json"], capture_output=True, text=True, timeout=30)
+        threads = json.loads(out.stdout) if out.returncode == 0 else []
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+    if not threads:
+        return None
+    main = next((t for t in threads if t.get("os_thread_id") == pid), None) or \
+        next((t for t in threads if t.get("thread_name") == "MainThread"), threads[0])
+    return [f["name"] for f in main.get("frames", [])]
+
+
+def wait_in_function(pid: int, names: set[str] | frozenset[str], timeout: float = 60, innermost: bool = True) -> None:
+    """Wait until `pid`'s main thread is in one of the Python functions `names` (the innermost
+    frame, or any frame with innermost=False), seen by py-spy: "the process reached its hang point"."""
+    require(py_spy(), "py-spy (to see where a process is)")
+
+    def there() -> bool:
+        stack = main_thread_functions(pid)
+        if not stack:
+            return False
+        return stack[0] in names if innermost else bool(names & set(stack))
+
+    wait_until(there, timeout, f"pid {pid} to be in {sorted(names)}", interval=0.1)
+
+
+def pids_with_env(var: str, value: str) -> list[int]:
+    """Live processes (not zombies) whose environment has var=value: a test's own processes,
+    wherever they were started (own sessions, other PID namespaces, over ssh on a rig node)."""
+    needle = f"{var}={value}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in env and state not in ("Z", "X"):
+            out.append(int(entry))
+    return out
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def mldebug(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
             cwd: str | Path | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the real `mldebug` CLI in a subprocess (python -m ml_debug) and capture its output."""
+    """Run the real `mldebug` CLI in a subprocess (python -m ml_debug) and capture its output.
+
+    The repository root goes first on PYTHONPATH, so the CLI and every rank it starts can load the
+    test hooks (tests.fakes) that `env` may name through MLDEBUG_TEST_HOOKS, from any `cwd`."""
+    from tests.fakes import pythonpath
+
     full_env = {**os.environ, "MLDEBUG_WIDTH": "160", "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env["PYTHONPATH"] = pythonpath(full_env)
     return subprocess.run([sys.executable, "-m", "ml_debug", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd, input=input)
 
@@ -42,8 +203,6 @@ def run_mldebug():
 
 def validate_schema(doc: dict, name: str) -> None:
     """Validate a command's JSON document against its pinned schema in ml_debug/schemas/."""
-    import json
-
     import jsonschema
 
     schema = json.loads((REPO / "ml_debug" / "schemas" / f"{name}.json").read_text())

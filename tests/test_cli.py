@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ml_debug import __version__
-from ml_debug.cli.app import COMMAND_MODULES
+from ml_debug.cli.app import COMMAND_MODULES, COMMANDS
 from tests.conftest import REPO, mldebug
 
 PROBE = """
@@ -55,7 +55,13 @@ def test_env_without_torch_does_not_import_torch():
 
 
 def test_every_command_module_registers():
-    assert len(_commands()) >= len([m for m in COMMAND_MODULES if m not in ("trace",)]) - 10
+    # exactly the commands the app advertises, each registered by its own module and nothing else
+    assert _commands() == sorted(COMMANDS)
+    for module in COMMAND_MODULES:
+        from ml_debug.cli.app import build_app
+
+        names = [c.name for c in build_app([next(k for k, v in COMMANDS.items() if v == module)]).registered_commands]
+        assert sorted(names) == sorted(k for k, v in COMMANDS.items() if v == module), module
 
 
 def test_version_and_python_dash_m():

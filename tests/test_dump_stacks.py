@@ -8,12 +8,11 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jsonschema
 
-from tests.conftest import REPO, mldebug, require
+from tests.conftest import REPO, check_golden, mldebug, require, wait_until
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "dump-stacks.json").read_text())
 GOLDEN = REPO / "tests" / "golden" / "dump_stacks_local.txt"
@@ -78,10 +77,8 @@ def test_local_names_the_odd_rank_and_function(hung_job) -> None:
     human = mldebug("dump-stacks", "--local", "--pid", launcher, timeout=120)
     assert human.returncode == 1, human.stderr
     got = normalise(human.stdout, [host])
-    if os.environ.get("MLDEBUG_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(got)
-    assert got == GOLDEN.read_text()
     assert got.rstrip().splitlines()[-1].startswith("suspect: rank 3 (<HOST>, pid <PID>) in load_batch")
+    check_golden(GOLDEN, got)
 
 
 def test_unattachable_processes_are_reported_while_the_others_are_dumped(hung_job, tmp_path: Path) -> None:
@@ -93,9 +90,7 @@ def test_unattachable_processes_are_reported_while_the_others_are_dumped(hung_jo
     short = subprocess.Popen([sys.executable, "-c", "import time\ndef short_lived():\n    time.sleep(300)\n"
                               "short_lived()"])
     try:
-        deadline = time.monotonic() + 10
-        while _state(zombie.pid) != "Z" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: _state(zombie.pid) == "Z", 10, "the child that exits at once to be a zombie")
         pids = [*job.pids, zombie.pid, not_python.pid, short.pid]
         args = [a for p in pids for a in ("--pid", str(p))]
         env = {**os.environ, "MLDEBUG_WIDTH": "160"}
@@ -173,9 +168,10 @@ def test_ptrace_refused_says_exactly_why_and_what_to_do(tmp_path: Path) -> None:
             "root, setpriv and /usr/bin/python3 (to run a target as another user)")
     # target: a Python process of uid 65534; mldebug: root without CAP_SYS_PTRACE
     target = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
-                               "-c", "import time\ndef waiting():\n    time.sleep(120)\nwaiting()"], cwd="/")
+                               "-c", "import time\ndef waiting():\n    time.sleep(120)\nprint('ready', flush=True)\n"
+                               "waiting()"], cwd="/", stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
         proc = subprocess.run(["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", sys.executable,
                                "-m", "ml_debug", "dump-stacks", "--pid", str(target.pid), "--json"],
                               capture_output=True, text=True, timeout=60)

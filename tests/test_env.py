@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 from ml_debug.core.environment import find_tool
 from tests.conftest import mldebug, require, validate_schema
+from tests.fakes import nvml as fake_nvml
+from tests.fakes.nvml import healthy_gpu
 
 
 def _env_json(**env: str) -> dict:
@@ -25,21 +27,45 @@ def test_env_json_validates_and_says_no_gpu_plainly():
     names = {t["name"]: t for t in r["tools"]}
     assert names["gdb"]["path"] and names["gdb"]["version"].startswith("GNU gdb")
     assert any(i["name"] == "lo" and "127.0.0.1" in i["addresses"] for i in r["interfaces"])
-    if not r["gpus"]["available"]:
+    human = mldebug("env")
+    assert human.returncode == 0, human.stderr
+    if _nvml_works():  # a GPU node: every GPU listed, and no excuse
+        assert r["gpus"]["available"] and r["gpus"]["gpus"], r["gpus"]
+        assert "no NVIDIA GPU" not in r["summary"] and "no NVIDIA GPU" not in human.stdout
+        assert all(g["name"] in human.stdout for g in r["gpus"]["gpus"])
+    else:
+        assert not r["gpus"]["available"]
         assert r["gpus"]["gpus"] == [] and r["gpus"]["reason"]
         assert "no NVIDIA GPU" in r["summary"]
-        human = mldebug("env")
-        assert human.returncode == 0
         assert "no NVIDIA GPU" in human.stdout and r["gpus"]["reason"] in human.stdout.replace("\n", " ")
+
+
+def _nvml_works() -> bool:
+    from ml_debug.core.nvml import open_gateway
+
+    gateway = open_gateway()
+    try:
+        return bool(gateway.open().available)
+    finally:
+        gateway.close()
+
+
+SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(60)"
+
+
+def _sleeper(*prefix: str) -> subprocess.Popen[str]:
+    """A Python process that says "ready" (read here) and then sleeps: it is up when this returns."""
+    p = subprocess.Popen([*prefix, sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, text=True, cwd="/tmp")
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
 
 
 def test_ptrace_verdict_matches_a_real_attach():
     py_spy = find_tool("py-spy")
     require(py_spy, "py-spy")
     verdict = _env_json()["result"]["ptrace"]
-    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    target = _sleeper()
     try:
-        time.sleep(0.5)
         attach = subprocess.run([py_spy, "dump", "--pid", str(target.pid)], capture_output=True, text=True,
                                 timeout=30)
     finally:
@@ -79,10 +105,9 @@ def test_ptrace_verdict_for_an_unprivileged_user_matches_real_attaches():
                          capture_output=True, text=True, timeout=120, cwd="/tmp")
     assert out.returncode == 0, out.stderr
     verdict = json.loads(out.stdout)["result"]["ptrace"]
-    root_target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    own_target = subprocess.Popen([*drop, sys.executable, "-c", "import time; time.sleep(60)"])
+    root_target = _sleeper()
+    own_target = _sleeper(*drop)
     try:
-        time.sleep(1)
         pid_own = own_target.pid  # setpriv execs, so the pid is the Python process's
         other = subprocess.run([*drop, py_spy, "dump", "--pid", str(root_target.pid)], capture_output=True,
                                text=True, timeout=30)
@@ -95,3 +120,17 @@ def test_ptrace_verdict_for_an_unprivileged_user_matches_real_attaches():
     assert (own.returncode == 0) == verdict["can_attach_own"], (verdict, own.stderr)
     assert (other.returncode == 0) == verdict["can_attach_any"], (verdict, other.stderr)
     assert verdict["can_attach_any"] is False and verdict["fix"]
+
+
+def test_fake_nvml_data_is_marked_in_the_table_and_the_json(tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"gpus": [healthy_gpu(0)]}))
+    doc = _env_json(**fake_nvml.env(scenario))
+    validate_schema(doc, "env")
+    r = doc["result"]
+    assert r["gpus"]["nvml_source"] == f"fake:{scenario}" and r["gpus"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert "1 GPU(s) from FAKE NVML" in r["summary"] and any(w.startswith("FAKE NVML: ") for w in r["warnings"])
+    human = mldebug("env", "--no-torch", env=fake_nvml.env(scenario))
+    assert human.returncode == 0, human.stderr
+    assert "1 GPU(s) from FAKE NVML" in human.stdout.splitlines()[0]
+    assert "GPUs (FAKE NVML: test data, not this node's hardware)" in human.stdout

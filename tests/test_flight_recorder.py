@@ -8,7 +8,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ import jsonschema
 import pytest
 
 from ml_debug.stacks import flight
-from tests.conftest import REPO, mldebug, require
+from tests.conftest import REPO, mldebug, require, wait_in_function, wait_until
 
 CAPTURED = REPO / "tests" / "golden" / "flight_recorder"  # real dumps of tests/fr_worker.py (2 ranks, gloo)
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "dump-stacks.json").read_text())
@@ -102,12 +101,6 @@ def test_nccl_pipe_trigger_and_pickled_dump(tmp_path: Path) -> None:
     assert not rec["ok"] and "cannot open" in rec["error"] and time.monotonic() - t0 < 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -122,25 +115,26 @@ def test_dump_stacks_reports_flight_recorder_of_a_hung_gloo_job(tmp_path: Path) 
     markers.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000", "MLDEBUG_FR_DIR": str(fr_dir),
            "FR_MARKER_DIR": str(markers), "PYTHONPATH": str(REPO)}
-    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-                                 str(REPO / "tests" / "fr_worker.py")], env=env, cwd=REPO,
+    # --standalone: torchrun binds its rendezvous on a port the OS picks
+    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 "2", str(REPO / "tests" / "fr_worker.py")], env=env, cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ranks: dict[int, int] = {}
     try:
-        deadline = time.monotonic() + 60
-        while len(ranks) < 2 and time.monotonic() < deadline:
+        def markers_in() -> bool:
             for m in markers.glob("rank*.json"):
                 d = json.loads(m.read_text())
                 ranks[d["rank"]] = d["pid"]
             assert torchrun.poll() is None, "the job ended early"
-            time.sleep(0.2)
-        assert len(ranks) == 2, "ranks did not reach their hang point"
-        time.sleep(1.0)  # rank 0 into its all_reduce, rank 1 into odd_one_out
+            return len(ranks) == 2
+
+        wait_until(markers_in, 60, "both ranks to write their markers")
+        wait_in_function(ranks[0], {"all_reduce"})  # rank 0 blocked in its 4th all_reduce
+        wait_in_function(ranks[1], {"odd_one_out"})
 
         proc = mldebug("dump-stacks", "--local", "--pid", str(torchrun.pid), "--json", "--fr-timeout", "10",
                        timeout=120)
-        assert proc.stdout.strip(), proc.stderr
+        assert proc.returncode == 1, proc.stderr  # a suspect is named
         doc = json.loads(proc.stdout)
         jsonschema.validate(doc, SCHEMA)
         result = doc["result"]
@@ -161,12 +155,16 @@ def test_dump_stacks_reports_flight_recorder_of_a_hung_gloo_job(tmp_path: Path) 
         assert main1["frames"][0]["name"] == "odd_one_out"
 
         human = mldebug("dump-stacks", "--local", "--pid", str(torchrun.pid), "--fr-timeout", "10", timeout=120)
+        assert human.returncode == 1, human.stderr
         assert "flight recorder (last collectives per rank and process group)" in human.stdout, human.stdout
         assert "#4 gloo:all_reduce" in human.stdout and "◀ behind" in human.stdout
 
         off = mldebug("dump-stacks", "--local", "--pid", str(torchrun.pid), "--json", "--no-flight-recorder",
                       timeout=120)
-        assert json.loads(off.stdout)["result"]["flight_recorder"] is None
+        assert off.returncode == 1, off.stderr  # the stacks alone still name rank 1
+        off_result = json.loads(off.stdout)["result"]
+        assert off_result["flight_recorder"] is None
+        assert [s["ranks"] for s in off_result["suspects"]] == [[1]], off_result["suspects"]
         assert all(_alive(p) for p in ranks.values())  # dumping left the job running
     finally:
         # torchrun's workers live in their own session: kill them by pid, then torchrun
@@ -179,10 +177,7 @@ def test_dump_stacks_reports_flight_recorder_of_a_hung_gloo_job(tmp_path: Path) 
                 pass
         torchrun.kill()
         torchrun.wait(timeout=15)
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in {*ranks.values(), *kids}) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(p) for p in {*ranks.values(), *kids}), "a rank survived"
+        wait_until(lambda: not any(_alive(p) for p in {*ranks.values(), *kids}), 10, "every rank to be gone")
 
 
 def test_mldebug_trigger_without_a_listener_times_out_and_cleans_up(tmp_path: Path) -> None:

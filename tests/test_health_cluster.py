@@ -27,7 +27,9 @@ VENV_PYTHON = str(REPO / ".venv" / "bin" / "python")
 def test_local_transport_result_merges_into_a_valid_cluster_result(tmp_path: Path) -> None:
     spec = TargetSpec(kind="local", targets=[Target(host=socket.gethostname())])
     agents = run_mldebug_everywhere(spec, ["health", "--path", str(tmp_path)], timeout_s=120)
-    assert agents[0].error is None or agents[0].document is not None, agents[0].error
+    # the same mldebug, run locally: a parsed document and nothing to excuse
+    assert agents[0].error is None, agents[0].error
+    assert agents[0].document is not None and agents[0].document["schema"] == "mldebug.health"
     result = merge(agents, level=1, outlier_pct=10.0)
     jsonschema.validate(document("mldebug.health", 1, result), SCHEMA)
     [node] = result["nodes"]

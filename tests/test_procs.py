@@ -6,7 +6,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from ml_debug.core.errors import UsageError
 from ml_debug.procs import find_targets, labels_from_environ
 from ml_debug.procs.find import is_python, launcher_kind
 from ml_debug.procs.tree import ProcInfo
+from tests.conftest import pids_with_env, wait_until
 
 
 def info(*argv: str, exe: str | None = None, name: str = "x") -> ProcInfo:
@@ -92,7 +92,8 @@ def test_ranks_under_a_launcher_through_a_shell_not_their_children(tmp_path: Pat
     proc = subprocess.Popen([sys.executable, str(script), token], stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-        time.sleep(0.5)  # the rank's own child (a "data loader worker") is up too
+        # the rank's own child (a "data loader worker") is up too: three Python processes sleeping
+        wait_until(lambda: len(_sleeping_pythons(token)) == 3, 30, "both ranks and rank 0's child to start")
         found = find_targets(pids=[proc.pid])
         assert [(t.rank, t.local_rank, t.world_size) for t in found.targets] == [(0, 0, 2), (1, 1, 2)]
         assert {t.found_by for t in found.targets} == {f"torchrun pid {proc.pid}"}
@@ -113,6 +114,20 @@ def test_ranks_under_a_launcher_through_a_shell_not_their_children(tmp_path: Pat
         proc.wait()
 
 
+def _sleeping_pythons(token: str) -> list[int]:
+    """Pythons of the stand-in job (MYJOB=token) that have reached their time.sleep(60)."""
+    out = []
+    for pid in pids_with_env("MYJOB", token):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            continue
+        if "python" in Path(exe).name and any(b"time.sleep(60)" in a for a in argv):
+            out.append(pid)
+    return out
+
+
 def test_never_picks_itself() -> None:
     found = find_targets(pattern="pytest")
     assert os.getpid() not in {t.pid for t in found.targets}
@@ -123,7 +138,15 @@ def test_bad_pattern_is_a_usage_error() -> None:
         find_targets(pattern="(")
 
 
-def test_gpu_selection_without_a_gpu_says_why() -> None:
+def test_gpu_selection_says_why_when_there_is_no_gpu() -> None:
+    from ml_debug.core.nvml import open_gateway
+
+    gateway = open_gateway()
+    status = gateway.open()
+    gateway.close()
     found = find_targets(gpu=True, pids=[os.getpid()])
-    if found.notes:  # no NVIDIA GPU here: a reason, never a crash
-        assert found.notes[0].startswith("--gpu: ")
+    assert found.targets == []  # only ourselves was named, and we are never picked
+    if status.available:  # NVML works: the GPU holders are listed, and no excuse is given
+        assert not [n for n in found.notes if n.startswith("--gpu: ")], found.notes
+    else:  # no NVIDIA GPU here: the reason, never a crash
+        assert found.notes == [f"--gpu: {status.reason}"], found.notes

@@ -18,7 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.conftest import REPO, mldebug
+from tests.conftest import REPO, mldebug, read_golden
 
 GOLDEN = REPO / "tests" / "golden" / "train_tiny_2rank.json"
 SCHEMAS = REPO / "ml_debug" / "schemas"
@@ -54,10 +54,8 @@ def test_golden_loss_curve(golden_run: dict) -> None:
     assert result["ok"] and result["world_size"] == 2 and result["steps_run"] == 50
     losses = {int(k): v for k, v in result["losses"].items()}
     assert sorted(losses) == list(range(1, 51))
-    if os.environ.get("MLDEBUG_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(json.dumps({"args": GOLDEN_ARGS, "losses": [round(losses[s], 5) for s in range(1, 51)]},
-                                     indent=1) + "\n")
-    golden = json.loads(GOLDEN.read_text())["losses"]
+    fresh = json.dumps({"args": GOLDEN_ARGS, "losses": [round(losses[s], 5) for s in range(1, 51)]}, indent=1)
+    golden = json.loads(read_golden(GOLDEN, fresh + "\n"))["losses"]
     for step, want in enumerate(golden, start=1):
         got = losses[step]
         assert abs(got - want) <= ABS_TOL + REL_TOL * abs(want), f"step {step}: loss {got:.4f}, golden {want:.4f}"

@@ -271,12 +271,13 @@ class SlurmRig:
         return proc.stdout.strip().split(";")[0]
 
     def wait_running(self, job: str, timeout: float = 30) -> None:
-        """Wait until the job's first step (<job>.0) is running; raise TimeoutError otherwise."""
+        """Wait until the job's first step (<job>.0) is running and every one of its tasks has exec'd
+        its program; raise TimeoutError otherwise."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             steps = self.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"]).stdout.split()
-            if f"{job}.0" in steps:
-                time.sleep(0.5)  # the step is listed before its tasks have exec'd
+            # the step is listed before its tasks have exec'd: count the tasks that have
+            if f"{job}.0" in steps and self._step_tasks_started(job):
                 return
             state = self.run(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip()
             if not state:
@@ -285,6 +286,24 @@ class SlurmRig:
                 raise RuntimeError(f"slurm job {job} ended before its step ran; output:\n{tail}")
             time.sleep(0.1)
         raise TimeoutError(f"slurm job {job}: step {job}.0 not running after {timeout} s")
+
+    def _step_tasks_started(self, job: str) -> bool:
+        """Have all tasks of step <job>.0 exec'd? (a process whose own environment, set at exec, is
+        the step's, and which is not slurmstepd; root sees the nodes' processes in /proc)."""
+        info = self.run(["scontrol", "show", "step", f"{job}.0", "-o"]).stdout
+        words = dict(w.split("=", 1) for w in info.split() if "=" in w)
+        if not words.get("Tasks", "").isdigit():
+            return False
+        started = 0
+        for pid in _pids_with_env_var(f"SLURM_JOB_ID={job}"):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if b"SLURM_STEP_ID=0" in env and comm != "slurmstepd":
+                started += 1
+        return started >= int(words["Tasks"])
 
     def cancel(self, job: str, wait: float = 15) -> None:
         """scancel the job and wait (up to `wait` s) until squeue no longer lists it."""
@@ -388,7 +407,12 @@ def _alive(pid: int) -> bool:
 
 
 def _pids_with_token(token: str) -> list[int]:
-    needle = f"{TOKEN_VAR}={token}".encode()
+    return _pids_with_env_var(f"{TOKEN_VAR}={token}")
+
+
+def _pids_with_env_var(assignment: str) -> list[int]:
+    """Live processes whose environment holds `assignment` (KEY=VALUE)."""
+    needle = assignment.encode()
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -513,8 +537,32 @@ class _Launch:
                 if root is None:
                     raise RuntimeError(f"hung job: rank {r} ({host} pid {pid}) not found in this PID namespace")
                 job.root_pids[r] = root
-        time.sleep(0.5)  # markers are written just before the hang point: let every rank reach it
+        self._wait_hang_points(job, timeout)
         return job
+
+    @staticmethod
+    def _wait_hang_points(job: HungJob, timeout: float) -> None:
+        """Markers are written just before the hang point: wait until py-spy sees every rank there
+        (the odd rank in its function, the others in all_reduce, or all in recv with no odd rank)."""
+        from tests.conftest import main_thread_functions, py_spy, require
+
+        require(py_spy(), "py-spy (to see every rank of a hung job reach its hang point)")
+        other = "stuck_here" if job.odd_function == "load_batch" else "load_batch"
+        want = {r: {"recv"} if job.odd_rank is None else {"all_reduce"} if r != job.odd_rank else
+                {job.odd_function} if job.mode == "hang" else {job.odd_function, other} for r in job.root_pids}
+        deadline = time.monotonic() + timeout
+        waiting = dict(want)
+        while waiting:
+            for r in list(waiting):
+                stack = main_thread_functions(job.root_pids[r])
+                if stack and stack[0] in waiting[r]:
+                    del waiting[r]
+            if not waiting:
+                return
+            if time.monotonic() > deadline or any(p.poll() is not None for p in job._procs):
+                seen = {r: main_thread_functions(job.root_pids[r]) for r in waiting}
+                raise RuntimeError(f"hung job: ranks never reached their hang point: {seen} (want {want})")
+            time.sleep(0.1)
 
     @staticmethod
     def _wait_markers(job: HungJob, nranks: int, timeout: float) -> None:
