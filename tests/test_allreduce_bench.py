@@ -19,6 +19,7 @@ import pytest
 
 from ml_debug.bench import bandwidth as bw
 from tests.conftest import REPO, require
+from tests.fakes import faults
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "allreduce-bench.json").read_text())
 MLDEBUG_EXE = Path(sys.executable).parent / "mldebug"
@@ -136,12 +137,15 @@ def test_torchrun_four_ranks_every_collective_after_double_dash() -> None:
 def test_faults_corrupt_and_straggler_are_named_in_every_collective() -> None:
     # Root 1 so that reduce (checked on its root only) sees the corrupted rank too.
     # A 10x straggler: far above what a descheduled rank on a loaded 2-core machine looks like.
-    env = {"MLDEBUG_TEST_FAULT": "corrupt:rank=1,count=4;slow:rank=1,factor=10"}
+    spec = "allreduce-bench.corrupt:rank=1,count=4;allreduce-bench.slow:rank=1,factor=10"
+    env = faults.env(spec)
     proc = _run_torchrun(2, ["allreduce-bench", "-C", "all", "-r", "1", *SMALL, "--expect-busbw", "1e6", "--json"],
                          env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]
     result = _json(proc)["result"]
-    assert not result["ok"] and result["test_faults"]
+    assert not result["ok"] and result["test_faults"] == spec
+    assert f"TEST-ONLY hooks active (MLDEBUG_TEST_HOOKS=tests.fakes.faults): {spec}" in result["notes"]
+    assert result["summary"].endswith("[TEST-ONLY fault hook active]")
     assert len(result["collectives"]) == len(bw.COLLECTIVES)
     for c in result["collectives"]:
         assert [s["wrong_by_rank"] for s in c["sizes"]] == [{"1": 4}] * len(c["sizes"]), c["collective"]
@@ -158,13 +162,14 @@ def test_pairwise_four_ranks_names_the_slow_pair(tmp_path: Path) -> None:
     # must not name a second link, the injected one is far below it.
     proc = _self_launch(["--pairwise", "--nproc-per-node", "4", "-e", "256K", "-n", "5", "-w", "1",
                          "--slow-threshold", "0.7", "--plot", str(png), "--json"],
-                        env={"MLDEBUG_TEST_FAULT": "slow-pair:pair=1-2,factor=20"})
+                        env=faults.env("allreduce-bench.slow-pair:pair=1-2,factor=20"))
     assert proc.returncode == 1, proc.stderr[-3000:]
     result = _json(proc)["result"]
     p = result["pairwise"]
     assert result["mode"] == "pairwise" and p["units"] == "rank" and p["rounds"] == 3 and p["passes"] == 3
     assert all(p["matrix"][a][b] is not None for a in range(4) for b in range(4) if a != b)
     assert [(link["a"], link["b"]) for link in p["slow_links"]] == [(1, 2)]
+    assert result["test_faults"] == "allreduce-bench.slow-pair:pair=1-2,factor=20"
     assert p["slow_units"] == []
     assert "slow link" in result["summary"] and "rank1" in result["summary"]
     import matplotlib.image

@@ -1,5 +1,5 @@
 """Verification data of allreduce-bench, checked in one process against a straight emulation of
-each collective's semantics (no process group: the formulas alone), and the fault hooks' parsing."""
+each collective's semantics (no process group: the formulas alone), and the test-only fault hooks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import torch
 
 from ml_debug.bench import bandwidth as bw
 from ml_debug.bench import ops
-from ml_debug.bench.faults import parse_faults
+from ml_debug.core import testhooks
 from ml_debug.core.errors import UsageError
+from tests.fakes import faults
 
 
 def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
@@ -52,7 +53,8 @@ CASES += [("all_reduce", "sum", "bfloat16"), ("all_reduce", "sum", "int8"), ("re
 
 @pytest.mark.parametrize(("collective", "op", "dtype"), CASES)
 @pytest.mark.parametrize("n", [2, 3])
-def test_expected_values_match_collective_semantics(collective: str, op: str, dtype: str, n: int) -> None:
+def test_expected_values_match_collective_semantics(collective: str, op: str, dtype: str, n: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     root = n - 1
     lay = bw.layout(collective, 4096 + 12, bw.elem_size(dtype), n)
     bufs = [ops.allocate(lay, dtype, "cpu", fill=None) for _ in range(n)]
@@ -61,9 +63,12 @@ def test_expected_values_match_collective_semantics(collective: str, op: str, dt
     _emulate(collective, bufs, n, op, root)
     for r, b in enumerate(bufs):
         assert ops.count_wrong(collective, b, r, n, op, root, dtype) == 0, (collective, op, r)
-    # A rank whose result is damaged is counted exactly (the test-only corrupt hook).
+    # A rank whose result is damaged is counted exactly (the test-only corrupt fault, through the hook).
     victim = root if collective == "reduce" else 1
-    assert ops.count_wrong(collective, bufs[victim], victim, n, op, root, dtype, corrupt=3) == 3
+    monkeypatch.setenv(testhooks.ENV, "tests.fakes.faults")
+    monkeypatch.setenv(faults.ENV, f"allreduce-bench.corrupt:rank={victim},count=3;gpu-test.wrong-value:rank={victim}")
+    assert ops.count_wrong(collective, bufs[victim], victim, n, op, root, dtype) == 3
+    assert ops.count_wrong(collective, bufs[victim - 1], victim - 1, n, op, root, dtype) == 0  # another rank
 
 
 def test_untouched_buffers_are_wrong() -> None:
@@ -84,10 +89,13 @@ def test_tolerance() -> None:
 
 
 def test_fault_specs() -> None:
-    f = parse_faults("corrupt:rank=1,count=5; slow:rank=2,factor=4;slow-pair:pair=3-0")
-    assert (f.corrupt_rank, f.corrupt_count, f.slow_rank, f.slow_factor) == (1, 5, 2, 4.0)
-    assert f.slow_pair == (0, 3) and f.slow_pair_factor == 3.0 and f.active
-    assert not parse_faults("").active and not parse_faults(None).active
-    for bad in ("corrupt", "corrupt:rank=x", "explode:rank=1", "slow:factor=2", "slow-pair:pair=1"):
+    c, s, p = faults.parse("allreduce-bench.corrupt:rank=1,count=5; allreduce-bench.slow:rank=2,factor=4;"
+                           "allreduce-bench.slow-pair:pair=3-0")
+    assert (c.kind, c.rank, c.count, s.kind, s.rank, s.factor) == ("corrupt", 1, 5, "slow", 2, 4.0)
+    assert p.pair == (0, 3) and p.factor == 3.0 and {c.command, s.command, p.command} == {"allreduce-bench"}
+    assert faults.parse("") == () and faults.parse(None) == ()
+    for bad in ("allreduce-bench.corrupt", "allreduce-bench.corrupt:rank=x", "allreduce-bench.explode:rank=1",
+                "allreduce-bench.slow:factor=2", "allreduce-bench.slow-pair:pair=1", "corrupt:rank=1",
+                "gpu-test.corrupt:rank=1"):
         with pytest.raises(UsageError):
-            parse_faults(bad)
+            faults.parse(bad)

@@ -11,7 +11,6 @@ import pytest
 
 from ml_debug.bench import bandwidth as bw
 from ml_debug.bench import sweep as bench
-from ml_debug.bench.faults import Faults
 
 RANKS = [bench.RankInfo(r, "node-a", 0, r, "cpu") for r in range(2)]
 
@@ -28,9 +27,9 @@ def _row(size: int, times_s: list[float], wrong: dict[int, int] | None = None, n
 
 
 def _result(rows: list[bench.SizeResult], expect: float | None = None, faults: str = "") -> bench.BenchResult:
-    cfg = bench.BenchConfig(iters=20, warmup=5, expect_busbw=expect, faults=Faults(spec=faults))
+    cfg = bench.BenchConfig(iters=20, warmup=5, expect_busbw=expect)
     coll = bench._summarise("all_reduce", cfg, 2, rows, [], RANKS, None)
-    return bench._finish(cfg, 2, "cpu", "gloo", [coll], None, RANKS, [], time.perf_counter())
+    return bench._finish(cfg, 2, "cpu", "gloo", [coll], None, RANKS, [], time.perf_counter(), faults or None)
 
 
 def _sizes() -> list[int]:
@@ -49,7 +48,7 @@ def test_healthy_summary_and_footer_numbers() -> None:
 
 def test_problems_make_the_summary_and_ok() -> None:
     rows = [_row(s, [1e-3, 3e-3], wrong={1: 2} if s == 1024 else None) for s in _sizes()]
-    res = _result(rows, expect=1000.0, faults="slow:rank=1")
+    res = _result(rows, expect=1000.0, faults="allreduce-bench.slow:rank=1")
     assert not res.ok
     assert "2 wrong element(s) on rank(s) 1 in 1 of 8 sizes" in res.summary
     assert "rank 1 (node-a) is a straggler, 3.0x" in res.summary

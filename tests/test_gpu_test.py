@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, agent_store, check_golden, closed_port, mldebug, require
+from tests.fakes import faults
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "gpu-test.json").read_text())
 GOLDEN = REPO / "tests" / "golden" / "gpu_test_ok.txt"
@@ -143,7 +144,7 @@ def test_missing_rank_zero_each_rank_keeps_its_line(tmp_path: Path) -> None:
 def test_killed_rank_is_named_by_survivors(tmp_path: Path) -> None:
     out = tmp_path / "gt-killed"
     r = mldebug("gpu-test", "--json", "--timeout", "10", "--out-dir", str(out),
-                env={"MLDEBUG_TEST_FAULT": "die:rank=1:stage=broadcast"}, timeout=180)
+                env=faults.env("gpu-test.die:rank=1,stage=broadcast"), timeout=180)
     assert r.returncode == 4, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]
     assert res["missing_ranks"] == [1]
@@ -153,13 +154,15 @@ def test_killed_rank_is_named_by_survivors(tmp_path: Path) -> None:
 
 
 def test_wrong_value_fails_all_reduce_on_that_rank() -> None:
-    r = mldebug("gpu-test", "--json", "--timeout", "20", env={"MLDEBUG_TEST_FAULT": "wrong-value:rank=1"},
+    r = mldebug("gpu-test", "--json", "--timeout", "20", env=faults.env("gpu-test.wrong-value:rank=1"),
                 timeout=180)
     assert r.returncode == 1, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]
     assert [(f["rank"], f["stage"], f["status"]) for f in res["failures"]] == [(1, "all_reduce", "fail")]
     assert "contributed 1002 instead of 2" in res["failures"][0]["detail"]
     assert res["summary"] == "1/2 ranks OK: rank 1 on " + res["hosts"][0] + " failed at all_reduce"
+    assert [w for w in res["warnings"] if "TEST-ONLY" in w] == [
+        "TEST-ONLY hooks active (MLDEBUG_TEST_HOOKS=tests.fakes.faults): gpu-test.wrong-value:rank=1"]
 
 
 def test_wrong_layout_two_ranks_claim_one_local_slot() -> None:
@@ -173,7 +176,7 @@ def test_wrong_layout_two_ranks_claim_one_local_slot() -> None:
 
 def test_isolate_points_at_the_bad_slot() -> None:
     r = mldebug("gpu-test", "--isolate", "--json", "--timeout", "20",
-                env={"MLDEBUG_TEST_FAULT": "wrong-value:device=1"}, timeout=300)
+                env=faults.env("gpu-test.wrong-value:device=1"), timeout=300)
     assert r.returncode == 1, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]
     assert [e["members"] for e in res["entries"]] == [[0], [1], [0, 1]]

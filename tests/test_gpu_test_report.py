@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from ml_debug.core.errors import UsageError
-from ml_debug.gputest import fault as gpu_test_fault
 from ml_debug.gputest.isolate import IsolateEntry, analyse, schedule
 from ml_debug.gputest.report import (
     ABSENT,
@@ -19,6 +18,7 @@ from ml_debug.gputest.report import (
     build_result,
     layout_problems,
 )
+from tests.fakes import faults
 
 
 def _id(rank: int, host: str = "h0", local: int | None = None, lws: int = 2, node: int | None = None,
@@ -106,12 +106,12 @@ def test_isolation_points_at_bad_device_and_bad_link() -> None:
 
 
 def test_fault_hook_parsing() -> None:
-    f = gpu_test_fault.parse("die:rank=1:stage=broadcast")
-    assert f is not None and (f.kind, f.rank, f.stage) == ("die", 1, "broadcast")
+    f, g = faults.parse("gpu-test.die:rank=1,stage=broadcast; gpu-test.wrong-value:device=2")
+    assert (f.command, f.kind, f.rank, f.stage) == ("gpu-test", "die", 1, "broadcast")
     assert f.applies(1, 5) and not f.applies(0, 5)
-    g = gpu_test_fault.parse("wrong-value:device=2")
-    assert g is not None and g.applies(0, 2) and not g.applies(0, 1)
-    assert gpu_test_fault.parse("") is None
-    for bad in ("explode:rank=1", "die:rank=x", "die:who=1"):
+    assert g.stage == "all_reduce" and g.applies(0, 2) and not g.applies(0, 1)
+    assert faults.parse("") == ()
+    for bad in ("gpu-test.explode:rank=1", "gpu-test.die:rank=x", "gpu-test.die:who=1", "die:rank=1",
+                "gpu-test.die:stage=nowhere", "gpu-test.wrong-value:rank=1:stage=init"):
         with pytest.raises(UsageError):
-            gpu_test_fault.parse(bad)
+            faults.parse(bad)

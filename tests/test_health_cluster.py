@@ -15,10 +15,12 @@ import pytest
 
 from ml_debug.core.output import document
 from ml_debug.health.cluster import cluster_checks, merge
-from ml_debug.health.nvml_fake import healthy_gpu
 from ml_debug.remote.runner import run_mldebug_everywhere
 from ml_debug.remote.targets import Target, TargetSpec
 from tests.conftest import REPO, mldebug
+from tests.fakes import HOOKS_ENV
+from tests.fakes import nvml as fake_nvml
+from tests.fakes.nvml import healthy_gpu
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "health.json").read_text())
 VENV_PYTHON = str(REPO / ".venv" / "bin" / "python")
@@ -81,7 +83,9 @@ def test_hosts_over_ssh_give_one_cluster_table(rig_ssh, tmp_path: Path) -> None:
         dead = s.getsockname()[1]
     hostfile = tmp_path / "hosts"
     hostfile.write_text("".join(f"{n.name}\n" for n in nodes) + f"127.0.0.1:{dead}\n")
-    prefix = f'export MLDEBUG_FAKE_NVML="{scen}/$(hostname).json"'
+    # The NVML fake is picked on each node, by the node's own hostname (test paths have no spaces).
+    prefix = (f'export PYTHONPATH="{REPO}" {HOOKS_ENV}=tests.fakes.nvml '
+              f'{fake_nvml.ENV}="{scen}/$(hostname).json"')
     args = ["health", "--hosts", str(hostfile), "--ssh-config", str(rig_ssh.ssh_config), "--identity",
             str(rig_ssh.client_key), "--remote-python", VENV_PYTHON, "--remote-prefix", prefix,
             "--connect-timeout", "3", "--path", "/tmp"]
@@ -100,6 +104,7 @@ def test_hosts_over_ssh_give_one_cluster_table(rig_ssh, tmp_path: Path) -> None:
     human = mldebug(*args, timeout=180)
     assert human.returncode == 1
     assert "cluster" in human.stdout and "UNREACHED" in human.stdout and "FAIL" in human.stdout
+    assert human.stdout.startswith("FAKE NVML: the GPU data of ") and "2 (FAKE NVML)" in human.stdout
 
 
 @pytest.mark.rig

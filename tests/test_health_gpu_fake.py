@@ -19,11 +19,12 @@ from ml_debug.core.nvml import NA, NvmlGateway, is_na
 from ml_debug.health import active_checks, gpu_checks
 from ml_debug.health.gpu_checks import Thresholds
 from ml_debug.health.model import Check, GpuPart, Status
-from ml_debug.health.nvml_fake import FakeNVML, healthy_gpu
 from ml_debug.health.runner import HealthOptions, passive_gpu_checks, run_local, verdict
 from ml_debug.health.snapshot import read_gpus
 from ml_debug.health.stress import MatmulResult
 from tests.conftest import REPO, mldebug
+from tests.fakes import nvml as fake_nvml
+from tests.fakes.nvml import FakeNVML, healthy_gpu
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "health.json").read_text())
 NO_KERNEL_LOG: tuple[list[str], str] = ([], "test kernel log")
@@ -57,7 +58,7 @@ def test_healthy_gpu_passes_every_check() -> None:
     checks, ok, code, summary = gpu_verdicts(healthy_gpu(0), healthy_gpu(1), opts=HealthOptions(expect_gpus=2))
     bad = [(c.target, c.id, c.status, c.hint) for c in checks if c.status not in (Status.PASS, Status.INFO)]
     assert bad == []
-    assert ok and code == 0 and summary.startswith("healthy: 2 x NVIDIA H100 80GB HBM3")
+    assert ok and code == 0 and summary.startswith("healthy: 2 x NVIDIA H100 80GB HBM3 from FAKE NVML;")
     assert by_id(checks, "gpu.count", "node").value == "2"
     assert by_id(checks, "gpu.row_remap").status is Status.PASS
     assert by_id(checks, "gpu.nvlink", "gpu1").value == "18/18 active"
@@ -264,7 +265,7 @@ def test_cli_with_a_fake_scenario_exits_1_and_names_the_gpu(tmp_path: Path) -> N
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"gpus": [healthy_gpu(0), sick]}))
     proc = mldebug("health", "--json", "--expect-gpus", "2", "--path", str(tmp_path),
-                   env={"MLDEBUG_FAKE_NVML": str(scenario)}, timeout=120)
+                   env=fake_nvml.env(scenario), timeout=120)
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     jsonschema.validate(doc, SCHEMA)
@@ -273,8 +274,14 @@ def test_cli_with_a_fake_scenario_exits_1_and_names_the_gpu(tmp_path: Path) -> N
     assert [g["name"] for g in node["gpu"]["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 2
     assert node["gpu"]["gpus"][0]["fields"]["pcie.link.gen.max"] == 5
     assert "gpu1 row_remap" in doc["result"]["summary"]
-    human = mldebug("health", "--brief", "--path", str(tmp_path), env={"MLDEBUG_FAKE_NVML": str(scenario)}, timeout=120)
+    human = mldebug("health", "--brief", "--path", str(tmp_path), env=fake_nvml.env(scenario), timeout=120)
     assert human.returncode == 1
     row = next(ln for ln in human.stdout.splitlines() if "gpu1 row_remap" in ln)
     assert "FAIL" in row and "pending=yes" in row
     assert "2 x NVIDIA H100 80GB HBM3" in human.stdout
+    # The human view says FAKE NVML too: before the tables (with the scenario) and in the node's title.
+    lines = human.stdout.splitlines()
+    assert lines[0].startswith("FAKE NVML: the GPU data of ")
+    banner = " ".join(human.stdout.split("2 x NVIDIA")[0].split())  # the lines before the node's table
+    assert "not from a GPU" in banner and f"fake:{scenario}" in "".join(banner.split())
+    assert any("2 x NVIDIA H100 80GB HBM3" in ln and "[FAKE NVML]" in ln for ln in lines)

@@ -80,6 +80,8 @@ def test_real_cli_level1_json_validates(gw: NvmlGateway) -> None:
     doc = json.loads(proc.stdout)
     check_schema(doc, "health")
     assert doc["result"]["nodes"][0]["gpu"]["present"] is True
+    assert doc["result"]["nodes"][0]["gpu"]["nvml_source"] == "pynvml"  # the real gateway: no test hooks
+    assert "FAKE NVML" not in doc["result"]["summary"]
     assert proc.returncode == doc["result"]["exit_code"]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ml_debug.bench import bandwidth as bw
+from ml_debug.core import testhooks
 
 if TYPE_CHECKING:
     import torch
@@ -189,14 +190,11 @@ def tolerance(dtype: str, op: str, n: int) -> float:
     return 0.0
 
 
-def count_wrong(collective: str, bufs: Buffers, rank: int, n: int, op: str, root: int, dtype: str,
-                corrupt: int = 0) -> int:
+def count_wrong(collective: str, bufs: Buffers, rank: int, n: int, op: str, root: int, dtype: str) -> int:
     """Elements of this rank's result that differ from the expected values.
 
-    ``corrupt`` > 0 is the TEST-ONLY fault hook: that many received elements are overwritten first.
+    The TEST-ONLY ``bench_verify_result`` hook (ml_debug.core.testhooks) sees the result first.
     """
-    import torch
-
     if collective == "reduce" and rank != root:
         return 0  # only the root's buffer is defined after a reduce
     res = bufs.result
@@ -204,11 +202,10 @@ def count_wrong(collective: str, bufs: Buffers, rank: int, n: int, op: str, root
     # all_gather/all_to_all: one block per source rank; reduce_scatter: the result is this rank's block.
     block = total // n if collective in ("all_gather", "all_to_all") else total
     td = res.dtype
-    if corrupt > 0 and total:
-        positions = torch.linspace(0, total - 1, steps=min(corrupt, total), device=res.device).long().unique()
-        for p in positions.tolist():
-            exp = expected_chunk(collective, rank, n, op, root, p, p + 1, block, res.device).to(td)
-            res[p] = -exp[0] - 1
+    if testhooks.active():
+        testhooks.call(testhooks.BENCH_VERIFY_RESULT, rank=rank, collective=collective, result=res,
+                       expected=lambda start, stop: expected_chunk(collective, rank, n, op, root, start, stop, block,
+                                                                   res.device).to(td))
     rtol = tolerance(dtype, op, n)
     wrong = 0
     for start in _chunks(total):

@@ -251,7 +251,7 @@ def gpu_inventory() -> dict[str, Any]:
     with open_gateway() as gw:
         status = gw.open()
         if not status.available:
-            return {"available": False, "reason": status.reason, "driver": None, "gpus": []}
+            return {"available": False, "reason": status.reason, "driver": None, "gpus": [], "nvml_source": gw.source}
         driver = gw.driver_version()
         gpus = []
         for index in range(gw.device_count()):
@@ -262,7 +262,7 @@ def gpu_inventory() -> dict[str, Any]:
                 "bus_id": str(gw.pci_bus_id(h)), "driver": str(driver),
                 "memory": "N/A" if is_na(memory) else f"{memory[0] / 2**30:.1f} GiB",
             })
-        return {"available": True, "reason": None, "driver": str(driver), "gpus": gpus}
+        return {"available": True, "reason": None, "driver": str(driver), "gpus": gpus, "nvml_source": gw.source}
 
 
 def collect(include_torch: bool = True) -> EnvReport:
@@ -283,6 +283,13 @@ def collect(include_torch: bool = True) -> EnvReport:
         warnings.append(f"ptrace: {ptrace.explanation}; fix: {ptrace.fix}")
     ngpu = len(gpus.get("gpus", []))
     gpu_text = f"{ngpu} GPU(s)" if ngpu else "no NVIDIA GPU/driver"
+    from ml_debug.core.nvml import is_fake_source
+
+    source = str(gpus.get("nvml_source") or "")
+    if is_fake_source(source):
+        # Test data must never read as this node's hardware, in the table as in the JSON.
+        gpu_text += " from FAKE NVML"
+        warnings.append(f"FAKE NVML: the GPU data comes from a test's NVML look-alike ({source}), not from a GPU")
     summary_line = (f"{socket.gethostname()}: torch {torch.version or 'missing'}, {gpu_text}, "
                     f"{'may attach to processes' if ptrace.can_attach_own else 'cannot attach to processes'}"
                     + (f", {len(warnings)} warning(s)" if warnings else ""))

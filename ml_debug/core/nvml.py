@@ -5,21 +5,21 @@ reason: "Not Supported", "Insufficient Permissions", a missing function in an ol
 binding...). Nothing here raises because a GPU lacks a feature: a consumer card without
 ECC or a PCIe card without NVLink reads as N/A, never as a crash.
 
-The backend is the ``pynvml`` module itself, or (tests only) a
-:class:`ml_debug.health.nvml_fake.FakeNVML` exposing the same function names. Setting
-``MLDEBUG_FAKE_NVML=<scenario.json>`` makes :func:`open_gateway` use the fake; reports
-then say ``nvml_source: "fake:..."`` so a fake can never pass for real hardware.
+The backend is the ``pynvml`` module itself, or (tests only) a look-alike exposing the same
+function names. :func:`open_gateway` uses one only when a test hook module loaded through
+``MLDEBUG_TEST_HOOKS`` (:mod:`ml_debug.core.testhooks`) provides an ``nvml_backend``; reports
+then say ``nvml_source: "fake:..."`` and the human output FAKE NVML, so a fake can never pass
+for real hardware.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
-FAKE_ENV = "MLDEBUG_FAKE_NVML"
+from ml_debug.core import testhooks
 
 
 class NotAvailable:
@@ -53,6 +53,11 @@ def is_na(value: object) -> bool:
     return isinstance(value, NotAvailable)
 
 
+def is_fake_source(source: str | None) -> bool:
+    """True for data that came from a test's NVML look-alike, not from a GPU."""
+    return bool(source) and str(source).startswith("fake:")
+
+
 def _text(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode(errors="replace").rstrip("\x00")
@@ -65,7 +70,7 @@ class NvmlStatus:
 
     available: bool
     reason: str
-    source: str  # "pynvml" or "fake:<path>"
+    source: str  # "pynvml" or "fake:<what>"
 
 
 # Clock event (throttle) reason bits, as nvidia-smi -q -d PERFORMANCE names them.
@@ -89,6 +94,11 @@ class NvmlGateway:
         self._nv = backend if backend is not None else pynvml
         self.source = source
         self._open = False
+
+    @property
+    def fake(self) -> bool:
+        """True when a test's NVML look-alike, not the driver, answers (see :func:`open_gateway`)."""
+        return is_fake_source(self.source)
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self) -> NvmlStatus:
@@ -293,10 +303,9 @@ class NvmlGateway:
 
 
 def open_gateway() -> NvmlGateway:
-    """The real gateway, or the fake when MLDEBUG_FAKE_NVML names a scenario file (tests)."""
-    path = os.environ.get(FAKE_ENV)
-    if path:
-        from ml_debug.health.nvml_fake import FakeNVML
-
-        return NvmlGateway(FakeNVML.from_file(path), source=f"fake:{path}")
+    """The real gateway, or a test's NVML look-alike when a test hook module provides one."""
+    fake = testhooks.call(testhooks.NVML_BACKEND)
+    if fake is not None:
+        backend, source = fake
+        return NvmlGateway(backend, source=f"fake:{source}")
     return NvmlGateway()

@@ -9,6 +9,13 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "info": "cyan"}
+FAKE_MARK = "FAKE NVML"
+
+
+def _fake_source(node: dict[str, Any]) -> str | None:
+    """The node's NVML source when it is a test's look-alike (``fake:...``), else None."""
+    source = str(node.get("gpu", {}).get("nvml_source") or "")
+    return source if source.startswith("fake:") else None
 
 
 def _label(c: dict[str, Any]) -> str:
@@ -21,6 +28,8 @@ def node_table(node: dict[str, Any], show_pass: bool = True) -> Any:
     from rich.table import Table
 
     title = f"{node.get('target') or node['host']}: {node['gpu']['message']} (level {node['level']}, {node['duration_s']:.1f} s)"
+    if _fake_source(node):
+        title += f" [{FAKE_MARK}]"
     t = Table(title=title, title_justify="left", show_lines=False)
     for col, kw in (("check", {"no_wrap": True}), ("status", {"no_wrap": True}), ("value", {}),
                     ("threshold", {}), ("hint", {"ratio": 1})):
@@ -42,6 +51,8 @@ def cluster_table(result: dict[str, Any]) -> Any:
     for n in result["nodes"]:
         verdict = "[green]OK[/]" if n["ok"] else ("[bold red]FAIL[/]" if n["exit_code"] == 1 else "[yellow]NO GPU[/]")
         gpus = str(len(n["gpu"].get("gpus", []))) if n["gpu"]["present"] else "0"
+        if _fake_source(n):
+            gpus += f" ({FAKE_MARK})"
         t.add_row(n.get("target") or n["host"], verdict, gpus, str(n["counts"]["fail"]), str(n["counts"]["warn"]),
                   n["summary"])
     for u in result.get("unreachable", []):
@@ -52,6 +63,12 @@ def cluster_table(result: dict[str, Any]) -> Any:
 def draw(console: Console, result: dict[str, Any], verbose: bool = True) -> None:
     """Per-node tables (only problems when there are many nodes and not verbose), then the summary."""
     many = len(result["nodes"]) + len(result.get("unreachable", [])) > 1
+    fakes = [(n.get("target") or n["host"], src) for n in result["nodes"] if (src := _fake_source(n))]
+    if fakes:
+        # Test data must never read as real hardware: say so before any table.
+        where = ", ".join(f"{name} ({src})" for name, src in fakes)
+        console.print(f"[bold magenta]{FAKE_MARK}[/]: the GPU data of {where} comes from a test's NVML "
+                      "look-alike, not from a GPU")
     for node in result["nodes"]:
         if many and not verbose and node["ok"] and not node["counts"]["warn"]:
             continue

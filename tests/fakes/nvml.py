@@ -3,19 +3,27 @@
 It implements just the ``nvml*`` functions :class:`~ml_debug.core.nvml.NvmlGateway`
 calls, with pynvml's signatures and return shapes, from a plain dict per GPU. A key left
 out of a GPU's dict makes that call raise pynvml's own "Not Supported" error, exactly as a
-GPU without the feature does. Used by the tests (GPU decision logic on a machine without
-a GPU) and by ``MLDEBUG_FAKE_NVML=<scenario.json>``; never by a real run.
+GPU without the feature does. Tests hand it to ``NvmlGateway`` directly; a ``mldebug``
+subprocess uses it when ``MLDEBUG_TEST_HOOKS=tests.fakes.nvml`` and
+``MLDEBUG_TEST_NVML=<scenario.json>`` are set (:func:`env` builds both). Reports then say
+``nvml_source: "fake:<scenario>"`` and the human output says FAKE NVML.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
+
+from ml_debug.core.errors import UsageError
+from tests.fakes import hooks_env
+
+ENV = "MLDEBUG_TEST_NVML"
 
 
 def _unsupported() -> pynvml.NVMLError:
@@ -195,3 +203,21 @@ class FakeNVML:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self._get(h, "processes")]
+
+
+def env(scenario: str | Path) -> dict[str, str]:
+    """Environment that makes a ``mldebug`` subprocess read NVML from the scenario file."""
+    return hooks_env(__name__, {ENV: str(scenario)})
+
+
+def nvml_backend() -> tuple[FakeNVML, str]:
+    """The ``nvml_backend`` hook point: the fake over the scenario ``MLDEBUG_TEST_NVML`` names."""
+    path = os.environ.get(ENV, "").strip()
+    if not path:
+        raise UsageError(f"the NVML fake is loaded but {ENV} names no scenario file",
+                         f"set {ENV}=<scenario.json> (test-only), or drop tests.fakes.nvml from MLDEBUG_TEST_HOOKS")
+    try:
+        return FakeNVML.from_file(path), path
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"{ENV}={path}: not a readable scenario ({type(e).__name__}: {e})",
+                         'a JSON file like {"gpus": [...]} (see healthy_gpu)') from None
