@@ -69,7 +69,9 @@ def _traced(tmp_path: Path, func, **kw) -> list[str]:
 
 
 def _called_modules(lines: list[str]) -> set[str]:
-    return {m.group("mod") for m in map(CALL.match, lines) if m}
+    """Dotted names of the modules called; your own code is named by its file: its stem here."""
+    mods = {m.group("mod") for m in map(CALL.match, lines) if m}
+    return {Path(m).stem if m.endswith(".py") else m for m in mods}
 
 
 # ------------------------------------------------------------------ filters
@@ -145,8 +147,9 @@ def test_call_and_line_format(tmp_path, usermod):
     assert lines and all(CALL.match(x) or LINE.match(x) for x in lines), lines
     calls = [CALL.match(x) for x in lines if CALL.match(x)]
     by_fn = {m.group("fn"): m for m in calls}
-    # Full dotted module name and the function's first line, qualified function name.
-    assert by_fn["to_json"].group("mod") == "nt_usermod"
+    # Your code by its file, installed code by its full dotted module name; the function's first
+    # line, its qualified name.
+    assert by_fn["to_json"].group("mod") == usermod.__file__
     assert int(by_fn["to_json"].group("first")) == usermod.to_json.__code__.co_firstlineno
     enc = by_fn["JSONEncoder.encode"] if sys.version_info >= (3, 11) else by_fn["encode"]
     assert enc.group("mod") == "json.encoder"
@@ -188,8 +191,8 @@ def test_threads_are_marked(tmp_path, usermod):
 
     lines = _traced(tmp_path, run, packages_to_include="uninstalled")
     tagged = [x for x in lines if "{loader} " in x]
-    assert any("--> nt_usermod:" in x and "work" in x for x in tagged)
-    assert any("--> nt_usermod:" in x and "{" not in x for x in lines)  # the main thread's own calls
+    assert any(f"--> {usermod.__file__}:" in x and "work" in x for x in tagged)
+    assert any(f"--> {usermod.__file__}:" in x and "{" not in x for x in lines)  # the main thread's own calls
 
 
 def test_stdout_when_no_out_dir(capsys, usermod):
@@ -380,9 +383,109 @@ def test_sys_monitoring_backend_on_newer_python(python, tmp_path):
     assert p.returncode == 0 and "MONITORING-OK" in p.stdout, p.stdout + p.stderr
 
 
-def test_source_is_standard_library_only():
-    """Users import nicertrace directly: it must not pull torch, rich or mldebug's other modules."""
-    src = inspect.getsource(nicertrace)
-    imports = {m.split(".")[0] for m in re.findall(r"^(?:from|import) (\S+)", src, re.M)}
-    assert imports <= {"__future__", "atexit", "linecache", "os", "signal", "socket", "sys", "sysconfig",
-                       "threading", "time", "trace", "weakref", "collections", "typing", "select", "site"}
+def test_import_is_standard_library_only():
+    """Users import nicertrace directly: it must not pull torch, rich or mldebug's other modules,
+    only its own parts in ml_debug.tracing (whose package import is cheap)."""
+    import subprocess
+
+    repo = str(Path(nicertrace.__file__).resolve().parents[1])
+    code = (f"import sys; sys.path.insert(0, {repo!r}); before = set(sys.modules); "
+            "import ml_debug.nicertrace; print('\\n'.join(sorted(set(sys.modules) - before)))")
+    p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    loaded = set(p.stdout.split())
+    ours = {m for m in loaded if m.split(".")[0] == "ml_debug"}
+    assert "ml_debug.nicertrace" in ours and "ml_debug.tracing.backends" in ours
+    assert all(m in ("ml_debug", "ml_debug.nicertrace") or m.startswith("ml_debug.tracing.") or m == "ml_debug.tracing"
+               for m in ours), ours
+    assert not {"ml_debug.tracing.tail", "ml_debug.tracing.run", "ml_debug.core"} & ours
+    stdlib = set(sys.stdlib_module_names)
+    assert {m.split(".")[0] for m in loaded - ours} <= stdlib, sorted(loaded - ours)
+    # Source level too: every part imports only the standard library and its siblings.
+    for name in ours:
+        src = inspect.getsource(sys.modules[name] if name in sys.modules else __import__(name, fromlist=["_"]))
+        tops = {m.split(".")[0] for m in re.findall(r"^\s*(?:from|import) (\S+)", src, re.M)}
+        assert tops <= stdlib | {"ml_debug"}, (name, tops - stdlib)
+
+
+# ------------------------------------------------------------------ call-line locations (as in the seed)
+
+
+def test_user_module_call_lines_carry_its_full_path(tmp_path, usermod):
+    """Code outside site-packages and the standard library is named by its file, as __main__ is;
+    installed and standard-library code keeps its dotted module name."""
+    lines = _traced(tmp_path, usermod.work, packages_to_include=["json", "rich"])
+    calls = {m.group("fn"): m for m in map(CALL.match, lines) if m}
+    assert calls["to_json"].group("mod") == usermod.__file__
+    assert os.path.isabs(calls["to_json"].group("mod"))
+    assert int(calls["to_json"].group("first")) == usermod.to_json.__code__.co_firstlineno
+    assert calls["escape"].group("mod") == "rich.markup"
+    enc = calls["JSONEncoder.encode"] if sys.version_info >= (3, 11) else calls["encode"]
+    assert enc.group("mod") == "json.encoder"
+
+
+# ------------------------------------------------------------------ the seed's line format
+
+SEED_CALL = re.compile(r"^(?P<pid>\d+ )? (?P<where>\S+):(?P<first>\d+) (?P<fn>\S+)$")
+SEED_LINE = re.compile(r"^(?P<pid>\d+ )?(?P<ts>\d+:\d\d:\d\d )?(?P<base>[^\s:]+):(?P<line> *\d+): (?P<src>.*)$")
+
+
+def _seed_events(lines: list[str]) -> tuple[list[re.Match[str]], list[re.Match[str]]]:
+    events = [x for x in lines if not x.startswith("#")]
+    calls = [m for m in map(SEED_CALL.match, events) if m]
+    body = [m for m in map(SEED_LINE.match, events) if m]
+    assert len(calls) + len(body) == len(events), [x for x in events if not (SEED_CALL.match(x) or SEED_LINE.match(x))]
+    return calls, body
+
+
+@pytest.mark.parametrize("ring", [None, 10_000])
+def test_seed_line_format(tmp_path, usermod, ring):
+    lines = _traced(tmp_path, usermod.work, packages_to_include=["json"], line_format="seed", ring=ring)
+    calls, body = _seed_events(lines)
+    by_fn = {m.group("fn"): m for m in calls}
+    # Calls: a leading space, no time stamp, the unqualified function name; user code by its path.
+    assert by_fn["to_json"].group("where") == usermod.__file__
+    assert int(by_fn["to_json"].group("first")) == usermod.to_json.__code__.co_firstlineno
+    assert by_fn["encode"].group("where") == "json.encoder"
+    assert not any(m.group("pid") for m in calls)
+    # Lines: H:MM:SS, the file's basename, the number right-aligned in 6, the source as written.
+    first = usermod.to_json.__code__.co_firstlineno
+    assert f"nt_usermod.py:{first + 1:>6}:     y = {{\"x\": x}}" in [m.group(0)[len(m.group("ts")):] for m in body]
+    assert all(m.group("ts") and len(m.group("line")) == 6 for m in body)
+    assert not any("{" in x.split(" ", 1)[0] for x in lines)  # no thread tags in the seed's format
+
+
+def test_seed_line_format_pids_and_no_timing(tmp_path, usermod):
+    lines = _traced(tmp_path, usermod.work, packages_to_include="uninstalled", line_format="seed",
+                    log_pids=True, timing=False)
+    calls, body = _seed_events(lines)
+    assert calls and body
+    assert all(m.group("pid") == f"{os.getpid()} " for m in calls + body)
+    assert not any(m.group("ts") for m in body)
+
+
+def test_seed_line_format_matches_the_seed_tracer_output(tmp_path, usermod, capsys):
+    """Side by side with a tracer that prints the seed's way (trace.Trace's hooks overridden)."""
+
+    class SeedStyle(trace.Trace):
+        def globaltrace_lt(self, frame, why, arg):  # the seed's call line: " where:first name"
+            if why == "call" and frame.f_globals.get("__file__") == usermod.__file__:
+                print(f" {frame.f_globals['__file__']}:{frame.f_code.co_firstlineno} {frame.f_code.co_name}")
+                return self.localtrace
+            return None
+
+        def localtrace_trace_and_count(self, frame, why, arg):
+            if why == "line":
+                name, n = frame.f_code.co_filename, frame.f_lineno
+                print(f"{os.path.basename(name)}:{n:>6}: {trace.linecache.getline(name, n)}", end="")
+            return self.localtrace
+
+    SeedStyle(count=1, trace=1).runfunc(usermod.work)
+    expected = capsys.readouterr().out.splitlines()
+    got = _traced(tmp_path, usermod.work, packages_to_include="uninstalled", line_format="seed", timing=False)
+    assert got == expected and len(expected) >= 9  # 3 calls, 6 lines
+
+
+def test_bad_line_format_is_rejected():
+    with pytest.raises(ValueError, match="line_format"):
+        NicerTrace(line_format="fancy")

@@ -161,7 +161,8 @@ def test_trace_module(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "got ['--flag', 'v']" in r.stdout
     [f] = _files(tmp_path / "t")
-    assert any(e.endswith("--> mypkg.tool:3 run") for e in _events(f))
+    # Your own code is named by its file (the seed's way), not by its dotted module name.
+    assert any(e.endswith(f"--> {pkg / 'tool.py'}:3 run") for e in _events(f)), _events(f)
 
 
 def test_trace_include_adds_a_package(tmp_path):
@@ -174,8 +175,25 @@ def test_trace_include_adds_a_package(tmp_path):
     assert any("--> json.encoder:" in e for e in _events(_files(tmp_path / "b")[0]))
 
 
+def test_trace_seed_format(tmp_path, script):
+    """--format seed: the handbook NicerTrace's lines; the script by its full path though given relative."""
+    r = mldebug("trace", "-o", "s", "--format", "seed", "--log-pids", script.name, "plain", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    [f] = _files(tmp_path / "s")
+    head, *events = f.read_text().splitlines()
+    assert head.startswith("# nicertrace ") and " format=seed " in head
+    pid = _pid(f)
+    assert f"{pid}  {script}:1 <module>" in events  # a call: pid, a leading space, no time stamp
+    main = script.read_text().splitlines().index("def main():") + 1
+    assert f"{pid}  {script}:{main} main" in events
+    # A line: pid, H:MM:SS, the file's name, the line number in 6 columns, the source as written.
+    loop = [m for m in (re.fullmatch(rf"{pid} \d+:\d\d:\d\d prog\.py:( +\d+): {{9}}busy\(i\)", e) for e in events) if m]
+    assert len(loop) == 20 and all(len(m.group(1)) == 6 for m in loop)
+
+
 @pytest.mark.parametrize("args", [
     ["--", "does-not-exist.py"],
+    ["--format", "fancy", "x.py"],
     ["-m", "no_such_module_zzz"],
     ["--idle-dump", "3", "x.py"],
     ["--ring", "5", "--dump-signal", "NOPE", "x.py"],

@@ -45,7 +45,7 @@ def _user_traceback(exc: BaseException, skip_files: set[str]) -> None:
 def run_traced(target: list[str], *, module: bool = False, include: list[str] | None = None,
                everything: bool = False, out_dir: str = ".", ring: int | None = None,
                idle_dump: float | None = None, dump_signals: list[str] | None = None,
-               log_pids: bool = False) -> TraceRun:
+               log_pids: bool = False, line_format: str = "nicer") -> TraceRun:
     """Run ``target`` (script and its arguments, or module and its arguments) under NicerTrace.
 
     Shell equivalent: ``python -m trace --trace --timing --ignore-dir ... script.py``, with one
@@ -60,7 +60,7 @@ def run_traced(target: list[str], *, module: bool = False, include: list[str] | 
     kwargs = {} if signals is None else {"dump_signals": signals}
     try:
         tracer = NicerTrace(count=0, trace=1, timing=True, packages_to_include=packages, log_pids=log_pids,
-                            out_dir=out_dir, ring=ring, idle_dump=idle_dump, **kwargs)
+                            out_dir=out_dir, ring=ring, idle_dump=idle_dump, line_format=line_format, **kwargs)
     except (TypeError, ValueError) as e:
         raise UsageError(str(e), "see `mldebug trace --help`") from None
 
@@ -83,7 +83,8 @@ def run_traced(target: list[str], *, module: bool = False, include: list[str] | 
             raise UsageError(f"no such script: {name}", "give a Python file, or -m MODULE for a module")
         sys.argv = [name, *args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(name)))
-        func, fargs, fkw = runpy.run_path, (name,), {"run_name": "__main__"}
+        # An absolute path, as `python script.py` gives __file__ (and trace lines the full path).
+        func, fargs, fkw = runpy.run_path, (os.path.abspath(name),), {"run_name": "__main__"}
 
     skip = {os.path.realpath(f) for f in (__file__, runpy.__file__, sys.modules["trace"].__file__,
                                            sys.modules["ml_debug.nicertrace"].__file__)}

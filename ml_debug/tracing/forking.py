@@ -1,0 +1,40 @@
+"""Process life-cycle hooks for active tracers: a forked child gets its own file, ring and
+watchdog; exit writes the last dump.
+
+Standard library only: :mod:`ml_debug.nicertrace` imports it into user programs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from typing import Protocol
+
+
+class ForkAware(Protocol):
+    def _before_fork(self) -> None: ...
+
+    def _after_fork_child(self) -> None: ...
+
+    def _atexit(self) -> None: ...
+
+
+ACTIVE: weakref.WeakSet[ForkAware] = weakref.WeakSet()
+_HOOKS: list[bool] = []
+
+
+def track(tracer: ForkAware) -> None:
+    """Call the tracer's hooks at fork and exit until :func:`untrack`."""
+    ACTIVE.add(tracer)
+    if _HOOKS:
+        return
+    _HOOKS.append(True)
+    atexit.register(lambda: [t._atexit() for t in list(ACTIVE)])
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=lambda: [t._before_fork() for t in list(ACTIVE)],
+                            after_in_child=lambda: [t._after_fork_child() for t in list(ACTIVE)])
+
+
+def untrack(tracer: ForkAware) -> None:
+    ACTIVE.discard(tracer)
