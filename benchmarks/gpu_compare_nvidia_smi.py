@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--level", type=int, default=2)
     ap.add_argument("--json-file", help="an existing `mldebug health --json` document instead of running it")
-    ap.add_argument("--out", help="also write the comparison as JSON here")
+    ap.add_argument("--out", help="also write the comparison (and its figures, for benchmarks/gpu_session.sh) "
+                                  "as JSON here")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds `mldebug health` may take")
     args = ap.parse_args(argv)
     if shutil.which("nvidia-smi") is None:
         print("nvidia-smi not found: run this on a node with an NVIDIA driver", file=sys.stderr)
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads(Path(args.json_file).read_text())
     else:
         proc = subprocess.run([sys.executable, "-m", "ml_debug", "health", "--json", "--level", str(args.level)],
-                              capture_output=True, text=True, timeout=1800, cwd=REPO)
+                              capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
         sys.stderr.write(proc.stderr)
         doc = json.loads(proc.stdout)
     ours = {f for g in doc["result"]["nodes"][0]["gpu"]["gpus"] for f in g["fields"]}
@@ -131,10 +133,24 @@ def main(argv: list[str] | None = None) -> int:
         print("\nactive tests:")
         print("\n".join(stress))
     print(f"\nsummary: {doc['result']['summary']}")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"rows": rows, "stress": stress, "summary": doc["result"]["summary"]},
-                                             indent=2))
     bad = [r for r in rows if r["agree"] == "NO" and not r["live"]]
+    if args.out:
+        command = f"python benchmarks/gpu_compare_nvidia_smi.py --level {args.level}"
+        static = [r for r in rows if not r["live"]]
+        live = [r for r in rows if r["live"] and r["agree"] != "live"]
+        figures = [
+            {"name": "NVML fields equal to nvidia-smi --query-gpu (static)", "value": len(static) - len(bad),
+             "unit": f"of {len(static)}", "goal": "all equal", "met": not bad and bool(static), "command": command,
+             "detail": "disagreeing: " + (", ".join(f"gpu{r['gpu']} {r['field']} {r['mldebug']!r} vs "
+                                                     f"{r['nvidia_smi']!r}" for r in bad) or "none")},
+            {"name": "NVML live fields within tolerance of nvidia-smi", "value": sum(r["agree"] == "yes" for r in live),
+             "unit": f"of {len(live)}", "goal": "", "met": None, "command": command,
+             "detail": "live values are read a moment apart: " + ", ".join(sorted({r["field"] for r in live}))},
+        ]
+        Path(args.out).write_text(json.dumps({"benchmark": "gpu_compare_nvidia_smi", "figures": figures,
+                                              "notes": [f"NVML-only fields: {', '.join(only_ours)}"],
+                                              "errors": [], "rows": rows, "stress": stress,
+                                              "summary": doc["result"]["summary"]}, indent=2, default=str))
     return 1 if bad else 0
 
 
