@@ -48,8 +48,7 @@ def test_all_reduce_sweep_on_nccl_has_nccl_tests_shape_and_no_wrong_element() ->
 
 def test_every_collective_runs_and_verifies_on_nccl() -> None:
     n = need_gpus(1)
-    # A ring send/recv needs a peer: with one rank there is none (nccl-tests' sendrecv on 1 GPU sends
-    # to itself, which torch.distributed refuses).
+    # A ring send/recv on one rank would send to itself: not a link, and gloo refuses it outright.
     colls = [c for c in FACTORS if n > 1 or c != "sendrecv"]
     result, rc, err = _bench("--collective", ",".join(colls), "--min-bytes", "64K", "--max-bytes", "16M",
                              "--iters", "5", "--warmup", "2", "--dtype", "bfloat16")

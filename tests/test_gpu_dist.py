@@ -21,7 +21,7 @@ from tests.gpu_support import need_gpus, repo_env
 
 pytestmark = pytest.mark.gpu
 
-# One rank: init through mldebug, then look, before any collective, for NCCL's own record of the
+# Each rank: init through mldebug, then look, before any collective, for NCCL's own record of its
 # communicator (its debug file is line-buffered, so the line is there once init returned).
 WORKER = r'''
 import glob, json, os
@@ -35,7 +35,7 @@ init_process_group(world, choice, 60)
 import torch
 import torch.distributed as dist
 
-log = "".join(open(p).read() for p in glob.glob(os.environ["NCCL_DEBUG_FILE"].replace("%p", "*")))
+log = "".join(open(p).read() for p in glob.glob(os.environ["NCCL_DEBUG_FILE"].replace("%p", str(os.getpid()))))
 pg = dist.distributed_c10d._get_default_group()
 report = {"rank": world.rank, "device": choice.device, "backend": dist.get_backend(),
           "bound": str(pg.bound_device_id), "eager": "Init COMPLETE" in log,
