@@ -32,6 +32,10 @@ echo "tests/run.sh: installed in $(( $(date +%s) - t0 )) s"
 
 # 3. Lint, then the whole suite; real parts are required.
 .venv/bin/ruff check --quiet . || { echo "tests/run.sh: ruff found problems" >&2; exit 1; }
+# The layers point down and the user-imported modules stay dependency-free (pyproject.toml).
+.venv/bin/lint-imports --no-cache > .venv/lint-imports.log 2>&1 \
+  || { cat .venv/lint-imports.log; echo "tests/run.sh: an import breaks the layers" >&2; exit 1; }
+.venv/bin/mypy ml_debug || { echo "tests/run.sh: mypy found type errors" >&2; exit 1; }
 export MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"

@@ -72,7 +72,7 @@ def _run_rank(cfg: TrainConfig) -> int:
                                    "file carry the traceback") from e
     import os
 
-    if int(os.environ.get("RANK", "0")) != 0:
+    if int(os.environ.get("RANK", "0")) != 0 or result is None:
         return 0
     output.emit(SCHEMA, 1, result, lambda console: _render(result, console))
     return 0 if result.ok else 1

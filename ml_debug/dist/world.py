@@ -47,7 +47,8 @@ class World:
         return self.world_size > 1
 
 
-def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
+def _opt_int(env: Mapping[str, str], *names: str) -> int | None:
+    """The first of ``names`` that is set, as an integer; None when none is."""
     for name in names:
         value = env.get(name, "").strip()
         if value:
@@ -56,7 +57,19 @@ def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int
             except ValueError:
                 raise UsageError(f"{name}={value!r} is not an integer",
                                  f"fix or unset {name} in the job's environment") from None
-    return default
+    return None
+
+
+def _int(env: Mapping[str, str], *names: str, default: int) -> int:
+    value = _opt_int(env, *names)
+    return default if value is None else value
+
+
+def _need_int(env: Mapping[str, str], *names: str) -> int:
+    value = _opt_int(env, *names)
+    if value is None:
+        raise UsageError(f"{' or '.join(names)} is not set", "the launcher sets it: check the job's environment")
+    return value
 
 
 def _host(env: Mapping[str, str]) -> str:
@@ -126,28 +139,26 @@ def detect_world(environ: Mapping[str, str] | None = None) -> World:
     env = os.environ if environ is None else environ
     launcher = _launcher(env)
     host = _host(env)
-    port = _int(env, "MASTER_PORT")
+    port = _opt_int(env, "MASTER_PORT")
     addr = env.get("MASTER_ADDR") or None
 
     if launcher == "torchrun":
-        rank = _int(env, "RANK")
-        size = _int(env, "WORLD_SIZE")
+        rank = _need_int(env, "RANK")
+        size = _need_int(env, "WORLD_SIZE")
         local_rank = _int(env, "LOCAL_RANK", default=0)
-        local_size = _int(env, "LOCAL_WORLD_SIZE", default=size if local_rank is not None else 1)
-        node_rank = _int(env, "GROUP_RANK", "NODE_RANK", default=None)
-        if node_rank is None:
-            node_rank = rank // max(1, local_size)
+        local_size = _int(env, "LOCAL_WORLD_SIZE", default=size)
+        known_node = _opt_int(env, "GROUP_RANK", "NODE_RANK")
+        node_rank = rank // max(1, local_size) if known_node is None else known_node
         world = World(rank, size, local_rank, local_size, node_rank, host,
                       addr or "127.0.0.1", port or DEFAULT_PORT, launcher)
     elif launcher == "slurm":
-        rank = _int(env, "SLURM_PROCID")
+        rank = _need_int(env, "SLURM_PROCID")
         size = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", default=1)
         local_rank = _int(env, "SLURM_LOCALID", default=0)
         node_rank = _int(env, "SLURM_NODEID", default=0)
         spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
-        local_size = slurm_tasks_per_node(spec, node_rank) if spec else None
-        if local_size is None:
-            local_size = _int(env, "SLURM_NTASKS_PER_NODE", default=size)
+        from_spec = slurm_tasks_per_node(spec, node_rank) if spec else None
+        local_size = _int(env, "SLURM_NTASKS_PER_NODE", default=size) if from_spec is None else from_spec
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or ""
         if not addr:
             addr = first_host(nodelist)
@@ -156,14 +167,14 @@ def detect_world(environ: Mapping[str, str] | None = None) -> World:
                                 env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "0")))
         world = World(rank, size, local_rank, local_size, node_rank, host, addr, port, launcher)
     elif launcher == "mpi":
-        rank = _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+        rank = _need_int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
         size = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=1)
-        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID",
-                          default=None)
-        local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE",
-                          default=None)
-        if local_rank is None or local_size is None:  # assume one node: the only safe guess
+        known_local = _opt_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID")
+        known_size = _opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE")
+        if known_local is None or known_size is None:  # assume one node: the only safe guess
             local_rank, local_size = rank, size
+        else:
+            local_rank, local_size = known_local, known_size
         node_rank = rank // max(1, local_size)
         if not addr and local_size == size:
             addr = "127.0.0.1"  # every rank on this node; multi-node needs MASTER_ADDR

@@ -233,13 +233,12 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
 
     if pids:
         for pid in pids:
-            info = table.procs.get(pid)
-            if info is None:
+            if pid not in table.procs:
                 out.skipped.append({"pid": pid, "cmdline": "", "reason": "no such process on this node"})
             elif pid in launchers:
                 expand_launcher(pid)
             else:
-                add(_make_target(info, host, "pid"))
+                add(_make_target(table.procs[pid], host, "pid"))
     if regex is not None:
         for pid, info in sorted(table.procs.items()):
             if pid in excluded or not regex.search(" ".join(info.cmdline)):

@@ -109,7 +109,7 @@ def _why(pid: int, stderr: str, timed_out: bool, seconds: float, ptrace: PtraceC
     return first_error_line(stderr), None, False
 
 
-def _pyspy(tools: Tools, pid: int, opts: DumpOptions, nonblocking: bool) -> tuple[list[ThreadDump] | None, object]:
+def _pyspy(tools: Tools, pid: int, opts: DumpOptions, nonblocking: bool) -> tuple[list[ThreadDump] | None, ToolRun]:
     argv = [tools.py_spy or "py-spy", "dump", "--json", "--pid", str(pid)]
     if nonblocking:
         argv.append("--nonblocking")  # py-spy refuses --native with --nonblocking
@@ -160,7 +160,6 @@ def dump_process(pid: int, tools: Tools, opts: DumpOptions, ptrace: PtraceCheck 
             if threads is not None and not any(t.native_frames for t in threads):
                 threads = None  # gdb says rc 0 even when it could not attach
                 run.stderr = run.stderr or run.stdout
-        assert hasattr(run, "seconds")
         if threads:
             result.attempts.append(Attempt(step, True, round(run.seconds, 3)))
             result.ok, result.dumper, result.threads = True, step, threads

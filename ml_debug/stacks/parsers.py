@@ -131,9 +131,9 @@ def parse_gdb(text: str, pid: int | None) -> list[ThreadDump]:
             continue
         if current is None:
             continue
-        f = _PYBT_FILE.match(line)
-        if f:
-            current.frames.append(Frame(name=f.group(3), filename=f.group(1), line=int(f.group(2))))
+        hit = _PYBT_FILE.match(line)
+        if hit:
+            current.frames.append(Frame(name=hit.group(3), filename=hit.group(1), line=int(hit.group(2))))
     result = [threads[n] for n in order]
     if pid is None and result:
         # a core: gdb lists threads from the highest number; thread 1 is the one that received the signal
