@@ -124,8 +124,8 @@ def py_spy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def main_thread_functions(pid: int) -> list[str] | None:
-    """Function names of `pid`'s main-thread Python stack, innermost first (`py-spy dump --json`);
+def main_thread_frames(pid: int) -> list[tuple[str, str]] | None:
+    """(function, file) of `pid`'s main-thread Python stack, innermost first (`py-spy dump --json`);
     None when it cannot be read right now (not started yet, exiting, or no py-spy)."""
     exe = py_spy()
     if exe is None:
@@ -139,7 +139,13 @@ def main_thread_functions(pid: int) -> list[str] | None:
         return None
     main = next((t for t in threads if t.get("os_thread_id") == pid), None) or \
         next((t for t in threads if t.get("thread_name") == "MainThread"), threads[0])
-    return [f["name"] for f in main.get("frames", [])]
+    return [(f["name"], f.get("filename") or "") for f in main.get("frames", [])]
+
+
+def main_thread_functions(pid: int) -> list[str] | None:
+    """Function names of `pid`'s main-thread Python stack, innermost first (see main_thread_frames)."""
+    frames = main_thread_frames(pid)
+    return None if frames is None else [name for name, _ in frames]
 
 
 def wait_in_function(pid: int, names: set[str] | frozenset[str], timeout: float = 60, innermost: bool = True) -> None:

@@ -7,11 +7,10 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 
 from ml_debug.stacks.dumpers import DumpOptions, dump_process, gdb_python_helper, resolve_tools
 from ml_debug.stacks.parsers import PYBT_MARK, parse_gdb, parse_gdb_frame, parse_pyspy_json, parse_pystack
-from tests.conftest import require
+from tests.conftest import require, wait_in_function
 
 PYSPY = json.dumps([{
     "pid": 7005, "thread_id": 140445886241664, "thread_name": "MainThread", "os_thread_id": 7005, "active": False,
@@ -103,7 +102,7 @@ def _sleeper() -> subprocess.Popen[bytes]:
     code = "import time\ndef waiting_here():\n    time.sleep(120)\nprint('ready', flush=True)\nwaiting_here()\n"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
-    time.sleep(0.1)
+    wait_in_function(p.pid, {"waiting_here"})
     return p
 
 
