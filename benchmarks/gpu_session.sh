@@ -11,7 +11,8 @@
 #   OUT=/tmp/r bash benchmarks/gpu_session.sh       # report elsewhere
 #   MLDEBUG_GPU_ONLY=tests bash benchmarks/gpu_session.sh   # or =bench: one half only
 #   bash benchmarks/gpu_session.sh --fetch-wheels   # on a machine WITH PyPI, beforehand: downloads the
-#                                                   # wheels a bare GPU image lacks into .whl/ (carry it)
+#                                                   # wheels a bare GPU image lacks into .whl/ (carry it;
+#                                                   # TORCHAO_VERSION=... picks the torchao for its torch)
 #
 # Environment: PYTHON (default python3: on the lent GPU machines, the one that holds a CUDA torch);
 # MLDEBUG_GPU_NO_INSTALL=1 skips the install attempts (a machine already set up, or a dry run).
@@ -34,6 +35,7 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
     ver=$("$fetch_py" -c "import importlib.metadata as m, sys
 try: print(m.version(sys.argv[1]))
 except m.PackageNotFoundError: pass" "$name" 2>/dev/null)
+    [ "$name" = torchao ] && ver=${TORCHAO_VERSION:-$ver}  # torchao releases follow torch's: pick one to match
     spec=$name${ver:+==$ver}
     if ! "$fetch_py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
          --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
