@@ -36,7 +36,7 @@ import threading
 import time
 import types
 from collections.abc import Iterator
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, cast
 
 __all__ = ["printflock", "default_lock_path", "rank_label"]
 
@@ -201,7 +201,7 @@ def printflock(
         # after another process's. print needs only write(): a missing flush() is an error only
         # when flush=True asks for it, and then, as in print, after the text is written.
         if flush or hasattr(out, "flush"):
-            out.flush()  # type: ignore[attr-defined]
+            cast(Any, out).flush()
 
 
 class _CallableModule(types.ModuleType):

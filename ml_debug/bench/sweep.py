@@ -25,6 +25,7 @@ from ml_debug.bench import bandwidth as bw
 from ml_debug.bench import ops
 from ml_debug.bench.config import BenchConfig
 from ml_debug.core import output, testhooks
+from ml_debug.core.errors import first_line
 
 if TYPE_CHECKING:
     from ml_debug.dist.world import World
@@ -323,7 +324,7 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
                     times[coll].append(timer.batch(call, cfg.iters, barrier, hook))
                     del bufs, call
                 except RuntimeError as e:  # e.g. an op this backend lacks: report, go on
-                    errors[coll] = _one_line(e)
+                    errors[coll] = first_line(e)
                     times[coll] = []
                     break
                 bar.advance(1)
@@ -389,11 +390,6 @@ def _barrier(device: str) -> Callable[[], None]:
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         return lambda: dist.barrier(device_ids=[index])
     return lambda: dist.barrier()
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
 
 
 def _summarise(coll: str, cfg: BenchConfig, n: int, rows: list[SizeResult], dropped: list[int],

@@ -7,6 +7,7 @@ each) and exits with the error's code. Tracebacks only with ``--debug``.
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -55,3 +56,17 @@ class ProblemFound(MLDebugError):
     """A check failed (used where there is no report to render)."""
 
     exit_code = ExitCode.PROBLEM
+
+
+_CPP_LOCATION = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """What an exception says, in one line: c10d/gloo's C++ source location and boilerplate advice
+    dropped, the exception's type name when it says nothing."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    line = _CPP_LOCATION.sub("", text.splitlines()[0])
+    line = line.split(" This is typically")[0].split(" GLHF")[0]
+    return line[:limit]

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ml_debug.core.errors import MLDebugError, PartialResult, ProblemFound, UsageError
+from ml_debug.core.errors import MLDebugError, PartialResult, ProblemFound, UsageError, first_line
 from ml_debug.dist.device import DeviceChoice
 from ml_debug.dist.world import World
 
@@ -79,11 +79,6 @@ def pick_gloo_interface(world: World) -> str | None:
     return iface
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def is_timeout_error(e: BaseException) -> bool:
     text = str(e).lower()
     return "timed out" in text or "timeout" in text or type(e).__name__ in ("DistStoreError",)
@@ -122,11 +117,11 @@ def init_process_group(world: World, choice: DeviceChoice, timeout_s: float, sto
         where = f"{world.label} process-group init ({choice.backend}, {world.master_addr}:{world.master_port})"
         if is_timeout_error(e):
             raise PartialResult(
-                f"{where} timed out after {timeout_s:g} s: {_first_line(e)}",
+                f"{where} timed out after {timeout_s:g} s: {first_line(e)}",
                 "some rank never joined: check every rank started and that MASTER_ADDR:MASTER_PORT is "
                 "reachable from all hosts; rerun with NCCL_DEBUG=INFO (NCCL) or "
                 "TORCH_DISTRIBUTED_DEBUG=DETAIL") from e
-        raise ProblemFound(f"{where} failed: {_first_line(e)}",
+        raise ProblemFound(f"{where} failed: {first_line(e)}",
                            "rerun with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL; check "
                            "NCCL_SOCKET_IFNAME against `mldebug env` interfaces") from e
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ml_debug.core.errors import PartialResult, UsageError
+from ml_debug.core.errors import PartialResult, UsageError, first_line
 from ml_debug.dist.world import World
 
 
@@ -45,7 +45,7 @@ def create_store(world: World, timeout_s: float) -> Any:
         store = dist.TCPStore(world.master_addr, world.master_port, None, is_master,
                               _dt.timedelta(seconds=timeout_s), wait_for_workers=False)
     except Exception as e:  # RuntimeError / DistNetworkError / DistStoreError
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         if is_master:
             raise StoreUnavailable(
                 f"rank 0 could not listen on {world.master_addr}:{world.master_port}: {first}",
@@ -66,7 +66,7 @@ def wait_keys(store: Any, keys: Iterable[str], timeout_s: float, poll_s: float =
         try:
             missing = [k for k in missing if not store.check([k])]
         except Exception as e:
-            raise StoreUnavailable(f"the job's store went away: {str(e).strip().splitlines()[0]}",
+            raise StoreUnavailable(f"the job's store went away: {first_line(e)}",
                                    "rank 0 (or the launcher hosting the store) probably died") from e
         if not missing or time.monotonic() >= deadline:
             return missing
@@ -78,7 +78,7 @@ def store_set(store: Any, key: str, value: str) -> None:
     try:
         store.set(key, value)
     except Exception as e:
-        raise StoreUnavailable(f"the job's store went away: {str(e).strip().splitlines()[0]}",
+        raise StoreUnavailable(f"the job's store went away: {first_line(e)}",
                                "rank 0 (or the launcher hosting the store) probably died") from e
 
 
@@ -86,5 +86,5 @@ def store_get(store: Any, key: str) -> str:
     try:
         return store.get(key).decode()
     except Exception as e:
-        raise StoreUnavailable(f"the job's store went away: {str(e).strip().splitlines()[0]}",
+        raise StoreUnavailable(f"the job's store went away: {first_line(e)}",
                                "rank 0 (or the launcher hosting the store) probably died") from e

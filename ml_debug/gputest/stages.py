@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug.core import output, testhooks
+from ml_debug.core.errors import first_line
 from ml_debug.dist.device import DeviceChoice, choose_device
 from ml_debug.dist.group import init_process_group, is_timeout_error, teardown
 from ml_debug.dist.store import StoreUnavailable, create_store, store_get, store_set, wait_keys
@@ -60,16 +60,6 @@ class RankOutcome:
     exit_code: int
     result: GpuTestResult | None = None
     solo: bool = False  # the store was unreachable: this rank reports only itself
-
-
-def _first_line(e: BaseException) -> str:
-    """The useful part of a c10d/gloo error: no C++ source location, no boilerplate advice."""
-    text = str(e).strip()
-    if not text:
-        return type(e).__name__
-    line = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text.splitlines()[0])
-    line = line.split(" This is typically")[0].split(" GLHF")[0]
-    return line[:300]
 
 
 class _StageFailed(Exception):
@@ -248,7 +238,7 @@ class _Rank:
             status, detail, self.store_lost, fatal = TIMEOUT, e.message, True, True
         except Exception as e:  # a collective's RuntimeError/DistError: timeouts or dead peers
             status = TIMEOUT if is_timeout_error(e) else FAIL
-            detail, fatal = _first_line(e), True
+            detail, fatal = first_line(e), True
             if "closed by peer" in detail.lower() or "connection reset" in detail.lower():
                 detail += " (a peer rank died or closed its connection)"
         finally:
@@ -297,7 +287,7 @@ class _Rank:
                 del big
             except Exception as e:
                 raise _StageFailed(FAIL, f"could not allocate {self.cfg.mem_gb:g} GiB on {dev}: "
-                                         f"{_first_line(e)}") from e
+                                         f"{first_line(e)}") from e
             if got != len(range(0, n, max(1, n // 4096))):
                 raise _StageFailed(FAIL, f"{self.cfg.mem_gb:g} GiB block read back wrong on {dev}")
             if self.choice.is_cuda:
@@ -409,7 +399,7 @@ class _Rank:
             try:
                 dist.monitored_barrier(timeout=self._td(), wait_all_ranks=True)
             except Exception as e:
-                raise _StageFailed(TIMEOUT, _first_line(e)) from e
+                raise _StageFailed(TIMEOUT, first_line(e)) from e
             return OK, f"{w} ranks (monitored barrier)"
         store_set(self.store, f"barrier/{self.world.rank}", "1")
         missing = wait_keys(self.store, [f"barrier/{i}" for i in range(w)], self.cfg.timeout_s)

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ml_debug.core.errors import first_line
+
 # Relative error (vs the largest reference value) above which a result is corrupt rather
 # than rounded differently. Generous on purpose: bit flips in exponents/high mantissa bits
 # are orders of magnitude larger; low-bit differences show up as `inexact` iterations.
@@ -94,7 +96,7 @@ def matmul_stress(device: str, dtype: str = "bfloat16", n: int = 8192, duration_
         with _on(device):
             _matmul_loop(torch, res, device, dtype, n, duration_s, min_iterations, max_iterations, inject_fault_at)
     except Exception as e:  # OOM, a lost GPU (Xid 79 mid-run), a CUDA error: report, do not crash
-        res.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        res.error = f"{type(e).__name__}: {first_line(e)}"
     return res
 
 
@@ -221,7 +223,7 @@ def memory_test(device: str, fraction: float = 0.5, max_bytes: int | None = None
         res.mismatches = int(bad)
         res.bytes_tested = sum(ch.numel() for ch in chunks)
     except Exception as e:
-        res.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        res.error = f"{type(e).__name__}: {first_line(e)}"
     finally:
         chunks.clear()
         if device.startswith("cuda"):
@@ -261,5 +263,5 @@ def copy_bandwidth(device: str, nbytes: int = 256 << 20, repeat: int = 10,
                 else:
                     res.d2h_gbps = gbps
     except Exception as e:
-        res.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        res.error = f"{type(e).__name__}: {first_line(e)}"
     return res

@@ -166,7 +166,7 @@ class SshPool:
                 jump = self._jump_client(tuple(hops[: i + 1]), sock)
                 nxt = hops[i + 1] if i + 1 < len(hops) else ep
                 try:
-                    sock = jump.get_transport().open_channel(  # type: ignore[union-attr]
+                    sock = jump.get_transport().open_channel(
                         "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0),
                         timeout=self.connect_timeout_s)
                 except Exception as e:
@@ -287,7 +287,7 @@ class SshPool:
         except SshFailure as e:
             return failed(label, e.failure, e.detail, time.monotonic() - t0)
         try:
-            chan = client.get_transport().open_session(timeout=self.connect_timeout_s)  # type: ignore[union-attr]
+            chan = client.get_transport().open_session(timeout=self.connect_timeout_s)
             chan.exec_command(remote_deadline(script, timeout_s))
             chan.shutdown_write()  # the command reads no stdin: EOF at once, never a wait
         except Exception as e:

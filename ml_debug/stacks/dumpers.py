@@ -16,7 +16,7 @@ from ml_debug.core.ptrace import PtraceCheck
 from ml_debug.procs.tree import process_state
 from ml_debug.stacks.model import Attempt, ProcessDump, ThreadDump
 from ml_debug.stacks.parsers import PYBT_MARK, parse_gdb, parse_pyspy_json, parse_pystack
-from ml_debug.stacks.tools import INSTALL_HINTS, find_tool, first_error_line, run_tool
+from ml_debug.stacks.tools import INSTALL_HINTS, ToolRun, find_tool, first_error_line, run_tool
 
 DUMPERS = ("auto", "py-spy", "pystack", "gdb")
 

@@ -16,12 +16,12 @@ import contextlib
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 
-from ml_debug.core.errors import MLDebugError
+from ml_debug.core.errors import MLDebugError, first_line
 from ml_debug.train import checkpoint as ckpt
 from ml_debug.train import numerics
 from ml_debug.train.agreement import Contribution, StepAgreement, agree
@@ -43,6 +43,8 @@ from ml_debug.train.parallel import (
 from ml_debug.train.result import CollectiveFailure, NonFiniteError, TrainResult
 
 if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
     from ml_debug.dist.device import DeviceChoice
     from ml_debug.dist.world import World
 
@@ -186,7 +188,7 @@ class Trainer:
         except Exception as e:
             if self.distributed and _is_collective_error(e):
                 raise CollectiveFailure(
-                    f"rank {self.rank}: a collective failed at step {step}: {_first_line(e)}",
+                    f"rank {self.rank}: a collective failed at step {step}: {first_line(e)}",
                     "another rank is hung, slow or gone: `mldebug dump-stacks --local` (or --slurm-job) "
                     "names it; with --metrics-dir compare each rank's last step") from e
             raise
@@ -230,7 +232,7 @@ class Trainer:
             data_time += time.perf_counter() - t_data
             if self.sharded and cfg.grad_accum > 1:
                 # Reduce-scatter the gradients once, after the last micro-batch.
-                self.model.set_requires_gradient_sync(micro == cfg.grad_accum - 1)
+                cast("FSDPModule", self.model).set_requires_gradient_sync(micro == cfg.grad_accum - 1)
             with self.autocast:
                 logits = self.model(inputs)
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -331,11 +333,6 @@ def _is_collective_error(e: BaseException) -> bool:
     text = str(e).lower()
     return name in ("DistBackendError", "DistNetworkError", "DistStoreError") or any(
         w in text for w in ("gloo", "nccl", "timed out", "connection closed", "connection reset", "broken pipe"))
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 def _start_profiler(device: torch.device) -> Any:
