@@ -116,22 +116,22 @@ if [ "${MLDEBUG_GPU_NO_INSTALL:-0}" = 1 ]; then
 else
   if [ -d .whl ] && ls .whl/*.whl > /dev/null 2>&1; then
     FIND=(--find-links .whl)
-    attempt wheels 90 "$PY" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
+    attempt wheels 60 "$PY" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
   fi
   if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' > /dev/null 2>&1; then
     record "$WORK/install.tsv" torch 0 0 0 \
       "kept the installed CUDA torch $("$PY" -c 'import torch; print(torch.__version__)')" "(not reinstalled)"
-    attempt project 60 "$PY" "${PIPQ[@]}" ${FIND[@]+"${FIND[@]}"} -e '.[test]' \
-      || attempt project-nodeps 60 "$PY" "${PIPQ[@]}" --no-deps -e .
+    attempt project 45 "$PY" "${PIPQ[@]}" ${FIND[@]+"${FIND[@]}"} -e '.[test]' \
+      || attempt project-nodeps 45 "$PY" "${PIPQ[@]}" --no-deps -e .
   else
-    attempt project-with-torch 90 "$PY" "${PIPQ[@]}" ${FIND[@]+"${FIND[@]}"} torch==2.13.0 -e '.[test]' \
-      || attempt project-nodeps 60 "$PY" "${PIPQ[@]}" --no-deps -e .
+    attempt project-with-torch 60 "$PY" "${PIPQ[@]}" ${FIND[@]+"${FIND[@]}"} torch==2.13.0 -e '.[test]' \
+      || attempt project-nodeps 45 "$PY" "${PIPQ[@]}" --no-deps -e .
   fi
 fi
-"$PY" benchmarks/gpu_session_report.py probe "$WORK/probe.json" > "$WORK/probe.log" 2>&1
-record "$WORK/install.tsv" probe $? 0 60 "see report.md's header" "$PY benchmarks/gpu_session_report.py probe"
-nvidia-smi > "$WORK/nvidia-smi.log" 2>&1
-record "$WORK/install.tsv" nvidia-smi $? 0 10 "" nvidia-smi
+timeout -k 5 90 "$PY" benchmarks/gpu_session_report.py probe "$WORK/probe.json" > "$WORK/probe.log" 2>&1
+record "$WORK/install.tsv" probe $? 0 90 "see report.md's header" "$PY benchmarks/gpu_session_report.py probe"
+timeout -k 5 30 nvidia-smi > "$WORK/nvidia-smi.log" 2>&1
+record "$WORK/install.tsv" nvidia-smi $? 0 30 "" nvidia-smi
 
 # ---- 2. every gpu-marked test, real parts required (a missing py-spy or torchao fails, by name) ---
 # First: a test cannot stop halfway and still say something, the benchmarks can (they skip what does
@@ -145,8 +145,8 @@ fi
 # Most wanted first (the 1b bf16 MFU); each reserve keeps time for the ones after it and the report.
 if [ "$ONLY" != tests ]; then
   # with the tests left out, the train runs may take every run of gpu_train_mfu.py (fp8, MX, 1b)
-  step bench-train-mfu "$([ "$ONLY" = bench ] && echo 300 || echo 100)" 125 "$PY" benchmarks/gpu_train_mfu.py --budget-s '{BUDGET}' \
-    --out "$WORK/bench-train-mfu.json"
+  step bench-train-mfu "$([ "$ONLY" = bench ] && echo 300 || echo 100)" 125 \
+    "$PY" benchmarks/gpu_train_mfu.py --budget-s '{BUDGET}' --out "$WORK/bench-train-mfu.json"
   step bench-health-stress 65 65 "$PY" benchmarks/gpu_health_stress.py --budget-s '{BUDGET}' \
     --out "$WORK/bench-health-stress.json"
   step bench-allreduce 55 35 "$PY" benchmarks/gpu_allreduce.py --budget-s '{BUDGET}' \
