@@ -114,8 +114,9 @@ class FaultPlan:
             injected_crash(step, self.rank)
         if self.due("segfault", step):
             injected_segfault(step, self.rank)
-        if self.due("exit", step):
-            injected_exit(step, self.rank, self.due("exit", step).code)  # type: ignore[union-attr]
+        exit_fault = self.due("exit", step)
+        if exit_fault:
+            injected_exit(step, self.rank, exit_fault.code)
         if self.due("desync", step):
             injected_desync(step, self.rank)
         straggler = self.due("straggler", step)

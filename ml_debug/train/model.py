@@ -110,6 +110,8 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    rope: torch.Tensor  # a buffer (registered in __init__); declared for the type checker
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg

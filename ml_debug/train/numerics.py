@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -48,12 +48,17 @@ class TensorStats:
         return {"saturated_frac": self.saturated / n, "underflow_frac": self.underflow / n, "amax": self.amax}
 
 
+def _role_stats(layer: object, role: str) -> TensorStats:
+    """The step's running stats of ``role`` in ``layer`` (any linear: MX, torch or torchao)."""
+    table: dict[str, TensorStats] = layer.__dict__.setdefault("_mldebug_stats", {})
+    return table.setdefault(role, TensorStats())
+
+
 class _StatsMixin:
     collect_stats: bool = False
 
     def _stats(self, role: str) -> TensorStats:
-        table: dict[str, TensorStats] = self.__dict__.setdefault("_mldebug_stats", {})
-        return table.setdefault(role, TensorStats())
+        return _role_stats(self, role)
 
 
 class _MXMatmul(torch.autograd.Function):
@@ -116,8 +121,9 @@ def apply_mx(model: nn.Module, mx_format: str, scale_mode: str) -> int:
     count = 0
     for _, linear in _block_linears(model):
         linear.__class__ = MXLinear
-        linear.mx_format = mx_format  # type: ignore[attr-defined]
-        linear.scale_mode = scale_mode  # type: ignore[attr-defined]
+        mx_linear = cast(MXLinear, linear)  # what the line above made it
+        mx_linear.mx_format = mx_format
+        mx_linear.scale_mode = scale_mode
         count += 1
     return count
 
@@ -145,10 +151,12 @@ def _hook_stats(module: nn.Module, args: tuple[Any, ...], _out: Any) -> None:
     if not getattr(module, "collect_stats", False) or isinstance(module, MXLinear):
         return
     with torch.no_grad():
-        for role, t in (("act", args[0]), ("weight", module.weight)):
+        weight = cast(torch.Tensor, module.weight)  # the hook is only installed on linears
+        for role, t in (("act", args[0]), ("weight", weight)):
             t = t.detach()
-            if hasattr(t, "to_local"):
-                t = t.to_local()
+            to_local = getattr(t, "to_local", None)  # a DTensor (FSDP2 shard) -> its local tensor
+            if to_local is not None:
+                t = to_local()
             t = t.float()
             amax = float(t.abs().max()) if t.numel() else 0.0
             underflow = 0
@@ -156,21 +164,21 @@ def _hook_stats(module: nn.Module, args: tuple[Any, ...], _out: Any) -> None:
                 # tensorwise fp8: scale = 448 / amax, nothing saturates; tiny values flush to zero.
                 scaled = t.abs() * (_E4M3_MAX / amax)
                 underflow = int(((t != 0) & (scaled < _E4M3_MIN_SUBNORMAL / 2)).sum())
-            module._stats(role).add(t.numel(), 0, underflow, amax)  # type: ignore[attr-defined]
+            _role_stats(module, role).add(t.numel(), 0, underflow, amax)
 
 
 def install_stats_hooks(model: nn.Module, fp8: bool) -> None:
     for _, linear in _block_linears(model):
         if not isinstance(linear, MXLinear):
-            # Give torch and torchao linears the same stats interface as MXLinear.
-            linear._stats = _StatsMixin._stats.__get__(linear)  # type: ignore[attr-defined]
-            linear._mldebug_fp8 = fp8  # type: ignore[attr-defined]
+            # A plain instance attribute, as ``linear._mldebug_fp8 = fp8`` would set (nn.Module does
+            # not declare the name, so the type checker refuses the attribute syntax).
+            linear.__dict__["_mldebug_fp8"] = fp8
             linear.register_forward_hook(_hook_stats)
 
 
 def set_collect_stats(model: nn.Module, on: bool) -> None:
     for _, linear in _block_linears(model):
-        linear.collect_stats = on  # type: ignore[attr-defined]
+        linear.__dict__["collect_stats"] = on  # a plain instance attribute, as in install_stats_hooks
         if on:
             linear.__dict__["_mldebug_stats"] = {}
 

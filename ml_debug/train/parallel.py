@@ -8,13 +8,13 @@ reduce-scatter in backward; the root holds nothing but makes FSDP2 schedule the 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ml_debug.train.config import TrainConfig
-from ml_debug.train.model import Transformer
+from ml_debug.train.model import Transformer, TransformerBlock
 
 
 def apply_activation_checkpointing(model: Transformer, mode: str, every: int) -> int:
@@ -22,7 +22,7 @@ def apply_activation_checkpointing(model: Transformer, mode: str, every: int) ->
     count = 0
     for i, block in enumerate(model.layers.values()):
         on = mode == "full" or (mode == "selective" and i % every == 0)
-        block.checkpointed = on  # type: ignore[assignment]
+        cast(TransformerBlock, block).checkpointed = on  # model.layers holds only blocks
         count += on
     return count
 
@@ -50,7 +50,8 @@ def shard_model(model: Transformer, cfg: TrainConfig, mesh: Any) -> None:
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
     """AdamW; no weight decay on norms; fused on GPU, foreach on CPU unless told otherwise."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, p in model.named_parameters():
         (no_decay if name.endswith("norm.weight") else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
