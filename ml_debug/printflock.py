@@ -38,12 +38,13 @@ import types
 from collections.abc import Iterator
 from typing import Any, NoReturn, Protocol, cast
 
+from ml_debug.core.rankvars import rank_from_env
+
 __all__ = ["printflock", "default_lock_path", "rank_label"]
 
 ENV_PATH = "MLDEBUG_PRINTFLOCK_PATH"
 ENV_PREFIX = "MLDEBUG_PRINTFLOCK_PREFIX"
 ENV_TIMEOUT = "MLDEBUG_PRINTFLOCK_TIMEOUT"
-RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
 class SupportsWrite(Protocol):
@@ -71,7 +72,8 @@ def default_lock_path() -> str:
 
 def rank_label() -> str:
     """``[host:rank]`` for this process, from the launcher's variables ("?" when unknown)."""
-    rank = next((os.environ[v] for v in RANK_VARS if os.environ.get(v)), "?")
+    found = rank_from_env()
+    rank = "?" if found is None else found[0]
     return f"[{socket.gethostname().split('.')[0]}:{rank}]"
 
 

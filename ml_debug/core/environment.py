@@ -21,12 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug import __version__
+from ml_debug.core.rankvars import LAUNCHER_PREFIXES, TORCHRUN_VARS
 
-WORLD_VARS = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-)
-WORLD_PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "PMI_", "PMIX_", "MV2_")
 SETTING_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_")
 
 
@@ -41,7 +37,7 @@ def package_version(name: str) -> str | None:
 def world_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Launcher and world variables that are set (torchrun, Slurm, OpenMPI, PMI)."""
     env = os.environ if environ is None else environ
-    keys = [k for k in env if k in WORLD_VARS or k.startswith(WORLD_PREFIXES)]
+    keys = [k for k in env if k in TORCHRUN_VARS or k.startswith(LAUNCHER_PREFIXES)]
     return {k: env[k] for k in sorted(keys)}
 
 
