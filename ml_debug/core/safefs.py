@@ -169,7 +169,7 @@ def _walk(parts: deque[str], shown: str, owner: Owner, start_fd: int, create: bo
                 _close(nfd)
                 if not owner.trusts_link(st):
                     raise Refused(f"{shown}: {comp} is a symbolic link (to {target}) owned by {_who(st.st_uid)}, "
-                                  f"neither root nor the job's user: not followed")
+                                  f"not by root or {owner.describe()}: not followed")
                 links += 1
                 if links > MAX_LINKS or target == "?":
                     raise Refused(f"{shown}: too many or unreadable symbolic links")
@@ -328,7 +328,7 @@ def open_out_dir(path: str | os.PathLike[str]) -> int:
         start = os.open("/" if text.startswith("/") else ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         fd = _walk(deque(text.split("/")), text, me, start, create=True)
     except Refused as e:
-        raise UsageError(f"--out-dir {text}: {e}", "choose a directory that you own") from None
+        raise UsageError(f"--out-dir: {e}", "choose a directory that you own") from None
     except OSError as e:
         raise UsageError(f"--out-dir {text}: {e.strerror}", "choose a writable directory") from None
     st = os.fstat(fd)
