@@ -42,10 +42,6 @@ class World:
     def nnodes(self) -> int:
         return max(1, -(-self.world_size // max(1, self.local_world_size)))
 
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
 
 def _opt_int(env: Mapping[str, str], *names: str) -> int | None:
     """The first of ``names`` that is set, as an integer; None when none is."""
