@@ -17,7 +17,7 @@ the context as keyword arguments. The product calls these points where a fault w
     allreduce-bench's received buffer before it is checked; ``expected(start, stop)`` returns the
     right values of ``result[start:stop]``;
 ``bench_pair_exchange(rank, pair, elapsed_s)``
-    inside a ``--pairwise`` timed exchange of unit pair ``pair`` (a sorted tuple), like
+    inside a ``--pairwise`` timed exchange between units ``pair = (a, b)``, like
     ``bench_timed_region``;
 ``nvml_backend() -> (backend, source) | None``
     a pynvml look-alike for the NVML gateway, and the source it reports (``fake:<source>``).

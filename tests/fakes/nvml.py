@@ -137,7 +137,7 @@ class FakeNVML:
         return self._get(h, "retired_pages_pending")
 
     def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
-        return tuple(self._get(h, "remapped_rows"))  # type: ignore[return-value]
+        return tuple(self._get(h, "remapped_rows"))
 
     def nvmlDeviceGetFieldValues(self, h: int, field_ids: list[int]) -> list[SimpleNamespace]:
         out = []
