@@ -293,7 +293,9 @@ class NicerTrace(trace.Trace):
         self._sink.forget_file()
         self._watchdog.forget()
         self._open_outputs(extra=f" forked_from={os.getppid()}")
-        if self._signals.installed and self._watchdog.wanted(self._sink.file is not None):
+        # Also in stream mode: a child that hangs, or ends with os._exit (multiprocessing's forked
+        # workers do), has only what the flusher wrote.
+        if self._watchdog.wanted(self._sink.file is not None):
             self._watchdog.start()
 
     def _before_fork(self) -> None:

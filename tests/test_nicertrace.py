@@ -17,6 +17,7 @@ import pytest
 
 from ml_debug import nicertrace
 from ml_debug.nicertrace import NicerTrace, detect_rank, format_elapsed, trace_file_name
+from tests.conftest import require, require_module
 
 STAMP = r"\d+:\d\d:\d\d\.\d{3}"
 CALL = re.compile(rf"^(?P<ts>{STAMP} )?(?P<pid>\[pid \d+\] )?(?P<thr>\{{[^}}]+\}} )?--> (?P<mod>\S+):(?P<first>\d+) (?P<fn>\S+)$")
@@ -297,10 +298,7 @@ def test_counts_equal_standard_trace(func):
 
 def test_standard_library_test_trace_cases(tmp_path, monkeypatch):
     """CPython's own Lib/test/test_trace.py counting and ignore cases, NicerTrace substituted."""
-    try:
-        import test.test_trace as tt
-    except ImportError:
-        pytest.skip("this Python ships without its test package (Debian: libpython3-testsuite)")
+    tt = require_module("test.test_trace", "CPython's own test package (Debian: libpython3-testsuite)")
     import unittest
 
     monkeypatch.chdir(tmp_path)  # TestCoverage writes TESTFN here
@@ -327,9 +325,12 @@ def test_standard_library_test_trace_cases(tmp_path, monkeypatch):
 
 
 def _other_pythons() -> list[str]:
-    """Python 3.12+ interpreters on this machine (pyenv or PATH), to exercise sys.monitoring."""
+    """Python 3.12+ interpreters on this machine (MLDEBUG_PYTHON312, pyenv or PATH), to exercise
+    sys.monitoring."""
     import shutil
 
+    if os.environ.get("MLDEBUG_PYTHON312"):  # tests/run.sh names the one it found or installed
+        return [os.environ["MLDEBUG_PYTHON312"]]
     found = []
     for v in ("3.12", "3.13", "3.14"):
         pyenv = sorted(Path("/root/.pyenv/versions").glob(f"{v}.*/bin/python{v}")) \
@@ -372,14 +373,13 @@ def test_sys_monitoring_backend_on_newer_python(python, tmp_path):
     """On 3.12+ NicerTrace uses sys.monitoring: the same stdlib cases must pass there too."""
     import subprocess
 
-    if python is None:
-        pytest.skip("no Python 3.12+ interpreter here to exercise the sys.monitoring backend")
+    require(python, "a Python 3.12+ interpreter for the sys.monitoring backend (MLDEBUG_PYTHON312, pyenv or "
+                    "PATH; tests/run.sh finds or installs one)")
     repo = str(Path(nicertrace.__file__).resolve().parents[1])
     script = tmp_path / "monitoring_check.py"
     script.write_text(MONITORING_CHECK)
     p = subprocess.run([python, str(script), repo], capture_output=True, text=True, timeout=120)
-    if "No module named 'test" in p.stderr:
-        pytest.skip(f"{python} has no test package")
+    require("No module named 'test" not in p.stderr, f"CPython's test package in {python}")
     assert p.returncode == 0 and "MONITORING-OK" in p.stdout, p.stdout + p.stderr
 
 
@@ -489,3 +489,100 @@ def test_seed_line_format_matches_the_seed_tracer_output(tmp_path, usermod, caps
 def test_bad_line_format_is_rejected():
     with pytest.raises(ValueError, match="line_format"):
         NicerTrace(line_format="fancy")
+
+
+# ------------------------------------------------------------------ forked children
+
+FORK_HANG = textwrap.dedent('''
+    import os, sys
+    sys.path.insert(0, sys.argv[1])
+    from ml_debug.nicertrace import NicerTrace
+
+    def child_work(n):
+        return sum(range(n))
+
+    def main():
+        pid = os.fork()
+        if pid == 0:
+            child_work(10)
+            with open(sys.argv[3]) as f:  # a FIFO: the child hangs until the test has seen its events
+                f.read()
+            os._exit(0)  # as multiprocessing's forked workers end: no atexit, no final flush
+        os.waitpid(pid, 0)
+
+    NicerTrace(count=0, packages_to_include="uninstalled", out_dir=sys.argv[2]).runfunc(main)
+''')
+
+
+def test_forked_child_stream_reaches_disk_while_it_hangs(tmp_path):
+    """Stream mode: a forked child has its own flusher, so a hung worker's last lines are on disk."""
+    import subprocess
+    import time
+
+    repo = str(Path(nicertrace.__file__).resolve().parents[1])
+    (tmp_path / "prog.py").write_text(FORK_HANG)
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, str(tmp_path / "prog.py"), repo, str(out), str(fifo)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child_text = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "child_work(10)" not in child_text:
+            files = [f for f in out.glob("trace-*.txt") if "forked_from=" in f.read_text().split("\n", 1)[0]]
+            child_text = files[0].read_text() if files else ""
+            time.sleep(0.05)
+        assert "--> " in child_text and "    prog.py:" in child_text and "child_work(10)" in child_text, child_text
+        assert "with open(sys.argv[3]) as f:" in child_text
+    finally:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the child's read returns: both exit
+        except OSError:  # no reader: the child is not (or no longer) waiting
+            pass
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)  # the parent and its forked child
+            p.wait(timeout=30)
+            raise
+    assert p.returncode == 0, p.communicate(timeout=30)[1]
+
+
+FORK_WAKEUP = textwrap.dedent('''
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[1])
+    from ml_debug.nicertrace import NicerTrace
+
+    def wakeup_pipe():
+        fd = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
+        return os.fstat(fd).st_ino if fd != -1 else None
+
+    def main():
+        parent = wakeup_pipe()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(w, repr(wakeup_pipe()).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("PARENT", parent, "CHILD", os.read(r, 100).decode())
+
+    NicerTrace(count=0, packages_to_include="uninstalled", out_dir=sys.argv[2], ring=100).runfunc(main)
+''')
+
+
+def test_forked_child_signals_do_not_wake_the_parents_watchdog(tmp_path):
+    """A signal to a forked child (a pool terminating a worker) must wake the child's own watchdog:
+    on the parent's pipe, the parent's watchdog took it for its own, dumped and ended the parent."""
+    import subprocess
+
+    repo = str(Path(nicertrace.__file__).resolve().parents[1])
+    (tmp_path / "prog.py").write_text(FORK_WAKEUP)
+    p = subprocess.run([sys.executable, str(tmp_path / "prog.py"), repo, str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    _, parent, _, child = p.stdout.split()
+    assert parent != "None" and child != "None"  # both have a watchdog woken by signals
+    assert child != parent

@@ -153,9 +153,28 @@ class Watchdog:
         self._pipe = None
 
     def forget(self) -> None:
-        """In a forked child: the parent's thread does not exist here."""
+        """In a forked child: the parent's thread does not exist here, and its pipe is the parent's.
+
+        The signal wakeup fd must not stay on that pipe: a signal to the child (a pool or a
+        DataLoader terminating its worker) would wake the parent's watchdog, which would then take
+        it for its own, dump, and end the parent.
+        """
+        if self._wakeup != -1:
+            try:
+                old = signal.set_wakeup_fd(-1)
+                if old not in (-1, self._wakeup):  # not ours any more: leave the owner's in place
+                    signal.set_wakeup_fd(old)
+            except (ValueError, OSError):
+                pass
+        if self._pipe is not None:
+            for fd in self._pipe:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         self._pipe = None
         self._thread = None
+        self._wakeup = -1
 
     def _watch(self) -> None:
         sys.settrace(None)
