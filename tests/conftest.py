@@ -48,8 +48,11 @@ def require_module(name: str, why: str = "") -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        require(False, f"Python module {name} ({e}){': ' + why if why else ''}")
-        raise  # not reached: require() fails or skips
+        what = f"Python module {name} ({e}){': ' + why if why else ''}"
+        if REQUIRE_REAL:
+            pytest.fail(f"required real part missing: {what}")
+        pytest.skip(f"real part missing: {what}", allow_module_level=True)
+        raise  # not reached
 
 
 def read_golden(path: Path, fresh: str) -> str:
@@ -103,19 +106,15 @@ def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def agent_store(host: str = "127.0.0.1") -> Iterator[dict[str, str]]:
-    """Host the job's TCPStore here, on a port the OS picked and read back, and yield the environment
-    that makes every rank use it as a client (torchrun's TORCHELASTIC_USE_AGENT_STORE). No free-port
-    race: the port is never released between being picked and being used."""
-    import datetime
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=600), wait_for_workers=False)
-    try:
-        yield {"MASTER_ADDR": host, "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    finally:
-        del store
+def reserved_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A TCP port the OS picked, reserved for a server the test starts (rank 0's TCPStore, torchrun's
+    rendezvous): held bound with SO_REUSEADDR but not listening, so no other socket can take it while
+    the server (which binds with SO_REUSEADDR too, as torch's TCPStore does) starts listening on it.
+    No free-port-then-bind race."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        yield int(s.getsockname()[1])
 
 
 def py_spy() -> str | None:

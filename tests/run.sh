@@ -28,6 +28,35 @@ fi
 export PATH="$PWD/.venv/bin:$PATH"
 # 2. Debian packages of the rig (openssh, Slurm, munge, gdb, iproute2), and the rig itself up.
 bash tests/rig/up.sh
+# 2b. A Python 3.12+ with CPython's test package, for NicerTrace's sys.monitoring backend. Only PyPI
+# and Debian's archive are reachable here, and neither ships one for Debian 12 (pyenv and uv would
+# download it): use pyenv's interpreters, which machines of this kind carry, or one on PATH, or
+# Debian's python3.12/3.13 where the release has it (Debian 13, Ubuntu 24.04).
+py312_ok() { "$1" -c 'import sys, test.test_trace; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; }
+find_py312() {
+  local exe
+  for exe in ${MLDEBUG_PYTHON312:-} $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV) \
+             $(command -v python3.14 python3.13 python3.12 2>/dev/null); do
+    py312_ok "$exe" && { echo "$exe"; return 0; }
+  done
+  return 1
+}
+if ! MLDEBUG_PYTHON312=$(find_py312); then
+  for v in 3.13 3.12; do
+    if [ -n "$(apt-cache policy "python$v" 2>/dev/null | awk '/Candidate:/ && $2 != "(none)"')" ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q "python$v" "libpython$v-testsuite" > .venv/apt-python.log 2>&1 || true
+      break
+    fi
+  done
+  MLDEBUG_PYTHON312=$(find_py312) || MLDEBUG_PYTHON312=
+fi
+if [ -n "$MLDEBUG_PYTHON312" ]; then
+  export MLDEBUG_PYTHON312
+  echo "tests/run.sh: Python 3.12+ for sys.monitoring: $MLDEBUG_PYTHON312"
+else
+  echo "tests/run.sh: ERROR: no Python 3.12+ with CPython's test package (pyenv, PATH, apt): the sys.monitoring" \
+       "test will FAIL; set MLDEBUG_PYTHON312=/path/to/python3.12 to name one" >&2
+fi
 echo "tests/run.sh: installed in $(( $(date +%s) - t0 )) s"
 
 # 3. Lint, then the whole suite; real parts are required.

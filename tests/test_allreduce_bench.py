@@ -8,27 +8,27 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import psutil
 import pytest
 
 from ml_debug.bench import bandwidth as bw
-from tests.conftest import REPO, require
+from tests.conftest import REPO, require, reserved_port, wait_until
 from tests.fakes import faults
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "allreduce-bench.json").read_text())
 MLDEBUG_EXE = Path(sys.executable).parent / "mldebug"
-SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "-w", "1", "--timeout", "60"]
+# gloo keeps fixed rank counts on CPU tensors on any machine (4 ranks cannot share one GPU with NCCL)
+SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "-w", "1", "--timeout", "60", "--backend", "gloo"]
 ENV = {"OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160"}
 
 
 def _validate(doc: dict[str, Any]) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(doc, SCHEMA)
     assert doc["schema"] == "mldebug.allreduce-bench" and doc["schema_version"] == 1
 
@@ -98,6 +98,15 @@ def _check_definitions(result: dict[str, Any], n: int, elem: int) -> None:
         assert c["peak_busbw"] == pytest.approx(max(s["busbw"] for s in c["sizes"]))
 
 
+def _default_world() -> tuple[int, list[int]]:
+    """Ranks of a default self-launch here and the --quick sizes they use."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), [2**20, 16 * 2**20, 256 * 2**20]
+    return 2, [256 * 1024, 2**20, 4 * 2**20]
+
+
 def test_self_launched_two_ranks_quick_every_collective_csv_and_plot(tmp_path: Path) -> None:
     # --quick --json is what `mldebug check` runs; here with every collective, CSV and the plot.
     csv_path, png = tmp_path / "rows.csv", tmp_path / "busbw.png"
@@ -108,8 +117,10 @@ def test_self_launched_two_ranks_quick_every_collective_csv_and_plot(tmp_path: P
     assert result["ok"] is True and result["summary"].startswith("OK") and result["quick"]
     assert result["iters"] == 5 and result["warmup"] == 2
     assert [c["collective"] for c in result["collectives"]] == list(bw.COLLECTIVES)
-    assert [s["size"] for s in result["collectives"][0]["sizes"]] == [256 * 1024, 2**20, 4 * 2**20]
-    _check_definitions(result, 2, elem=4)
+    # documented --quick sweeps: 256K..4M x4 on CPU, 1M..256M x16 on GPU; one rank per GPU, else 2
+    n, sizes = _default_world()
+    assert [s["size"] for s in result["collectives"][0]["sizes"]] == sizes
+    _check_definitions(result, n, elem=4)
     rows = csv_path.read_text().splitlines()
     assert rows[0].startswith("collective,size,count,type,redop")
     assert len(rows) == 1 + sum(len(c["sizes"]) for c in result["collectives"])
@@ -160,7 +171,7 @@ def test_pairwise_four_ranks_names_the_slow_pair(tmp_path: Path) -> None:
     png = tmp_path / "pairs.png"
     # A generous threshold (below 30% of the median) and a 20x slowdown: noise on a loaded machine
     # must not name a second link, the injected one is far below it.
-    proc = _self_launch(["--pairwise", "--nproc-per-node", "4", "-e", "256K", "-n", "5", "-w", "1",
+    proc = _self_launch(["--pairwise", "--nproc-per-node", "4", "--backend", "gloo", "-e", "256K", "-n", "5", "-w", "1",
                          "--slow-threshold", "0.7", "--plot", str(png), "--json"],
                         env=faults.env("allreduce-bench.slow-pair:pair=1-2,factor=20"))
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -177,21 +188,26 @@ def test_pairwise_four_ranks_names_the_slow_pair(tmp_path: Path) -> None:
     assert matplotlib.image.imread(str(png)).ndim == 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _wait_listening(port: int, procs: list[subprocess.Popen[str]]) -> None:
+    """Keep the port reserved until node rank 0's launcher listens on it (or a launcher ended)."""
+    def listening() -> bool:
+        return any(p.poll() is not None for p in procs) or any(
+            c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in psutil.net_connections("tcp"))
+
+    wait_until(listening, 120, f"node rank 0 to listen on port {port}")
 
 
 def test_pairwise_between_two_self_launched_nodes() -> None:
     """Two 'nodes' (two launchers on this host, node ranks 0 and 1) are paired as nodes."""
-    port = str(_free_port())
-    common = ["allreduce-bench", "--pairwise", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr",
-              "127.0.0.1", "--master-port", port, "-e", "64K", "-n", "3", "-w", "1", "--json"]
-    env = {**os.environ, **ENV}
-    procs = [subprocess.Popen([sys.executable, "-m", "ml_debug", *common, "--node-rank", str(r)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-             for r in (0, 1)]
+    with reserved_port() as port:  # node rank 0's launcher hosts the rendezvous there
+        common = ["allreduce-bench", "--pairwise", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr",
+                  "127.0.0.1", "--master-port", str(port), "-e", "64K", "-n", "3", "-w", "1", "--backend", "gloo",
+                  "--json"]
+        env = {**os.environ, **ENV}
+        procs = [subprocess.Popen([sys.executable, "-m", "ml_debug", *common, "--node-rank", str(r)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+                 for r in (0, 1)]
+        _wait_listening(port, procs)
     outs = []
     try:
         for p in procs:

@@ -16,7 +16,7 @@ import jsonschema
 import psutil
 import pytest
 
-from tests.conftest import REPO, agent_store, check_golden, closed_port, mldebug, require
+from tests.conftest import REPO, check_golden, closed_port, mldebug, require, reserved_port
 from tests.fakes import faults
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "gpu-test.json").read_text())
@@ -40,11 +40,12 @@ def _no_process_mentions(token: str) -> None:
     assert not left, f"processes left behind: {left}"
 
 
-def _hand(rank: int, world: int, store: dict[str, str], *args: str, local: int | None = None,
+def _hand(rank: int, world: int, port: int, *args: str, local: int | None = None,
           env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """One rank started by hand; `store` is the MASTER_* environment (see conftest.agent_store)."""
+    """One rank started by hand; rank 0 hosts the store on `port` (see conftest.reserved_port)."""
     full = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank if local is None else local),
-            "LOCAL_WORLD_SIZE": str(world), **store, "OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160", **(env or {})}
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "ml_debug", "gpu-test", *args], env=full, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -114,8 +115,8 @@ def test_human_table_golden() -> None:
 
 def test_missing_rank_is_named_and_everyone_exits(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    with agent_store() as store:
-        results = _wait([_hand(r, 3, store, "--json", "--timeout", "4", "--out-dir", str(tmp_path))
+    with reserved_port() as port:
+        results = _wait([_hand(r, 3, port, "--json", "--timeout", "4", "--out-dir", str(tmp_path))
                          for r in range(2)], timeout=90)
     assert [rc for rc, _, _ in results] == [4, 4], [se[-1500:] for _, _, se in results]
     res = _doc(results[0][1])["result"]
@@ -131,8 +132,7 @@ def test_missing_rank_is_named_and_everyone_exits(tmp_path: Path) -> None:
 
 def test_missing_rank_zero_each_rank_keeps_its_line(tmp_path: Path) -> None:
     with closed_port() as port:  # nobody listens there: rank 0 never started
-        store = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        (rc, so, se), = _wait([_hand(1, 2, store, "--json", "--timeout", "3", "--out-dir", str(tmp_path))],
+        (rc, so, se), = _wait([_hand(1, 2, port, "--json", "--timeout", "3", "--out-dir", str(tmp_path))],
                               timeout=60)
     assert rc == 4 and so == ""
     assert "could not reach rank 0's store" in se
@@ -166,8 +166,8 @@ def test_wrong_value_fails_all_reduce_on_that_rank() -> None:
 
 
 def test_wrong_layout_two_ranks_claim_one_local_slot() -> None:
-    with agent_store() as store:
-        results = _wait([_hand(r, 2, store, "--json", "--timeout", "10", local=0) for r in range(2)], timeout=120)
+    with reserved_port() as port:
+        results = _wait([_hand(r, 2, port, "--json", "--timeout", "10", local=0) for r in range(2)], timeout=120)
     assert [rc for rc, _, _ in results] == [1, 1], results[0][2][-1500:]
     res = _doc(results[0][1])["result"]
     assert {(f["rank"], f["stage"]) for f in res["failures"]} == {(0, "all_gather"), (1, "all_gather")}

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from ml_debug.train import mx
+from tests.conftest import require_module
 
 logging.getLogger("torchao").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", module="torchao")
-torchao_mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-kernels = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+# torchao is the oracle: a test extra, pinned to the minor release these module paths are from
+torchao_mx = require_module("torchao.prototype.mx_formats.mx_tensor", "pip install -e '.[test]'")
+kernels = require_module("torchao.prototype.mx_formats.kernels", "pip install -e '.[test]'")
 MODES = {"floor": torchao_mx.ScaleCalculationMode.FLOOR, "rceil": torchao_mx.ScaleCalculationMode.RCEIL}
 SHARED = [name for name, f in mx.FORMATS.items() if f.torchao]
 
