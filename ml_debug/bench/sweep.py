@@ -297,6 +297,9 @@ def run_sweep(cfg: BenchConfig, world: World, device: str, backend: str) -> Benc
              else f"{MEMORY_SHARE_CPU:.0%} of free host memory / local ranks")
     plans: list[tuple[str, list[int], list[int]]] = []
     for coll in cfg.collectives:
+        if coll == "sendrecv" and n < 2:
+            notes.append("sendrecv: skipped, it needs a peer and this world has one rank")
+            continue
         ratio = _worst_footprint_ratio(coll, n)
         kept, dropped = bw.cap_sizes(cfg.sizes(), int(limit / ratio))
         if dropped:

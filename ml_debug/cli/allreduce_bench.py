@@ -43,7 +43,7 @@ def allreduce_bench(cfg: BenchConfig, launch: LaunchOptions) -> int:
 
     _, gpus = default_nproc(cfg.backend, cfg.device)
     return self_launch("allreduce-bench", [cfg], launch, gpus=gpus, rdzv_timeout_s=max(cfg.timeout, 30.0),
-                       linger_s=cfg.timeout + 30)
+                       linger_s=min(cfg.timeout, 30.0) + 10)
 
 
 def _run_rank(cfg: BenchConfig) -> int:

@@ -41,7 +41,7 @@ def train(cfg: TrainConfig, launch: LaunchOptions) -> int:
     from ml_debug.cli.launching import default_nproc, self_launch
 
     _, gpus = default_nproc(cfg.backend, cfg.device)
-    return self_launch("train", [_absolute_paths(cfg)], launch, gpus=gpus, linger_s=cfg.timeout + 30)
+    return self_launch("train", [_absolute_paths(cfg)], launch, gpus=gpus, linger_s=min(cfg.timeout, 30.0) + 10)
 
 
 def _absolute_paths(cfg: TrainConfig) -> TrainConfig:

@@ -1,0 +1,104 @@
+"""Self-launched ranks: the configuration reaches every rank whole, and a hung rank cannot keep the
+launcher waiting after its peers have finished."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import psutil
+import pytest
+
+from ml_debug.bench.config import BenchConfig
+from ml_debug.cli.params import epilog
+from ml_debug.core.options import cli_fields, from_options, to_argv
+from ml_debug.gputest.options import GpuTestConfig
+from ml_debug.health.options import HealthOptions
+from ml_debug.stacks.request import DumpRequest
+from ml_debug.train.config import TrainConfig, parse_fault
+from tests.conftest import mldebug
+
+
+def _parse_back(cls: type, argv: list[str]) -> object:
+    """Parse ``argv`` the way the ranks do: through the real command line of a throwaway command."""
+    import typer
+    from typer.testing import CliRunner
+
+    from ml_debug.cli.params import command
+
+    got: dict[str, object] = {}
+    app = typer.Typer()
+    command(app, "probe", lambda cfg: got.setdefault("cfg", cfg) and 0, help="probe", cfg=cls)
+    command(app, "other", lambda cfg: 0, help="second command, so that `probe` is a subcommand", cfg=cls)
+    result = CliRunner().invoke(app, ["probe", *argv])
+    assert result.exit_code == 0, result.output
+    return got["cfg"]
+
+
+@pytest.mark.parametrize("cfg", [
+    TrainConfig(preset="debug", steps=7, lr=1e-4, min_lr_ratio=0.25, betas=(0.8, 0.99), schedule="linear",
+                zero_grad_set_to_none=False, fsdp=False, reshard_after_forward=False, activation_checkpoint="full",
+                inject=[parse_fault("hang@step=3,rank=1"), parse_fault("straggler@step=2,rank=0,factor=4")],
+                profile_steps=(2, 3), seed=7, timeout=9.5),
+    BenchConfig(collectives=["all_reduce", "sendrecv"], min_bytes=1024, max_bytes=1 << 20, step_factor=4.0,
+                iters=3, warmup=1, dtype="bfloat16", op="max", average="max", check=False, quick=True,
+                expect_busbw=1.5, timeout=7.0, device="cpu", backend="gloo"),
+    GpuTestConfig(timeout_s=4.0, init_timeout_s=6.0, mem_gb=0.5, device="cpu", backend="gloo"),
+    HealthOptions(level=2, expect_gpus=0, paths=["/tmp", "/var"], stress_seconds=1.5, cpu_stress=False,
+                  outlier_pct=5.0, corrected_ecc_max=3, matmul_n=64),
+    DumpRequest(pattern="train", env=[("SLURM_JOB_ID", "12"), ("A", "b=c")], samples=3, interval=0.5,
+                flight_recorder=False, dumper="gdb", world_size=8),
+], ids=["train", "allreduce-bench", "gpu-test", "health", "dump-stacks"])
+def test_every_forwarded_option_survives_the_trip_to_the_ranks(cfg: object) -> None:
+    # Every forwarded field differs from its default above or is compared anyway: a field that
+    # to_argv forgot (as the old hand-written forwarders forgot --betas) comes back as its default.
+    back = _parse_back(type(cfg), to_argv(cfg))
+    for cf in cli_fields(type(cfg)):
+        if cf.opt.forward:
+            assert getattr(back, cf.name) == getattr(cfg, cf.name), cf.name
+
+
+def test_a_new_field_is_a_new_option_with_no_other_edit() -> None:
+    from ml_debug.core.options import option
+
+    @dataclasses.dataclass
+    class Extended(BenchConfig):
+        flavour: str = option("plain", help="A made-up option.")
+
+    cfg = Extended(flavour="spicy")
+    assert to_argv(cfg)[-2:] == ["--flavour", "spicy"]
+    assert _parse_back(Extended, to_argv(cfg)) == cfg
+    assert from_options(Extended, {"flavour": "x"}).flavour == "x"
+
+
+def test_help_ends_with_the_examples_kept_line_by_line_and_the_docs_page() -> None:
+    text = epilog("train", ("mldebug train --steps 5", "mldebug train --inject hang@step=3,rank=1"))
+    assert text.splitlines()[:3] == ["Examples:", "", "\b"]
+    assert text.endswith("Docs: docs/commands/train.md in the mldebug repository.")
+    out = mldebug("train", "--help").stdout
+    assert "  mldebug train --nproc-per-node 2 --preset tiny --steps 50\n" in out
+    assert out.count("MLDEBUG_BACKEND") == 1
+
+
+def test_hung_rank_is_stopped_after_its_peer_finished(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """rank 1 hangs outside any collective; rank 0 times out and leaves; the launcher stops rank 1."""
+    token = tmp_path / "hang-token"
+    t0 = time.monotonic()
+    r = mldebug("train", "--nproc-per-node", "2", "--steps", "6", "--timeout", "5", "--inject", "hang@step=3,rank=1",
+                "--metrics-dir", str(token), timeout=180)
+    took = time.monotonic() - t0
+    assert r.returncode in (1, 4), r.stderr[-2000:]
+    assert "rank 1 still running 15 s after another rank finished: stopped" in r.stderr, r.stderr[-2000:]
+    assert took < 120
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(str(token) in c for c in p.info["cmdline"] or [])]
+    assert not left, f"ranks left behind: {left}"
+
+
+def test_sendrecv_on_one_rank_is_skipped_with_a_note() -> None:
+    r = mldebug("--json", "allreduce-bench", "--nproc-per-node", "1", "-C", "all_reduce,sendrecv", "--quick",
+                timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)["result"]
+    assert [c["collective"] for c in result["collectives"]] == ["all_reduce"]
+    assert any("sendrecv: skipped" in n for n in result["notes"])
