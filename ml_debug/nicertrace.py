@@ -144,7 +144,7 @@ class NicerTrace(trace.Trace):
     def run(self, cmd: Any) -> None:
         super().run(cmd)
 
-    def runctx(self, cmd: Any, globals: dict[str, Any] | None = None,
+    def runctx(self, cmd: Any, globals: dict[str, Any] | None = None,  # type: ignore[override]
                locals: dict[str, Any] | None = None) -> None:
         self._activate()
         try:
@@ -179,7 +179,7 @@ class NicerTrace(trace.Trace):
                 # The standard runfunc calls func, so callers-tracking still sees Trace.runfunc.
                 return super().runfunc(func, *args, **kw)
             finally:
-                threading.settrace(old)  # type: ignore[arg-type]
+                threading.settrace(old)
         finally:
             self._deactivate("end")
 
@@ -200,7 +200,7 @@ class NicerTrace(trace.Trace):
             self._monitoring.stop()
         else:
             sys.settrace(None)
-            threading.settrace(None)  # type: ignore[arg-type]
+            threading.settrace(None)
         self._deactivate("end")
 
     def __enter__(self) -> NicerTrace:

@@ -24,7 +24,7 @@ MISSING: Any = object()
 TOOL_NAME = "mldebug-nicertrace"
 
 
-def make_localtrace(st: ThreadState, text: EventText, counts: dict[tuple[str, int], int],
+def make_localtrace(st: ThreadState, text: EventText, counts: dict[Any, int],
                     counting: bool) -> Callable[..., Any]:
     """A thread's ``sys.settrace`` local tracer: counts and records every executed line."""
     emit = st.emit_line
@@ -86,7 +86,7 @@ class MonitoringBackend:
 
     name = "monitoring"
 
-    def __init__(self, text: EventText, threads: ThreadTable, counts: dict[tuple[str, int], int],
+    def __init__(self, text: EventText, threads: ThreadTable, counts: dict[Any, int],
                  counting: bool) -> None:
         self._text, self._threads, self._counts, self._counting = text, threads, counts, counting
         # The hot paths read these directly (one attribute lookup, not two).
@@ -133,6 +133,7 @@ class MonitoringBackend:
             frame = sys._getframe(1)
             head = self._text.head(code, frame.f_globals if frame.f_code is code else None)
             if head is not None:
+                assert self._tool is not None  # callbacks are registered only while a tool id is held
                 ev = sys.monitoring.events  # type: ignore[attr-defined]
                 sys.monitoring.set_local_events(self._tool, code, ev.LINE | ev.JUMP)  # type: ignore[attr-defined]
                 self._codes.append(code)

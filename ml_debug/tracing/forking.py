@@ -30,11 +30,25 @@ def track(tracer: ForkAware) -> None:
     if _HOOKS:
         return
     _HOOKS.append(True)
-    atexit.register(lambda: [t._atexit() for t in list(ACTIVE)])
+    atexit.register(_at_exit)
     if hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=lambda: [t._before_fork() for t in list(ACTIVE)],
-                            after_in_child=lambda: [t._after_fork_child() for t in list(ACTIVE)])
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
 
 
 def untrack(tracer: ForkAware) -> None:
     ACTIVE.discard(tracer)
+
+
+def _at_exit() -> None:
+    for tracer in list(ACTIVE):
+        tracer._atexit()
+
+
+def _before_fork() -> None:
+    for tracer in list(ACTIVE):
+        tracer._before_fork()
+
+
+def _after_fork_child() -> None:
+    for tracer in list(ACTIVE):
+        tracer._after_fork_child()

@@ -57,10 +57,10 @@ def run_traced(target: list[str], *, module: bool = False, include: list[str] | 
     if packages == []:
         packages = "uninstalled"
     signals = [parse_signal(s) for s in dump_signals] if dump_signals is not None else None
-    kwargs = {} if signals is None else {"dump_signals": signals}
     try:
         tracer = NicerTrace(count=0, trace=1, timing=True, packages_to_include=packages, log_pids=log_pids,
-                            out_dir=out_dir, ring=ring, idle_dump=idle_dump, line_format=line_format, **kwargs)
+                            out_dir=out_dir, ring=ring, idle_dump=idle_dump, line_format=line_format,
+                            dump_signals="default" if signals is None else signals)
     except (TypeError, ValueError) as e:
         raise UsageError(str(e), "see `mldebug trace --help`") from None
 
