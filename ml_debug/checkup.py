@@ -5,7 +5,6 @@ exit code become one row of the verdict.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import signal
@@ -17,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ml_debug.core import output
+from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
 
 
-class StepStatus(str, enum.Enum):
+class StepStatus(Word):
     """How one step of the checkup ended."""
 
     PASS = "pass"

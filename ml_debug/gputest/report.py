@@ -10,18 +10,29 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
 
 STAGES = ("device", "alloc", "rendezvous", "init", "all_reduce", "all_gather", "broadcast", "p2p_ring",
           "barrier")
 LOCAL_STAGES = ("device", "alloc")
-OK, FAIL, TIMEOUT, SKIPPED, ABSENT = "ok", "fail", "timeout", "skipped", "absent"
+class StageStatus(Word):
+    """How one stage ended on one rank."""
+
+    OK = "ok"
+    FAIL = "fail"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+    ABSENT = "absent"  # the rank never sent its record
+
+
+OK, FAIL, TIMEOUT, SKIPPED, ABSENT = StageStatus
 
 
 @dataclass
 class StageResult:
     name: str
-    status: str  # ok | fail | timeout | skipped | absent
+    status: StageStatus
     seconds: float | None = None
     detail: str = ""
 
@@ -105,7 +116,8 @@ def identity_from_dict(d: dict[str, Any]) -> Identity:
 
 
 def report_from_dict(d: dict[str, Any]) -> RankReport:
-    return RankReport(identity_from_dict(d["identity"]), [StageResult(**s) for s in d["stages"]],
+    stages = [StageResult(**{**s, "status": StageStatus(s["status"])}) for s in d["stages"]]
+    return RankReport(identity_from_dict(d["identity"]), stages,
                       d.get("answered", True), d.get("note", ""))
 
 

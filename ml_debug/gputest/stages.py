@@ -41,6 +41,7 @@ from ml_debug.gputest.report import (
     Identity,
     RankReport,
     StageResult,
+    StageStatus,
     Versions,
     build_result,
     identity_from_dict,
@@ -63,7 +64,7 @@ class RankOutcome:
 
 
 class _StageFailed(Exception):
-    def __init__(self, status: str, detail: str) -> None:
+    def __init__(self, status: StageStatus, detail: str) -> None:
         super().__init__(detail)
         self.status, self.detail = status, detail
 
@@ -215,7 +216,7 @@ class _Rank:
         self.store_lost = False
 
     # -- stage machinery -------------------------------------------------------------------
-    def stage(self, name: str, fn: Callable[[], tuple[str, str]], timeout_s: float) -> None:
+    def stage(self, name: str, fn: Callable[[], tuple[StageStatus, str]], timeout_s: float) -> None:
         # rendezvous = connect (torch retries past its timeout by up to ~2 s) + wait for check-ins
         budget = timeout_s * (2 if name == "rendezvous" else 1) + self.cfg.grace_s
         if self.broken:
@@ -252,7 +253,7 @@ class _Rank:
         return _dt.timedelta(seconds=self.cfg.timeout_s)
 
     # -- local stages ----------------------------------------------------------------------
-    def device(self) -> tuple[str, str]:
+    def device(self) -> tuple[StageStatus, str]:
         import torch
 
         assert self.choice is not None
@@ -268,7 +269,7 @@ class _Rank:
         self.ident.capability = f"{props.major}.{props.minor}"
         return OK, f"{props.name}, {props.total_memory / 2**30:.0f} GiB, capability {props.major}.{props.minor}"
 
-    def alloc(self) -> tuple[str, str]:
+    def alloc(self) -> tuple[StageStatus, str]:
         import torch
 
         assert self.choice is not None
@@ -296,7 +297,7 @@ class _Rank:
         return OK, "1 Mi floats"
 
     # -- distributed stages ----------------------------------------------------------------
-    def rendezvous(self) -> tuple[str, str]:
+    def rendezvous(self) -> tuple[StageStatus, str]:
         deadline = time.monotonic() + self.cfg.init_timeout
         self.store = create_store(self.world, self.cfg.init_timeout)
         store_set(self.store, f"checkin/{self.world.rank}", json.dumps(asdict(self.ident)))
@@ -309,7 +310,7 @@ class _Rank:
                                         f"{self.cfg.init_timeout:g} s")
         return OK, f"{self.world.world_size} ranks checked in"
 
-    def init(self) -> tuple[str, str]:
+    def init(self) -> tuple[StageStatus, str]:
         import torch.distributed as dist
 
         assert self.choice is not None
@@ -317,7 +318,7 @@ class _Rank:
                            store=dist.PrefixStore("pg/", self.store))
         return OK, f"{self.choice.backend} group of {self.world.world_size}"
 
-    def all_reduce(self) -> tuple[str, str]:
+    def all_reduce(self) -> tuple[StageStatus, str]:
         import torch
         import torch.distributed as dist
 
@@ -346,7 +347,7 @@ class _Rank:
         raise _StageFailed(FAIL, f"sum {got:g} != {expected:g} on {wrong}/{n} elements although every rank "
                                  "contributed the right value: data corrupted in transit")
 
-    def all_gather(self) -> tuple[str, str]:
+    def all_gather(self) -> tuple[StageStatus, str]:
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * self.world.world_size
@@ -358,7 +359,7 @@ class _Rank:
         hosts = len({i.host for i in ids})
         return OK, f"{len(ids)} identities on {hosts} host{'s' if hosts != 1 else ''}, layout consistent"
 
-    def broadcast(self) -> tuple[str, str]:
+    def broadcast(self) -> tuple[StageStatus, str]:
         import torch
         import torch.distributed as dist
 
@@ -372,7 +373,7 @@ class _Rank:
             raise _StageFailed(FAIL, f"{wrong}/{n} elements from rank 0 arrived wrong")
         return OK, f"{n} elements from rank 0"
 
-    def p2p_ring(self) -> tuple[str, str]:
+    def p2p_ring(self) -> tuple[StageStatus, str]:
         import torch
         import torch.distributed as dist
 
@@ -391,7 +392,7 @@ class _Rank:
             raise _StageFailed(FAIL, f"{wrong} elements received from rank {prv} were wrong")
         return OK, f"sent to rank {nxt}, received from rank {prv}"
 
-    def barrier(self) -> tuple[str, str]:
+    def barrier(self) -> tuple[StageStatus, str]:
         import torch.distributed as dist
 
         w = self.world.world_size

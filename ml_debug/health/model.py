@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from ml_debug.core.enums import Word
 
-class Status(str, enum.Enum):
+
+class Status(Word):
     PASS = "pass"
     WARN = "warn"  # worth a look, does not fail the run
     FAIL = "fail"  # fails the run (exit 1)
