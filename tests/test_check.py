@@ -81,3 +81,17 @@ def test_a_bench_fault_leaves_gpu_test_alone_and_shows_in_the_bench_step(tmp_pat
     assert bench["summary"].endswith("[TEST-ONLY fault hook active]")
     assert json.loads((tmp_path / "check.allreduce-bench.json").read_text())["result"]["test_faults"] == spec
     assert r.returncode == 1 and not doc["result"]["ok"]
+
+
+def test_the_table_and_the_summary_say_the_status_words() -> None:
+    import io
+
+    from rich.console import Console
+
+    res = judge([StepResult("env", "mldebug env", PASS, 0, 1.0, "fine"),
+                 StepResult("health", "mldebug health", StepStatus.FAIL, 1, 2.0, "bad disk")], "h")
+    buf = io.StringIO()
+    checkup.render(res, Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "health fail: bad disk" in res.summary
+    assert " pass " in text and " fail " in text and "StepStatus" not in text
