@@ -57,7 +57,7 @@ def gpu_test(cfg: GpuTestConfig, launch: LaunchOptions) -> int:
 
 
 def _run_as_rank(cfg: GpuTestConfig) -> int:
-    from ml_debug.core import output
+    from ml_debug.core import output, safefs
     from ml_debug.dist.world import detect_world
     from ml_debug.gputest.stages import run_rank
     from ml_debug.gputest.view import render
@@ -66,8 +66,10 @@ def _run_as_rank(cfg: GpuTestConfig) -> int:
     result = outcome.result
     if result is not None:
         doc = output.dumps(output.document(SCHEMA, 1, result)) + "\n"
-        for path in [p for p in (cfg.report_to, cfg.out_dir / "gpu-test.json" if cfg.out_dir else None) if p]:
-            path.write_text(doc)
+        if cfg.report_to is not None:
+            cfg.report_to.write_text(doc)
+        if cfg.out_dir is not None:  # never through a link planted in --out-dir
+            safefs.write_out(cfg.out_dir, "gpu-test.json", doc)
         if cfg.report_to is None:
             output.emit(SCHEMA, 1, result, lambda console: render(result, console))
     return outcome.exit_code
@@ -85,8 +87,9 @@ def _isolate(cfg: GpuTestConfig, n: int, gpus: int, rdzv_timeout_s: float, run_t
     argv = to_argv(dataclasses.replace(cfg, out_dir=None))
     result = run_isolation(members, bool(gpus), argv, rdzv_timeout_s=rdzv_timeout_s, run_timeout_s=run_timeout_s)
     if cfg.out_dir is not None:
-        cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        (cfg.out_dir / "gpu-test-isolate.json").write_text(output.dumps(output.document(SCHEMA, 1, result)) + "\n")
+        from ml_debug.core.safefs import write_out
+
+        write_out(cfg.out_dir, "gpu-test-isolate.json", output.dumps(output.document(SCHEMA, 1, result)) + "\n")
     output.emit(SCHEMA, 1, result, lambda console: render(result, console))
     return result.exit_code
 

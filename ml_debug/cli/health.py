@@ -42,9 +42,9 @@ def health(opts: HealthOptions, targets: TargetOptions) -> int:
         result = {"ok": node["ok"], "summary": node["summary"], "level": opts.level, "exit_code": node["exit_code"],
                   "nodes": [node], "unreachable": [], "cluster_checks": []}
         if opts.out_dir is not None:
-            opts.out_dir.mkdir(parents=True, exist_ok=True)
-            (opts.out_dir / "health.json").write_text(
-                output.dumps(output.document("mldebug.health", 1, result)) + "\n")
+            from ml_debug.core.safefs import write_out
+
+            write_out(opts.out_dir, "health.json", output.dumps(output.document("mldebug.health", 1, result)) + "\n")
     else:
         result = _run_many(opts, targets)
 
