@@ -8,7 +8,9 @@ import runpy
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ml_debug.core.errors import UsageError
 from ml_debug.nicertrace import NicerTrace
@@ -72,6 +74,7 @@ def run_traced(target: list[str], *, module: bool = False, include: list[str] | 
         raise UsageError(f"cannot write trace files to {out_dir}: {e}", "give a writable --out-dir") from None
 
     name, args = target[0], target[1:]
+    func: Callable[..., Any]
     if module:
         if importlib.util.find_spec(name) is None:
             raise UsageError(f"no module named {name!r}", "is it installed in this Python, or on PYTHONPATH?")
@@ -87,7 +90,7 @@ def run_traced(target: list[str], *, module: bool = False, include: list[str] | 
         func, fargs, fkw = runpy.run_path, (os.path.abspath(name),), {"run_name": "__main__"}
 
     skip = {os.path.realpath(f) for f in (__file__, runpy.__file__, sys.modules["trace"].__file__,
-                                           sys.modules["ml_debug.nicertrace"].__file__)}
+                                           sys.modules["ml_debug.nicertrace"].__file__) if f}
     code = 0
     try:
         tracer.runfunc(func, *fargs, **fkw)
