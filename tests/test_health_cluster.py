@@ -34,9 +34,9 @@ def test_local_transport_result_merges_into_a_valid_cluster_result(tmp_path: Pat
     assert agents[0].document is not None and agents[0].document["schema"] == "mldebug.health"
     result = merge(agents, level=1, outlier_pct=10.0)
     jsonschema.validate(document("mldebug.health", 1, result), SCHEMA)
-    [node] = result["nodes"]
-    assert node["target"] == socket.gethostname() and result["unreachable"] == []
-    assert result["exit_code"] == node["exit_code"]
+    [node] = result.nodes
+    assert node["target"] == socket.gethostname() and result.unreachable == []
+    assert result.exit_code == node["exit_code"]
 
 
 def _node(target: str, driver: str, tflops: list[float], exit_code: int = 0) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ml_debug.health.model import HealthResult
 from ml_debug.health.options import HealthOptions
 from ml_debug.remote.options import TargetOptions
 
@@ -35,12 +36,10 @@ def health(opts: HealthOptions, targets: TargetOptions) -> int:
 
     opts.validate()
     if not targets.remote:
-        from ml_debug.core.output import to_jsonable
+        from ml_debug.health.cluster import local_result
         from ml_debug.health.runner import run_local
 
-        node = to_jsonable(run_local(opts))
-        result = {"ok": node["ok"], "summary": node["summary"], "level": opts.level, "exit_code": node["exit_code"],
-                  "nodes": [node], "unreachable": [], "cluster_checks": []}
+        result = local_result(run_local(opts))
         if opts.out_dir is not None:
             from ml_debug.core.safefs import write_out
 
@@ -48,16 +47,13 @@ def health(opts: HealthOptions, targets: TargetOptions) -> int:
     else:
         result = _run_many(opts, targets)
 
-    def human(console: object) -> None:
-        from ml_debug.health.render import draw
+    from ml_debug.health.render import draw
 
-        draw(console, result, verbose=not opts.brief)  # type: ignore[arg-type]
-
-    output.emit("mldebug.health", 1, result, human)
-    return int(result["exit_code"])
+    output.emit("mldebug.health", 1, result, lambda console: draw(console, result, verbose=not opts.brief))
+    return result.exit_code
 
 
-def _run_many(opts: HealthOptions, targets: TargetOptions) -> dict:
+def _run_many(opts: HealthOptions, targets: TargetOptions) -> HealthResult:
     from ml_debug.cli.launching import on_every_node
     from ml_debug.core.output import log
     from ml_debug.health.cluster import merge

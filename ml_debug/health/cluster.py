@@ -12,7 +12,7 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.output import to_jsonable
 from ml_debug.health.active_checks import outlier_checks
-from ml_debug.health.model import Check, Status
+from ml_debug.health.model import Check, HealthResult, NodeReport, Status, Unreachable
 
 SCHEMA = "mldebug.health"
 
@@ -50,20 +50,27 @@ def cluster_checks(nodes: list[dict[str, Any]], outlier_pct: float) -> list[Chec
     return out
 
 
-def merge(agent_results: list[Any], level: int, outlier_pct: float) -> dict[str, Any]:
+def local_result(report: NodeReport) -> HealthResult:
+    """The result of ``mldebug health`` on this node alone."""
+    node = to_jsonable(report)
+    return HealthResult(report.ok, report.summary, report.level, report.exit_code,
+                        [dict(node, target=report.host)])
+
+
+def merge(agent_results: list[Any], level: int, outlier_pct: float) -> HealthResult:
     """One cluster result (the same shape as a local one, with more nodes) from AgentResults."""
     nodes: list[dict[str, Any]] = []
-    unreachable: list[dict[str, str]] = []
+    unreachable: list[Unreachable] = []
     for ar in agent_results:
         doc = ar.document
         if doc and doc.get("schema") == SCHEMA and doc.get("result", {}).get("nodes"):
             for nd in doc["result"]["nodes"]:
                 nodes.append(dict(nd, target=ar.node.host))
         else:
-            unreachable.append({"host": ar.node.host, "reason": ar.error or ar.node.detail or "no result"})
-    extra = to_jsonable(cluster_checks(nodes, outlier_pct))
+            unreachable.append(Unreachable(ar.node.host, ar.error or ar.node.detail or "no result"))
+    extra = cluster_checks(nodes, outlier_pct)
     failed_nodes = [n for n in nodes if not n["ok"] and n["exit_code"] == ExitCode.PROBLEM]
-    cluster_fail = any(c["status"] == "fail" for c in extra)
+    cluster_fail = any(c.status is Status.FAIL for c in extra)
     if failed_nodes or cluster_fail:
         code = ExitCode.PROBLEM
     elif unreachable:
@@ -76,13 +83,12 @@ def merge(agent_results: list[Any], level: int, outlier_pct: float) -> dict[str,
     if failed_nodes:
         parts.append(f"{len(failed_nodes)} failing ({', '.join(n['target'] for n in failed_nodes[:6])})")
     if cluster_fail:
-        parts.append("; ".join(c["hint"] for c in extra if c["status"] == "fail")[:200])
+        parts.append("; ".join(c.hint for c in extra if c.status is Status.FAIL)[:200])
     if unreachable:
-        parts.append(f"{len(unreachable)} not reached ({', '.join(u['host'] for u in unreachable[:6])})")
+        parts.append(f"{len(unreachable)} not reached ({', '.join(u.host for u in unreachable[:6])})")
     env = [n["target"] for n in nodes if n["exit_code"] == ExitCode.ENVIRONMENT]
     if env:
         parts.append(f"{len(env)} without the expected GPU ({', '.join(env[:6])})")
     ok = code == ExitCode.OK
     summary = ("healthy: " if ok else "") + "; ".join(parts)
-    return {"ok": ok, "summary": summary, "level": level, "exit_code": int(code), "nodes": nodes,
-            "unreachable": unreachable, "cluster_checks": extra}
+    return HealthResult(ok, summary, level, int(code), nodes, unreachable, extra)

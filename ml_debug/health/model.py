@@ -82,13 +82,17 @@ class Unreachable:
 
 @dataclass
 class HealthResult:
-    """The ``result`` of ``mldebug health --json``: one node locally, many with --hosts/--slurm-job."""
+    """The ``result`` of ``mldebug health --json``: one node locally, many with --hosts/--slurm-job.
+
+    ``nodes`` holds each node's :class:`NodeReport` as JSON data (remote nodes send it that way), with
+    ``target``: the name the node was reached by.
+    """
 
     ok: bool
     summary: str
     level: int
     exit_code: int
-    nodes: list[NodeReport]
+    nodes: list[dict[str, Any]]
     unreachable: list[Unreachable] = field(default_factory=list)
     cluster_checks: list[Check] = field(default_factory=list)
 
