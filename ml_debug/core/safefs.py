@@ -441,17 +441,6 @@ def open_append(out_dir: str | os.PathLike[str], name: str) -> tuple[int, str | 
         _close(dfd)
 
 
-def create_private(directory: str, prefix: str, suffix: str = "") -> tuple[int, str]:
-    """A new file in a shared directory (``/tmp``): unpredictable name, ``O_EXCL``, mode 0600."""
-    for _ in range(100):
-        path = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}{suffix}")
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free name for {prefix}* in {directory}")
-
-
 def trusted_system_file(path: str) -> bool:
     """A file that root may source or run: a regular file that root (or we) own, and neither it nor any
     directory above it writable by group or others (``/usr/lib/...``; not a job's venv, not /tmp)."""

@@ -244,7 +244,7 @@ def _trigger(dir_fd: int, shown: str, name: str, owner: Owner) -> tuple[int, int
     if not owner.may_write_dir(st):
         raise Refused(f"{shown} is not writable by the job's user ({owner.describe()}): no trigger created there")
     try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=dir_fd)
     except FileExistsError:
         fd, _ = safefs.open_in(dir_fd, name, f"{shown}/{name}", owner, "file", os.O_RDONLY | os.O_NONBLOCK)
@@ -302,7 +302,11 @@ def fetch(env: dict[str, str], rank: int | None, pid: int, timeout: float, owner
             r = rank if rank is not None else 0
             out, trigger = f"fr-{r}.json", f"trigger-{r}"
             rec["file"] = f"{shown.rstrip('/')}/{out}"
-            dir_fd = safefs.open_dir(shown, owner, cwd_fd)
+            try:
+                dir_fd = safefs.open_dir(shown, owner, cwd_fd)
+            except FileNotFoundError:
+                rec["error"] = f"no directory {shown} ({FR_DIR_VAR}): nothing could be asked"
+                return rec
             made = _trigger(dir_fd, shown, trigger, owner)
             try:
                 data = _wait_dump(lambda: safefs.open_in(dir_fd, out, rec["file"], owner, "file",

@@ -243,10 +243,10 @@ def tail_traces(paths: Iterable[str | os.PathLike[str]], lines: int = 5, grep: s
             pattern = re.compile(grep)
         except re.error as e:
             raise UsageError(f"bad --grep pattern {grep!r}: {e}", "it is a Python regular expression") from e
-    paths = [os.fspath(p) for p in paths] or ["."]
-    found = _locate(paths)
+    names: list[str] = [str(os.fspath(p)) for p in paths] or ["."]
+    found = _locate(names)
     if not found:
-        raise UsageError(f"no trace files (trace-HOST-RANK-PID.txt) under {', '.join(paths)}",
+        raise UsageError(f"no trace files (trace-HOST-RANK-PID.txt) under {', '.join(names)}",
                          "run the program with `mldebug trace --out-dir DIR -- script.py`, then point "
                          "trace-tail at DIR")
     now = time.time()
@@ -261,7 +261,7 @@ def tail_traces(paths: Iterable[str | os.PathLike[str]], lines: int = 5, grep: s
             skipped.append({"path": str(p), "reason": f"cannot read: {e.strerror or e}"})
     if not read:
         why = "; ".join(f"{s['reason']}" for s in skipped[:3])
-        raise UsageError(f"no readable trace files under {', '.join(paths)}: {why}",
+        raise UsageError(f"no readable trace files under {', '.join(names)}: {why}",
                          "trace-tail reads regular files only, and follows no symbolic link")
     files = sorted(read, key=_rank_key)
     by_ending: dict[tuple[str, ...], list[TraceFile]] = {}
@@ -269,7 +269,7 @@ def tail_traces(paths: Iterable[str | os.PathLike[str]], lines: int = 5, grep: s
         by_ending.setdefault(tuple(f.ending), []).append(f)
     ordered = sorted(by_ending.items(), key=lambda kv: (-len(kv[1]), _rank_key(kv[1][0])))
     majority = len(ordered) == 1 or len(ordered[0][1]) > len(ordered[1][1])
-    groups = []
+    groups: list[TailGroup] = []
     for label, (ending, members) in zip(_labels(), ordered):  # noqa: B905 (labels are endless)
         odd = not (majority and not groups)
         for f in members:
@@ -281,7 +281,7 @@ def tail_traces(paths: Iterable[str | os.PathLike[str]], lines: int = 5, grep: s
     summary = _summary(files, groups, majority)
     if skipped:
         summary += f"; skipped {len(skipped)} file(s): " + "; ".join(f"{s['reason']}" for s in skipped[:4])
-    return TailReport(ok=len(groups) == 1, summary=summary, paths=paths,
+    return TailReport(ok=len(groups) == 1, summary=summary, paths=names,
                       lines=lines, grep=grep, all_threads=all_threads, files=files, groups=groups,
                       odd_files=odd_files, skipped=skipped)
 
