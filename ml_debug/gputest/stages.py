@@ -27,7 +27,8 @@ from ml_debug.core import output, testhooks
 from ml_debug.core.errors import first_line
 from ml_debug.dist.device import DeviceChoice, choose_device
 from ml_debug.dist.group import init_process_group, is_timeout_error, teardown
-from ml_debug.dist.store import StoreUnavailable, create_store, store_get, store_set, wait_keys
+from ml_debug.dist.rollcall import DEAD_AFTER_S, Absent, RollCall
+from ml_debug.dist.store import StoreUnavailable, create_store, store_set, wait_keys
 from ml_debug.dist.world import World, detect_world
 from ml_debug.gputest.options import GpuTestConfig
 from ml_debug.gputest.report import (
@@ -48,9 +49,6 @@ from ml_debug.gputest.report import (
     layout_problems,
     report_from_dict,
 )
-
-HEARTBEAT_S = 1.0
-DEAD_AFTER_S = 4.0  # no heartbeat for this long: the rank is gone (killed), stop waiting for it
 
 
 @dataclass
@@ -128,26 +126,6 @@ class _Watchdog:
                 os._exit(4)
 
 
-class _Heartbeat:
-    """Bumps hb/<rank> in the store every second so peers can tell a killed rank from a slow one."""
-
-    def __init__(self, store: Any, rank: int) -> None:
-        self.store, self.key = store, f"hb/{rank}"
-        self._stop = threading.Event()
-        threading.Thread(target=self._loop, name="mldebug-heartbeat", daemon=True).start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.store.add(self.key, 1)
-            except Exception:
-                return
-            self._stop.wait(HEARTBEAT_S)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
 def _defer_sigterm(budget_s: float) -> None:
     """torchrun/self-launch SIGTERM the survivors as soon as one rank dies; finish the verdict first
     (bounded by ``budget_s``) instead of dying silently. A second SIGTERM exits at once."""
@@ -211,6 +189,7 @@ class _Rank:
         self.writer = _OutWriter(cfg.out_dir, world.rank)
         self.dog = _Watchdog(self.rep, self.writer, world.label)
         self.store: Any = None
+        self.roll: RollCall | None = None  # the job's roll call, from rendezvous on
         self.choice: DeviceChoice | None = None
         self.broken = False
         self.store_lost = False
@@ -222,11 +201,8 @@ class _Rank:
         if self.broken:
             self.rep.stages.append(StageResult(name, SKIPPED, None, "an earlier stage failed"))
             return
-        if self.store is not None:
-            try:
-                self.store.set(f"stage/{self.world.rank}", name)
-            except Exception:
-                pass
+        if self.roll is not None:
+            self.roll.at(name)
         self.dog.arm(name, budget)
         testhooks.call(testhooks.GPU_TEST_STAGE_START, rank=self.world.rank, device=self.device_id, stage=name)
         t0 = time.perf_counter()
@@ -300,12 +276,13 @@ class _Rank:
     def rendezvous(self) -> tuple[StageStatus, str]:
         deadline = time.monotonic() + self.cfg.init_timeout
         self.store = create_store(self.world, self.cfg.init_timeout)
-        store_set(self.store, f"checkin/{self.world.rank}", json.dumps(asdict(self.ident)))
-        _Heartbeat(self.store, self.world.rank)
-        keys = [f"checkin/{r}" for r in range(self.world.world_size)]
-        missing = wait_keys(self.store, keys, max(0.0, deadline - time.monotonic()))
-        if missing:
-            ranks = [int(k.split("/")[1]) for k in missing]
+        roll = RollCall.for_world(self.store, self.world, cfg_wait(self.cfg), self.cfg.grace_s)
+        roll.at("rendezvous")
+        roll.check_in(json.dumps(asdict(self.ident)))
+        roll.start_heartbeat()
+        self.roll = roll
+        ranks = roll.await_check_ins(deadline - time.monotonic())
+        if ranks:
             raise _StageFailed(TIMEOUT, f"rank(s) {', '.join(map(str, ranks))} never checked in within "
                                         f"{self.cfg.init_timeout:g} s")
         return OK, f"{self.world.world_size} ranks checked in"
@@ -433,71 +410,35 @@ class _Rank:
 
     def report(self, t_start: float) -> RankOutcome:
         """Post this rank's record, wait for the others (or proof they are gone), let one rank judge."""
-        w, r = self.world.world_size, self.world.rank
-        if self.store is None or self.store_lost:
+        if self.roll is None or self.store_lost:
             return self._solo(t_start)
         try:
-            store_set(self.store, f"result/{r}", json.dumps(output.to_jsonable(self.rep)))
-            checked_in = [i for i in range(w) if self.store.check([f"checkin/{i}"])]
-            waiting = {i for i in checked_in if i != r}
-            dead: dict[int, str] = {}
-            beats: dict[int, tuple[int, float]] = {}
-            deadline = time.monotonic() + cfg_wait(self.cfg)
-            while waiting and time.monotonic() < deadline:
-                for i in sorted(waiting):
-                    if self.store.check([f"result/{i}"]):
-                        waiting.discard(i)
-                        continue
-                    hb = int(self.store.add(f"hb/{i}", 0))
-                    last = beats.get(i)
-                    now = time.monotonic()
-                    if last is None or last[0] != hb:
-                        beats[i] = (hb, now)
-                    elif now - last[1] > DEAD_AFTER_S:
-                        waiting.discard(i)
-                        dead[i] = "no heartbeat"
-                time.sleep(0.1)
-            present = [i for i in range(w) if self.store.check([f"result/{i}"])]
-            reporter = min(present)
-            if r != reporter:
-                code_text = wait_keys(self.store, ["verdict"], cfg_wait(self.cfg) + DEAD_AFTER_S)
-                code = int(store_get(self.store, "verdict")) if not code_text else 4
-                store_set(self.store, f"ack/{r}", "1")
-                return RankOutcome(self.rep, code)
-            reports: list[RankReport] = []
-            for i in range(w):
-                if i in present:
-                    reports.append(report_from_dict(json.loads(store_get(self.store, f"result/{i}"))))
-                    continue
-                reports.append(self._absent(i, dead.get(i)))
+            got = self.roll.gather(json.dumps(output.to_jsonable(self.rep)))
+            if not got.is_reporter:
+                return RankOutcome(self.rep, self.roll.await_verdict())
+            reports = [report_from_dict(json.loads(got.records[i])) if i in got.records else self._absent(got.absent[i])
+                       for i in range(self.world.world_size)]
             result = build_result(reports, launcher=self.world.launcher,
                                   backend=self.choice.backend if self.choice else "",
                                   stage_timeout_s=self.cfg.timeout_s, elapsed_s=time.monotonic() - t_start,
-                                  reporter_rank=r, versions=collect_versions(), interfaces=_interfaces())
+                                  reporter_rank=self.world.rank, versions=collect_versions(),
+                                  interfaces=_interfaces())
             hooked = testhooks.note("gpu-test")
             if hooked:
                 result.warnings.append(hooked)
-            store_set(self.store, "verdict", str(result.exit_code))
-            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and r == 0:
-                # this process hosts the store: let the others read the verdict before it goes away
-                wait_keys(self.store, [f"ack/{i}" for i in present if i != r], self.cfg.grace_s)
+            self.roll.publish(result.exit_code)
             return RankOutcome(self.rep, result.exit_code, result)
         except StoreUnavailable:
             return self._solo(t_start)
 
-    def _absent(self, rank: int, why: str | None) -> RankReport:
-        ident = Identity(rank, self.world.world_size, -1, -1, -1, "?", -1, self.world.launcher, "?")
-        where, last = "never checked in", "rendezvous"
-        try:
-            if self.store.check([f"checkin/{rank}"]):
-                ident = identity_from_dict(json.loads(store_get(self.store, f"checkin/{rank}")))
-                last = store_get(self.store, f"stage/{rank}") if self.store.check([f"stage/{rank}"]) else "rendezvous"
-                where = f"stopped during {last}" + (f", {why}" if why else "")
-        except StoreUnavailable:
-            pass
+    def _absent(self, absent: Absent) -> RankReport:
+        ident = Identity(absent.rank, self.world.world_size, -1, -1, -1, "?", -1, self.world.launcher, "?")
+        if absent.identity_json is not None:
+            ident = identity_from_dict(json.loads(absent.identity_json))
+        last = absent.last_stage if absent.checked_in and absent.last_stage in STAGES else "rendezvous"
         # What it did before its last stage is unknown (it never sent its record): show only from there.
-        stages = [StageResult(s, ABSENT, None, where) for s in STAGES[STAGES.index(last):]]
-        return RankReport(ident, stages, answered=False, note=where)
+        stages = [StageResult(s, ABSENT, None, absent.reason) for s in STAGES[STAGES.index(last):]]
+        return RankReport(ident, stages, answered=False, note=absent.reason)
 
     def _solo(self, t_start: float) -> RankOutcome:
         first = self.rep.first_problem()
