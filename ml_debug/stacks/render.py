@@ -29,7 +29,7 @@ def _collapse(node: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
 
 def _ranks_cell(ranks: list[int | None], members: list[str]) -> str:
     if ranks and all(r is not None for r in ranks) and len(set(ranks)) == len(ranks):
-        from ml_debug.stacks.ranges import compress
+        from ml_debug.core.ranges import compress
 
         return compress(r for r in ranks if r is not None)
     return ",".join("pid " + m.rsplit(":", 1)[1] for m in members)
@@ -117,7 +117,7 @@ def render(result: dict[str, Any], console: Console, *, full: bool = False, all_
                           p["error"] or "?", p.get("fix") or "")
         console.print(table)
     if result["missing_ranks"]:
-        from ml_debug.stacks.ranges import compress
+        from ml_debug.core.ranges import compress
 
         console.print(Text(f"missing ranks (no process found): {compress(result['missing_ranks'])}", style="red"))
 
