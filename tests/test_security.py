@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -426,6 +427,33 @@ def test_core_bt_never_runs_the_jobs_gdb_script_as_root(area: Path) -> None:
     assert f"skipped {jobdir}/r1/core is a FIFO, not a regular file: not opened" in result["notes"]
     assert f"skipped {jobdir}/r2/core is a symbolic link (to {victim.path}): not followed" in result["notes"]
     victim.assert_untouched()
+
+
+def test_nicertrace_does_not_write_through_a_link_planted_at_its_file(area: Path) -> None:
+    """`mldebug trace --out-dir` in a shared directory: another user plants the trace file's name."""
+    nobody = _nobody()
+    victim = make_victim(area, "root-only-file", b"root's data\n")
+    shared = area / "traces"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    script = area / "traced.py"
+    script.write_text(
+        "import os, subprocess, sys\n"
+        "from ml_debug.nicertrace import NicerTrace, trace_file_name\n"
+        f"link = os.path.join({str(shared)!r}, trace_file_name())\n"
+        f"subprocess.run([{RUNUSER!r}, '-u', 'nobody', '--', 'ln', '-s', {str(victim.path)!r}, link], check=True)\n"
+        "try:\n"
+        f"    NicerTrace(packages_to_include=['__main__'], out_dir={str(shared)!r}).start()\n"
+        "except OSError as e:\n"
+        "    print('refused:', e.strerror)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=area, env={**os.environ, "PYTHONPATH": str(REPO)})
+    victim.assert_untouched()
+    # ELOOP (O_NOFOLLOW); in a sticky directory the kernel may answer EACCES first (O_CREAT on another's link)
+    assert proc.stdout.strip() in ("refused: Too many levels of symbolic links", "refused: Permission denied"), \
+        (proc.stdout, proc.stderr)
+    links = [p for p in shared.iterdir() if p.is_symlink()]
+    assert len(links) == 1 and os.lstat(links[0]).st_uid == nobody.pw_uid
 
 
 # ---- the walk itself (no job needed) ---------------------------------------------------------------

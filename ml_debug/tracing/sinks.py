@@ -41,7 +41,9 @@ class StreamSink:
         self.out[0] = lambda s: sys.stdout.write(s)  # the current stdout, as trace.Trace prints
 
     def open(self, path: str, header: str) -> None:
-        f = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+        # never through a link planted at the trace file's name (the directory may be shared)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        f = open(fd, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
         f.write(header)
         f.flush()
         self.file = f
@@ -139,9 +141,10 @@ class RingSink:
                 lines.append(f"# thread {st.tag.strip() or '{main}'} ident={st.ident} last {len(events)} events\n")
                 for t, body in events:
                     lines.append(render(t - t0 if (t is not None and self._timing) else None, pfx, st.tag, body))
-            tmp = f"{path}.{os.getpid()}.{self._dumps}.tmp"
+            tmp = f"{path}.{os.getpid()}.{os.urandom(6).hex()}.tmp"  # a new file: nothing planted is written
             try:
-                with open(tmp, "w", encoding="utf-8", errors="replace") as f:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+                with open(fd, "w", encoding="utf-8", errors="replace") as f:
                     f.write("".join(lines))
                 os.replace(tmp, path)
             except OSError:
