@@ -39,9 +39,10 @@ def _rank() -> int:
 
 def dump_json() -> bytes:
     """This process's Flight Recorder buffer as JSON (``_dump_fr_trace_json(True, False)``: bytes)."""
-    from torch._C._distributed_c10d import _dump_fr_trace_json
+    import torch._C._distributed_c10d as c10d
 
-    data = _dump_fr_trace_json(True, False)
+    # a private binding that torch's type stubs do not declare
+    data = vars(c10d)["_dump_fr_trace_json"](True, False)
     return data.encode() if isinstance(data, str) else bytes(data)
 
 
