@@ -87,16 +87,17 @@ class _Gone(Exception):
     pass
 
 
-def _why(pid: int, stderr: str, timed_out: bool, seconds: float, ptrace: PtraceCheck | None,
+def _why(pid: int, stderr: str, timed_out: bool, limit: float, option: str, ptrace: PtraceCheck | None,
          target_uid: int | None) -> tuple[str, str | None, bool]:
-    """(reason, fix, final): final means no other dumper can do better."""
+    """(reason, fix, final): final means no other dumper can do better. A timeout names the limit
+    the user set (`option`), not the time it took to stop a dumper that ignored SIGTERM."""
     state = process_state(pid)
     if state is None:
         return "process exited during the dump", None, True
     if state == "Z":
         return "process exited (zombie: its parent has not reaped it yet)", None, True
     if timed_out:
-        return f"timed out after {seconds:.0f} s", "raise --timeout; a process in state D (uninterruptible I/O) " \
+        return f"timed out after {limit:g} s", f"raise {option}; a process in state D (uninterruptible I/O) " \
             "cannot be attached until the I/O returns", False
     low = stderr.lower()
     if "permission denied" in low or "operation not permitted" in low or "eperm" in low:
@@ -165,7 +166,8 @@ def dump_process(pid: int, tools: Tools, opts: DumpOptions, ptrace: PtraceCheck 
             result.ok, result.dumper, result.threads = True, step, threads
             result.error = None
             break
-        reason, fix, final = _why(pid, run.stderr, run.timed_out, run.seconds, ptrace, target_uid)
+        limit, option = (opts.gdb_timeout, "--gdb-timeout") if step == "gdb" else (opts.timeout, "--timeout")
+        reason, fix, final = _why(pid, run.stderr, run.timed_out, limit, option, ptrace, target_uid)
         result.attempts.append(Attempt(step, False, round(run.seconds, 3), reason))
         result.error, result.fix = reason, fix
         if final:
