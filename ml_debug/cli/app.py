@@ -28,6 +28,7 @@ COMMANDS = {
     "trace-tail": "trace",
     "exec": "remote_exec",
     "train": "train",
+    "top": "top",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).

@@ -1,0 +1,80 @@
+"""`mldebug top --agent`: sample this node on every tick and print one JSON line, until told to stop.
+
+The client starts one agent per node (over ssh, with ``srun --overlap``, or here) and reads its
+stdout as a stream. Samples are taken on wall-clock ticks (multiples of the interval), so the
+values of all nodes in one round describe the same moment.
+
+The agent stops when its stdin reaches end of file (the ssh session or the client went away),
+when stdout is closed (broken pipe), when it is re-parented (whatever started it died), or when
+it is killed. It never waits for anything but its next tick.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import stat
+import sys
+import time
+from typing import IO, Any
+
+from ml_debug.top.options import TopOptions
+
+
+def _watch_stdin(fd: int) -> bool:
+    """Only a pipe or socket tells us the client left (srun --input=none gives /dev/null)."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def first_tick(start: float, interval: float) -> int:
+    """The first tick at least half an interval away (CPU % needs a span to be measured over)."""
+    return math.ceil((start + min(0.5 * interval, 0.5)) / interval)
+
+
+def run_agent(opts: TopOptions, out: IO[bytes] | None = None, stdin_fd: int = 0,
+              sampler: Any = None, max_samples: int | None = None) -> int:
+    """The agent loop; returns the exit code (0 when the client went away)."""
+    from ml_debug.top.sampler import NodeSampler
+
+    out = out if out is not None else sys.stdout.buffer
+    interval = opts.interval
+    sampler = sampler if sampler is not None else NodeSampler(opts)
+    watch = [stdin_fd] if _watch_stdin(stdin_fd) else []
+    parent = os.getppid()
+    tick = first_tick(time.time(), interval)
+    sent = 0
+    try:
+        while True:
+            while True:
+                left = tick * interval - time.time()
+                if left <= 0:
+                    break
+                ready, _, _ = select.select(watch, [], [], left)
+                if ready:
+                    try:
+                        data = os.read(stdin_fd, 4096)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        return 0
+                if os.getppid() != parent:
+                    return 0
+            line = json.dumps(sampler.sample(tick), separators=(",", ":"), allow_nan=False)
+            try:
+                out.write(line.encode() + b"\n")
+                out.flush()
+            except (BrokenPipeError, OSError):
+                return 0
+            sent += 1
+            if max_samples is not None and sent >= max_samples:
+                return 0
+            # A sample that took longer than an interval (a loaded node) skips ticks, never piles up.
+            tick = max(tick + 1, math.floor(time.time() / interval) + 1)
+    finally:
+        sampler.close()

@@ -1,0 +1,121 @@
+"""The cluster at one moment: every node's last sample, whether it still answers, and the outliers.
+
+:func:`snapshot` turns the client's feeds into the ``result`` of the ``mldebug.top`` JSON document
+(schema in ml_debug/schemas/top.json); the live view, the plain text and ``--json`` all show this
+one structure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ml_debug.core.errors import ExitCode
+from ml_debug.remote.targets import TargetSpec
+from ml_debug.top.options import TopOptions
+from ml_debug.top.outliers import find_outliers
+
+SCHEMA = "mldebug.top"
+SCHEMA_VERSION = 1
+
+OK = "ok"
+CONNECTING = "connecting"
+NOT_ANSWERING = "not answering"
+FAILED = "failed"
+
+
+def node_status(feed: Any, now: float, grace_s: float) -> tuple[str, float | None]:
+    """(status, age of the last values in seconds) of one node."""
+    age = None if feed.received is None else max(0.0, now - feed.received)
+    if feed.ended:
+        return FAILED, age
+    if age is not None:
+        return (OK if age <= grace_s else NOT_ANSWERING), age
+    return (CONNECTING if now - feed.started <= grace_s else NOT_ANSWERING), age
+
+
+def node_entry(feed: Any, now: float, grace_s: float) -> dict[str, Any]:
+    status, age = node_status(feed, now, grace_s)
+    s = feed.sample or {}
+    node = s.get("node") or {}
+    error = feed.error
+    if status == NOT_ANSWERING and error is None:
+        error = (f"no sample for {age:.0f} s" if age is not None else
+                 f"no answer within {grace_s:g} s (--interval + --timeout)")
+    return {
+        "target": feed.label,
+        "host": node.get("host"),
+        "status": status,
+        "age_s": None if age is None else round(age, 1),
+        "error": error,
+        "note": feed.note,
+        "seq": s.get("seq"),
+        "sampled_at": s.get("time"),
+        "cpus": node.get("cpus"),
+        "cpu_pct": node.get("cpu_pct"),
+        "load1": node.get("load1"),
+        "mem_total_bytes": node.get("mem_total_bytes"),
+        "mem_used_bytes": node.get("mem_used_bytes"),
+        "agent_cpu_pct": node.get("agent_cpu_pct"),
+        "nvml": s.get("nvml"),
+        "gpus": list(s.get("gpus") or []),
+        "ranks": list(s.get("ranks") or []),
+        "progress": list(s.get("progress") or []),
+        "notes": list(s.get("notes") or []),
+    }
+
+
+def exit_code(result: dict[str, Any]) -> int:
+    """4 when a node did not answer, else 1 when something stands out, else 0."""
+    if result["not_answering"]:
+        return int(ExitCode.PARTIAL)
+    return int(ExitCode.PROBLEM) if result["outliers"] else int(ExitCode.OK)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def summary(result: dict[str, Any]) -> str:
+    c = result["counts"]
+    parts = [f"{c['answering']}/{c['nodes']} nodes answering"]
+    silent = [n for n in result["nodes"] if n["status"] != OK]
+    if silent:
+        parts[0] += " (" + "; ".join(f"{n['target']}: {n['status']}" + (f", {n['error']}" if n["error"] else "")
+                                     for n in silent[:3]) + ("; ..." if len(silent) > 3 else "") + ")"
+    text = ", ".join([*parts, _plural(c["ranks"], "rank"), _plural(c["gpus"], "GPU")])
+    if result["outliers"]:
+        text += f"; {_plural(len(result['outliers']), 'outlier')}: {result['outliers'][0]['message']}"
+        if len(result["outliers"]) > 1:
+            text += " ..."
+    else:
+        text += "; nothing stands out"
+    return text
+
+
+def snapshot(feeds: Sequence[Any], spec: TargetSpec, opts: TopOptions, *, started: float,
+             now: float | None = None) -> dict[str, Any]:
+    """The ``mldebug.top`` result for the feeds as they are now."""
+    now = time.monotonic() if now is None else now
+    nodes = [node_entry(f, now, opts.grace_s) for f in feeds]
+    outliers = find_outliers(nodes)
+    live = [n for n in nodes if n["status"] == OK]
+    result: dict[str, Any] = {
+        "summary": "",
+        "transport": spec.kind,
+        "slurm_job": spec.slurm_job,
+        "interval_s": opts.interval,
+        "timeout_s": opts.timeout,
+        "elapsed_s": round(now - started, 2),
+        "counts": {"nodes": len(nodes), "answering": len(live), "not_answering": len(nodes) - len(live),
+                   "ranks": sum(len(n["ranks"]) for n in nodes), "gpus": sum(len(n["gpus"]) for n in nodes),
+                   "outliers": len(outliers)},
+        "nodes": nodes,
+        "not_answering": [n["target"] for n in nodes if n["status"] != OK],
+        "outliers": outliers,
+        "exit_code": 0,
+    }
+    result["summary"] = summary(result)
+    result["exit_code"] = exit_code(result)
+    return result

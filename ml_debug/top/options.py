@@ -1,0 +1,76 @@
+"""The options of `mldebug top` (cheap to import: the CLI builds its options from them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ml_debug.core.errors import UsageError
+from ml_debug.core.options import option
+
+WHAT = "What to show"
+WHICH = "Which processes"
+TIMING = "Timing"
+
+SORT_KEYS = ("node", "cpu", "gpu", "rate", "flags")
+"""Orders of the node rows: by name, node CPU % (highest first), mean GPU utilisation (highest
+first), median step rate (slowest first), or nodes with something to look at first."""
+
+
+def parse_env_filter(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> (KEY, VALUE)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise UsageError(f"--env {item!r} is not KEY=VALUE", "e.g. --env SLURM_JOB_ID=123")
+    return key, value
+
+
+def parse_sort(word: str) -> str:
+    if word not in SORT_KEYS:
+        raise UsageError(f"--sort {word!r} is not a sort key", f"one of: {', '.join(SORT_KEYS)}")
+    return word
+
+
+@dataclass(frozen=True)
+class TopOptions:
+    """What `mldebug top` samples, how often, and how it shows it."""
+
+    interval: float = option(1.0, min=0.1, max=3600.0, metavar="S", panel=TIMING,
+                             help="Seconds between samples. Every node samples on the same wall-clock tick.")
+    timeout: float = option(10.0, min=0.5, max=3600.0, metavar="S", panel=TIMING, forward=False,
+                            help="A node that sends nothing for --interval plus this long is shown as not answering "
+                                 "(greyed, with the age of its last values); the others keep updating.")
+    once: bool = option(False, panel=WHAT, forward=False,
+                        help="Print one snapshot and exit (exit 4 when a node did not answer in time).")
+    count: int = option(0, min=0, metavar="N", panel=WHAT, forward=False,
+                        help="Print N snapshots, one per interval, then exit (0: until Ctrl-C). Used when stdout is "
+                             "not a terminal, or with --json (one JSON document per line).")
+    gpus: bool = option(False, flags=("--gpus", "-g"), panel=WHAT, forward=False,
+                        help="Show one row per GPU under each node (key g toggles it in the live view).")
+    ranks: bool = option(False, flags=("--ranks", "-r"), panel=WHAT, forward=False,
+                         help="Show one row per rank process under each node (key r toggles it).")
+    sort: str = option("node", metavar="KEY", panel=WHAT, forward=False, parse=parse_sort,
+                       help=f"Order of the node rows: {', '.join(SORT_KEYS)} (key s cycles through them).")
+    progress_files: list[str] = option(
+        flags=("--progress-file",), default_factory=list, metavar="PATTERN", panel=WHICH,
+        help="A file whose growth is the job's progress (repeatable; a glob on each node). {rank} stands for a "
+             "rank's number, e.g. 'run/metrics/rank-{rank}.jsonl' (mldebug train --metrics-dir). The step is the "
+             "'step' field of the last JSON line, else the count of new lines; its rate is shown per rank.")
+    pattern: str | None = option(None, metavar="REGEX", panel=WHICH,
+                                 help="Show processes whose command line matches (like pgrep -f) instead of the "
+                                      "ranks found under launchers.")
+    user: str | None = option(None, metavar="USER", panel=WHICH, help="Only processes of this user (name or uid).")
+    env: list[tuple[str, str]] = option(
+        default_factory=list, metavar="KEY=VALUE", panel=WHICH, parse=parse_env_filter, format="=".join,
+        help="Only processes whose environment has KEY=VALUE (repeatable), e.g. --env SLURM_JOB_ID=123. With "
+             "--slurm-job, SLURM_JOB_ID is added for you.")
+    agent: bool = option(False, hidden=True, forward=False,
+                         help="Internal: sample this node and print one JSON line per interval until stdin closes.")
+
+    @property
+    def env_filter(self) -> dict[str, str]:
+        return dict(self.env)
+
+    @property
+    def grace_s(self) -> float:
+        """How long a node may stay silent before it is "not answering"."""
+        return self.interval + self.timeout

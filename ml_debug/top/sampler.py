@@ -1,0 +1,164 @@
+"""One node's sample: its CPU, memory and load, its GPUs, and every rank process of the job.
+
+The ranks are found the way dump-stacks finds them (:func:`ml_debug.procs.find_targets`: the
+children of torchrun/srun/deepspeed/mpirun, labelled from /proc/PID/environ), again every few
+seconds so a restarted job is picked up; between two searches only the known pids are read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from typing import Any
+
+from ml_debug import __version__
+from ml_debug.top.options import TopOptions
+from ml_debug.top.procstat import (
+    CpuMeter,
+    NodeCounters,
+    node_cpu_percent,
+    read_loadavg,
+    read_meminfo,
+    read_node_counters,
+    read_proc_sample,
+)
+from ml_debug.top.progress import ProgressReader
+
+SAMPLE_SCHEMA = "mldebug.top.sample"
+SAMPLE_VERSION = 1
+
+AGENT_MARK = "MLDEBUG_TOP_AGENT"
+"""Set in the environment of every agent, so that an agent never takes another one for a rank."""
+
+REDISCOVER_S = 5.0
+MAX_CMDLINE = 300
+
+_SELF = re.compile(r"(mldebug|ml_debug)\b.*\btop\b.*--agent\b")
+
+
+def is_agent(cmdline: str, env: dict[str, str] | None) -> bool:
+    """An `mldebug top --agent` process (ours or another user's), which is never a rank."""
+    return bool(env and AGENT_MARK in env) or bool(_SELF.search(cmdline))
+
+
+class NodeSampler:
+    """Samples this node; one instance per agent, called once per interval."""
+
+    def __init__(self, opts: TopOptions, gpu_sampler: Any = None) -> None:
+        from ml_debug.top.gpus import GpuSampler
+
+        self.opts = opts
+        self.host = socket.gethostname()
+        self.gpus = gpu_sampler if gpu_sampler is not None else GpuSampler()
+        self.cpu = CpuMeter()
+        self.progress = ProgressReader(opts.progress_files)
+        self.targets: list[Any] = []
+        self.notes: list[str] = []
+        self._found_at = -1e9
+        self._node_prev: NodeCounters | None = read_node_counters()
+        self._agent_cpu_prev = time.process_time()
+        self._agent_wall_prev = time.monotonic()
+        self.seq = 0
+        self.prime()
+
+    def prime(self) -> None:
+        """First readings of every rank and progress file, so the first sample already has rates."""
+        now = time.monotonic()
+        self.discover()
+        for t in self.targets:
+            s = read_proc_sample(t.pid)
+            if s is not None:
+                self.cpu.percent(s, now)
+        if self.progress.patterns:
+            for path in self.progress.paths_for((t.rank, t.local_rank) for t in self.targets):
+                self.progress.read(path, now)
+
+    # -- rank processes -------------------------------------------------------------------------
+    def discover(self) -> None:
+        from ml_debug.procs import find_targets
+        from ml_debug.procs.labels import read_environ
+
+        found = find_targets(pattern=self.opts.pattern, user=self.opts.user, env=self.opts.env_filter or None,
+                             host=self.host)
+        self.targets = [t for t in found.targets if not is_agent(t.cmdline, read_environ(t.pid))]
+        self.notes = list(found.notes)
+        self._found_at = time.monotonic()
+
+    def _rank_rows(self, now: float) -> list[dict[str, Any]]:
+        if now - self._found_at >= REDISCOVER_S:
+            self.discover()
+        rows: list[dict[str, Any]] = []
+        gone = False
+        for t in self.targets:
+            s = read_proc_sample(t.pid)
+            if s is None or s.state in ("X",):
+                gone = True
+                continue
+            cpu = self.cpu.percent(s, now)
+            rows.append({
+                "pid": t.pid, "rank": t.rank, "local_rank": t.local_rank, "world_size": t.world_size,
+                "label": t.label, "rank_source": t.rank_source, "user": t.user,
+                "cmdline": t.cmdline[:MAX_CMDLINE], "state": s.state,
+                "cpu_pct": None if cpu is None else round(cpu, 1), "rss_bytes": s.rss_bytes, "threads": s.threads,
+                "gpu": None, "progress": None,
+            })
+        if gone:  # a rank exited: look again at the next sample (the job may be restarting)
+            self._found_at = -1e9
+        self.cpu.forget_except({r["pid"] for r in rows})
+        return rows
+
+    def _progress(self, rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        if not self.progress.patterns:
+            return []
+        wall = time.time()
+        paths = self.progress.paths_for((r["rank"], r["local_rank"]) for r in rows)
+        by_rank = {r["rank"]: r for r in rows if r["rank"] is not None}
+        node_files: list[dict[str, Any]] = []
+        for path, rank in paths.items():
+            info = self.progress.read(path, now).as_dict(wall)
+            row = by_rank.get(rank) if rank is not None else None
+            if row is not None and row["progress"] is None:
+                row["progress"] = info
+            else:
+                info["rank"] = rank
+                node_files.append(info)
+        self.progress.forget_except(paths)
+        return node_files
+
+    # -- one sample -----------------------------------------------------------------------------
+    def sample(self, tick: int | None = None) -> dict[str, Any]:
+        """The JSON-ready sample of this node now."""
+        now = time.monotonic()
+        self.seq += 1
+        rows = self._rank_rows(now)
+        gpus = self.gpus.sample()
+        by_pid = {r["pid"]: r for r in rows}
+        for g in gpus:
+            for pid in g.get("pids") or []:
+                if pid in by_pid:
+                    by_pid[pid]["gpu"] = [*(by_pid[pid]["gpu"] or []), g["index"]]
+        node_files = self._progress(rows, now)
+        counters = read_node_counters()
+        cpu_pct = node_cpu_percent(self._node_prev, counters)
+        self._node_prev = counters
+        mem_total, mem_used = read_meminfo()
+        agent_cpu = time.process_time()
+        agent_pct = 100.0 * (agent_cpu - self._agent_cpu_prev) / max(1e-6, now - self._agent_wall_prev)
+        self._agent_cpu_prev, self._agent_wall_prev = agent_cpu, now
+        return {
+            "schema": SAMPLE_SCHEMA, "v": SAMPLE_VERSION, "mldebug_version": __version__,
+            "seq": self.seq, "tick": tick, "time": round(time.time(), 3), "interval_s": self.opts.interval,
+            "node": {"host": self.host, "cpus": os.cpu_count(), "cpu_pct": cpu_pct, "load1": read_loadavg(),
+                     "mem_total_bytes": mem_total, "mem_used_bytes": mem_used,
+                     "agent_cpu_pct": round(agent_pct, 2)},
+            "nvml": self.gpus.status(),
+            "gpus": gpus,
+            "ranks": rows,
+            "progress": node_files,
+            "notes": self.notes,
+        }
+
+    def close(self) -> None:
+        self.gpus.close()
