@@ -103,6 +103,7 @@ def test_four_rank_job_odd_rank_stands_out(tmp_path: Path):
             except UsageError:
                 report = None
             if (report and len(report.files) == 4 and len(report.groups) == 2
+                    and report.groups[0].ending and report.groups[1].ending
                     and report.groups[0].ending[-1].endswith("dist.barrier()")
                     and report.groups[1].ending[-1].endswith("with open(fifo) as f:  # blocks until the test writes: this rank is somewhere else")):
                 break

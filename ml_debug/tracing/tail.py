@@ -20,8 +20,9 @@ from ml_debug.core.errors import UsageError
 from ml_debug.core.safefs import Refused
 
 FILE_RE = re.compile(r"^trace-(?P<host>.+)-(?P<rank>\d+|na)-(?P<pid>\d+)\.txt$")
-_PREFIX_RE = re.compile(r"^(?P<ts>\d+:\d\d:\d\d\.\d+ )?(?:\[pid \d+\] )?")
-_TS_RE = re.compile(r"^(\d+):(\d\d):(\d\d)\.(\d+) ")
+# nicer format: "[H:MM:SS.ffffff ][[pid N] ]..."; seed format (--format seed): "[PID ][H:MM:SS ]..."
+_PREFIX_RE = re.compile(r"^(?:\d+ (?=\d+:\d\d:\d\d |\s))?(?P<ts>\d+:\d\d:\d\d(?:\.\d+)? )?(?:\[pid \d+\] )?")
+_TS_RE = re.compile(r"^(?:\d+ (?=\d+:\d\d:\d\d ))?(\d+):(\d\d):(\d\d)(?:\.(\d+))? ")
 _ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
 _ANON_THREAD_RE = re.compile(r"^\{thread-\d+\} ")
 BLOCK = 1 << 16
@@ -97,7 +98,7 @@ def _elapsed(line: str) -> float | None:
     if not m:
         return None
     h, mi, s, frac = m.groups()
-    return int(h) * 3600 + int(mi) * 60 + int(s) + int(frac) / 10 ** len(frac)
+    return int(h) * 3600 + int(mi) * 60 + int(s) + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
 def _locate(paths: Iterable[str | os.PathLike[str]]) -> dict[Path, Path]:
