@@ -325,8 +325,8 @@ def fetch(env: dict[str, str], rank: int | None, pid: int, timeout: float, owner
                                                             cwd_fd=cwd_fd, max_bytes=MAX_DUMP_BYTES),
                               rec["file"], since, deadline)
         if data is None:
-            rec["error"] = (f"no dump in {rec['file']} within {timeout:g} s (is TORCH_FR_BUFFER_SIZE>0 set, and "
-                            "the rank alive?)")
+            rec["error"] = (f"no dump in {rec['file']} within {timeout:g} s (is TORCH_FR_BUFFER_SIZE>0 set "
+                            "(TORCH_NCCL_TRACE_BUFFER_SIZE on older torch), and the rank alive?)")
             return rec
         rec["process_groups"] = summarise_dump(parse_dump(data))
         rec["ok"] = True
