@@ -23,6 +23,8 @@ import secrets
 import threading
 import time
 
+from ml_debug.core.rankvars import rank_from_env
+
 ENV_DIR = "MLDEBUG_FR_DIR"
 POLL_S = 0.2
 
@@ -30,11 +32,8 @@ _started: threading.Thread | None = None
 
 
 def _rank() -> int:
-    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        value = os.environ.get(name, "").strip()
-        if value.isdigit():
-            return int(value)
-    return 0
+    found = rank_from_env()
+    return 0 if found is None else found[0]
 
 
 def dump_json() -> bytes:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug.core import output, testhooks
-from ml_debug.core.errors import first_line
+from ml_debug.core.errors import ExitCode, first_line
 from ml_debug.dist.device import DeviceChoice, choose_device
 from ml_debug.dist.group import init_process_group, is_timeout_error, teardown
 from ml_debug.dist.rollcall import DEAD_AFTER_S, Absent, RollCall
@@ -123,7 +123,7 @@ class _Watchdog:
                                                    f"watchdog: {stage} did not return within {self._budget:g} s"))
                 self.writer.write(self.rep, "watchdog")
                 output.log(f"{self.label} gpu-test: {stage} hung for {self._budget:g} s; exiting (code 4)")
-                os._exit(4)
+                os._exit(ExitCode.PARTIAL)
 
 
 def _defer_sigterm(budget_s: float) -> None:

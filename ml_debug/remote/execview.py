@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ml_debug.core.errors import ExitCode
 from ml_debug.remote.hostlist import compress_hostlist
 from ml_debug.remote.result import NOT_REACHED, NodeResult
 from ml_debug.remote.targets import TargetSpec
@@ -52,8 +53,8 @@ def build_report(spec: TargetSpec, command: Sequence[str], results: Sequence[Nod
 def exit_code(results: Sequence[NodeResult]) -> int:
     """4 when some node never answered, else 1 when a command failed, else 0."""
     if any(r.failure in NOT_REACHED for r in results):
-        return 4
-    return 1 if any(r.failure for r in results) else 0
+        return ExitCode.PARTIAL
+    return ExitCode.PROBLEM if any(r.failure for r in results) else ExitCode.OK
 
 
 def print_prefixed(r: NodeResult) -> None:

@@ -9,16 +9,15 @@ import os
 import socket
 import sys
 
-RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+from ml_debug.core.rankvars import RANK_VARS, rank_from_env
+
+__all__ = ["RANK_VARS", "detect_rank", "trace_file_name"]
 
 
 def detect_rank() -> str:
     """The global rank from the launcher's environment, or ``"na"``."""
-    for var in RANK_VARS:
-        value = os.environ.get(var, "").strip()
-        if value.isdigit():
-            return value
-    return "na"
+    found = rank_from_env()
+    return "na" if found is None else str(found[0])
 
 
 def trace_file_name(pid: int | None = None, host: str | None = None, rank: str | None = None) -> str:
