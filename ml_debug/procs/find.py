@@ -2,9 +2,10 @@
 
 The shell equivalent is ``pgrep -P $(pgrep -o torchrun)``, done properly: launchers are
 recognised however they were started (``torchrun``, ``python -m torch.distributed.run``,
-deepspeed, accelerate, srun/slurmstepd, mpirun/orted/hydra), wrapper shells between a
-launcher and its ranks are walked through, a rank's own children (data loader workers,
-compile workers) are not taken as ranks, and mldebug never picks itself.
+deepspeed, accelerate, srun/slurmstepd, mpirun/orted/hydra, mldebug's own
+``mldebug <command> --nproc-per-node N``), wrapper shells between a launcher and its ranks are
+walked through, a rank's own children (data loader workers, compile workers) are not taken as
+ranks, and mldebug never picks itself.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ _LAUNCHER_MODULES = {
     "accelerate.commands.accelerate_cli": "accelerate",
 }
 _LAUNCHER_SCRIPTS = ("torch/distributed/run.py", "torch/distributed/launch.py")
+# mldebug's own self-launcher (`mldebug train --nproc-per-node 2`): its ranks are its children
+_SELF_LAUNCH_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+
+
+def _self_launching(args: list[str]) -> bool:
+    return any(a in _SELF_LAUNCH_FLAGS or a.startswith(tuple(f + "=" for f in _SELF_LAUNCH_FLAGS)) for a in args)
 
 
 @dataclass
@@ -100,7 +107,7 @@ def is_python(info: ProcInfo) -> bool:
 
 
 def launcher_kind(info: ProcInfo) -> str | None:
-    """The launcher this process is (torchrun, deepspeed, accelerate, srun, slurmstepd, mpirun) or None."""
+    """The launcher this process is (torchrun, deepspeed, accelerate, srun, slurmstepd, mpirun, mldebug) or None."""
     argv = info.cmdline
     if info.name == "slurmstepd" or (argv and argv[0].startswith("slurmstepd")):
         return "slurmstepd"
@@ -111,15 +118,21 @@ def launcher_kind(info: ProcInfo) -> str | None:
         return None
     if kind:
         return kind
+    if _base(argv[0]) == "mldebug" and _self_launching(argv[1:]):
+        return "mldebug"
     if is_python(info):
         # python [-opts] -m module ... | python [-opts] script ...
         i = 1
         while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
             i += 1
         if i < len(argv) and argv[i] == "-m" and i + 1 < len(argv):
+            if argv[i + 1] == "ml_debug" and _self_launching(argv[i + 2:]):
+                return "mldebug"
             return _LAUNCHER_MODULES.get(argv[i + 1])
         if i < len(argv):
             script = argv[i]
+            if _base(script) == "mldebug" and _self_launching(argv[i + 1:]):
+                return "mldebug"
             if script.endswith(_LAUNCHER_SCRIPTS):
                 return "torchrun"
             kind = _LAUNCHER_NAMES.get(_base(script))

@@ -1,0 +1,254 @@
+"""Flight Recorder cross-rank analysis: match every process group's collectives by sequence number.
+
+Each rank's Flight Recorder numbers the collectives of a process group 1, 2, 3 ... in the order
+the rank issued them (``collective_seq_id``). Ranks that run the same program issue the same
+collective under the same number, so lining the ranks' entries up by that number tells, like
+PyTorch's own ``fr_trace`` analyser does:
+
+- **not enqueued**: the ranks that never issued collective #N which others issued (they are
+  stuck before it, or went another way);
+- **mismatch** (a desync): collective #N has a different op, size or dtype on some ranks. Where
+  the ranks split evenly, the signature this process group has used before is taken as the
+  normal one, so the rank that issued something new is the one named;
+- **first incomplete**: the first collective that some rank issued and that did not complete.
+
+Input: the per-rank records of :mod:`ml_debug.stacks.flight` (``ok`` ones carry ``collectives``:
+the compact entries :func:`compact` keeps of each dump). Output: plain data for the report's
+``flight_recorder.analysis`` and one sentence per finding. Pure: no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+KEEP_PER_GROUP = 64
+"""Entries kept per process group and rank: the analysis looks at the last collectives only."""
+
+# Collectives whose sizes legitimately differ between ranks (uneven all_to_all splits; the root of
+# a gather/scatter holds the whole buffer): only their op is compared.
+SIZES_MAY_DIFFER = ("all_to_all", "alltoall", "gather", "scatter")
+
+
+def _text(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def compact(dump: dict[str, Any], keep: int = KEEP_PER_GROUP) -> list[dict[str, Any]]:
+    """Per process group of one rank's dump: its status and its last `keep` collectives (not p2p)."""
+    status = dump.get("pg_status") or {}
+    groups: dict[str, dict[str, Any]] = {}
+    for pg_id, st in status.items():
+        if isinstance(st, dict):
+            groups[_text(pg_id)] = {"pg_id": _text(pg_id), "name": None, "desc": "",
+                                    "last_enqueued": _int(st.get("last_enqueued_collective")),
+                                    "last_completed": _int(st.get("last_completed_collective")), "entries": []}
+    for e in dump.get("entries") or []:
+        if not isinstance(e, dict) or e.get("is_p2p"):
+            continue
+        seq = _int(e.get("collective_seq_id"))
+        if seq is None or seq < 1:
+            continue
+        pg_id = _text(e.get("pg_id"))
+        g = groups.setdefault(pg_id, {"pg_id": pg_id, "name": None, "desc": "", "last_enqueued": None,
+                                      "last_completed": None, "entries": []})
+        pg = e.get("process_group") or []
+        if g["name"] is None and pg:
+            g["name"] = _text(pg[0])
+            g["desc"] = _text(pg[1]) if len(pg) > 1 else ""
+        g["entries"].append({"seq": seq, "op": _text(e.get("profiling_name", "?")),
+                             "input_sizes": e.get("input_sizes"), "output_sizes": e.get("output_sizes"),
+                             "input_dtypes": e.get("input_dtypes"), "output_dtypes": e.get("output_dtypes"),
+                             "state": _text(e.get("state", "?"))})
+    out = []
+    for g in sorted(groups.values(), key=lambda g: g["pg_id"]):
+        g["entries"] = sorted(g["entries"], key=lambda x: x["seq"])[-keep:]
+        out.append(g)
+    return out
+
+
+# ---- matching ----------------------------------------------------------------------------------
+
+def _who(rec: dict[str, Any]) -> str:
+    return f"rank {rec['rank']}" if rec.get("rank") is not None else f"pid {rec.get('pid')}"
+
+
+def _list(recs: Iterable[dict[str, Any]]) -> str:
+    names = [_who(r) for r in recs]
+    if all(n.startswith("rank ") for n in names) and len(names) > 1:
+        from ml_debug.core.ranges import compress
+
+        return "ranks " + compress(int(n.split()[1]) for n in names)
+    return ", ".join(names)
+
+
+def _members(recs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"rank": r.get("rank"), "host": r.get("host"), "pid": r.get("pid")} for r in recs]
+
+
+def _shape(v: Any) -> str:
+    return str(v).replace(" ", "") if v not in (None, []) else "[]"
+
+
+def signature(e: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(op, input sizes, output sizes, dtypes) as compared between ranks."""
+    dtypes = sorted({*map(str, e.get("input_dtypes") or []), *map(str, e.get("output_dtypes") or [])})
+    return (e["op"], _shape(e.get("input_sizes")), _shape(e.get("output_sizes")), ",".join(dtypes))
+
+
+def describe_entry(e: dict[str, Any]) -> str:
+    """`gloo:all_reduce [[7]] Float`."""
+    dtypes = ",".join(sorted({str(d) for d in e.get("input_dtypes") or []}))
+    return f"{e['op']} {_shape(e.get('input_sizes'))}" + (f" {dtypes}" if dtypes else "")
+
+
+def _kind(a: tuple[str, str, str, str], b: tuple[str, str, str, str]) -> str:
+    if a[0] != b[0]:
+        return "op"
+    if a[1:3] != b[1:3]:
+        return "size"
+    return "dtype"
+
+
+def _comparable(sigs: list[tuple[str, str, str, str]]) -> list[tuple[str, ...]]:
+    """What must agree: the whole signature, or only the op for collectives whose sizes may differ."""
+    if any(any(k in s[0] for k in SIZES_MAY_DIFFER) for s in sigs):
+        return [(s[0],) for s in sigs]
+    return list(sigs)
+
+
+def _mismatch(members: list[tuple[dict[str, Any], dict[str, Any]]], common: int, low: int) -> dict[str, Any] | None:
+    """The first collective number in low..common whose signature differs between the ranks that kept it."""
+    history: Counter[tuple[str, ...]] = Counter()
+    for seq in range(low, common + 1):
+        have = [(rec, e) for rec, g in members for e in g["entries"] if e["seq"] == seq]
+        if len(have) < 2:
+            continue
+        sigs = [signature(e) for _, e in have]
+        keys = _comparable(sigs)
+        if len(set(keys)) > 1:
+            split: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+            for key, item in zip(keys, have, strict=True):
+                split.setdefault(key, []).append(item)
+            # the normal side: most ranks; on a tie, the signature this group issued before
+            ordered = sorted(split.items(), key=lambda kv: (len(kv[1]), history[kv[0]]), reverse=True)
+            normal_key = ordered[0][0]
+            sides = [{"ranks": [r.get("rank") for r, _ in items], "who": _list(r for r, _ in items),
+                      "members": _members(r for r, _ in items), "op": items[0][1]["op"], "input_sizes": items[0][1].get("input_sizes"),
+                      "output_sizes": items[0][1].get("output_sizes"),
+                      "dtypes": sorted({str(d) for d in items[0][1].get("input_dtypes") or []}),
+                      "text": describe_entry(items[0][1]), "odd": key != normal_key}
+                     for key, items in ordered]
+            normal_sig = signature(ordered[0][1][0][1])
+            odd_sig = signature(ordered[1][1][0][1])
+            return {"seq": seq, "kind": _kind(normal_sig, odd_sig), "sides": sides}
+        history.update(keys[:1])
+    return None
+
+
+def _entry_at(members: list[tuple[dict[str, Any], dict[str, Any]]], seq: int) -> dict[str, Any] | None:
+    for _, g in members:
+        for e in g["entries"]:
+            if e["seq"] == seq:
+                return e
+    return None
+
+
+def analyse_group(name: str, members: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """The analysis of one process group: `members` are (rank record, that rank's group data)."""
+    desc = next((g["desc"] for _, g in members if g.get("desc")), "")
+    enq = {id(r): g["last_enqueued"] for r, g in members if g.get("last_enqueued") is not None}
+    done = {id(r): g["last_completed"] for r, g in members if g.get("last_completed") is not None}
+    out: dict[str, Any] = {"pg": name, "desc": desc, "ranks": [r.get("rank") for r, _ in members],
+                           "last_enqueued": {_who(r): g.get("last_enqueued") for r, g in members},
+                           "last_completed": {_who(r): g.get("last_completed") for r, g in members},
+                           "not_enqueued": [], "mismatch": None, "first_incomplete": None}
+    if not enq:
+        return out
+    top = max(enq.values())
+    # (a) ranks that never issued a collective others issued: one finding per first missing number
+    late = sorted({v for v in enq.values() if v < top})
+    for v in late:
+        missing = [r for r, g in members if enq.get(id(r)) == v]
+        issued = [r for r, g in members if (enq.get(id(r)) or 0) > v]
+        e = _entry_at([(r, g) for r, g in members if (enq.get(id(r)) or 0) > v], v + 1)
+        out["not_enqueued"].append({"seq": v + 1, "ranks": [r.get("rank") for r in missing],
+                                    "who": _list(missing), "by": [r.get("rank") for r in issued],
+                                    "by_who": _list(issued), "members": _members(missing),
+                                    "op": e["op"] if e else None, "text": describe_entry(e) if e else None})
+    # (b) the first collective whose signature differs, among the numbers every rank issued
+    common = min(enq.values())
+    low = max([1, *(g["entries"][0]["seq"] for _, g in members if g["entries"])])
+    out["mismatch"] = _mismatch(members, common, low)
+    # (c) the first collective some rank issued and that did not complete
+    first = min(done.values()) + 1 if done else None
+    if first is not None and first <= top:
+        e = _entry_at(members, first)
+        have = [r for r, g in members if (enq.get(id(r)) or 0) >= first]
+        states = sorted({x["state"] for _, g in members for x in g["entries"] if x["seq"] == first})
+        out["first_incomplete"] = {"seq": first, "op": e["op"] if e else None,
+                                   "text": describe_entry(e) if e else None,
+                                   "enqueued_by": _list(have),
+                                   "not_enqueued_by": _list(r for r, _ in members if r not in have),
+                                   "states": states}
+    return out
+
+
+def findings(groups: list[dict[str, Any]]) -> list[str]:
+    """One sentence per finding, the strongest (a desync) first."""
+    first: list[str] = []
+    rest: list[str] = []
+    for g in groups:
+        pg = f"pg {g['pg']}" + (f" ({g['desc']})" if g.get("desc") else "")
+        m = g.get("mismatch")
+        if m:
+            odd = [s for s in m["sides"] if s["odd"]]
+            normal = [s for s in m["sides"] if not s["odd"]]
+            first.append(f"desync in collective #{m['seq']} of {pg}: "
+                         + "; ".join(f"{s['who']} issued {s['text']}" for s in odd)
+                         + " while " + "; ".join(f"{s['who']} issued {s['text']}" for s in normal)
+                         + f" ({m['kind']} mismatch)")
+        for n in g.get("not_enqueued") or []:
+            what = f" ({n['text']})" if n.get("text") else ""
+            rest.append(f"{n['who']} never issued collective #{n['seq']} of {pg}{what}, which {n['by_who']} issued")
+        inc = g.get("first_incomplete")
+        if inc and not g.get("not_enqueued") and not m:
+            what = f" ({inc['text']})" if inc.get("text") else ""
+            rest.append(f"collective #{inc['seq']} of {pg}{what} did not complete on "
+                        f"{inc['enqueued_by']} ({'/'.join(inc['states']) or 'no state'})")
+    return first + rest
+
+
+def analyse(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cross-rank analysis of Flight Recorder records (None when fewer than two ranks have data)."""
+    ok = [r for r in records if r.get("ok") and r.get("collectives")]
+    if len(ok) < 2:
+        return None
+    by_group: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for r in ok:
+        for g in r["collectives"]:
+            key = g.get("name") or g["pg_id"]
+            by_group.setdefault(key, []).append((r, g))
+    groups = [analyse_group(name, members) for name, members in sorted(by_group.items()) if len(members) >= 2]
+    found = findings(groups)
+    culprits: list[dict[str, Any]] = []
+    for g in groups:
+        m = g.get("mismatch")
+        if m:
+            for s in m["sides"]:
+                if s["odd"]:
+                    culprits += [{**x, "why": "desync"} for x in s["members"]]
+        for n in g.get("not_enqueued") or []:
+            if len(n["ranks"]) <= len(n["by"]):
+                culprits += [{**x, "why": "not-enqueued"} for x in n["members"]]
+    return {"process_groups": groups, "findings": found, "culprits": culprits,
+            "evidence": "flight recorder analysis: " + (found[0] if found else
+                                                        "every rank issued the same collectives, all completed")}
