@@ -141,7 +141,7 @@ def _local_results() -> list[Result]:
 
         def library() -> None:
             result = local_report(DumpRequest(pids=[job.pid]))
-            assert result["suspects"][0]["ranks"] == [NRANKS - 1], result["verdict"]
+            assert result.suspects[0].ranks == [NRANKS - 1], result.verdict
 
         def startup() -> None:
             subprocess.run([sys.executable, "-m", "ml_debug", "--version"], capture_output=True, check=True, env=env)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from ml_debug.core.options import argument, option
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ml_debug.stacks.cores import CoreBtResult
 
 HELP = """Show where crashed processes died: every thread's backtrace plus the Python frames, from core files.
 
@@ -54,8 +59,7 @@ def register(app: typer.Typer) -> None:
 
 def core_bt(opts: CoreBtOptions) -> int:
     from ml_debug.core import output
-    from ml_debug.core.errors import ExitCode
-    from ml_debug.stacks.cores import analyse_core, core_summary, find_cores, group_cores
+    from ml_debug.stacks.cores import analyse_core, core_bt_result, find_cores
 
     found, search = find_cores(list(opts.cores), list(opts.dirs) or None, opts.newest)
     reports = []
@@ -63,67 +67,45 @@ def core_bt(opts: CoreBtOptions) -> int:
         for path in found:
             reports.append(analyse_core(path, opts.timeout, opts.exe))
             bar.advance()
-    groups = group_cores(reports)
-    failed = [r for r in reports if not r.ok]
-    if not reports:
-        code = ExitCode.OK
-    elif failed and len(failed) == len(reports):
-        code = ExitCode.PARTIAL
-    elif failed:
-        code = ExitCode.PARTIAL
-    else:
-        code = ExitCode.PROBLEM
-    result: dict[str, Any] = {
-        "ok": not reports,
-        "summary": core_summary(reports, groups, search),
-        "exit_code": int(code),
-        "core_pattern": search.core_pattern,
-        "searched": search.globs,
-        "notes": search.notes,
-        "groups": groups,
-        "cores": reports,
-    }
+    result = core_bt_result(reports, search)
     output.emit("mldebug.core-bt", 1, result, lambda console: _human(console, result, opts.all_threads))
-    return int(code)
+    return result.exit_code
 
 
-def _human(console: Any, result: dict[str, Any], all_threads: bool) -> None:
+def _human(console: Console, result: CoreBtResult, all_threads: bool) -> None:
     from rich.text import Text
 
-    from ml_debug.core.output import to_jsonable
-
-    for note in result["notes"]:
+    for note in result.notes:
         console.print(f"note: {note}")
-    cores = {c["path"]: c for c in to_jsonable(result["cores"])}
-    for g in result["groups"]:
-        first = cores[g["cores"][0]]
-        console.print(Text(f"group {g['id']}: {g['count']} core(s), {g['signal'] or 'signal ?'}, "
-                           f"{first['executable'] or '?'}", style="bold"))
-        for path in g["cores"][:5]:
+    cores = {c.path: c for c in result.cores}
+    for g in result.groups:
+        first = cores[g.cores[0]]
+        console.print(Text(f"group {g.id}: {g.count} core(s), {g.signal or 'signal ?'}, "
+                           f"{first.executable or '?'}", style="bold"))
+        for path in g.cores[:5]:
             c = cores[path]
-            cmd = (c["cmdline"] or "").replace("\n", "\\n")  # `python -c` scripts span lines
-            console.print(f"  {path}  pid {c['pid']}  {cmd}".rstrip())
-        if len(g["cores"]) > 5:
-            console.print(f"  ... and {len(g['cores']) - 5} more")
-        threads = first["threads"] if all_threads else first["threads"][:1]
+            cmd = (c.cmdline or "").replace("\n", "\\n")  # `python -c` scripts span lines
+            console.print(f"  {path}  pid {c.pid}  {cmd}".rstrip())
+        if len(g.cores) > 5:
+            console.print(f"  ... and {len(g.cores) - 5} more")
+        threads = first.threads if all_threads else first.threads[:1]
         for i, t in enumerate(threads):
             title = "crashing thread" if i == 0 else "thread"
-            console.print(f"  {title} {t['os_thread_id']} {t.get('name') or ''}".rstrip() + ":")
-            if t["frames"]:
+            console.print(f"  {title} {t.os_thread_id} {t.name or ''}".rstrip() + ":")
+            if t.frames:
                 console.print("    Python (innermost first):")
-                for f in t["frames"]:
-                    console.print(f"      {f['name']} ({f['filename'].rsplit('/', 1)[-1]}:{f['line']})")
+                for f in t.frames:
+                    console.print(f"      {f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.line})")
             console.print("    native (innermost first):")
-            for f in t["native_frames"][:25]:
-                loc = f["filename"] or f.get("library") or ""
-                line = f":{f['line']}" if f["line"] else ""
-                console.print(f"      {f['name']}  {loc.rsplit('/', 1)[-1]}{line}")
-            if len(t["native_frames"]) > 25:
-                console.print(f"      ... {len(t['native_frames']) - 25} more frames (--json has them all)")
+            for f in t.native_frames[:25]:
+                loc = f.filename or f.library or ""
+                line = f":{f.line}" if f.line else ""
+                console.print(f"      {f.name}  {loc.rsplit('/', 1)[-1]}{line}")
+            if len(t.native_frames) > 25:
+                console.print(f"      ... {len(t.native_frames) - 25} more frames (--json has them all)")
         console.print()
-    for c in cores.values():
-        if not c["ok"]:
-            console.print(Text(f"not read: {c['path']}: {c['error']}", style="red"))
-    style = "bold red" if result["groups"] else "bold green"
-    console.print(Text(result["summary"], style=style), soft_wrap=True)
-
+    for c in result.cores:
+        if not c.ok:
+            console.print(Text(f"not read: {c.path}: {c.error}", style="red"))
+    style = "bold red" if result.groups else "bold green"
+    console.print(Text(result.summary, style=style), soft_wrap=True)

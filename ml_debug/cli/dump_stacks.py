@@ -40,15 +40,14 @@ def register(app: typer.Typer) -> None:
 
 def dump_stacks(req: DumpRequest, targets: TargetOptions) -> int:
     from ml_debug.core import output
-    from ml_debug.stacks.command import dump_stacks_report
+    from ml_debug.stacks.command import dump_stacks_result
     from ml_debug.stacks.render import render
     from ml_debug.stacks.report import SCHEMA, SCHEMA_VERSION
 
     spec = targets.resolve()
-    result = dump_stacks_report(spec, req, out_dir=req.out_dir)
+    result = dump_stacks_result(spec, req, out_dir=req.out_dir)
     output.emit(SCHEMA, SCHEMA_VERSION, result,
                 lambda console: render(result, console, full=req.full, all_threads=req.all_threads))
-    code = int(result["exit_code"])
-    if code == ExitCode.ENVIRONMENT and result.get("hint"):
-        output.log(f"hint: {result['hint']}")
-    return code
+    if result.exit_code == ExitCode.ENVIRONMENT and result.hint:
+        output.log(f"hint: {result.hint}")
+    return result.exit_code

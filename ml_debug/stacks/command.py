@@ -1,7 +1,7 @@
-"""dump-stacks from options to report: on this node, or on many through the remote layer.
+"""dump-stacks from options to result: on this node, or on many through the remote layer.
 
 Each remote node runs ``mldebug dump-stacks --local --json`` with the same selectors; the
-per-node documents are merged (processes and nodes concatenated) and analysed as one job.
+per-node documents are read back, concatenated (processes and nodes) and analysed as one job.
 """
 
 from __future__ import annotations
@@ -15,22 +15,26 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug.core import output
-from ml_debug.core.errors import ExitCode
 from ml_debug.core.options import to_argv
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.stacks.report import (
     SCHEMA,
     SCHEMA_VERSION,
+    DumpStacksResult,
+    NodeSummary,
+    ProcessSamples,
     build_report,
     failed_node,
     node_processes,
     node_summary,
+    read_node_document,
+    with_node_note,
 )
 from ml_debug.stacks.request import DumpRequest
 
 
 def _options(req: DumpRequest) -> dict[str, Any]:
-    """The request as the report records it."""
+    """The request as the result records it."""
     d = asdict(req)
     for key in ("pids", "all_threads", "full", "out_dir"):
         d.pop(key)
@@ -38,22 +42,8 @@ def _options(req: DumpRequest) -> dict[str, Any]:
     return d
 
 
-NO_TARGETS_HINT = ("name them: --pid PID (a launcher's pid means its ranks), --pattern REGEX, --user USER, "
-                   "--gpu; or run on the node where the job runs (--hosts / --slurm-job)")
-
-
-def add_flight_recorder(result: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """The optional `flight_recorder` section; ranks it finds behind are added to the summary's evidence."""
-    from ml_debug.stacks.flight import section
-
-    fr = section(records)
-    result["flight_recorder"] = fr
-    if fr and fr["behind"]:
-        result["summary"] += "; " + fr["evidence"]
-
-
-def local_report(req: DumpRequest) -> dict[str, Any]:
-    """Find and dump the targets on this node; the report for this node alone."""
+def local_report(req: DumpRequest) -> DumpStacksResult:
+    """Find and dump the targets on this node; the result for this node alone."""
     from ml_debug.procs import find_targets
     from ml_debug.stacks.collect import NodeResult, dump_targets
     from ml_debug.stacks.dumpers import DumpOptions, resolve_tools
@@ -61,35 +51,24 @@ def local_report(req: DumpRequest) -> dict[str, Any]:
     tools = resolve_tools(req.dumper)  # exit 3 with the install hint before doing anything
     found = find_targets(pids=req.pids or None, pattern=req.pattern, user=req.user, gpu=req.gpu,
                          include_launcher=req.include_launcher, env=req.env_filter or None)
-    host = found.host
     if not found.targets:
-        node = NodeResult(host=host, ok=True, launchers=[asdict(x) for x in found.launchers],
+        node = NodeResult(host=found.host, ok=True, launchers=[asdict(x) for x in found.launchers],
                           skipped=found.skipped, notes=[*found.notes, "no target processes found"])
-        result = build_report([node_summary(node)], [], _options(req), req.world_size)
-        result["summary"] = (f"no processes to dump on {host}: no rank under a launcher (torchrun, deepspeed, "
-                             "accelerate, srun, mpirun) and no Python process with a rank in its environment")
-        result["hint"] = NO_TARGETS_HINT
-        return result
+        return build_report([node_summary(node)], [], _options(req), req.world_size, local=True)
     opts = DumpOptions(timeout=req.timeout, gdb_timeout=req.gdb_timeout, native=req.native, locals=req.locals,
                        dumper=req.dumper)
     node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval)
-    result = build_report([node_summary(node)], node_processes(node), _options(req), req.world_size)
     fr_records: list[dict[str, Any]] = []
     if req.flight_recorder:
         from ml_debug.stacks.flight import gather
 
-        fr_records = gather(found.targets, host, req.fr_timeout)
-    add_flight_recorder(result, fr_records)
-    if result["exit_code"] == ExitCode.ENVIRONMENT:
-        fixes = [p["fix"] for p in result["not_dumped"] if p.get("fix")]
-        reasons = sorted({p["error"] for p in result["not_dumped"] if p.get("error")})
-        result["summary"] = f"could not dump any of {len(found.targets)} processes on {host}: " + "; ".join(reasons)
-        result["hint"] = fixes[0] if fixes else None
-    return result
+        fr_records = gather(found.targets, found.host, req.fr_timeout)
+    return build_report([node_summary(node)], node_processes(node), _options(req), req.world_size,
+                        fr_records=fr_records, local=True)
 
 
-def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None = None) -> dict[str, Any]:
-    """The merged report for the targets of `spec` (this node, --hosts, or --slurm-job)."""
+def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None = None) -> DumpStacksResult:
+    """The merged result for the targets of `spec` (this node, --hosts, or --slurm-job)."""
     from ml_debug.core import safefs
 
     if out_dir is not None:  # an unusable --out-dir is said before the work, not after it
@@ -99,8 +78,8 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
         if out_dir is not None:
             name = f"{socket.gethostname()}.json"
             note = safefs.planted(out_dir, name)
-            if note and result.get("nodes"):
-                result["nodes"][0].setdefault("notes", []).append(f"--out-dir: {note}")
+            if note:
+                result = with_node_note(result, f"--out-dir: {note}")
             safefs.write_out(out_dir, name, output.dumps(output.document(SCHEMA, SCHEMA_VERSION, result)) + "\n")
         return result
 
@@ -117,8 +96,8 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
     budget = req.node_budget()
     results = run_mldebug_everywhere(spec, args, timeout_s=budget, out_dir=out_dir, on_result=arrived)
     reached = {r.node.host for r in results}
-    nodes: list[dict[str, Any]] = []
-    processes: list[dict[str, Any]] = []
+    nodes: list[NodeSummary] = []
+    processes: list[ProcessSamples] = []
     fr_records: list[dict[str, Any]] = []
     for r in results:
         doc = r.document
@@ -126,23 +105,18 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
         if not isinstance(body, dict) or "processes" not in body:
             nodes.append(failed_node(r.node.host, r.error or "no dump-stacks result in its output"))
             continue
-        for n in body.get("nodes", []):
-            n = dict(n)
-            n["target"] = r.node.host  # the name we reached it by (hostname may differ)
-            if r.error:  # e.g. another mldebug version: the data is used, the difference said
-                n.setdefault("notes", []).append(r.error)
-            nodes.append(n)
-        processes.extend(body["processes"])
-        fr_records.extend((body.get("flight_recorder") or {}).get("ranks") or [])
+        try:  # e.g. another mldebug version: its data is used, the difference said in its notes
+            part = read_node_document(body, r.node.host, r.error)
+        except (KeyError, TypeError, ValueError) as e:
+            nodes.append(failed_node(r.node.host, f"its dump-stacks result could not be read ({type(e).__name__}: {e})"))
+            continue
+        nodes.extend(part.nodes)
+        processes.extend(part.processes)
+        fr_records.extend(part.fr_records)
     for t in spec.targets:
         if t.label not in reached:
             nodes.append(failed_node(t.label, "no result (interrupted or not started)"))
-    result = build_report(nodes, processes, _options(req), req.world_size)
-    add_flight_recorder(result, fr_records)
-    if not processes and not any(n.get("error") for n in nodes):
-        result["summary"] = (f"no processes to dump on {', '.join(n['host'] for n in nodes)}: no rank under a "
-                             "launcher and no Python process with a rank in its environment")
-        result["hint"] = NO_TARGETS_HINT
+    result = build_report(nodes, processes, _options(req), req.world_size, fr_records=fr_records)
     if out_dir is not None:
         note = safefs.planted(out_dir, "merged.json")
         if note:
@@ -150,3 +124,8 @@ def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
         safefs.write_out(out_dir, "merged.json",
                          json.dumps(output.document(SCHEMA, SCHEMA_VERSION, result), indent=2) + "\n")
     return result
+
+
+def dump_stacks_report(spec: TargetSpec, req: DumpRequest, out_dir: Path | None = None) -> dict[str, Any]:
+    """:func:`dump_stacks_result` as JSON data: what ``--json`` prints under ``result``."""
+    return dict(output.to_jsonable(dump_stacks_result(spec, req, out_dir)))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug.core import safefs
-from ml_debug.core.errors import EnvironmentProblem, UsageError
+from ml_debug.core.errors import EnvironmentProblem, ExitCode, UsageError
 from ml_debug.core.safefs import Refused
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
 from ml_debug.stacks.elfcore import executable_of, is_core_fd, read_notes_fd
@@ -237,7 +237,34 @@ def _names(frames: list[Frame], n: int = 12) -> tuple[str, ...]:
     return tuple(f.name for f in frames[:n])
 
 
-def group_cores(reports: list[CoreReport]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class CoreGroup:
+    """Cores whose crashing threads died the same way (signal, native and Python frame names)."""
+
+    id: str
+    count: int
+    signal: str | None
+    executable: str | None
+    crash_frame: str | None
+    python_frames: list[str]
+    cores: list[str]  # paths, the first one shown
+
+
+@dataclass(frozen=True)
+class CoreBtResult:
+    """The ``result`` of ``mldebug core-bt --json``."""
+
+    ok: bool  # no core found
+    summary: str
+    exit_code: ExitCode
+    core_pattern: str
+    searched: list[str]  # the glob patterns looked at
+    notes: list[str]
+    groups: list[CoreGroup]  # most common crash first
+    cores: list[CoreReport]
+
+
+def group_cores(reports: list[CoreReport]) -> list[CoreGroup]:
     """Cores whose crashing threads have the same native and Python stacks (names only) form one group."""
     groups: dict[tuple[Any, ...], list[CoreReport]] = {}
     for r in reports:
@@ -249,24 +276,39 @@ def group_cores(reports: list[CoreReport]) -> list[dict[str, Any]]:
     out = []
     for i, (_, rs) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
         first = rs[0]
-        out.append({"id": chr(ord("A") + i) if i < 26 else f"G{i}", "count": len(rs), "signal": first.signal,
-                    "executable": first.executable, "crash_frame": first.crash_frame,
-                    "python_frames": first.python_frames, "cores": [r.path for r in rs]})
+        out.append(CoreGroup(id=chr(ord("A") + i) if i < 26 else f"G{i}", count=len(rs), signal=first.signal,
+                             executable=first.executable, crash_frame=first.crash_frame,
+                             python_frames=first.python_frames, cores=[r.path for r in rs]))
     return out
 
 
-def core_summary(reports: list[CoreReport], groups: list[dict[str, Any]], search: CoreSearch) -> str:
+def core_summary(reports: list[CoreReport], groups: list[CoreGroup], search: CoreSearch) -> str:
     if not reports:
         where = ", ".join(search.globs) or "the paths given"
         return f"no core files found (searched {where}; core_pattern is {search.core_pattern!r})"
     if not groups:
         return f"{len(reports)} core file(s) found, none could be read"
     g = groups[0]
-    first = next(r for r in reports if r.path == g["cores"][0])
+    first = next(r for r in reports if r.path == g.cores[0])
     prog = os.path.basename(first.executable or first.cmdline or "?")
-    py = f"; Python: {' <- '.join(g['python_frames'][:3])}" if g["python_frames"] else ""
-    head = (f"{prog} (pid {first.pid}) killed by {g['signal'] or 'a signal'} in {g['crash_frame'] or '?'}{py}"
+    py = f"; Python: {' <- '.join(g.python_frames[:3])}" if g.python_frames else ""
+    head = (f"{prog} (pid {first.pid}) killed by {g.signal or 'a signal'} in {g.crash_frame or '?'}{py}"
             if len(reports) == 1 else
-            f"{len(reports)} cores, {len(groups)} distinct crash(es); most common ({g['count']}x): "
-            f"{g['signal'] or 'signal'} in {g['crash_frame'] or '?'}{py}")
+            f"{len(reports)} cores, {len(groups)} distinct crash(es); most common ({g.count}x): "
+            f"{g.signal or 'signal'} in {g.crash_frame or '?'}{py}")
     return f"crash: {head}"
+
+
+def core_bt_result(reports: list[CoreReport], search: CoreSearch) -> CoreBtResult:
+    """Group the cores read and say what they show: exit 0 when none was found, 1 when every one was
+    read (crash backtraces shown), 4 when some could not be read."""
+    groups = group_cores(reports)
+    if not reports:
+        code = ExitCode.OK
+    elif any(not r.ok for r in reports):
+        code = ExitCode.PARTIAL
+    else:
+        code = ExitCode.PROBLEM
+    return CoreBtResult(ok=not reports, summary=core_summary(reports, groups, search), exit_code=code,
+                        core_pattern=search.core_pattern, searched=search.globs, notes=search.notes, groups=groups,
+                        cores=reports)

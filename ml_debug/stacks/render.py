@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ml_debug.stacks.report import DumpStacksResult, TreeNode
+
 CHAIN_KEEP = 3  # frames shown at each end of a long chain unless --full
 
 
@@ -18,12 +20,12 @@ def _chain_lines(frames: list[str], full: bool) -> list[str]:
     return [*frames[:CHAIN_KEEP], f"… {hidden} frames (--full shows them) …", *frames[-CHAIN_KEEP:]]
 
 
-def _collapse(node: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+def _collapse(node: TreeNode) -> tuple[list[str], TreeNode]:
     """Follow a chain of single children with the same ranks: one tree line for the whole chain."""
-    frames = [node["frame"]]
-    while len(node["children"]) == 1 and node["children"][0]["count"] == node["count"]:
-        node = node["children"][0]
-        frames.append(node["frame"])
+    frames = [node.frame]
+    while len(node.children) == 1 and node.children[0].count == node.count:
+        node = node.children[0]
+        frames.append(node.frame)
     return frames, node
 
 
@@ -35,46 +37,48 @@ def _ranks_cell(ranks: list[int | None], members: list[str]) -> str:
     return ",".join("pid " + m.rsplit(":", 1)[1] for m in members)
 
 
-def render(result: dict[str, Any], console: Console, *, full: bool = False, all_threads: bool = False) -> None:
+def render(result: DumpStacksResult, console: Console, *, full: bool = False, all_threads: bool = False) -> None:
     from rich.table import Table
     from rich.text import Text
     from rich.tree import Tree
 
-    procs = result["processes"]
-    nodes = result["nodes"]
-    dumped = [p for p in procs if p.get("state") != "not-dumped"]
-    dumpers = sorted({s["dumper"] for p in procs for s in p.get("samples", []) if s.get("ok")})
-    samples = result["options"].get("samples", 1)
+    from ml_debug.stacks.report import GroupState, ProcessState
+
+    procs = result.processes
+    nodes = result.nodes
+    dumped = [p for p in procs if p.state != ProcessState.NOT_DUMPED]
+    dumpers = sorted({s.dumper for p in procs for s in p.samples if s.ok and s.dumper})
+    samples = result.options.get("samples", 1)
     console.print(f"dump-stacks: {len(procs)} processes on {len(nodes)} node(s) "
-                  f"({', '.join(n['host'] for n in nodes)}); {len(dumped)} dumped"
+                  f"({', '.join(n.host for n in nodes)}); {len(dumped)} dumped"
                   f"{' by ' + ', '.join(dumpers) if dumpers else ''}; {samples} sample(s)")
     for n in nodes:
-        if n.get("error"):
-            console.print(Text(f"  node {n['host']}: not reached: {n['error']}", style="red"))
-        for note in n.get("notes", []):
-            console.print(f"  node {n['host']}: {note}")
+        if n.error:
+            console.print(Text(f"  node {n.host}: not reached: {n.error}", style="red"))
+        for note in n.notes:
+            console.print(f"  node {n.host}: {note}")
 
-    suspect_groups = {s.get("group") for s in result["suspects"] if s.get("group")}
-    groups = {g["id"]: g for g in result["groups"]}
-    if result["tree"]:
+    suspect_groups = {s.group for s in result.suspects if s.group}
+    groups = {g.id: g for g in result.groups}
+    if result.tree:
         console.print()
         tree = Tree("main-thread stacks, outermost frame first (STAT-style: ranks that share a prefix share a "
                     "branch)", guide_style="dim")
 
-        def add(parent: Any, node: dict[str, Any]) -> None:
+        def add(parent: Any, node: TreeNode) -> None:
             frames, last = _collapse(node)
             label = Text()
-            label.append(f"[{node['ranks']}]", style="bold cyan")
-            label.append(f" ({node['count']})")
-            leaf = not last["children"]
+            label.append(f"[{node.ranks}]", style="bold cyan")
+            label.append(f" ({node.count})")
+            leaf = not last.children
             if leaf:
-                gid = last["groups"][0]
+                gid = last.groups[0]
                 g = groups[gid]
                 label.append(f"  group {gid}", style="dim")
-                if g["state"] in ("stuck", "moving", "mixed"):
-                    label.append(f", {g['state']}", style="dim")
-                if g.get("collective"):
-                    label.append(f"  waiting in {g['collective']['name']}", style="yellow")
+                if g.state != GroupState.SINGLE:
+                    label.append(f", {g.state}", style="dim")
+                if g.collective:
+                    label.append(f"  waiting in {g.collective.name}", style="yellow")
                 if gid in suspect_groups:
                     label.append("  ◀ SUSPECT", style="bold red")
             shown = _chain_lines(frames, full)
@@ -84,66 +88,66 @@ def render(result: dict[str, Any], console: Console, *, full: bool = False, all_
                 for i, frame in enumerate(shown):
                     label.append("\n" + ("  " if i == 0 else "→ ") + frame)
             branch = parent.add(label)
-            for child in last["children"]:
+            for child in last.children:
                 add(branch, child)
 
-        for root in result["tree"]:
+        for root in result.tree:
             add(tree, root)
         console.print(tree)
 
-    if result["groups"]:
+    if result.groups:
         console.print()
         table = Table(title="groups (identical main-thread stacks)", title_justify="left", show_edge=False)
         for col in ("group", "ranks", "procs", "hosts", "state", "where (innermost own frame)", "waiting in"):
             table.add_column(col)
-        for g in result["groups"]:
-            table.add_row(g["id"] + (" ◀" if g["id"] in suspect_groups else ""),
-                          _ranks_cell(g["ranks"], g["members"]), str(g["size"]), ",".join(g["hosts"]),
-                          "-" if g["state"] == "single" else g["state"],
-                          g["location"]["where"] if g.get("location") else "-",
-                          g["collective"]["where"] if g.get("collective") else "-")
+        for g in result.groups:
+            table.add_row(g.id + (" ◀" if g.id in suspect_groups else ""),
+                          _ranks_cell(g.ranks, g.members), str(g.size), ",".join(g.hosts),
+                          "-" if g.state == GroupState.SINGLE else str(g.state),
+                          g.location.where if g.location else "-",
+                          g.collective.where if g.collective else "-")
         console.print(table)
 
     if all_threads:
         _threads(result, console)
 
-    if result["not_dumped"]:
+    if result.not_dumped:
         console.print()
         table = Table(title="not dumped", title_justify="left", show_edge=False)
         for col in ("host", "pid", "rank", "reason", "what to do"):
             table.add_column(col)
-        for p in result["not_dumped"]:
-            table.add_row(p["host"], str(p["pid"]), "-" if p["rank"] is None else str(p["rank"]),
-                          p["error"] or "?", p.get("fix") or "")
+        for nd in result.not_dumped:
+            table.add_row(nd.host, str(nd.pid), "-" if nd.rank is None else str(nd.rank), nd.error or "?",
+                          nd.fix or "")
         console.print(table)
-    if result["missing_ranks"]:
+    if result.missing_ranks:
         from ml_debug.core.ranges import compress
 
-        console.print(Text(f"missing ranks (no process found): {compress(result['missing_ranks'])}", style="red"))
+        console.print(Text(f"missing ranks (no process found): {compress(result.missing_ranks)}", style="red"))
 
-    if result.get("flight_recorder"):
-        _flight_recorder(result["flight_recorder"], console)
+    if result.flight_recorder:
+        _flight_recorder(result.flight_recorder, console)
 
     console.print()
-    style = "bold green" if result["ok"] else "bold red"
-    console.print(Text(result["summary"], style=style), soft_wrap=True)  # one line, whatever the width
+    style = "bold green" if result.ok else "bold red"
+    console.print(Text(result.summary, style=style), soft_wrap=True)  # one line, whatever the width
 
 
-def _threads(result: dict[str, Any], console: Console) -> None:
+def _threads(result: DumpStacksResult, console: Console) -> None:
     from rich.table import Table
 
     table = Table(title="all threads (last sample)", title_justify="left", show_edge=False)
     for col in ("host", "pid", "rank", "thread", "innermost frames"):
         table.add_column(col)
-    for p in result["processes"]:
-        ok = [s for s in p.get("samples", []) if s.get("ok")]
+    for p in result.processes:
+        ok = [s for s in p.samples if s.ok]
         if not ok:
             continue
-        for t in ok[-1]["threads"]:
-            frames = t["frames"] or t.get("native_frames") or []
-            text = " ← ".join(f["name"] for f in frames[:4]) or "(no frames)"
-            name = (t.get("name") or t["thread_id"]) + (" (main)" if t.get("is_main") else "")
-            table.add_row(p["host"], str(p["pid"]), "-" if p.get("rank") is None else str(p["rank"]), name, text)
+        for t in ok[-1].threads:
+            frames = t.frames or t.native_frames
+            text = " ← ".join(f.name for f in frames[:4]) or "(no frames)"
+            name = (t.name or t.thread_id) + (" (main)" if t.is_main else "")
+            table.add_row(p.host, str(p.pid), "-" if p.rank is None else str(p.rank), name, text)
     console.print()
     console.print(table)
 

@@ -1,113 +1,312 @@
-"""The dump-stacks report: every process with its raw samples, the groups, the suspects and the verdict.
+"""The dump-stacks result: every process with its raw samples, the groups, the suspects and the verdict.
 
-Local and multi-node runs build the same structure: a remote node's `dump-stacks --local --json`
-result is merged by concatenating its `nodes` and `processes` and analysing the union again.
+Local and multi-node runs build the same :class:`DumpStacksResult`: a remote node's
+`dump-stacks --local --json` document is read back into typed parts (:func:`read_node_document`),
+its nodes and processes are concatenated with the others', and the union is analysed again by
+:func:`build_report`, which computes the summary, the hint and the Flight Recorder section before it
+constructs the result. The JSON document is ``to_jsonable`` of the result, field for field.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import dataclasses
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
-from ml_debug.core.output import to_jsonable
+from ml_debug.procs.find import Target
 from ml_debug.stacks.collect import NodeResult
-from ml_debug.stacks.merge import Analysis, Member, analyse, member_state
-from ml_debug.stacks.model import dump_from_json
+from ml_debug.stacks.flight import section
+from ml_debug.stacks.merge import Analysis, Member, Suspect, analyse, member_state
+from ml_debug.stacks.model import Frame, ProcessDump, dump_from_json
 
 SCHEMA = "mldebug.dump-stacks"
 SCHEMA_VERSION = 1
 
-
-def node_processes(node: NodeResult) -> list[dict[str, Any]]:
-    out = []
-    for t in node.targets:
-        d = asdict(t)
-        d["samples"] = to_jsonable(node.samples.get(t.pid, []))
-        out.append(d)
-    return out
+NO_TARGETS_HINT = ("name them: --pid PID (a launcher's pid means its ranks), --pattern REGEX, --user USER, "
+                   "--gpu; or run on the node where the job runs (--hosts / --slurm-job)")
 
 
-def node_summary(node: NodeResult) -> dict[str, Any]:
+class ProcessState(Word):
+    """Whether one process's main-thread stack changed across its samples."""
+
+    SINGLE = "single"  # one good sample: nothing to compare
+    STUCK = "stuck"  # the same stack in every sample
+    MOVING = "moving"  # the stack changed between samples
+    NOT_DUMPED = "not-dumped"  # the last sample failed (no current stack)
+
+
+class GroupState(Word):
+    """The state shared by a group's members ("mixed" when they differ)."""
+
+    SINGLE = "single"
+    STUCK = "stuck"
+    MOVING = "moving"
+    MIXED = "mixed"
+
+
+@dataclass(frozen=True)
+class BriefFrame:
+    """A frame as the groups show it: name, path relative to site-packages, line, and the readable form."""
+
+    name: str
+    file: str
+    line: int | None
+    where: str
+
+    @classmethod
+    def of(cls, f: Frame) -> BriefFrame:
+        return cls(name=f.name, file=f.short, line=f.line, where=f.where())
+
+
+def _brief(f: Frame | None) -> BriefFrame | None:
+    return None if f is None else BriefFrame.of(f)
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Processes whose main-thread stacks are identical, with where they are and what they wait in."""
+
+    id: str
+    size: int
+    state: GroupState
+    ranks: list[int | None]
+    members: list[str]  # host:pid
+    hosts: list[str]
+    collective: BriefFrame | None
+    location: BriefFrame | None
+    frames: list[BriefFrame]  # innermost first
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """One branch of the STAT-style prefix tree (outermost frame at the root)."""
+
+    frame: str
+    ranks: str  # "ranks 0-2", "rank 3", "pid 4242"
+    count: int
+    groups: list[str]
+    children: list[TreeNode]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TreeNode:
+        return cls(frame=d["frame"], ranks=d["ranks"], count=int(d["count"]), groups=list(d["groups"]),
+                   children=[cls.from_json(c) for c in d["children"]])
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """What one node did, or why it did nothing (``error``: it was not reached)."""
+
+    host: str
+    ok: bool
+    error: str | None
+    targets: int
+    dumped: int
+    launchers: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+    notes: list[str]
+    ptrace: dict[str, Any]
+    seconds: float
+    target: str | None = None  # the name it was reached by (--hosts / --slurm-job); its hostname may differ
+
+
+@dataclass(kw_only=True)
+class DumpedProcess(Target):
+    """One process: the target as found, its samples, and what the analysis made of it."""
+
+    samples: list[ProcessDump] = field(default_factory=list)
+    group: str | None
+    state: ProcessState
+    error: str | None  # why its last sample failed (None when it was dumped)
+    fix: str | None  # what to do about that error, when there is something to do
+
+
+@dataclass(frozen=True)
+class NotDumped:
+    """A process without a current stack, and what to do about it."""
+
+    host: str
+    pid: int
+    rank: int | None
+    error: str | None
+    fix: str | None
+
+
+@dataclass(frozen=True)
+class DumpStacksResult:
+    """The ``result`` of ``mldebug dump-stacks --json``: one node, or the merge of many.
+
+    ``options`` records the request (its selectors and dump settings); ``flight_recorder`` is the
+    section of :func:`ml_debug.stacks.flight.section` (per-rank JSON records, remote ones included),
+    None when no rank had any; ``hint`` is the next step when nothing could be dumped."""
+
+    ok: bool
+    summary: str
+    verdict: str
+    exit_code: ExitCode
+    options: dict[str, Any]
+    nodes: list[NodeSummary]
+    processes: list[DumpedProcess]
+    groups: list[StackGroup]
+    tree: list[TreeNode]
+    suspects: list[Suspect]
+    missing_ranks: list[int]
+    not_dumped: list[NotDumped]
+    flight_recorder: dict[str, Any] | None = None
+    hint: str | None = None
+
+
+ProcessSamples = tuple[Target, list[ProcessDump]]
+"""A process to analyse: the target as found and its dumps, in order."""
+
+
+# ---- the parts of one node ---------------------------------------------------------------------
+
+def node_processes(node: NodeResult) -> list[ProcessSamples]:
+    return [(t, node.samples.get(t.pid, [])) for t in node.targets]
+
+
+def node_summary(node: NodeResult) -> NodeSummary:
     dumped = sum(1 for t in node.targets if any(s.ok for s in node.samples.get(t.pid, [])))
-    return {"host": node.host, "ok": node.ok and dumped == len(node.targets), "error": node.error,
-            "targets": len(node.targets), "dumped": dumped, "launchers": node.launchers, "skipped": node.skipped,
-            "notes": node.notes, "ptrace": node.ptrace, "seconds": node.seconds}
+    return NodeSummary(host=node.host, ok=node.ok and dumped == len(node.targets), error=node.error,
+                       targets=len(node.targets), dumped=dumped, launchers=node.launchers, skipped=node.skipped,
+                       notes=node.notes, ptrace=node.ptrace, seconds=node.seconds)
 
 
-def failed_node(host: str, error: str) -> dict[str, Any]:
+def failed_node(host: str, error: str) -> NodeSummary:
     """A node that never answered (ssh refused, srun timed out, mldebug missing there)."""
-    return {"host": host, "ok": False, "error": error, "targets": 0, "dumped": 0, "launchers": [],
-            "skipped": [], "notes": [], "ptrace": {}, "seconds": 0.0}
+    return NodeSummary(host=host, ok=False, error=error, targets=0, dumped=0, launchers=[], skipped=[], notes=[],
+                       ptrace={}, seconds=0.0)
 
 
-def _members(processes: list[dict[str, Any]]) -> list[Member]:
-    return [Member(host=p["host"], pid=int(p["pid"]), rank=p.get("rank"), local_rank=p.get("local_rank"),
-                   world_size=p.get("world_size"), samples=[dump_from_json(s) for s in p.get("samples", [])])
-            for p in processes]
+def with_node_note(result: DumpStacksResult, note: str) -> DumpStacksResult:
+    """A copy of a one-node result whose node carries one more note."""
+    if not result.nodes:
+        return result
+    first = result.nodes[0]
+    nodes = [dataclasses.replace(first, notes=[*first.notes, note]), *result.nodes[1:]]
+    return dataclasses.replace(result, nodes=nodes)
 
 
-def _frame_json(f: Any) -> dict[str, Any] | None:
-    return None if f is None else {"name": f.name, "file": f.short, "line": f.line, "where": f.where()}
+# ---- another node's document -------------------------------------------------------------------
+
+_TARGET_FIELDS = tuple(f.name for f in dataclasses.fields(Target))
 
 
-def build_report(nodes: list[dict[str, Any]], processes: list[dict[str, Any]], options: dict[str, Any],
-                 expected_world: int | None = None) -> dict[str, Any]:
-    """Analyse all processes of all nodes and return the JSON `result` (human view draws from it)."""
-    members = _members(processes)
-    analysis: Analysis = analyse(members, expected_world)
-    by_id = {m.id: m for m in members}
-    group_of = {m.id: g.id for g in analysis.groups for m in g.members}
-    for p in processes:
-        mid = f"{p['host']}:{p['pid']}"
-        m = by_id[mid]
-        p["group"] = group_of.get(mid)
-        p["state"] = member_state(m) if m.last_ok() is not None else "not-dumped"
-        p["error"] = None if m.last_ok() is not None else m.error()
-        fixes = [s.get("fix") for s in p.get("samples", []) if s.get("fix")]
-        p["fix"] = None if m.last_ok() is not None else (fixes[-1] if fixes else None)
-    groups = [{
-        "id": g.id, "size": g.size, "state": g.state,
-        "ranks": [m.rank for m in g.members],
-        "members": [m.id for m in g.members],
-        "hosts": sorted({m.host for m in g.members}),
-        "collective": _frame_json(g.collective), "location": _frame_json(g.location),
-        "frames": [_frame_json(f) for f in g.frames],
-    } for g in analysis.groups]
-    failed_nodes = [n for n in nodes if n.get("error")]
-    partial = bool(analysis.not_dumped or failed_nodes)
-    dumped_any = any(g for g in analysis.groups)
-    if not dumped_any:
-        code = ExitCode.PARTIAL if failed_nodes else ExitCode.ENVIRONMENT
-    elif partial:
-        code = ExitCode.PARTIAL
-    elif analysis.suspects:
-        code = ExitCode.PROBLEM
-    else:
-        code = ExitCode.OK
+def _node_from_json(d: dict[str, Any], target: str, note: str | None) -> NodeSummary:
+    notes = [str(n) for n in d.get("notes") or []]
+    return NodeSummary(host=str(d["host"]), ok=bool(d["ok"]), error=d.get("error"), targets=int(d["targets"]),
+                       dumped=int(d["dumped"]), launchers=list(d.get("launchers") or []),
+                       skipped=list(d.get("skipped") or []), notes=[*notes, note] if note else notes,
+                       ptrace=dict(d.get("ptrace") or {}), seconds=float(d.get("seconds") or 0.0), target=target)
+
+
+def _process_from_json(d: dict[str, Any]) -> ProcessSamples:
+    target = Target(**{k: d[k] for k in _TARGET_FIELDS if k in d})
+    return target, [dump_from_json(s) for s in d.get("samples") or []]
+
+
+@dataclass(frozen=True)
+class NodeDocument:
+    """What one remote node sent back, read into typed parts."""
+
+    nodes: list[NodeSummary]
+    processes: list[ProcessSamples]
+    fr_records: list[dict[str, Any]]
+
+
+def read_node_document(body: dict[str, Any], target: str, note: str | None = None) -> NodeDocument:
+    """The parts of a node's `dump-stacks --local --json` result; `target`: the name it was reached by,
+    `note`: said on each of its nodes (e.g. that it runs another mldebug version).
+
+    Raises KeyError, TypeError or ValueError when the document lacks what every version writes."""
+    nodes = [_node_from_json(n, target, note) for n in body.get("nodes") or []]
+    processes = [_process_from_json(p) for p in body["processes"]]
+    fr = body.get("flight_recorder") or {}
+    return NodeDocument(nodes=nodes, processes=processes, fr_records=list(fr.get("ranks") or []))
+
+
+# ---- the analysis ------------------------------------------------------------------------------
+
+def _exit_code(analysis: Analysis, failed_nodes: list[NodeSummary]) -> ExitCode:
+    if not analysis.groups:
+        return ExitCode.PARTIAL if failed_nodes else ExitCode.ENVIRONMENT
+    if analysis.not_dumped or failed_nodes:
+        return ExitCode.PARTIAL
+    if analysis.suspects:
+        return ExitCode.PROBLEM
+    return ExitCode.OK
+
+
+def _summary_and_hint(analysis: Analysis, code: ExitCode, nodes: list[NodeSummary], processes: list[DumpedProcess],
+                      flight_recorder: dict[str, Any] | None, local: bool) -> tuple[str, str | None]:
+    """The one line a person reads last, and the next step when nothing could be dumped."""
+    failed = [n for n in nodes if n.error]
+    if not processes and not failed:
+        where = ", ".join(n.host for n in nodes)
+        launchers = " (torchrun, deepspeed, accelerate, srun, mpirun)" if local else ""
+        return (f"no processes to dump on {where}: no rank under a launcher{launchers} and no Python process "
+                "with a rank in its environment"), NO_TARGETS_HINT
+    if local and code == ExitCode.ENVIRONMENT:
+        reasons = sorted({p.error for p in processes if p.error})
+        fixes = [p.fix for p in processes if p.fix]
+        where = nodes[0].host if nodes else "this node"
+        return f"could not dump any of {len(processes)} processes on {where}: " + "; ".join(reasons), \
+            fixes[0] if fixes else None
     summary = analysis.verdict
-    if failed_nodes:
-        summary += f"; {len(failed_nodes)} node(s) not reached: " + ", ".join(
-            f"{n['host']} ({n['error']})" for n in failed_nodes[:3])
-    return {
-        "ok": code == ExitCode.OK,
-        "summary": summary,
-        "verdict": analysis.verdict,
-        "exit_code": int(code),
-        "options": options,
-        "nodes": nodes,
-        "processes": processes,
-        "groups": groups,
-        "tree": analysis.tree,
-        "suspects": to_jsonable(analysis.suspects),
-        "missing_ranks": analysis.missing_ranks,
-        "not_dumped": [{"host": m.host, "pid": m.pid, "rank": m.rank, "error": m.error(),
-                        "fix": by_fix(processes, m.id)} for m in analysis.not_dumped],
-    }
+    if failed:
+        summary += f"; {len(failed)} node(s) not reached: " + ", ".join(f"{n.host} ({n.error})" for n in failed[:3])
+    if flight_recorder and flight_recorder["behind"]:
+        summary += "; " + flight_recorder["evidence"]
+    return summary, None
 
 
-def by_fix(processes: list[dict[str, Any]], mid: str) -> str | None:
-    for p in processes:
-        if f"{p['host']}:{p['pid']}" == mid:
-            return p.get("fix")
-    return None
+def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], options: dict[str, Any],
+                 expected_world: int | None = None, *, fr_records: list[dict[str, Any]] | None = None,
+                 local: bool = False) -> DumpStacksResult:
+    """Analyse all processes of all nodes into the result (the human view draws from it).
+
+    `fr_records`: the Flight Recorder records of every rank (ranks it finds behind are added to the
+    summary's evidence); `local`: the result of this node alone, whose summary names the reasons when
+    no process could be dumped."""
+    members = [Member(host=t.host, pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size,
+                      samples=samples) for t, samples in processes]
+    analysis = analyse(members, expected_world)
+    group_of = {m.id: g.id for g in analysis.groups for m in g.members}
+    dumped: list[DumpedProcess] = []
+    for (t, samples), m in zip(processes, members, strict=True):
+        ok = m.last_ok() is not None
+        fixes = [s.fix for s in samples if s.fix]
+        dumped.append(DumpedProcess(**asdict(t), samples=samples, group=group_of.get(m.id),
+                                    state=ProcessState(member_state(m)) if ok else ProcessState.NOT_DUMPED,
+                                    error=None if ok else m.error(),
+                                    fix=None if ok or not fixes else fixes[-1]))
+    fix_of = {f"{p.host}:{p.pid}": p.fix for p in dumped}
+    groups = [StackGroup(id=g.id, size=g.size, state=GroupState(g.state), ranks=[m.rank for m in g.members],
+                         members=[m.id for m in g.members], hosts=sorted({m.host for m in g.members}),
+                         collective=_brief(g.collective), location=_brief(g.location),
+                         frames=[BriefFrame.of(f) for f in g.frames])
+              for g in analysis.groups]
+    failed_nodes = [n for n in nodes if n.error]
+    code = _exit_code(analysis, failed_nodes)
+    flight_recorder = section(fr_records or [])
+    summary, hint = _summary_and_hint(analysis, code, nodes, dumped, flight_recorder, local)
+    return DumpStacksResult(
+        ok=code == ExitCode.OK,
+        summary=summary,
+        verdict=analysis.verdict,
+        exit_code=code,
+        options=options,
+        nodes=nodes,
+        processes=dumped,
+        groups=groups,
+        tree=[TreeNode.from_json(t) for t in analysis.tree],
+        suspects=analysis.suspects,
+        missing_ranks=analysis.missing_ranks,
+        not_dumped=[NotDumped(host=m.host, pid=m.pid, rank=m.rank, error=m.error(), fix=fix_of.get(m.id))
+                    for m in analysis.not_dumped],
+        flight_recorder=flight_recorder,
+        hint=hint,
+    )
