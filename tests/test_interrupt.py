@@ -1,0 +1,173 @@
+"""Ctrl-C: every command that starts ranks or reaches nodes exits 130 and leaves no process behind.
+
+A terminal's Ctrl-C sends SIGINT to its foreground process group: here the mldebug process is
+started in a group of its own and the group gets SIGINT, once the work is really under way (ranks
+started and blocked, a node's agent running). torchrun-style ranks live in sessions of their own,
+so a terminal never reaches them: mldebug must stop them. Every process a test starts carries
+MLDEBUG_TEST_JOB=<token> in its environment (ranks inherit it; a node's agent gets it through
+--remote-prefix), which is how leftovers are found, here and on the rig's nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, kill_pids, pids_with_env, require, wait_in_function, wait_until
+from tests.fakes import faults
+
+TOKEN_VAR = "MLDEBUG_TEST_JOB"
+VENV_PYTHON = str(REPO / ".venv" / "bin" / "python")
+
+
+@dataclass
+class Run:
+    proc: subprocess.Popen[bytes]
+    token: str
+    stderr: Path
+
+    def processes(self) -> list[int]:
+        """Every live process of this run (mldebug, its ranks, their children, remote agents)."""
+        return pids_with_env(TOKEN_VAR, self.token)
+
+    def ranks(self) -> dict[int, int]:
+        """rank -> pid of the worker processes mldebug started (RANK in their environment)."""
+        out = {}
+        for pid in self.processes():
+            try:
+                env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text(errors="replace")
+                           .split("\0") if "=" in kv)
+            except OSError:
+                continue
+            if "RANK" in env and pid != self.proc.pid:
+                out[int(env["RANK"])] = pid
+        return out
+
+    def ctrl_c(self) -> None:
+        assert self.proc.poll() is None, f"mldebug ended before Ctrl-C:\n{self.stderr.read_text()[-3000:]}"
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator:
+    """start(*mldebug_args, env=...) -> Run; afterwards every process of every run is killed."""
+    runs: list[Run] = []
+
+    def _start(*args: str, env: dict[str, str] | None = None) -> Run:
+        token = uuid.uuid4().hex[:12]
+        err = tmp_path / f"stderr-{token}"
+        full = {**os.environ, "OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160", **(env or {}), TOKEN_VAR: token}
+        for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+            full.pop(var, None)
+        with open(err, "wb") as f:
+            proc = subprocess.Popen([sys.executable, "-m", "ml_debug", *args], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=f, env=full, cwd=tmp_path,
+                                    start_new_session=True)
+        runs.append(Run(proc, token, err))
+        return runs[-1]
+
+    yield _start
+    for run in runs:
+        kill_pids([run.proc.pid, *run.processes()])
+        run.proc.wait(timeout=30)
+
+
+def _interrupted_cleanly(run: Run, keep: tuple[int, ...] = ()) -> None:
+    """mldebug exits 130 without a traceback, and none of its processes outlives it."""
+    try:
+        rc = run.proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"mldebug still running 90 s after Ctrl-C:\n{run.stderr.read_text()[-3000:]}")
+    err = run.stderr.read_text()
+    assert rc == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    # SIGKILLed ranks vanish once reaped: a short grace, never a hang
+    left = lambda: [p for p in run.processes() if p not in keep]  # noqa: E731
+    if left():
+        wait_until(lambda: not left(), 20, f"every process of the run to be gone (left: {left()})")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _two_ranks(run: Run) -> dict[int, int]:
+    def both() -> dict[int, int] | None:
+        ranks = run.ranks()
+        return ranks if sorted(ranks) == [0, 1] else None
+
+    return wait_until(both, 120, "both ranks to start")
+
+
+def test_gpu_test_self_launched(start) -> None:  # type: ignore[no-untyped-def]
+    run = start("gpu-test", "--nproc-per-node", "2", "--device", "cpu", "--backend", "gloo", "--timeout", "600",
+                env=faults.env("gpu-test.hang:rank=1,stage=all_reduce"))
+    ranks = _two_ranks(run)
+    wait_in_function(ranks[1], {"gpu_test_stage_start"}, timeout=120, innermost=False)  # rank 1 stalls
+    run.ctrl_c()
+    _interrupted_cleanly(run)
+
+
+def test_allreduce_bench_self_launched(start) -> None:  # type: ignore[no-untyped-def]
+    run = start("allreduce-bench", "--nproc-per-node", "2", "--backend", "gloo", "-b", "64K", "-e", "64K",
+                "-n", "5", "-w", "1", "--timeout", "600",
+                env=faults.env("allreduce-bench.slow:rank=1,factor=1000000"))
+    ranks = _two_ranks(run)
+    wait_in_function(ranks[1], {"bench_timed_region"}, timeout=120, innermost=False)  # rank 1 in its timed batch
+    run.ctrl_c()
+    _interrupted_cleanly(run)
+
+
+def test_train_self_launched(start) -> None:  # type: ignore[no-untyped-def]
+    run = start("train", "--nproc-per-node", "2", "--steps", "5", "--stats-every", "0", "--log-every", "100",
+                "--inject", "hang@step=2,rank=1", "--timeout", "600")
+    wait_until(lambda: "injected hang at step 2" in run.stderr.read_text() or run.proc.poll() is not None, 180,
+               "rank 1 to hang at step 2")
+    assert sorted(run.ranks()) == [0, 1]
+    run.ctrl_c()
+    _interrupted_cleanly(run)
+
+
+@pytest.mark.rig
+def test_dump_stacks_over_ssh(start, rig_ssh, rig_nodes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    require(Path(VENV_PYTHON).exists(), f"the venv's python at {VENV_PYTHON}")
+    node = rig_nodes[0]
+    token = uuid.uuid4().hex[:12]
+    # something to dump on the node: a Python process whose command line names this test
+    target = subprocess.Popen(node.nsenter_argv([sys.executable, "-c", f"import time  # {token}\ntime.sleep(600)"]),
+                              env={**os.environ, TOKEN_VAR: f"target-{token}"}, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        wait_until(lambda: pids_with_env(TOKEN_VAR, f"target-{token}"), 30, "the target to start on the node")
+        hostfile = rig_ssh.hostfile([h for h in rig_ssh.nodes if h.name == node.name])
+        # many slow samples: the node's agent is still at work when Ctrl-C comes
+        run = start("dump-stacks", "--hosts", str(hostfile), "--ssh-config", str(rig_ssh.ssh_config),
+                    "--remote-python", VENV_PYTHON, "--remote-prefix", f"export {TOKEN_VAR}=agent-{token}",
+                    "--pattern", token, "--samples", "2", "--interval", "300", "--json")
+
+        def agent() -> list[int]:
+            return [p for p in pids_with_env(TOKEN_VAR, f"agent-{token}") if b"dump-stacks" in _cmdline(p)]
+
+        wait_until(lambda: agent() or run.proc.poll() is not None, 120, "the node's dump-stacks agent to start")
+        assert agent(), run.stderr.read_text()[-3000:]
+        run.ctrl_c()
+        _interrupted_cleanly(run)
+        # and on the node: the agent (and whatever it started) is gone too, not left to its deadline
+        if agent():
+            wait_until(lambda: not agent(), 20, f"the agent on {node.name} to stop (left: {agent()})")
+        assert pids_with_env(TOKEN_VAR, f"agent-{token}") == []
+    finally:
+        kill_pids([*pids_with_env(TOKEN_VAR, f"agent-{token}"), *pids_with_env(TOKEN_VAR, f"target-{token}")])
+        target.kill()
+        target.wait(timeout=30)
