@@ -24,7 +24,8 @@ from ml_debug.top.options import TopOptions
 
 
 def _watch_stdin(fd: int) -> bool:
-    """Only a pipe or socket tells us the client left (srun --input=none gives /dev/null)."""
+    """A pipe or socket from the client (ssh, srun, a parent) ends when the client leaves; /dev/null or a
+    terminal (an agent started by hand) does not, and is not watched."""
     try:
         mode = os.fstat(fd).st_mode
     except OSError:
@@ -33,8 +34,9 @@ def _watch_stdin(fd: int) -> bool:
 
 
 def first_tick(start: float, interval: float) -> int:
-    """The first tick at least half an interval away (CPU % needs a span to be measured over)."""
-    return math.ceil((start + min(0.5 * interval, 0.5)) / interval)
+    """The first tick at least one interval (at most a second) away: CPU % and rates are measured
+    from the readings taken at start, and a span that short would be noise."""
+    return math.ceil((start + min(interval, 1.0)) / interval)
 
 
 def run_agent(opts: TopOptions, out: IO[bytes] | None = None, stdin_fd: int = 0,

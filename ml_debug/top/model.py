@@ -25,18 +25,18 @@ NOT_ANSWERING = "not answering"
 FAILED = "failed"
 
 
-def node_status(feed: Any, now: float, grace_s: float) -> tuple[str, float | None]:
-    """(status, age of the last values in seconds) of one node."""
+def node_status(feed: Any, now: float, grace_s: float, final: bool = False) -> tuple[str, float | None]:
+    """(status, age of the last values in seconds) of one node; ``final``: no more waiting (--once)."""
     age = None if feed.received is None else max(0.0, now - feed.received)
     if feed.ended:
         return FAILED, age
     if age is not None:
         return (OK if age <= grace_s else NOT_ANSWERING), age
-    return (CONNECTING if now - feed.started <= grace_s else NOT_ANSWERING), age
+    return (CONNECTING if now - feed.started <= grace_s and not final else NOT_ANSWERING), age
 
 
-def node_entry(feed: Any, now: float, grace_s: float) -> dict[str, Any]:
-    status, age = node_status(feed, now, grace_s)
+def node_entry(feed: Any, now: float, grace_s: float, final: bool = False) -> dict[str, Any]:
+    status, age = node_status(feed, now, grace_s, final)
     s = feed.sample or {}
     node = s.get("node") or {}
     error = feed.error
@@ -95,10 +95,11 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def snapshot(feeds: Sequence[Any], spec: TargetSpec, opts: TopOptions, *, started: float,
-             now: float | None = None) -> dict[str, Any]:
-    """The ``mldebug.top`` result for the feeds as they are now."""
+             now: float | None = None, final: bool = False) -> dict[str, Any]:
+    """The ``mldebug.top`` result for the feeds as they are now (``final``: a node still connecting
+    has had its --interval + --timeout and is not answering)."""
     now = time.monotonic() if now is None else now
-    nodes = [node_entry(f, now, opts.grace_s) for f in feeds]
+    nodes = [node_entry(f, now, opts.grace_s, final) for f in feeds]
     outliers = find_outliers(nodes)
     live = [n for n in nodes if n["status"] == OK]
     result: dict[str, Any] = {

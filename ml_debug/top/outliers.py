@@ -105,7 +105,9 @@ def _entry(kind: str, node: dict[str, Any], message: str, *, rank: dict[str, Any
 
 
 def _times(f: Far) -> str:
-    return "the others at 0" if f.ratio is None else f"x{f.ratio:.2g}"
+    if f.ratio is None:
+        return "its peers at 0"
+    return f"x{f.ratio:.0f}" if f.ratio >= 10 or f.ratio == 0 else f"x{f.ratio:.1f}"
 
 
 KIND_WORDS = {

@@ -23,7 +23,7 @@ def once(spec: TargetSpec, opts: TopOptions) -> dict[str, Any]:
     with Client(spec, opts, retry=False) as client:
         client.wait(client.all_first, client.started + opts.grace_s)
         with client.lock:
-            return snapshot(client.feeds, spec, opts, started=client.started)
+            return snapshot(client.feeds, spec, opts, started=client.started, final=True)
 
 
 def stream_snapshots(spec: TargetSpec, opts: TopOptions, emit: Callable[[dict[str, Any]], None]) -> int:

@@ -87,7 +87,7 @@ def remote_script(opts: TopOptions, spec: TargetSpec) -> str:
 def srun_argv(spec: TargetSpec, node: str, script: str) -> list[str]:
     """One step on one node of the job, sharing its CPUs and taking none of its GPUs."""
     argv = ["srun", f"--jobid={spec.slurm_job}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node,
-            "--input=none", "--kill-on-bad-exit=0", "-J", "mldebug-top"]
+            "--kill-on-bad-exit=0", "-J", "mldebug-top"]
     if spec.slurm_gres_gpu:
         argv.append("--gres=gpu:0")
     return [*argv, "sh", "-c", SHELL_WRAP, "mldebug-top", script]
@@ -176,13 +176,12 @@ class ProcessStream:
         return code
 
     def stop(self) -> None:
-        """Ask it to end: EOF on the local agent's stdin; srun ends its step on two SIGINTs (see reap)."""
+        """Ask it to end: EOF on its stdin (srun passes it on to the agent on the node)."""
         if self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
             except OSError:
                 pass
-        self._signal(signal.SIGINT if self.srun else signal.SIGTERM)
 
     def _signal(self, sig: int) -> None:
         try:
@@ -191,19 +190,27 @@ class ProcessStream:
             pass
 
     def reap(self, deadline: float) -> None:
-        if self.srun and self.proc.poll() is None:
-            self._signal(signal.SIGINT)  # the second within a second: srun cancels the step
+        """Wait for it to end; then srun gets two SIGINTs (it cancels its step), the agent SIGTERM; then SIGKILL."""
         try:
-            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            self.proc.wait(timeout=max(0.0, min(deadline - time.monotonic(), 2.0)))
         except subprocess.TimeoutExpired:
+            if self.srun:
+                self._signal(signal.SIGINT)
+                time.sleep(0.2)  # srun wants the second SIGINT within a second of the first
+                self._signal(signal.SIGINT)
+            else:
+                self._signal(signal.SIGTERM)
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
-            try:
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=max(0.5, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                pass
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    self.proc.kill()
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
         for f in (self.proc.stdout, self.proc.stderr):
             if f is not None:
                 try:
@@ -266,8 +273,6 @@ class Client:
         self._wake()
         for s in streams:
             s.stop()
-        if any(isinstance(s, ProcessStream) and s.srun for s in streams):
-            time.sleep(0.2)  # srun wants its two SIGINTs apart, but within a second
         deadline = time.monotonic() + 5.0
         for s in streams:
             s.reap(deadline)
@@ -319,16 +324,14 @@ class Client:
             chan.exec_command(self._script)
             return SshStream(chan)
         if self.spec.kind == "slurm":
-            argv = srun_argv(self.spec, target.host, self._script)
-            stdin = subprocess.DEVNULL
-            srun = True
+            argv, srun = srun_argv(self.spec, target.host, self._script), True
         else:
-            argv = local_argv(self.opts, self.spec)
-            stdin = subprocess.PIPE
-            srun = False
+            argv, srun = local_argv(self.opts, self.spec), False
         env = {**os.environ, AGENT_MARK: "1"}
         try:
-            proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            # stdin stays open for as long as we want the agent: its end of file (we closed it, or we
+            # died) is what stops the agent, on this node or, passed on by srun, on the job's node
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, env=env)
         except FileNotFoundError:
             raise RuntimeError(f"{argv[0]} is not installed here") from None
