@@ -114,7 +114,8 @@ def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # torch's agent logs every start, stop and failed rank; the command reports those itself.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     addr = spec.master_addr or "127.0.0.1"
     port = spec.master_port or (free_port() if spec.nnodes == 1 else 29500)
     workdir = tempfile.mkdtemp(prefix="mldebug-launch-")
