@@ -105,6 +105,13 @@ def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 where connections are refused for the whole test (see closed_port)."""
+    with closed_port() as port:
+        yield port
+
+
 @contextlib.contextmanager
 def reserved_port(host: str = "127.0.0.1") -> Iterator[int]:
     """A TCP port the OS picked, reserved for a server the test starts (rank 0's TCPStore, torchrun's

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from ml_debug.core.errors import UsageError
-from ml_debug.dist.launch import LaunchResult, LaunchSpec, free_port, launch
+from ml_debug.dist.launch import LaunchResult, LaunchSpec, launch
+from tests.conftest import reserved_port
 
 RANK_SCRIPT = """
 import sys, torch, torch.distributed as dist
@@ -54,8 +55,8 @@ def _finish(procs: list[subprocess.Popen[str]], timeout: float = 60) -> list[tup
 def test_two_rank_gloo_init_and_teardown_repeatedly() -> None:
     # The exit crash showed up ~1 in 3 runs before the careful teardown; 3 runs x 2 ranks.
     for _ in range(3):
-        port = free_port()
-        results = _finish([_start(r, 2, port) for r in range(2)])
+        with reserved_port() as port:  # rank 0 listens there; nobody else can take it meanwhile
+            results = _finish([_start(r, 2, port) for r in range(2)])
         for rank, (rc, so, se) in enumerate(results):
             assert rc == 0, se
             assert f":{rank}] ok cpu gloo" in so
@@ -63,9 +64,9 @@ def test_two_rank_gloo_init_and_teardown_repeatedly() -> None:
 
 
 def test_init_times_out_when_a_rank_never_joins() -> None:
-    port = free_port()
     t0 = time.monotonic()
-    (rc, so, se), = _finish([_start(0, 2, port, timeout=3)], timeout=60)
+    with reserved_port() as port:
+        (rc, so, se), = _finish([_start(0, 2, port, timeout=3)], timeout=60)
     assert rc != 0
     assert "timed out" in se.lower() or "timeout" in se.lower()
     assert time.monotonic() - t0 < 50

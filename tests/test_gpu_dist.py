@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, reserved_port
 from tests.gpu_support import need_gpus, repo_env
 
 pytestmark = pytest.mark.gpu
@@ -77,12 +77,11 @@ def test_nccl_init_gives_up_on_a_missing_rank_within_its_timeout() -> None:
             "w = detect_world()\n"
             "try:\n    init_process_group(w, choose_device(w), 5)\n"
             "except PartialResult as e:\n    print('PARTIAL', e.message, e.hint, flush=True); raise SystemExit(4)\n")
-    from ml_debug.dist.launch import free_port
-
-    env = {**os.environ, **repo_env(), "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    # The subprocess timeout is the hang guard: NCCL's own default would wait 10 minutes.
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
-                          cwd=REPO)
+    with reserved_port() as port:  # rank 0 listens there; nobody else can take it meanwhile
+        env = {**os.environ, **repo_env(), "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        # The subprocess timeout is the hang guard: NCCL's own default would wait 10 minutes.
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                              cwd=REPO)
     assert proc.returncode == 4 and "PARTIAL" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
     assert "(nccl, 127.0.0.1:" in proc.stdout and "timed out after 5 s" in proc.stdout, proc.stdout

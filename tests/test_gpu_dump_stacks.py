@@ -80,15 +80,14 @@ def test_dump_stacks_triggers_nccls_flight_recorder_pipe_and_names_the_rank_behi
     markers.mkdir()
     script = tmp_path / "nccl_fr_worker.py"
     script.write_text(WORKER)
-    from ml_debug.dist.launch import free_port
-
     # Both spellings of the buffer size: torch versions read one or the other for the pipe.
     env = {**os.environ, **repo_env(), "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000",
            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": pipe,
            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": trace, "TORCH_FR_DUMP_TEMP_FILE": trace,
            "TORCH_NCCL_ENABLE_MONITORING": "1", "FR_MARKER_DIR": str(markers)}
-    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-                            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)],
+    # --standalone: torchrun binds its rendezvous on a port the OS picks
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                            str(script)],
                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
     ranks: dict[int, int] = {}

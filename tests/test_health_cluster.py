@@ -75,12 +75,10 @@ def _scenarios(tmp_path: Path, names: list[str]) -> Path:
 
 
 @pytest.mark.rig
-def test_hosts_over_ssh_give_one_cluster_table(rig_ssh, tmp_path: Path) -> None:
+def test_hosts_over_ssh_give_one_cluster_table(rig_ssh, tmp_path: Path, refused_port: int) -> None:
     nodes = rig_ssh.nodes[:2]
     scen = _scenarios(tmp_path, [n.name for n in nodes])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = refused_port
     hostfile = tmp_path / "hosts"
     hostfile.write_text("".join(f"{n.name}\n" for n in nodes) + f"127.0.0.1:{dead}\n")
     # The NVML fake is picked on each node, by the node's own hostname (test paths have no spaces).

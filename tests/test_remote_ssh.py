@@ -13,7 +13,7 @@ import pytest
 from ml_debug.cli.app import run
 from ml_debug.remote.runner import connections, run_everywhere, run_mldebug_everywhere
 from ml_debug.remote.targets import Target, TargetSpec
-from tests.conftest import REPO, mldebug
+from tests.conftest import REPO, closed_port, mldebug
 from tests.rig.fixtures import SshRig
 
 pytestmark = pytest.mark.rig
@@ -27,12 +27,6 @@ def _exec_json(*args: str, timeout: float = 60) -> tuple[int, dict]:
     doc = json.loads(proc.stdout)
     jsonschema.validate(doc, SCHEMA)
     return proc.returncode, doc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_exec_reaches_every_rig_host_in_parallel(rig_ssh: SshRig) -> None:
@@ -79,26 +73,26 @@ def test_each_failure_has_its_own_reason_and_the_rest_succeed(rig_ssh: SshRig, t
     stall.bind(("127.0.0.1", 0))
     stall.listen(8)
     bad = rig_ssh.bad_hostkey_host
-    down = _free_port()
-    common = f"  User root\n  IdentitiesOnly yes\n  UserKnownHostsFile {rig_ssh.known_hosts}\n"
-    cfg = tmp_path / "ssh_config"
-    cfg.write_text(
-        f"Host ok\n  HostName {ok.address}\n  Port {ok.port}\n  IdentityFile {rig_ssh.client_key}\n{common}"
-        f"Host hang\n  HostName {hang.address}\n  Port {hang.port}\n  IdentityFile {rig_ssh.client_key}\n{common}"
-        f"Host down\n  HostName 127.0.0.1\n  Port {down}\n  IdentityFile {rig_ssh.client_key}\n{common}"
-        f"Host badkey\n  HostName {bad.address}\n  Port {bad.port}\n  IdentityFile {rig_ssh.client_key}\n{common}"
-        f"Host refused\n  HostName {ok.address}\n  Port {rig_ssh.hosts[2].port}\n"
-        f"  IdentityFile {rig_ssh.alt_client_key}\n{common}"
-        f"Host node\n  HostName {rig_ssh.nodes[0].address}\n  IdentityFile {rig_ssh.client_key}\n{common}"
-        f"Host stall\n  HostName 127.0.0.1\n  Port {stall.getsockname()[1]}\n{common}")
-    marker = f"mldebug-hang-{uuid.uuid4().hex[:8]}"
-    # Only the host reached on the "hang" port sleeps past the timeout.
-    script = f'case "${{SSH_CONNECTION##* }}" in {hang.port}) exec -a {marker} sleep 60;; esac; echo fine'
-    try:
-        code, doc = _exec_json("--hosts", "ok,hang,down,badkey,refused,node,stall", "--ssh-config", str(cfg),
-                               "--timeout", "8", "--connect-timeout", "5", "--", "bash", "-c", script)
-    finally:
-        stall.close()
+    with closed_port() as down:  # held bound, never listening: refused for the whole test
+        common = f"  User root\n  IdentitiesOnly yes\n  UserKnownHostsFile {rig_ssh.known_hosts}\n"
+        cfg = tmp_path / "ssh_config"
+        cfg.write_text(
+            f"Host ok\n  HostName {ok.address}\n  Port {ok.port}\n  IdentityFile {rig_ssh.client_key}\n{common}"
+            f"Host hang\n  HostName {hang.address}\n  Port {hang.port}\n  IdentityFile {rig_ssh.client_key}\n{common}"
+            f"Host down\n  HostName 127.0.0.1\n  Port {down}\n  IdentityFile {rig_ssh.client_key}\n{common}"
+            f"Host badkey\n  HostName {bad.address}\n  Port {bad.port}\n  IdentityFile {rig_ssh.client_key}\n{common}"
+            f"Host refused\n  HostName {ok.address}\n  Port {rig_ssh.hosts[2].port}\n"
+            f"  IdentityFile {rig_ssh.alt_client_key}\n{common}"
+            f"Host node\n  HostName {rig_ssh.nodes[0].address}\n  IdentityFile {rig_ssh.client_key}\n{common}"
+            f"Host stall\n  HostName 127.0.0.1\n  Port {stall.getsockname()[1]}\n{common}")
+        marker = f"mldebug-hang-{uuid.uuid4().hex[:8]}"
+        # Only the host reached on the "hang" port sleeps past the timeout.
+        script = f'case "${{SSH_CONNECTION##* }}" in {hang.port}) exec -a {marker} sleep 60;; esac; echo fine'
+        try:
+            code, doc = _exec_json("--hosts", "ok,hang,down,badkey,refused,node,stall", "--ssh-config", str(cfg),
+                                   "--timeout", "8", "--connect-timeout", "5", "--", "bash", "-c", script)
+        finally:
+            stall.close()
     assert code == 4
     nodes = {n["host"]: n for n in doc["result"]["nodes"]}
     assert nodes["ok"]["failure"] is None and nodes["ok"]["stdout"] == "fine\n"
@@ -117,9 +111,9 @@ def test_each_failure_has_its_own_reason_and_the_rest_succeed(rig_ssh: SshRig, t
 
 
 def test_human_summary_names_each_failure(rig_ssh: SshRig) -> None:
-    down = _free_port()
-    proc = mldebug("exec", "--hosts", f"{rig_ssh.hosts[0].name},127.0.0.1:{down}", "--ssh-config",
-                   str(rig_ssh.ssh_config), "--connect-timeout", "3", "--", "true", timeout=60)
+    with closed_port() as down:
+        proc = mldebug("exec", "--hosts", f"{rig_ssh.hosts[0].name},127.0.0.1:{down}", "--ssh-config",
+                       str(rig_ssh.ssh_config), "--connect-timeout", "3", "--", "true", timeout=60)
     assert proc.returncode == 4
     assert f"127.0.0.1:{down}: unreachable: 127.0.0.1:{down}: connection refused" in proc.stderr
     assert "1/2 nodes ok" in proc.stderr
