@@ -113,9 +113,11 @@ def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # torch's agent logs every start, stop and failed rank; the command reports those itself.
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    # torch's agent logs every start, stop and failed rank; the command reports those itself. Its
+    # modules set their own loggers' levels, so each one is quieted, not just the parent.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     addr = spec.master_addr or "127.0.0.1"
     port = spec.master_port or (free_port() if spec.nnodes == 1 else 29500)
     workdir = tempfile.mkdtemp(prefix="mldebug-launch-")
