@@ -293,7 +293,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
             if why:
                 out.notes.append(why)
 
-    targets = list(chosen.values())
+    targets = [t for t in chosen.values() if not _is_agent(t, out)]
     if env:
         keep = []
         for t in targets:
@@ -310,6 +310,19 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     targets.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.pid))
     out.targets = targets
     return out
+
+
+AGENT_MARKS = ("MLDEBUG_TOP_AGENT",)
+"""Set in the environment of mldebug's own sampling agents (``mldebug top --agent``, which top and
+watch start inside a job's allocation, where they carry the job's rank variables): never a rank."""
+
+
+def _is_agent(t: Target, out: TargetSet) -> bool:
+    env = read_environ(t.pid) or {}
+    if any(mark in env for mark in AGENT_MARKS):
+        out.skipped.append({"pid": t.pid, "cmdline": t.cmdline, "reason": "an mldebug sampling agent"})
+        return True
+    return False
 
 
 def _uid_of(pid: int) -> int | None:

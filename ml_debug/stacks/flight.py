@@ -32,6 +32,7 @@ from typing import Any
 
 from ml_debug.core import safefs
 from ml_debug.core.safefs import Owner, Refused
+from ml_debug.stacks.fr_analysis import analyse, compact
 
 FR_DIR_VAR = "MLDEBUG_FR_DIR"
 NCCL_PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -182,10 +183,16 @@ def section(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
         evidence = f"flight recorder: {got} rank(s) dumped, none behind the others"
     else:
         evidence = "flight recorder: no rank could be dumped"
+    analysis = analyse(ranks)  # the collectives matched across ranks by sequence number
+    if analysis:  # a desync always; a rank that never issued a collective when none is behind already
+        extra = [f for f in analysis["findings"] if f.startswith("desync")] or \
+            ([] if behind else [f for f in analysis["findings"] if " never issued " in f][:1])
+        if extra:
+            evidence = (evidence + "; " if behind else "flight recorder: ") + "; ".join(extra)
     refused = [r for r in ranks if str(r.get("error") or "").startswith(REFUSED)]
     if refused:  # said where every view shows it, not only in a table cell
         evidence += "; " + "; ".join(f"{_who(r)}: {r['error']}" for r in refused)
-    return {"ranks": ranks, "behind": behind, "evidence": evidence}
+    return {"ranks": ranks, "behind": behind, "evidence": evidence, "analysis": analysis}
 
 
 # ---- triggering --------------------------------------------------------------------------------
@@ -328,7 +335,9 @@ def fetch(env: dict[str, str], rank: int | None, pid: int, timeout: float, owner
             rec["error"] = (f"no dump in {rec['file']} within {timeout:g} s (is TORCH_FR_BUFFER_SIZE>0 set "
                             "(TORCH_NCCL_TRACE_BUFFER_SIZE on older torch), and the rank alive?)")
             return rec
-        rec["process_groups"] = summarise_dump(parse_dump(data))
+        dump = parse_dump(data)
+        rec["process_groups"] = summarise_dump(dump)
+        rec["collectives"] = compact(dump)  # the last entries per process group, for the cross-rank analysis
         rec["ok"] = True
     except Refused as e:
         rec["error"] = REFUSED + str(e)

@@ -179,4 +179,7 @@ def _flight_recorder(fr: dict[str, Any], console: Console) -> None:
                           _coll(pg.get("last_enqueued"), pg.get("last_enqueued_seq")), note)
     console.print()
     console.print(table)
-    console.print(Text(fr["evidence"], style="yellow" if fr["behind"] else ""), soft_wrap=True)
+    findings = (fr.get("analysis") or {}).get("findings") or []
+    for line in findings:  # the collectives matched across ranks (ml_debug.stacks.fr_analysis)
+        console.print(Text(f"  {line}", style="yellow"), soft_wrap=True)
+    console.print(Text(fr["evidence"], style="yellow" if fr["behind"] or findings else ""), soft_wrap=True)

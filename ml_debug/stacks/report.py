@@ -258,7 +258,7 @@ def _summary_and_hint(analysis: Analysis, code: ExitCode, nodes: list[NodeSummar
     summary = analysis.verdict
     if failed:
         summary += f"; {len(failed)} node(s) not reached: " + ", ".join(f"{n.host} ({n.error})" for n in failed[:3])
-    if flight_recorder and flight_recorder["behind"]:
+    if flight_recorder and (flight_recorder["behind"] or (flight_recorder.get("analysis") or {}).get("culprits")):
         summary += "; " + flight_recorder["evidence"]
     return summary, None
 

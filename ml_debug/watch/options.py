@@ -1,0 +1,107 @@
+"""The options of `mldebug watch` (cheap to import: the CLI builds its options from them)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from ml_debug.core.errors import UsageError
+from ml_debug.core.options import option
+
+WHICH = "Which job"
+WHEN = "When to act"
+ACT = "What to do then"
+HOW = "Sampling"
+
+
+def parse_env_filter(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> (KEY, VALUE)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise UsageError(f"--env {item!r} is not KEY=VALUE", "e.g. --env SLURM_JOB_ID=123")
+    return key, value
+
+
+def incident_argv(text: str) -> list[str]:
+    """``--on-incident CMD`` as an argument list (split like a shell would, never run by one)."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"--on-incident {text!r}: {e}", "quote it as one word: --on-incident 'scancel 123'") from None
+    if not argv:
+        raise UsageError("--on-incident is empty", "give a command, e.g. --on-incident 'scancel 123'")
+    return argv
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """What `mldebug watch` watches, when it calls a rank stalled or a straggler, and what it does then."""
+
+    pids: list[int] = option(flags=("--pid",), default_factory=list, metavar="PID", panel=WHICH,
+                             help="Watch this process (repeatable; a launcher's pid means its ranks). This node "
+                                  "only: on many nodes pick the job with --env or --pattern.")
+    pattern: str | None = option(None, metavar="REGEX", panel=WHICH,
+                                 help="Watch processes whose command line matches (like pgrep -f) instead of the "
+                                      "ranks found under launchers.")
+    user: str | None = option(None, metavar="USER", panel=WHICH, help="Only processes of this user (name or uid).")
+    env: list[tuple[str, str]] = option(
+        default_factory=list, metavar="KEY=VALUE", panel=WHICH, parse=parse_env_filter, format="=".join,
+        help="Only processes whose environment has KEY=VALUE (repeatable), e.g. --env SLURM_JOB_ID=123. With "
+             "--slurm-job, SLURM_JOB_ID is added for you.")
+    progress_files: list[str] = option(
+        flags=("--progress-file",), default_factory=list, metavar="PATTERN", panel=WHICH,
+        help="A file whose growth is the job's progress (repeatable; a glob on each node; {rank} stands for a "
+             "rank's number), e.g. 'run/metrics/rank-{rank}.jsonl' (mldebug train --metrics-dir). The step is the "
+             "'step' field of the last JSON line. With it, a rank stalls when its file stops growing, whatever "
+             "its CPU does, and step rates name stragglers.")
+    stall: float = option(300.0, min=1.0, metavar="S", panel=WHEN,
+                          help="A rank that makes no progress for this long is stalled: an incident.")
+    grace: float = option(60.0, min=0.0, metavar="S", panel=WHEN,
+                          help="No rank is called stalled or a straggler in the first S seconds of watching (start-up, "
+                               "compilation, loading a checkpoint).")
+    straggler_factor: float = option(
+        2.0, min=0.0, metavar="F", panel=WHEN,
+        help="A rank whose step rate is below the median rate divided by F, or that computes while its peers "
+             "wait for it in collectives, is a straggler: an incident (0: never).")
+    now: bool = option(False, panel=ACT, help="Collect the incident bundle at once, without waiting for a stall.")
+    keep_watching: bool = option(False, panel=ACT,
+                                 help="After an incident, keep watching (a new bundle for each new incident) instead "
+                                      "of exiting 1.")
+    on_incident: str | None = option(
+        None, metavar="CMD", panel=ACT,
+        help="Run CMD after each incident's bundle is complete (split into words like a shell would, but not run "
+             "by one), with MLDEBUG_INCIDENT=<bundle directory> in its environment: scancel, requeue, page.")
+    out_dir: Path | None = option(
+        None, file_okay=False, panel=ACT,
+        help="Where the incident bundle goes (default: ./mldebug-incident-<job>-<time>/; with --keep-watching, "
+             "one numbered subdirectory per incident).")
+    samples: int = option(3, min=1, max=20, metavar="K", panel=ACT,
+                          help="Stack samples per rank in the bundle's dump-stacks (stuck or moving?).")
+    duration: float = option(0.0, min=0.0, metavar="S", panel=ACT,
+                             help="Stop watching after S seconds (exit 0 when nothing happened; 0: until the job ends "
+                                  "or Ctrl-C).")
+    interval: float = option(5.0, min=0.2, max=600.0, metavar="S", panel=HOW,
+                             help="Seconds between samples of the ranks' CPU, state, GPUs and progress files.")
+    stack_every: float = option(60.0, min=0.0, max=3600.0, metavar="S", panel=HOW,
+                                help="Seconds between py-spy stack samples of every rank (0: none; then CPU, GPU and "
+                                     "progress files alone decide).")
+    node_timeout: float = option(20.0, min=1.0, metavar="S", panel=HOW,
+                                 help="A node that sends nothing for --interval plus this long is reported as not "
+                                      "answering (its ranks are not waited for).")
+
+    @property
+    def env_filter(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def validate(self, remote: bool) -> None:
+        """Raise UsageError (exit 2) for impossible combinations, before anything starts."""
+        if self.pids and remote:
+            raise UsageError("--pid names a process on this node only",
+                             "on many nodes pick the job with --env KEY=VALUE or --pattern REGEX "
+                             "(with --slurm-job the job's own processes are picked for you)")
+        if self.on_incident is not None:
+            incident_argv(self.on_incident)
+        if self.stack_every and self.stack_every < self.interval:
+            raise UsageError(f"--stack-every {self.stack_every:g} is shorter than --interval {self.interval:g}",
+                             "stack samples are taken on sampling rounds: use --stack-every >= --interval")
