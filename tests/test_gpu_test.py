@@ -21,6 +21,8 @@ from tests.fakes import faults
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "gpu-test.json").read_text())
 GOLDEN = REPO / "tests" / "golden" / "gpu_test_ok.txt"
+# The fault tests name rank 1 or slot 1: two CPU ranks, the same on a machine with one GPU or eight.
+TWO_CPU_RANKS = ("--device", "cpu", "--backend", "gloo", "--nproc-per-node", "2")
 
 
 def _doc(stdout: str) -> dict:
@@ -46,7 +48,8 @@ def _hand(rank: int, world: int, port: int, *args: str, local: int | None = None
     full = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank if local is None else local),
             "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160", **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "ml_debug", "gpu-test", *args], env=full, text=True,
+    # gloo on CPU tensors: ranks by hand share no GPU, on any machine
+    return subprocess.Popen([sys.executable, "-m", "ml_debug", "gpu-test", "--backend", "gloo", *args], env=full, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -92,7 +95,8 @@ def test_torchrun_four_ranks(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     require(torchrun, "torchrun")
     mld = str(Path(sys.executable).parent / "mldebug")
-    r = subprocess.run([torchrun, "--nproc-per-node", "4", "--no-python", mld, "gpu-test", "--json", "--timeout", "30"],
+    r = subprocess.run([torchrun, "--nproc-per-node", "4", "--no-python", mld, "gpu-test", "--json", "--timeout", "30",
+                        "--backend", "gloo"],  # 4 ranks on CPU tensors: as many GPUs are not needed
                        capture_output=True, text=True, timeout=240, cwd=tmp_path,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -143,7 +147,7 @@ def test_missing_rank_zero_each_rank_keeps_its_line(tmp_path: Path) -> None:
 
 def test_killed_rank_is_named_by_survivors(tmp_path: Path) -> None:
     out = tmp_path / "gt-killed"
-    r = mldebug("gpu-test", "--json", "--timeout", "10", "--out-dir", str(out),
+    r = mldebug("gpu-test", "--json", "--timeout", "10", "--out-dir", str(out), *TWO_CPU_RANKS,
                 env=faults.env("gpu-test.die:rank=1,stage=broadcast"), timeout=180)
     assert r.returncode == 4, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]
@@ -154,7 +158,7 @@ def test_killed_rank_is_named_by_survivors(tmp_path: Path) -> None:
 
 
 def test_wrong_value_fails_all_reduce_on_that_rank() -> None:
-    r = mldebug("gpu-test", "--json", "--timeout", "20", env=faults.env("gpu-test.wrong-value:rank=1"),
+    r = mldebug("gpu-test", "--json", "--timeout", "20", *TWO_CPU_RANKS, env=faults.env("gpu-test.wrong-value:rank=1"),
                 timeout=180)
     assert r.returncode == 1, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]
@@ -175,7 +179,7 @@ def test_wrong_layout_two_ranks_claim_one_local_slot() -> None:
 
 
 def test_isolate_points_at_the_bad_slot() -> None:
-    r = mldebug("gpu-test", "--isolate", "--json", "--timeout", "20",
+    r = mldebug("gpu-test", "--isolate", "--json", "--timeout", "20", *TWO_CPU_RANKS,
                 env=faults.env("gpu-test.wrong-value:device=1"), timeout=300)
     assert r.returncode == 1, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]
@@ -207,7 +211,7 @@ def test_two_node_slurm_step(rig_slurm, tmp_path: Path) -> None:  # type: ignore
     mld = str(Path(sys.executable).parent / "mldebug")
     out = tmp_path / "slurm.out"
     tmp_path.chmod(0o777)
-    job = rig_slurm.sbatch([mld, "gpu-test", "--json", "--timeout", "30"], nodes=2, ntasks_per_node=1,
+    job = rig_slurm.sbatch([mld, "gpu-test", "--json", "--timeout", "30", "--backend", "gloo"], nodes=2, ntasks_per_node=1,
                            extra=["-w", ",".join(nodes)], output=out,
                            env={"MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "OMP_NUM_THREADS": "1"})
     try:
