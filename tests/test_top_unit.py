@@ -149,13 +149,15 @@ def test_agent_exits_when_its_stdout_is_closed() -> None:
 
 
 def test_a_rank_is_found_with_its_label_and_another_agent_is_never_taken_for_one(tmp_path: Path) -> None:
-    """A process with RANK in its environment is a rank; an `mldebug top --agent` never is."""
-    env = {**os.environ, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TOP_UNIT": str(tmp_path)}
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
-    other = _agent("--interval", "5", env={"RANK": "6", "TOP_UNIT": str(tmp_path)})
+    """--pattern picks processes by command line; their labels come from their environment; an
+    `mldebug top --agent` whose command line matches too is never taken for a rank."""
+    marker = f"top-unit-{tmp_path.name}"
+    env = {**os.environ, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker], env=env)
+    other = _agent("--interval", "5", "--pattern", marker, env={"RANK": "6"})
     try:
         wait_until(lambda: Path(f"/proc/{other.pid}/cmdline").read_bytes().count(b"--agent"), 30, "the other agent")
-        proc = _agent("--interval", "0.2", "--env", f"TOP_UNIT={tmp_path}")
+        proc = _agent("--interval", "0.2", "--pattern", marker)
         try:
             ranks = _line(proc)["ranks"]
         finally:

@@ -76,6 +76,7 @@ def run_agent(opts: TopOptions, out: IO[bytes] | None = None, stdin_fd: int = 0,
             sent += 1
             if max_samples is not None and sent >= max_samples:
                 return 0
+            sampler.maintain()
             # A sample that took longer than an interval (a loaded node) skips ticks, never piles up.
             tick = max(tick + 1, math.floor(time.time() / interval) + 1)
     finally:

@@ -86,9 +86,13 @@ class NodeSampler:
         self.notes = list(found.notes)
         self._found_at = time.monotonic()
 
-    def _rank_rows(self, now: float) -> list[dict[str, Any]]:
-        if now - self._found_at >= REDISCOVER_S:
+    def maintain(self) -> None:
+        """The slow part, done between two ticks (never delaying a sample): look for the job's ranks
+        again every few seconds, or at once when one of them exited."""
+        if time.monotonic() - self._found_at >= REDISCOVER_S:
             self.discover()
+
+    def _rank_rows(self, now: float) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         gone = False
         for t in self.targets:
