@@ -428,3 +428,19 @@ def test_shell_words_in_options_reach_the_agent_literally(rig_ssh, tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["result"]["nodes"][0]["status"] == "ok"
     assert not canary.exists()
+
+
+def test_the_d_key_runs_dump_stacks_on_the_selected_nodes_ranks(job, rig_ssh) -> None:
+    """What the live view's `d` calls: dump-stacks' own library call, on one node, with top's selectors."""
+    from ml_debug.cli.top import dump_stacks_callback
+    from ml_debug.remote.options import TargetOptions
+    from ml_debug.top.options import TopOptions
+
+    node1 = job.ranks[0][0]
+    spec = TargetOptions(hosts=f"{node1},{job.ranks[2][0]}", ssh_config=rig_ssh.ssh_config,
+                         remote_python=sys.executable).resolve()
+    result = dump_stacks_callback(spec, TopOptions(env=[(TOKEN_VAR, job.token)]))(node1)
+    assert [n["host"] for n in result["nodes"]] == [node1]  # the selected node only
+    assert {p["rank"]: (p["host"], p["pid"]) for p in result["processes"]} == {r: job.ranks[r] for r in (0, 1)}
+    assert all(p["samples"] and not p["error"] for p in result["processes"]), result["processes"]
+    assert result["verdict"]

@@ -46,10 +46,10 @@ def top(opts: TopOptions, targets: TargetOptions) -> int:
     from ml_debug.top.run import run_top
 
     spec = targets.resolve()
-    return run_top(spec, opts, dump=_dump_stacks(spec, opts))
+    return run_top(spec, opts, dump=dump_stacks_callback(spec, opts))
 
 
-def _dump_stacks(spec: Any, opts: TopOptions) -> Any:
+def dump_stacks_callback(spec: Any, opts: TopOptions) -> Any:
     """The `d` key: dump-stacks' own library call on one node's ranks (the same selectors as top's)."""
 
     def dump(label: str) -> dict[str, Any]:
