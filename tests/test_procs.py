@@ -150,3 +150,15 @@ def test_gpu_selection_says_why_when_there_is_no_gpu() -> None:
         assert not [n for n in found.notes if n.startswith("--gpu: ")], found.notes
     else:  # no NVIDIA GPU here: the reason, never a crash
         assert found.notes == [f"--gpu: {status.reason}"], found.notes
+
+
+def test_no_job_found_says_nothing_about_nvml_unless_gpu_was_asked() -> None:
+    from ml_debug.procs.find import find_targets
+
+    found = find_targets(env={"MLDEBUG_NO_SUCH_JOB": "1"})
+    assert not [n for n in found.notes if "NVML" in n], found.notes
+    asked = find_targets(gpu=True, env={"MLDEBUG_NO_SUCH_JOB": "1"})
+    from ml_debug.core.nvml import open_gateway
+
+    if not open_gateway().open().available:
+        assert any(n.startswith("--gpu: ") for n in asked.notes), asked.notes

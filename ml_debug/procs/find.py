@@ -286,12 +286,11 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
                         continue  # a rank's own child (data loader worker) inherits RANK
                     add(_make_target(info, host, "rank env"))
         if not chosen:
-            holders, why = gpu_holder_pids()
+            # Last resort: the GPU holders. That NVML is absent here is not news: --gpu was not asked.
+            holders, _ = gpu_holder_pids()
             for pid in holders:
                 if pid in table.procs and pid not in excluded:
                     add(_make_target(table.procs[pid], host, "gpu"))
-            if why:
-                out.notes.append(why)
 
     targets = [t for t in chosen.values() if not _is_agent(t, out)]
     if env:
