@@ -9,15 +9,21 @@ cd "$(dirname "$0")/.."
 t0=$(date +%s)
 
 # 1. Python: a venv with pinned CPU torch (an open range could pull a multi-GB CUDA build).
-[ -x .venv/bin/python ] || python3 -m venv .venv
-# On Linux, PyPI's torch wheel is the CUDA build (GBs of NVIDIA libraries): when PyTorch's CPU index
-# answers within 5 s, torch comes from there first (MLDEBUG_TORCH_INDEX= skips that, or names another
-# index). An unreachable index is never handed to pip: pip retries each project page 5 times on it,
-# each try up to its socket timeout, which adds minutes to the install.
+if [ ! -x .venv/bin/python ]; then
+  # Debian and Ubuntu ship venv's pip bootstrap (ensurepip) in a separate package.
+  python3 -c 'import ensurepip' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv; }
+  python3 -m venv .venv
+fi
+# On Linux, PyPI's torch wheel is the CUDA build (GBs of NVIDIA libraries). When the index pip uses
+# would bring those (its dry-run plan lists nvidia-* packages) and PyTorch's CPU index answers within
+# 5 s, torch comes from there first (MLDEBUG_TORCH_INDEX= never, or names another index). An
+# unreachable index is never handed to pip: pip retries each project page 5 times on it.
 TORCH_INDEX=${MLDEBUG_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 : > .venv/pip.log
 if [ -n "$TORCH_INDEX" ] \
    && ! .venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch").split("+")[0] != "2.13.0")' 2>/dev/null \
+   && .venv/bin/pip install -q --disable-pip-version-check --dry-run --report .venv/torch-plan.json torch==2.13.0 >> .venv/pip.log 2>&1 \
+   && grep -q '"name": "nvidia-' .venv/torch-plan.json \
    && timeout 10 .venv/bin/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=5)' "$TORCH_INDEX" 2>/dev/null; then
   echo "tests/run.sh: torch from $TORCH_INDEX"
   .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 --index-url "$TORCH_INDEX" >> .venv/pip.log 2>&1 \
