@@ -28,13 +28,15 @@ COMMANDS = {
     "trace-tail": "trace",
     "exec": "remote_exec",
     "train": "train",
+    "logs": "logs",
+    "launch": "launch",
     "top": "top",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
 # For every other command a `--` only shields its options from a launcher
 # (`torchrun --no-python mldebug gpu-test -- --timeout 5`) and is dropped.
-TAKES_COMMAND = ("exec", "trace")
+TAKES_COMMAND = ("exec", "trace", "launch")
 
 HELP = """mldebug: find what is wrong with a distributed PyTorch job.
 

@@ -1,0 +1,91 @@
+"""`mldebug logs`: which rank failed first, and why, from the logs of every rank."""
+
+from __future__ import annotations
+
+import typer
+
+from ml_debug.logs.options import LogsOptions
+
+HELP = """Read a job's logs and name the rank that failed first, and why.
+
+Reads every rank's lines from the common shapes: `srun --label` consoles, torchrun --tee/--role
+prefixes, torchrun --log-dir trees and their error.json files, `mldebug launch` directories,
+per-rank files (*rank*N*), mldebug train metrics; gzip files and - (standard input) too.
+Failures are classed: a rank whose error is a consequence of a peer (connection reset or closed,
+broken pipe, NCCL watchdog or gloo timeout, stopped by torchrun's SIGTERM) is secondary; the first
+other failure (an exception, a CUDA error, an out-of-memory, a crash by signal) is the verdict.
+Then: identical tracebacks with their rank sets, a timeline, and what NCCL_DEBUG=INFO lines say
+(version, transports, rings and trees, slow-path causes such as sockets instead of InfiniBand).
+
+Exit codes: 0 no failure found; 1 a failure found (named in the first line); 2 no logs to read,
+bad options, or no line of the given --rank/--node; 4 no failure found but some files could not be
+read."""
+
+EXAMPLES = (
+    "mldebug logs slurm-12345.out",
+    "mldebug logs mldebug-logs/               # what `mldebug launch` wrote",
+    "mldebug logs /tmp/torchelastic_x/ 'logs/*.log.gz'",
+    "mldebug logs job.log --rank 37           # rank 37's own lines, labels removed",
+    "srun --label python train.py 2>&1 | mldebug logs -",
+)
+
+
+def register(app: typer.Typer) -> None:
+    from ml_debug.cli.params import command
+
+    command(app, "logs", logs, help=HELP, examples=EXAMPLES, opts=LogsOptions)
+
+
+def logs(opts: LogsOptions) -> int:
+    from ml_debug.core import output
+    from ml_debug.core.errors import ExitCode, UsageError
+    from ml_debug.logs.model import SCHEMA, SCHEMA_VERSION
+    from ml_debug.logs.render import render
+    from ml_debug.logs.triage import triage
+
+    if not opts.paths:
+        raise UsageError("no logs given", "mldebug logs PATH... (files, directories, globs, or - for standard input)")
+    if opts.rank is not None or opts.node is not None:
+        return _demux(opts)
+    with output.progress(None, "reading logs") as bar:
+        report = triage(list(opts.paths), on_source=lambda i, n: bar.advance(1, f"reading logs ({i + 1}/{n})"))
+    output.emit(SCHEMA, SCHEMA_VERSION, report,
+                lambda console: render(report, console, full=opts.full, tracebacks=opts.tracebacks))
+    if report.verdict.status != "none":
+        return ExitCode.PROBLEM
+    return ExitCode.PARTIAL if report.skipped else ExitCode.OK
+
+
+def _demux(opts: LogsOptions) -> int:
+    import os
+    import sys
+
+    from ml_debug.core import output
+    from ml_debug.core.errors import UsageError
+    from ml_debug.logs.model import SCHEMA, SCHEMA_VERSION
+    from ml_debug.logs.triage import demux
+
+    lines: list[dict[str, object]] = []
+    # like tail: a "==> file <==" header where the lines may come from several files
+    several = len(opts.paths) > 1 or any(p != "-" and not os.path.isfile(p) for p in opts.paths)
+    shown: list[str] = []
+
+    def emit(source: str, line: int, text: str) -> None:
+        if output.MODE.json:
+            lines.append({"source": source, "line": line, "text": text})
+            return
+        if several and (not shown or shown[-1] != source):
+            sys.stdout.write(f"==> {source} <==\n")
+            shown.append(source)
+        sys.stdout.write(text + "\n")
+
+    got = demux(list(opts.paths), rank=opts.rank, node=opts.node, emit=emit)
+    if not got["lines"]:
+        who = " ".join(x for x in (f"rank {opts.rank}" if opts.rank is not None else "",
+                                   f"node {opts.node}" if opts.node else "") if x)
+        raise UsageError(f"no line of {who} in {' '.join(opts.paths)}",
+                         f"ranks seen: {got['ranks_seen'] or 'none'}; nodes: {', '.join(got['nodes']) or 'none'}")
+    if output.MODE.json:
+        output.emit(SCHEMA, SCHEMA_VERSION, {"demux": {**got, "text": lines}})
+    sys.stdout.flush()
+    return 0

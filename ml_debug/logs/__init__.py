@@ -1,0 +1,16 @@
+"""Job logs: which rank failed first, and why (`mldebug logs`); a launcher whose logs say it (`mldebug launch`).
+
+- ``sources.py``: PATH arguments into log sources (files, directories, globs, stdin, gzip), each with
+  its shape (torchelastic ``--log-dir`` tree, error.json, per-rank file, mldebug train metrics, a
+  console with per-line labels) and what the shape says about its rank and node.
+- ``labels.py``: the per-line labels launchers add (``srun --label``, torchrun ``--tee``/``--role``,
+  torch's own ``[rankN]:``) and the time stamps log lines carry.
+- ``scan.py``: one streaming pass per source; only lines that can matter reach Python code.
+- ``events.py``: failure events from those lines (tracebacks kept whole, torchrun's failure summary,
+  Slurm's messages), each classed primary (a cause) or secondary (a consequence of a peer).
+- ``nccl.py``: what ``NCCL_DEBUG=INFO`` lines say about versions, transports, rings and trees, and the
+  classic slow-path causes.
+- ``verdict.py``: identities resolved, duplicates merged, the first failure named, tracebacks collapsed
+  with their rank sets, the timeline.
+- ``render.py``: the human view. ``launch.py``: torchrun with logs laid out for ``mldebug logs``.
+"""

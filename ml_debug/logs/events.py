@@ -1,0 +1,703 @@
+"""Failure events from log lines: tracebacks kept whole, one-line failures, torchrun's failure summary.
+
+A :class:`Collector` is fed the lines of one source at a time (only the lines that can matter, plus
+every line while a traceback or torchrun's summary is being read) and keeps events, never ordinary
+lines. Each event is classed where it is made:
+
+- secondary: the text is a consequence of a peer's failure (a reset or closed connection, a broken
+  pipe, a gloo or NCCL watchdog timeout, a store that lost its server, a rank stopped by torchrun's
+  SIGTERM after another one failed);
+- primary: any other failure (an exception that is not a communication error, a CUDA error, an
+  out-of-memory, a crash by signal, an error file's exception);
+- weak primary (``strong=False``): a bare exit code or a kill by srun, evidence of a failure but not its
+  cause. It names the first failure only when nothing stronger exists.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from ml_debug.logs.labels import Label, find_time, split_label
+from ml_debug.logs.model import (
+    INFO,
+    PRIMARY,
+    SECONDARY,
+    TIME_ERROR_FILE,
+    TIME_LAUNCHER,
+    TIME_LINE,
+    TIME_NEARBY,
+    TIME_ORDER,
+    WARNING,
+    Event,
+    Who,
+)
+from ml_debug.logs.nccl import NcclCollector
+
+MAX_TRACEBACK_LINES = 400
+MAX_EVENTS_PER_STREAM = 64
+MAX_EVENTS = 100_000
+STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
+TRAILING_LINES = 8  # message lines kept after an exception line (CUDA's "might be asynchronously reported" ...)
+MESSAGE_CHARS = 300
+
+TRACEBACK = "Traceback (most recent call last):"
+CHAIN = ("The above exception was the direct cause of the following exception:",
+         "During handling of the above exception, another exception occurred:")
+
+# ----------------------------------------------------------------------------- classification
+
+_CPP_LOCATION = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp|cu):\d+\]\s*")
+# c10d's glog header and process-group tag: "[E0302 03:14:07.123456 ProcessGroupNCCL.cpp:1595] [PG 0 Rank 37] "
+_GLOG_HEADER = re.compile(r"^\[?[IWEF]\d{4} [\d:.]+(?: +\d+)? [^\]]*\]\s*")
+_PG_TAG = re.compile(r"^\[(?:PG [^\]]*?)?Rank \d+\]\s*")
+_BOILERPLATE = re.compile(r"\s*(?:This is typically caused by .*|GLHF.*|Exception raised from .*)$")
+_CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+?)(?:\s*$|\nCUDA kernel)|CUDA error: (.+)")
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY|oom[-_]kill|Out Of Memory")
+_CRASH = re.compile(r"Segmentation fault|SIGSEGV|SIGBUS|SIGABRT|SIGFPE|SIGILL|Fatal Python error|core dumped")
+_NCCL_LOCAL = re.compile(r"unhandled cuda error|ncclUnhandledCudaError|Cuda failure|ncclInternalError|"
+                         r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|NET/IB ?: Got completion from peer .* "
+                         r"with (?:error|status)")
+# A consequence of another rank's failure: (canonical label, pattern), first match wins.
+_SECONDARY: list[tuple[str, re.Pattern[str]]] = [
+    ("NCCL watchdog timeout", re.compile(r"Watchdog caught collective operation timeout|"
+                                         r"Some NCCL operations have failed or timed out")),
+    ("Connection reset by peer", re.compile(r"Connection reset by peer|ConnectionResetError")),
+    ("Connection closed by peer", re.compile(r"Connection closed by (?:remote )?peer|closed by remote peer")),
+    ("Broken pipe", re.compile(r"Broken pipe|BrokenPipeError")),
+    ("gloo timeout waiting for a peer", re.compile(r"Timed out waiting \d+ms for (?:recv|send) operation")),
+    ("NCCL remote error", re.compile(r"ncclRemoteError|remote process exited or there was a network error")),
+    ("NCCL communicator aborted", re.compile(r"NCCL communicator was aborted|[Cc]ommunicator was aborted")),
+    ("a peer did not reach the barrier", re.compile(r"failed to pass monitoredBarrier")),
+    ("store lost its server", re.compile(r"recvValue failed|Failed to recv, got 0 bytes|DistStoreError|"
+                                         r"Socket Timeout|Connection refused|DistNetworkError")),
+    ("watchdog stopped the process", re.compile(r"watchdog thread terminated with exception|"
+                                                r"Heartbeat monitor timed out|taking the entire process down")),
+    ("stopped by a signal", re.compile(r"SignalException|KeyboardInterrupt")),
+]
+_BLAMED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+_EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)(?::(?: (?P<msg>.*))?)?$")
+_INLINE_EXCEPTION = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception): \S")
+NEARBY_BYTES = 4096  # how far back a traceback without a time stamp looks for one
+_EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w*\.)*(?P<short>\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault)\w*)"
+                             r": (?P<msg>.*)$")
+
+
+def clean_message(text: str) -> str:
+    """One readable line: C++ source locations and boilerplate advice dropped, shortened."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    line = _PG_TAG.sub("", _GLOG_HEADER.sub("", line))
+    line = _BOILERPLATE.sub("", _CPP_LOCATION.sub("", line))
+    return line[:MESSAGE_CHARS]
+
+
+def short_exception(line: str) -> str:
+    """``torch.distributed.DistNetworkError: x`` -> ``DistNetworkError: x`` (the last name only)."""
+    m = _EXCEPTION_LINE.match(line.strip())
+    if not m:
+        return clean_message(line)
+    name = m.group("type").rsplit(".", 1)[-1]
+    msg = m.group("msg")
+    return clean_message(f"{name}: {msg}" if msg else name)
+
+
+def classify(text: str) -> tuple[str, str, str]:
+    """(class, label, kind) of a failure described by ``text`` (an exception with its message)."""
+    m = _CUDA_ERROR.search(text)
+    if m:
+        what = (m.group(1) or m.group(2) or "").strip()
+        return PRIMARY, clean_message("CUDA error: " + what), "cuda-error"
+    if _OOM.search(text):
+        return PRIMARY, "out of memory", "oom"
+    if _NCCL_LOCAL.search(text):
+        return PRIMARY, "NCCL error", "nccl-error"
+    for label, rx in _SECONDARY:
+        if rx.search(text):
+            return SECONDARY, label, "comm" if "watchdog" not in label else "watchdog"
+    if _CRASH.search(text):
+        return PRIMARY, "crash (signal)", "signal"
+    return PRIMARY, "", "exception"
+
+
+SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
+
+
+def signal_event_text(code: int) -> tuple[str, str, bool, str]:
+    """(class, message, strong, label) for a rank that ended with exit code ``code`` < 0 (killed by -code)."""
+    sig = -code
+    name = SIGNAL_NAMES.get(sig, f"signal {sig}")
+    if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        return SECONDARY, f"stopped by {name} (the launcher stops the other ranks after one fails)", False, \
+            f"stopped by {name}"
+    if sig == signal.SIGKILL:
+        return PRIMARY, "killed by SIGKILL (the kernel's OOM killer, a job limit, or kill -9)", True, "killed (SIGKILL)"
+    return PRIMARY, f"crashed with {name}", True, f"crashed ({name})"
+
+
+# ----------------------------------------------------------------------------- one-line detectors
+
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: \w+\((?P<work>[^)]*)\) ran for (?P<ms>\d+) "
+                       r"milliseconds")
+_WATCHDOG_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
+_LAST_WORK = re.compile(r"last enqueued NCCL work: (\d+), last completed NCCL work: (-?\d+)")
+_TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
+_SRUN_TASK = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)")
+_SRUN_NODE_FAIL = re.compile(r"srun: error: Node failure on (\S+)")
+_SLURM_CANCEL = re.compile(r"\*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
+                           r"(?: DUE TO (?P<why>[A-Z ]+?))?(?: \*\*\*)?$")
+_OOM_KILL = re.compile(r"Detected (\d+) oom[-_]kill event")
+_TOOL_ERROR = re.compile(r"(?:mldebug|python\d?(?:\.\d+)?): error: (?P<msg>.+)")
+_FATAL = re.compile(r"Fatal Python error: (?P<msg>.+)")
+_SEGFAULT = re.compile(r"Segmentation fault")
+_KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
+_SUMMARY_FIELD = re.compile(r"  (time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
+_SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
+_RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
+_EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
+
+
+def _expand_tasks(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        if lo.isdigit() and (not sep or hi.isdigit()):
+            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return out
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+@dataclass
+class _Block:
+    """A traceback (or torchrun's failure summary) being read, line by line, from one stream."""
+
+    who: Who
+    start_line: int
+    start_offset: int
+    last_line: int
+    text: list[str] = field(default_factory=list)
+    stage: str = "frames"  # frames, trailing, chain, summary
+    event: Event | None = None
+    trailing_left: int = 0
+    exceptions: list[str] = field(default_factory=list)
+    time: float | None = None
+    nearby: float | None = None
+    summary: _Summary | None = None
+
+
+@dataclass
+class _Summary:
+    """torchrun's ChildFailedError report: one entry per failed rank, the root cause flagged."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    root_next: bool = False
+    seen_root: bool = False
+    field_name: str | None = None
+
+
+@dataclass
+class SourceContext:
+    """What the collector needs to know about the source being read."""
+
+    index: int
+    path: str
+    who: Who
+    day: _dt.date
+    labelled: bool = True
+
+
+class Collector:
+    """Events from the lines of every source, and what the lines say about who is who."""
+
+    def __init__(self, nccl: NcclCollector | None = None) -> None:
+        self.nccl = nccl or NcclCollector()
+        self.events: list[Event] = []
+        self.dropped = 0
+        self.ctx: SourceContext | None = None
+        self._blocks: dict[str, _Block] = {}
+        self._per_stream: dict[tuple[int, str], int] = {}
+        self.line = 0
+        # identity facts, resolved by verdict.py
+        self.local_rank_pairs: dict[int, dict[int, int]] = {}  # source index -> local rank -> global rank
+        self.node_local_rank: dict[tuple[str, int], int] = {}
+        self.rank_node: dict[int, str] = {}
+        self.ranks_seen: set[int] = set()
+        self.nodes_seen: set[str] = set()
+        self.world_sizes: set[int] = set()
+        self.last_work: dict[int, tuple[int, int]] = {}
+        self.srun_sources: set[int] = set()
+        self.torchrun_sources: set[int] = set()
+        self.here: tuple[bytes, int] = (b"", 0)
+        """The block being scanned and where the current line starts in it (set by the scanner)."""
+
+    # ------------------------------------------------------------------ sources
+
+    def begin(self, ctx: SourceContext) -> None:
+        self.ctx = ctx
+        self._blocks = {}
+        self.line = 0
+        if ctx.who.rank is not None:
+            self.ranks_seen.add(ctx.who.rank)
+        if ctx.who.node:
+            self.nodes_seen.add(ctx.who.node)
+
+    def end(self) -> None:
+        """The source ended: whatever is still open becomes an event as it stands."""
+        for key in list(self._blocks):
+            self._close(key)
+
+    @property
+    def open(self) -> bool:
+        """True while a traceback or summary is being read: every line of the source is needed."""
+        return bool(self._blocks)
+
+    # ------------------------------------------------------------------ lines
+
+    def feed(self, raw: bytes, line: int, offset: int) -> None:
+        """One line (without its newline) at ``line`` (1-based) and byte ``offset`` of the source."""
+        assert self.ctx is not None
+        self.line = line
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        lab = split_label(text) if self.ctx.labelled else Label(Who(), "", text)
+        who = lab.who.merged(self.ctx.who)
+        self._note(lab, who)
+        block = self._blocks.get(lab.key)
+        if block is not None:
+            if self._continue(lab.key, block, lab.rest, who, line):
+                return
+        if self._blocks and line % 256 == 0:
+            self._expire(line)
+        self._detect(lab, who, line, offset)
+
+    def _note(self, lab: Label, who: Who) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        if lab.srun_task is not None:
+            self.srun_sources.add(ctx.index)
+        if lab.who.local_rank is not None:
+            self.torchrun_sources.add(ctx.index)
+        if who.rank is not None:
+            self.ranks_seen.add(who.rank)
+            if who.node:
+                self.rank_node.setdefault(who.rank, who.node)
+            if who.local_rank is not None:
+                self.local_rank_pairs.setdefault(ctx.index, {}).setdefault(who.local_rank, who.rank)
+                if who.node:
+                    self.node_local_rank.setdefault((who.node, who.local_rank), who.rank)
+        if who.node:
+            self.nodes_seen.add(who.node)
+
+    def _expire(self, line: int) -> None:
+        for key, block in list(self._blocks.items()):
+            if line - block.last_line > STALE_LINES:
+                self._close(key)
+
+    # ------------------------------------------------------------------ tracebacks and summaries
+
+    def _open(self, key: str, who: Who, line: int, offset: int, first: str) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        self._blocks[key] = _Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[first])
+
+    def _continue(self, key: str, block: _Block, rest: str, who: Who, line: int) -> bool:
+        """Feed a line of an open block's stream; False when the line is not part of it."""
+        block.last_line = line
+        if block.stage == "summary":
+            return self._summary_line(key, block, rest)
+        if block.stage == "frames":
+            if rest.startswith((" ", "\t")) or not rest:
+                if len(block.text) < MAX_TRACEBACK_LINES:
+                    block.text.append(rest)
+                return True
+            if rest.startswith(TRACEBACK):  # a traceback inside the traceback: the outer one was cut short
+                self._close(key)
+                return False
+            if not _EXCEPTION_LINE.match(rest.strip()) and ":" not in rest:
+                return True  # noise from an unlabelled writer between the frames
+            block.text.append(rest)
+            block.exceptions.append(rest.strip())
+            if "ChildFailedError" in rest:
+                block.stage, block.summary = "summary", _Summary()
+                return True
+            block.stage, block.trailing_left = "trailing", TRAILING_LINES
+            return True
+        if block.stage in ("trailing", "chain"):
+            stripped = rest.strip()
+            if stripped in CHAIN:
+                block.text += ["", rest]
+                block.stage = "chain"
+                block.trailing_left = TRAILING_LINES
+                return True
+            if rest.startswith(TRACEBACK) and block.stage == "chain":
+                block.text.append(rest)
+                block.stage = "frames"
+                return True
+            if not stripped:
+                block.trailing_left -= 1
+                if block.trailing_left <= 0:
+                    self._close(key)
+                return True
+            if block.stage == "chain" or rest.startswith(TRACEBACK) or self._looks_like_a_log_line(rest):
+                self._close(key)
+                return False
+            # the exception's message goes on (CUDA's advice, NCCL's "Last error:" ...)
+            if len(block.text) < MAX_TRACEBACK_LINES:
+                block.text.append(rest)
+            block.trailing_left -= 1
+            if block.trailing_left <= 0:
+                self._close(key)
+            return True
+        return False
+
+    def _time_before(self) -> float | None:
+        """The time stamp of the nearest line before the current one (within a few kB), or None."""
+        block, pos = self.here
+        assert self.ctx is not None
+        end = pos - 1
+        lo = max(0, pos - NEARBY_BYTES)
+        while end > lo:
+            start = block.rfind(b"\n", lo, end) + 1
+            if start == 0 and lo > 0:
+                return None
+            t = find_time(block[start:end].decode("utf-8", "replace")[:200], self.ctx.day)
+            if t is not None:
+                return t
+            end = start - 1
+        return None
+
+    def _looks_like_a_log_line(self, rest: str) -> bool:
+        assert self.ctx is not None
+        return (find_time(rest[:40], self.ctx.day) is not None or " NCCL " in rest or rest.startswith("[")
+                or rest.startswith(("srun:", "slurmstepd:")))
+
+    def _summary_line(self, key: str, block: _Block, rest: str) -> bool:
+        s = block.summary
+        assert s is not None
+        if len(block.text) < MAX_TRACEBACK_LINES:
+            block.text.append(rest)
+        stripped = rest.strip()
+        if stripped.startswith("=") and set(stripped) == {"="}:
+            if s.seen_root:
+                self._close(key)
+            return True
+        if stripped.startswith("Root Cause"):
+            s.root_next = True
+            return True
+        m = _SUMMARY_ENTRY.match(stripped)
+        if m:
+            s.entries.append({"root": s.root_next})
+            s.seen_root = s.seen_root or s.root_next
+            s.root_next = False
+            s.field_name = None
+            return True
+        f = _SUMMARY_FIELD.match(rest)
+        if f and s.entries:
+            s.field_name = f.group(1)
+            s.entries[-1][f.group(1)] = f.group(2).strip()
+            return True
+        if s.field_name == "traceback" and s.entries and rest.startswith("  "):
+            s.entries[-1]["traceback"] = s.entries[-1].get("traceback", "") + "\n" + rest[2:]
+            return True
+        return True
+
+    def _close(self, key: str) -> None:
+        block = self._blocks.pop(key)
+        if block.summary is not None:
+            self._summary_events(block)
+            return
+        ctx = self.ctx
+        assert ctx is not None
+        final = block.exceptions[-1] if block.exceptions else ""
+        whole = "\n".join(block.text)
+        # the exceptions and their messages, not the frames (code lines say anything)
+        said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
+        cls, label, cause = classify(said[-4000:])
+        message = short_exception(final) if final else "traceback (cut short)"
+        ev = Event(kind="traceback", cls=cls, message=message, label=label or message.split(":", 1)[0],
+                   who=block.who, source=ctx.path, line=block.start_line, offset=block.start_offset,
+                   source_index=ctx.index, text=block.text[:MAX_TRACEBACK_LINES], detail={"cause": cause})
+        if block.time is not None:
+            ev.time, ev.time_source = block.time, TIME_LINE
+        elif block.nearby is not None:
+            ev.time, ev.time_source = block.nearby, TIME_NEARBY
+        ev.blames = _blamed(whole)
+        self._add(ev, key)
+
+    def _summary_events(self, block: _Block) -> None:
+        """torchrun's ChildFailedError summary: one event per failed rank (time: when torchrun saw it)."""
+        ctx = self.ctx
+        assert ctx is not None and block.summary is not None
+        for entry in block.summary.entries:
+            rank = local = None
+            m = _RANK_LOCAL.match(entry.get("rank", ""))
+            if m:
+                rank = int(m.group(1)) if int(m.group(1)) >= 0 else None
+                local = int(m.group(2)) if m.group(2) is not None else None
+            code = pid = None
+            m = _EXIT_PID.match(entry.get("exitcode", ""))
+            if m:
+                code = int(m.group(1))
+                pid = int(m.group(2)) if m.group(2) else None
+            host = entry.get("host") or None
+            node = host.split(".")[0] if host and host not in ("localhost", "<N/A>") else None
+            who = Who(rank, node, local).merged(block.who) if block.who.rank is None else Who(rank, node, local)
+            if rank is not None and local is not None:
+                self.local_rank_pairs.setdefault(ctx.index, {}).setdefault(local, rank)
+            if rank is not None:
+                self.ranks_seen.add(rank)
+            t = find_time(entry.get("time", ""), ctx.day)
+            tb = (entry.get("traceback") or "").strip()
+            ev = self._exit_event(code, who, ctx, block.start_line, block.start_offset, t, TIME_LAUNCHER, pid)
+            if ev is None:
+                continue
+            if tb and "Traceback" in tb:
+                lines = tb.splitlines()
+                final = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+                cls, label, kind = classify(tb)
+                ev = Event(kind="error-file", cls=cls, message=short_exception(final),
+                           label=label or short_exception(final).split(":", 1)[0], who=who, source=ctx.path,
+                           line=block.start_line, offset=block.start_offset, source_index=ctx.index, time=t,
+                           time_source=TIME_LAUNCHER if t is not None else TIME_ORDER, text=lines,
+                           detail={"exit_code": code, "via": "torchrun summary"})
+            ev.detail["torchrun_root_cause"] = bool(entry.get("root"))
+            if entry.get("error_file") and entry["error_file"] != "<N/A>":
+                ev.detail["error_file"] = entry["error_file"]
+            self._add(ev, f"summary:{rank}")
+
+    def _exit_event(self, code: int | None, who: Who, ctx: SourceContext, line: int, offset: int, t: float | None,
+                    time_source: str, pid: int | None) -> Event | None:
+        if code is None or code == 0:
+            return None
+        if code < 0:
+            cls, message, strong, label = signal_event_text(code)
+            kind = "signal"
+        else:
+            cls, message, strong, label = PRIMARY, f"exited with code {code}", False, f"exit code {code}"
+            kind = "exit"
+        return Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
+                     offset=offset, source_index=ctx.index, time=t,
+                     time_source=time_source if t is not None else TIME_ORDER, strong=strong,
+                     detail={"exit_code": code, **({"pid": pid} if pid else {})})
+
+    # ------------------------------------------------------------------ one-line events
+
+    def _detect(self, lab: Label, who: Who, line: int, offset: int) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        rest = lab.rest
+        if "NCCL" in rest:
+            got = self.nccl.feed(rest, who.rank)
+            if got is not None:
+                level, host, msg = got
+                if host:
+                    self.nodes_seen.add(host)
+                if level == "WARN":
+                    cls, label, kind = classify(msg)
+                    if kind == "exception":
+                        cls, label, kind = WARNING, "NCCL WARN", "nccl-warn"
+                    self._one(kind, cls, f"NCCL WARN {clean_message(msg)}", label, who, line, offset, rest,
+                              strong=cls != WARNING)
+                return
+        if rest.startswith(TRACEBACK):
+            self._open(lab.key, who, line, offset, rest)
+            t = find_time(lab.key + rest, ctx.day)
+            if t is not None:
+                self._blocks[lab.key].time = t
+            else:
+                self._blocks[lab.key].nearby = self._time_before()
+            return
+        m = _WATCHDOG.search(rest)
+        if m:
+            r = _WATCHDOG_RANK.search(rest)
+            if r and who.rank is None:
+                who = Who(int(r.group(1)), who.node, who.local_rank)
+            work = dict(kv.split("=", 1) for kv in m.group("work").split(", ") if "=" in kv)
+            msg = (f"NCCL watchdog timeout: {work.get('OpType', '?')} SeqNum={work.get('SeqNum', '?')} ran for "
+                   f"{int(m.group('ms')) / 1000:g} s")
+            self._one("watchdog", SECONDARY, msg, "NCCL watchdog timeout", who, line, offset, rest,
+                      detail={"op": work.get("OpType"), "seq": work.get("SeqNum")})
+            return
+        m = _LAST_WORK.search(rest)
+        if m:
+            r = _WATCHDOG_RANK.search(rest)
+            rank = who.rank if who.rank is not None else (int(r.group(1)) if r else None)
+            if rank is not None:
+                self.last_work[rank] = (int(m.group(1)), int(m.group(2)))
+            return
+        m = _TORCHRUN_FAILED.search(rest)
+        if m:
+            code, local, pid = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            self.torchrun_sources.add(ctx.index)
+            t = find_time(rest, ctx.day)
+            ev = self._exit_event(code, Who(None, ctx.who.node, local), ctx, line, offset, t, TIME_LAUNCHER, pid)
+            if ev is not None:
+                ev.detail["via"] = "torchrun"
+                self._add(ev, f"torchrun:{local}")
+            return
+        m = _CLOSING.search(rest)
+        if m:
+            t = find_time(rest, ctx.day)
+            self._one("launcher", INFO, f"torchrun sends {m.group(2)} to pid {m.group(1)}",
+                      f"torchrun stops the other ranks ({m.group(2)})", Who(None, ctx.who.node, None), line, offset,
+                      rest, strong=False, t=t, detail={"pid": int(m.group(1))})
+            return
+        m = _SRUN_TASK.search(rest)
+        if m:
+            self._srun(m, line, offset, rest)
+            return
+        m = _SRUN_NODE_FAIL.search(rest)
+        if m:
+            self._one("slurm", PRIMARY, f"Slurm: node failure on {m.group(1)}", "node failure",
+                      Who(None, m.group(1), None), line, offset, rest)
+            return
+        m = _SLURM_CANCEL.search(rest)
+        if m:
+            why = (m.group("why") or "").strip()
+            strong = bool(why) and why != "CANCELLED"
+            cls = PRIMARY if strong else SECONDARY
+            text = f"Slurm cancelled the {m.group('what').lower()} {m.group('id')} on {m.group('node')}" + \
+                (f" due to {why.lower()}" if why else "")
+            t = find_time(m.group("at"), ctx.day)
+            self._one("slurm", cls, text, f"Slurm: {m.group('what').lower()} cancelled" + (f" ({why.lower()})"
+                      if why else ""), Who(None, m.group("node"), None), line, offset, rest, strong=strong, t=t)
+            return
+        m = _OOM_KILL.search(rest)
+        if m:
+            self._one("oom", PRIMARY, f"out of host memory: {m.group(1)} process(es) killed by the cgroup OOM killer",
+                      "out of memory", Who(None, who.node, None), line, offset, rest)
+            return
+        m = _TOOL_ERROR.search(rest)
+        if m:
+            cls, label, kind = classify(m.group("msg"))
+            self._one("error-line" if kind == "exception" else kind, cls, clean_message(m.group("msg")),
+                      label or clean_message(m.group("msg")), who, line, offset, rest)
+            return
+        m = _FATAL.search(rest)
+        if m:
+            self._one("signal", PRIMARY, clean_message(f"Fatal Python error: {m.group('msg')}"),
+                      "crash (" + clean_message(m.group("msg")) + ")", who, line, offset, rest)
+            return
+        if _SEGFAULT.search(rest):
+            self._one("signal", PRIMARY, clean_message(rest), "crash (Segmentation fault)", who, line, offset, rest)
+            return
+        m = _EXCEPTION_TYPE.match(rest.strip())
+        inline = None if m else _INLINE_EXCEPTION.search(rest)
+        if m or inline or "CUDA error" in rest or _OOM.search(rest):
+            text = rest[inline.start():].strip() if inline else rest.strip()
+            cls, label, kind = classify(text)
+            if m is None and inline is None and kind == "exception":
+                return
+            message = short_exception(text) if (m or inline) else clean_message(text)
+            # an exception named in the middle of a line (a logger reporting one) may have been handled
+            self._one(kind, cls, message, label or message.split(":", 1)[0], who, line, offset, rest,
+                      strong=m is not None or kind != "exception")
+            return
+        for label, rx in _SECONDARY:
+            if rx.search(rest):
+                self._one("comm", SECONDARY, clean_message(rest), label, who, line, offset, rest)
+                return
+        if _KILLED.search(rest):
+            self._one("signal", PRIMARY, "Killed (SIGKILL)", "killed (SIGKILL)", who, line, offset, rest, strong=False)
+
+    def _srun(self, m: re.Match[str], line: int, offset: int, rest: str) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        self.srun_sources.add(ctx.index)
+        node, what = m.group("node"), m.group("what").strip()
+        self.nodes_seen.add(node)
+        for task in _expand_tasks(m.group("tasks")):
+            who = Who(task, node, None)
+            self.rank_node.setdefault(task, node)
+            self.ranks_seen.add(task)
+            code = re.search(r"exit code (\d+)", what)
+            if code:
+                ev = self._exit_event(int(code.group(1)), who, ctx, line, offset, None, TIME_ORDER, None)
+                if ev is not None:
+                    ev.detail["via"] = "srun"
+                    self._add(ev, f"srun:{task}")
+            elif "Out Of Memory" in what:
+                self._one("oom", PRIMARY, "out of memory (Slurm)", "out of memory", who, line, offset, rest)
+            elif what.startswith(("Killed", "Terminated")):
+                self._one("signal", SECONDARY, f"{what.lower()} by srun after another task failed",
+                          f"{what.lower()} by srun", who, line, offset, rest, strong=False)
+
+    def _one(self, kind: str, cls: str, message: str, label: str, who: Who, line: int, offset: int, rest: str, *,
+             strong: bool = True, t: float | None = None, detail: dict[str, Any] | None = None) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        if t is None:
+            t = find_time(rest, ctx.day)
+        ev = Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
+                   offset=offset, source_index=ctx.index, time=t, time_source=TIME_LINE if t is not None else TIME_ORDER,
+                   strong=strong, detail=dict(detail or {}))
+        ev.blames = _blamed(rest)
+        self._add(ev, f"line:{who.rank}:{who.local_rank}:{who.node}")
+
+    def _add(self, ev: Event, stream: str) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        key = (ctx.index, stream)
+        n = self._per_stream.get(key, 0)
+        if n >= MAX_EVENTS_PER_STREAM or len(self.events) >= MAX_EVENTS:
+            self.dropped += 1
+            return
+        self._per_stream[key] = n + 1
+        self.events.append(ev)
+
+    # ------------------------------------------------------------------ error files and metrics
+
+    def error_file(self, data: bytes, mtime: float) -> None:
+        """A torchelastic error file (TORCHELASTIC_ERROR_FILE: ``{"message": {"message", "extraInfo":
+        {"py_callstack", "timestamp"}}}``) as one event of the source's rank."""
+        ctx = self.ctx
+        assert ctx is not None
+        try:
+            doc = json.loads(data.decode("utf-8", "replace"))
+        except ValueError:
+            return
+        msg: Any = doc.get("message") if isinstance(doc, dict) else None
+        callstack = ""
+        ts: float | None = None
+        if isinstance(msg, dict):
+            extra = msg.get("extraInfo") or {}
+            callstack = str(extra.get("py_callstack") or "")
+            stamp = extra.get("timestamp")
+            try:
+                ts = float(stamp) if stamp else None
+            except (TypeError, ValueError):
+                ts = None
+            msg = msg.get("message")
+        if not msg or msg == "<N/A>":
+            return
+        text = str(msg)
+        cls, label, kind = classify(text + "\n" + callstack[-2000:])
+        message = short_exception(text.strip().splitlines()[-1] if "\n" in text.strip() else text)
+        ev = Event(kind="error-file", cls=cls, message=message, label=label or message.split(":", 1)[0],
+                   who=ctx.who, source=ctx.path, line=1, offset=0, source_index=ctx.index,
+                   time=ts, time_source=TIME_ERROR_FILE if ts is not None else TIME_ORDER,
+                   text=callstack.splitlines()[:MAX_TRACEBACK_LINES], detail={"cause": kind})
+        self._add(ev, "error-file")
+
+    def metrics_line(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The progress an mldebug train metrics record says (rank, step, time), or None."""
+        if not isinstance(record, dict) or record.get("schema") != "mldebug.train.step":
+            return None
+        rank = record.get("rank")
+        if not isinstance(rank, int):
+            return None
+        self.ranks_seen.add(rank)
+        return {"rank": rank, "step": record.get("step"), "time": record.get("time"),
+                "loss": record.get("loss"), "event": record.get("event")}
+
+
+def _blamed(text: str) -> list[int]:
+    m = _BLAMED.search(text)
+    if not m:
+        return []
+    return [int(x) for x in re.findall(r"\d+", m.group(1))]

@@ -1,0 +1,140 @@
+"""Who wrote a log line (the labels launchers put in front of it) and when (its time stamp).
+
+Labels, outermost first, as they nest in practice::
+
+    3: ...                     srun --label (the task id: a rank when srun started the ranks)
+    [default0]: ...            torchrun --tee 3 (role "default", local rank 0)
+    [node12:5]: ...            torchrun --role "$(hostname -s):" --tee 3 (node12, local rank 5)
+    [node12:5 rank37]: ...     mldebug launch (node, local rank and global rank)
+    [rank37]: ...              torch itself, in front of every line of an uncaught exception
+
+Time stamps: ISO dates (``2024-05-01 03:14:07,123``, ``2024-05-01T03:14:07``, torchrun's
+``2024-05-01_03:14:07``), glog (``E0501 03:14:07.123456``: c10d, torchrun's own lines), syslog
+(``May  1 03:14:07``) and a bare ``03:14:07``. A missing year or date is taken from the file's
+modification time.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass
+
+from ml_debug.logs.model import Who
+
+_SRUN = re.compile(r" *(\d+): ")
+# The role is empty or starts with a letter, so a bracketed date ("[2024-05-01]") is not a role.
+_ROLE = re.compile(r"\[(?P<role>[A-Za-z][\w.\-]*?[:\-_|]?|)(?P<local>\d+)(?: rank(?P<rank>\d+))?\](?P<colon>:?) ?")
+_TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
+_ROLE_SEPARATORS = ":-_|"
+
+
+@dataclass(frozen=True)
+class Label:
+    """What the labels in front of one line say."""
+
+    who: Who
+    key: str
+    """The labels as written (a stream of lines from one writer shares it)."""
+    rest: str
+    """The line without its labels."""
+    srun_task: int | None = None
+
+
+def split_label(line: str) -> Label:
+    """The labels at the start of ``line`` and the text after them."""
+    rank = local = task = None
+    node: str | None = None
+    pos = 0
+    m = _SRUN.match(line)
+    if m:
+        task = int(m.group(1))
+        pos = m.end()
+    m2 = _TORCH_RANK.match(line, pos)
+    if not m2:
+        m1 = _ROLE.match(line, pos)
+        # "[1]:" alone is torchrun's failure summary numbering its entries, not a label
+        if m1 and (m1.group("role") or (m1.group("colon") and m1.end() < len(line))):
+            role = m1.group("role")
+            local = int(m1.group("local"))
+            if m1.group("rank") is not None:
+                rank = int(m1.group("rank"))
+            if role and role[-1] in _ROLE_SEPARATORS and len(role) > 1:
+                node = role[:-1]
+            pos = m1.end()
+        m2 = _TORCH_RANK.match(line, pos)
+    if m2:
+        rank = int(m2.group(1))
+        pos = m2.end()
+    if task is not None and local is None and rank is None:
+        rank = task  # srun started the ranks themselves: the task id is the rank
+    key = line[:pos]
+    if m2 and local is not None:
+        key = line[:m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line
+    return Label(Who(rank, node, local), key, line[pos:], task)
+
+
+# ----------------------------------------------------------------------------- time stamps
+
+_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?")
+_GLOG = re.compile(r"(?<![\w])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})")
+_MONTHS = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
+_SYSLOG = re.compile(r"\b(" + "|".join(_MONTHS) + r") +(\d{1,2}) (\d\d):(\d\d):(\d\d)")
+_CLOCK = re.compile(r"(?<![\d:.])(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(?![\d:])")
+
+
+def _fraction(digits: str | None) -> float:
+    return float("0." + digits) if digits else 0.0
+
+
+def _local(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: float) -> float | None:
+    try:
+        return _dt.datetime(year, month, day, hh, mm, ss).timestamp() + frac
+    except (ValueError, OverflowError):
+        return None
+
+
+def find_time(text: str, default_day: _dt.date) -> float | None:
+    """The Unix time of the first time stamp in ``text`` (local time unless it says its zone), or None."""
+    m = _ISO.search(text)
+    if m:
+        y, mo, d, hh, mi, ss = (int(g) for g in m.groups()[:6])
+        frac = _fraction(m.group(7))
+        zone = m.group(8)
+        if zone:
+            try:
+                tz = _dt.timezone.utc if zone == "Z" else _dt.timezone(
+                    _dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[-2:])) * (1 if zone[0] == "+" else -1))
+                return _dt.datetime(y, mo, d, hh, mi, ss, tzinfo=tz).timestamp() + frac
+            except ValueError:
+                return None
+        return _local(y, mo, d, hh, mi, ss, frac)
+    m = _GLOG.search(text)
+    if m:
+        mo, d, hh, mi, ss = (int(g) for g in m.groups()[:5])
+        return _local(default_day.year, mo, d, hh, mi, ss, _fraction(m.group(6)))
+    m = _SYSLOG.search(text)
+    if m:
+        mo = _MONTHS.index(m.group(1)) + 1
+        d, hh, mi, ss = (int(g) for g in m.groups()[1:5])
+        return _local(default_day.year, mo, d, hh, mi, ss, 0.0)
+    m = _CLOCK.search(text)
+    if m:
+        hh, mi, ss = (int(g) for g in m.groups()[:3])
+        if hh < 24 and mi < 60 and ss < 61:
+            return _local(default_day.year, default_day.month, default_day.day, hh, mi, min(ss, 59),
+                          _fraction(m.group(4)))
+    return None
+
+
+def clock(t: float | None) -> str:
+    """``03:14:07`` (local time), or ``-``."""
+    if t is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+def iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return _dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="milliseconds")

@@ -1,0 +1,247 @@
+"""torchrun with logs laid out for `mldebug logs`: every line labelled, per-rank files, error files.
+
+What ``mldebug launch --nproc-per-node 8 -- python train.py --lr 1e-3`` runs on each node::
+
+    python -m torch.distributed.run --nproc-per-node 8 --nnodes 1 --max-restarts 0 \\
+        --role node12: --tee 3 --log-dir LOG_DIR/node12/torchelastic train.py --lr 1e-3
+
+with ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[${role_name}${local_rank} rank${rank}]:'`` so that
+every console line says its node, local rank and global rank (``[node12:5 rank37]:``); torchrun
+sets TORCHELASTIC_ERROR_FILE for each rank itself once --log-dir is given (a script whose main is
+wrapped in torch's ``@record`` writes its exception there). Its output goes to the terminal and to
+``LOG_DIR/<host>/console.log``; ``LOG_DIR/<host>/launch.json`` says which node this is.
+
+The host name is this process's own (``hostname -s``) and every argument travels as one element
+of an argument list, so there is nothing to quote: no ``$(hostname -s)`` expanded on the wrong node,
+no ``bash -c '...'`` inside srun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ml_debug.core.errors import ExitCode, UsageError
+from ml_debug.logs.options import LaunchJobOptions
+from ml_debug.logs.sources import LAUNCH_MANIFEST, LAUNCH_SCHEMA
+
+PREFIX_TEMPLATE = "[${role_name}${local_rank} rank${rank}]:"
+CONSOLE = "console.log"
+TORCHELASTIC = "torchelastic"
+FR_BUFFER = "2000"
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class LaunchPlan:
+    """What will run: torchrun's argument list, the environment it gets, where the logs go."""
+
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    node_dir: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+def short_hostname() -> str:
+    """This node's name as ``hostname -s`` prints it."""
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def default_log_dir(opts: LaunchJobOptions, now: _dt.datetime | None = None) -> Path:
+    """mldebug-logs/<SLURM_JOB_ID>, or /<rdzv id>, or /<start time> (one node only: every node must agree)."""
+    run = os.environ.get("SLURM_JOB_ID") or opts.rdzv_id
+    if not run:
+        run = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return Path("mldebug-logs") / run
+
+
+def _target(opts: LaunchJobOptions) -> tuple[list[str], bool, bool]:
+    """(command, module, no_python): ``python -m x`` and ``python x.py`` in the command are understood."""
+    cmd = list(opts.command)
+    module, no_python = opts.module, opts.no_python
+    if cmd and not module and not no_python and _PYTHON.match(os.path.basename(cmd[0])):
+        cmd = cmd[1:]
+        if cmd[:1] == ["-m"]:
+            module, cmd = True, cmd[1:]
+        elif cmd[:1] == ["-u"]:
+            cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no script to run", "mldebug launch --nproc-per-node 4 -- python train.py ARGS "
+                                             "(or -- python -m package.module ARGS)")
+    if module and no_python:
+        raise UsageError("-m and --no-python together", "a module is run by Python; --no-python runs a program")
+    return cmd, module, no_python
+
+
+def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str] | None = None) -> LaunchPlan:
+    """The torchrun command line and environment for ``opts`` on this node (nothing is started)."""
+    env_in = dict(os.environ if environ is None else environ)
+    host = host or short_hostname()
+    cmd, module, no_python = _target(opts)
+    log_dir = opts.log_dir if opts.log_dir is not None else default_log_dir(opts)
+    node_dir = (log_dir / host).absolute()
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(opts.nproc_per_node),
+            "--nnodes", str(opts.nnodes), "--max-restarts", str(opts.max_restarts)]
+    node_rank = opts.node_rank
+    if node_rank is None and str(opts.nnodes) != "1" and opts.rdzv_backend is None \
+            and env_in.get("SLURM_NODEID", "").isdigit():
+        # under srun each node reads its own SLURM_NODEID here: nothing for a batch script to quote
+        node_rank = int(env_in["SLURM_NODEID"])
+    for flag, value in (("--node-rank", node_rank), ("--master-addr", opts.master_addr),
+                        ("--master-port", opts.master_port), ("--rdzv-backend", opts.rdzv_backend),
+                        ("--rdzv-endpoint", opts.rdzv_endpoint), ("--rdzv-id", opts.rdzv_id)):
+        if value is not None:
+            argv += [flag, str(value)]
+    rendezvous = (opts.node_rank, opts.master_addr, opts.master_port, opts.rdzv_backend, opts.rdzv_endpoint)
+    if opts.standalone or (str(opts.nnodes) == "1" and all(v is None for v in rendezvous)):
+        # one node: a free port of its own, never torchrun's default 29500 that another job may hold
+        argv.append("--standalone")
+    argv += ["--role", f"{host}:", "--tee", "3", "--log-dir", str(node_dir / TORCHELASTIC), *opts.torchrun_arg]
+    env: dict[str, str] = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": PREFIX_TEMPLATE, "PYTHONUNBUFFERED": "1"}
+    if opts.trace:
+        if no_python:
+            raise UsageError("--trace runs a Python script or module, not a program (--no-python)",
+                             "drop --trace, or launch the Python script itself")
+        trace = [sys.executable, "-m", "ml_debug", "trace", "--ring", str(opts.trace_ring), "--idle-dump", "60",
+                 "--out-dir", str(node_dir / "trace"), *(["-m"] if module else []), "--", *cmd]
+        argv += ["--no-python", *trace]
+    else:
+        argv += [*(["-m"] if module else ["--no-python"] if no_python else []), *cmd]
+    if opts.flight_recorder:
+        fr = node_dir / "fr"
+        size = env_in.get("TORCH_FR_BUFFER_SIZE", "").strip()
+        # an empty or non-numeric buffer size makes init_process_group hang or abort: never pass one on
+        buffer = size if size.isdigit() and int(size) > 0 else FR_BUFFER
+        env.update({"MLDEBUG_FR_DIR": str(fr), "TORCH_FR_BUFFER_SIZE": buffer, "TORCH_NCCL_TRACE_BUFFER_SIZE": buffer,
+                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": str(fr / "nccl_trace_rank_"),
+                    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(fr / "nccl_trace_rank_"),
+                    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(fr / "pipe_rank_")})
+    manifest = {"schema": LAUNCH_SCHEMA, "schema_version": 1, "node": host, "node_rank": node_rank,
+                "nnodes": opts.nnodes, "nproc_per_node": opts.nproc_per_node, "command": cmd, "module": module,
+                "torchrun": argv, "prefix_template": PREFIX_TEMPLATE, "console": CONSOLE,
+                "torchelastic": TORCHELASTIC, "trace": opts.trace, "flight_recorder": opts.flight_recorder,
+                "started": None, "ended": None, "exit_code": None}
+    return LaunchPlan(argv=argv, env=env, host=host, node_dir=node_dir, manifest=manifest)
+
+
+def _write_manifest(p: LaunchPlan) -> None:
+    tmp = p.node_dir / (LAUNCH_MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(p.manifest, indent=2) + "\n")
+    os.replace(tmp, p.node_dir / LAUNCH_MANIFEST)
+
+
+def prepare(p: LaunchPlan) -> None:
+    """Create this node's log directory (refusing one that already holds a launch) and its manifest."""
+    if (p.node_dir / CONSOLE).exists() or (p.node_dir / LAUNCH_MANIFEST).exists():
+        raise UsageError(f"{p.node_dir} already holds the logs of a launch",
+                         "give another --log-dir (or remove that directory)")
+    p.node_dir.mkdir(parents=True, exist_ok=True)
+    for sub in ("fr",) if p.manifest.get("flight_recorder") else ():
+        (p.node_dir / sub).mkdir(exist_ok=True)
+    p.manifest["started"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    _write_manifest(p)
+
+
+def _pump(src: IO[bytes], dst: IO[bytes], log: IO[bytes], lock: threading.Lock) -> None:
+    for line in iter(src.readline, b""):
+        with lock:
+            log.write(line)
+            log.flush()
+        with contextlib.suppress(OSError, ValueError):  # the terminal may be gone; the log file is not
+            dst.write(line)
+            dst.flush()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            out.append(int(entry))
+    return out
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM torchrun (it stops its ranks); then SIGKILL it and its ranks by pid (each rank runs in its
+    own session, so killing torchrun alone would leave them running)."""
+    ranks = _children(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *ranks, *(c for r in ranks for c in _children(r))]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(STOP_GRACE_S)
+
+
+def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None = None,
+        stderr: IO[bytes] | None = None) -> int:
+    """Run torchrun, copying its output to the terminal and to console.log; torchrun's exit code."""
+    prepare(p)
+    env = {**os.environ, **p.env}
+    env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun gives each rank its own
+    out = stdout or sys.stdout.buffer
+    err = stderr or sys.stderr.buffer
+    lock = threading.Lock()
+    code: int = ExitCode.PROBLEM
+    with open(p.node_dir / CONSOLE, "ab") as log:
+        try:
+            proc = subprocess.Popen(p.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                    stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise UsageError(f"cannot start torchrun: {e}", "is torch installed in this Python?") from e
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, log, lock), daemon=True),
+                 threading.Thread(target=_pump, args=(proc.stderr, err, log, lock), daemon=True)]
+        for t in pumps:
+            t.start()
+        deadline = time.monotonic() + timeout if timeout else None
+        interrupted = False
+        while True:
+            try:
+                rc = proc.wait(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    msg = f"mldebug launch: --timeout {timeout:g} s reached: stopping the job\n".encode()
+                    with lock:
+                        log.write(msg)
+                    err.write(msg)
+                    _stop(proc)
+                    deadline = None
+            except KeyboardInterrupt:
+                # the terminal's SIGINT reached torchrun too (same process group): let it stop its ranks
+                interrupted = True
+                try:
+                    proc.wait(STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    _stop(proc)
+        for t in pumps:
+            t.join(10)
+        code = ExitCode.INTERRUPTED if interrupted else (rc if rc >= 0 else 128 - rc)
+    p.manifest["ended"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    p.manifest["exit_code"] = code
+    _write_manifest(p)
+    return int(code)

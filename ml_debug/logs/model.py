@@ -1,0 +1,161 @@
+"""Plain data of a log triage: who wrote a line, failure events, and the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "mldebug.logs"
+SCHEMA_VERSION = 1
+
+# Event classes: a cause, a consequence of a peer's failure, a warning, or context.
+PRIMARY = "primary"
+SECONDARY = "secondary"
+WARNING = "warning"
+INFO = "info"
+
+# How an event's time is known.
+TIME_LINE = "line"  # a time stamp on the line itself
+TIME_ERROR_FILE = "error-file"  # the torchelastic error file's timestamp
+TIME_LAUNCHER = "launcher"  # torchrun's failure summary (when its agent saw the exit)
+TIME_NEARBY = "nearby"  # a traceback without one: the time stamp of a line just before it (a lower bound)
+TIME_ORDER = "order"  # no time: position in its file
+
+
+@dataclass(frozen=True)
+class Who:
+    """Which process wrote something: global rank, node, local rank (each None when unknown)."""
+
+    rank: int | None = None
+    node: str | None = None
+    local_rank: int | None = None
+
+    def merged(self, other: Who) -> Who:
+        """This identity with the gaps filled from ``other``."""
+        return Who(self.rank if self.rank is not None else other.rank, self.node or other.node,
+                   self.local_rank if self.local_rank is not None else other.local_rank)
+
+    @property
+    def known(self) -> bool:
+        return self.rank is not None or self.node is not None or self.local_rank is not None
+
+    def label(self) -> str:
+        """``rank 37 (node12)``, ``node12 local rank 3``, ``node12``, or ``unknown rank``."""
+        if self.rank is not None:
+            return f"rank {self.rank}" + (f" ({self.node})" if self.node else "")
+        if self.local_rank is not None:
+            return f"{self.node + ' ' if self.node else ''}local rank {self.local_rank}"
+        return self.node or "unknown rank"
+
+
+@dataclass
+class Event:
+    """One failure (or warning) found in the logs."""
+
+    kind: str
+    """traceback, error-file, cuda-error, oom, signal, exit, comm, watchdog, nccl-warn, nccl-error,
+    slurm, error-line, exception, launcher."""
+    cls: str
+    """primary, secondary, warning or info."""
+    message: str
+    """One line: what happened (``ValueError: bad batch``)."""
+    label: str
+    """Short text shared by events of the same nature, for counting (``Connection reset by peer``)."""
+    who: Who
+    source: str
+    line: int
+    offset: int
+    source_index: int
+    time: float | None = None
+    """Unix time, or None."""
+    time_source: str = TIME_ORDER
+    strong: bool = True
+    """False for bare exit codes and launcher kills: evidence, but not a cause by itself."""
+    text: list[str] = field(default_factory=list)
+    """The whole traceback (or error file call stack), prefixes removed."""
+    blames: list[int] = field(default_factory=list)
+    """Ranks this message names as missing or late (gloo's monitored barrier)."""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def order_key(self) -> tuple[int, int]:
+        return (self.source_index, self.offset)
+
+
+@dataclass
+class SourceInfo:
+    """One log source as read: its shape and what it says about its writer."""
+
+    path: str
+    shape: str
+    who: Who
+    bytes: int = 0
+    lines: int = 0
+    events: int = 0
+    error: str | None = None
+    note: str | None = None
+
+
+@dataclass
+class TracebackGroup:
+    """Identical tracebacks (numbers and addresses aside) and the ranks that printed them."""
+
+    ranks: str
+    count: int
+    cls: str
+    message: str
+    text: list[str]
+    who: list[str]
+
+
+@dataclass
+class TimelineRow:
+    """Consecutive events of one nature, with their ranks."""
+
+    time: float | None
+    time_source: str
+    last_time: float | None
+    cls: str
+    label: str
+    message: str
+    ranks: str
+    who: str
+    count: int
+
+
+@dataclass
+class Verdict:
+    """The answer: the first failure, what followed from it, and how sure the order is."""
+
+    status: str
+    """failure (a primary found), secondary-only (only consequences), none (no failure at all)."""
+    summary: str
+    primary: Event | None = None
+    basis: str | None = None
+    """How the first failure was chosen: line time stamps, error files, launcher, file order."""
+    secondary: list[dict[str, Any]] = field(default_factory=list)
+    """[{label, count, ranks}] of the failures that follow from the primary."""
+    independent: list[Event] = field(default_factory=list)
+    """Other causes on other ranks (a second, unrelated failure)."""
+    silent_ranks: str | None = None
+    """Ranks of a known world that left no failure behind (hung or killed without a trace?)."""
+    blamed_ranks: str | None = None
+    hint: str | None = None
+
+
+@dataclass
+class LogsReport:
+    """Everything `mldebug logs` found (the ``result`` of the mldebug.logs JSON document)."""
+
+    verdict: Verdict
+    sources: list[SourceInfo]
+    events: list[Event]
+    tracebacks: list[TracebackGroup]
+    timeline: list[TimelineRow]
+    ranks_seen: str
+    world_size: int | None
+    nodes: list[str]
+    progress: dict[str, Any]
+    nccl: dict[str, Any] | None
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    dropped_events: int = 0
+    demux: dict[str, Any] | None = None

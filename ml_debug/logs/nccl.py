@@ -1,0 +1,322 @@
+"""What NCCL_DEBUG=INFO lines say: version, network, transports per peer, rings, trees, warnings.
+
+NCCL writes ``HOST:PID:TID [CUDADEV] NCCL INFO <message>`` (``WARN`` for warnings, sometimes with the
+source location before the level: ``[0] misc/socket.cc:484 NCCL WARN ...``); rank 0 also prints a bare
+``NCCL version 2.21.5+cuda12.4``. The lines used here:
+
+- ``comm 0x... rank R nRanks N nNodes M localRanks L localRank l`` (older: ``rank R nranks N cudaDev D
+  ... Init COMPLETE``): which process (host, pid) is which rank;
+- ``Bootstrap : Using eth0:10.0.0.1<0>``, ``NET/IB : Using [0]mlx5_0:1/IB ...``, ``NET/IB : No device
+  found.``, ``NET/Socket : Using [0]eth0:10.0.0.1<0>``, ``Using network IB``: the network of each host;
+- ``NCCL_IB_DISABLE set by environment to 1.``: settings;
+- ``Channel 00/0 : 8[0] -> 15[7] via P2P/IPC/read`` and ``... [send] via NET/IB/3`` (older: ``Ring 00 :
+  3[b0] -> 0[80] via direct shared memory``): the transport between two ranks;
+- ``Channel 00/32 :    0   1   2   3`` / ``Ring 00 : 0 1 2 3``: ring orders; ``Trees [0] 1/-1/-1->0->-1
+  [1] ...``: trees.
+
+The slow-path causes flagged: inter-node traffic over TCP sockets instead of InfiniBand/RoCE, P2P, SHM
+or IB disabled by an environment variable, hosts that disagree on the network interface or on their IB
+devices, mixed NCCL versions, and ranks of one node talking through the network.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ml_debug.core.ranges import compress
+
+_LINE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<loc>[\w./\-]+:\d+) )?"
+                   r"NCCL (?P<level>INFO|WARN|TRACE|ABORT) ?(?P<msg>.*)")
+_BARE_VERSION = re.compile(r"NCCL version (\S+)")
+_COMM = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) n[Rr]anks (\d+)(?: nNodes (\d+) localRanks (\d+) localRank (\d+))?")
+_BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?(\S+?):")
+_NET_IB = re.compile(r"NET/IB ?: Using (.*)")
+_NET_SOCKET = re.compile(r"NET/Socket ?: Using (.*)")
+_IFACE = re.compile(r"\[\d+\](\S+?):[\d.a-fA-F:%]+<\d+>")
+_IB_DEV = re.compile(r"\[\d+\]\s*(\w+):\d+/(\w+)")
+_NO_IB = re.compile(r"NET/IB ?: No device found")
+_NETWORK = re.compile(r"Using network (\S+(?: \S+)?)")
+_ENV = re.compile(r"(NCCL_\w+) set by environment to (.*?)\.?$")
+_CHANNEL = re.compile(r"(?:Channel|Ring) (\d+)(?:/\d+)? : (\d+)(?:\[\w+\])? -> (\d+)(?:\[\w+\])?"
+                      r"(?: \[(send|receive)\])? via (.+)$")
+_RING_ORDER = re.compile(r"(?:Channel|Ring) (\d+)(?:/\d+)? :((?:\s+\d+)+)\s*$")
+_TREES = re.compile(r"Trees? (?:\[\d+\] \S+\s*)+")
+_TREE_ITEM = re.compile(r"\[(\d+)\] (\S+)")
+_CONNECTED = re.compile(r"Connected all (rings|trees)")
+
+MAX_PAIRS = 200_000  # bounded memory: a 4096-rank job has ~130k ring/tree neighbour pairs at most
+MAX_WARNINGS = 200
+DISABLE_VARS = {
+    "NCCL_IB_DISABLE": "InfiniBand/RoCE is off: inter-node traffic goes over TCP sockets",
+    "NCCL_P2P_DISABLE": "GPU peer-to-peer (NVLink/PCIe) is off: GPUs of a node exchange data through host memory",
+    "NCCL_SHM_DISABLE": "shared-memory transport is off: GPUs without P2P go through the network stack",
+    "NCCL_NET_GDR_LEVEL": "GPUDirect RDMA level set by hand",
+    "NCCL_NVLS_ENABLE": "NVLink SHARP set by hand",
+}
+SLOW_INTERFACES = ("lo", "docker", "virbr", "veth", "br-")
+
+
+def transport_family(via: str) -> str:
+    """``P2P/IPC/read`` -> ``P2P``; ``NET/IB/3`` -> ``NET/IB``; ``direct shared memory`` -> ``SHM``."""
+    via = via.strip()
+    if via.startswith("NET/"):
+        parts = via.split("/")
+        return "NET/" + parts[1] if len(parts) > 1 else "NET"
+    if via.startswith(("P2P", "direct pointer")):
+        return "P2P"
+    if via.startswith("SHM") or "shared memory" in via:
+        return "SHM"
+    for name in ("CollNet", "NVLS", "COLLNET"):
+        if via.startswith(name):
+            return name
+    return via.split("/")[0].split()[0]
+
+
+@dataclass
+class _Warn:
+    text: str
+    count: int = 0
+    ranks: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+
+
+class NcclCollector:
+    """Reads NCCL debug lines as they stream by; :meth:`report` sums them up (bounded memory)."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.versions: Counter[str] = Counter()
+        self.proc_rank: dict[tuple[str, int], int] = {}
+        self.rank_host: dict[int, str] = {}
+        self.nranks: Counter[int] = Counter()
+        self.nnodes: Counter[int] = Counter()
+        self.bootstrap: dict[str, set[str]] = defaultdict(set)
+        self.socket_ifaces: dict[str, set[str]] = defaultdict(set)
+        self.ib_devices: dict[str, set[str]] = defaultdict(set)
+        self.no_ib: set[str] = set()
+        self.network: dict[str, set[str]] = defaultdict(set)
+        self.env: dict[str, Counter[str]] = defaultdict(Counter)
+        self.pairs: dict[tuple[int, int], set[str]] = {}
+        self.pair_examples: dict[str, str] = {}
+        self.pairs_dropped = 0
+        self.rings: dict[int, str] = {}
+        self.trees: dict[int, int] = {}
+        self.connected: dict[str, set[int]] = defaultdict(set)
+        self.warnings: dict[str, _Warn] = {}
+        self.warnings_dropped = 0
+
+    # ------------------------------------------------------------------ reading
+
+    def feed(self, text: str, rank: int | None) -> tuple[str, str, str] | None:
+        """Read one line; (level, host, message) when it is an NCCL debug line, else None."""
+        m = _LINE.search(text)
+        if m is None:
+            v = _BARE_VERSION.match(text)
+            if v:
+                self.versions[v.group(1)] += 1
+                self.lines += 1
+                return ("INFO", "", text)
+            return None
+        self.lines += 1
+        host, pid, msg, level = m.group("host"), int(m.group("pid")), m.group("msg"), m.group("level")
+        r = self.proc_rank.get((host, pid), rank)
+        if level == "WARN":
+            self._warn(msg, host, r)
+            return (level, host, msg)
+        self._info(msg, host, pid, r)
+        return (level, host, msg)
+
+    def _warn(self, msg: str, host: str, rank: int | None) -> None:
+        key = re.sub(r"\d+", "N", re.sub(r"0x[0-9a-fA-F]+", "0x", msg))[:200]
+        w = self.warnings.get(key)
+        if w is None:
+            if len(self.warnings) >= MAX_WARNINGS:
+                self.warnings_dropped += 1
+                return
+            w = self.warnings[key] = _Warn(msg[:300])
+        w.count += 1
+        w.hosts.add(host)
+        if rank is not None:
+            w.ranks.add(rank)
+
+    def _info(self, msg: str, host: str, pid: int, rank: int | None) -> None:
+        if msg.startswith("NCCL version"):
+            self.versions[msg.split()[2] if len(msg.split()) > 2 else msg] += 1
+            return
+        if msg.startswith(("Channel", "Ring")):
+            c = _CHANNEL.match(msg)
+            if c:
+                self._pair(int(c.group(2)), int(c.group(3)), c.group(5), host)
+                return
+            o = _RING_ORDER.match(msg)
+            if o and len(self.rings) < 64:
+                self.rings.setdefault(int(o.group(1)), " ".join(o.group(2).split()))
+            return
+        if msg.startswith("Tree"):
+            if rank is not None and _TREES.match(msg):
+                self.trees[rank] = len(_TREE_ITEM.findall(msg))
+            return
+        m = _COMM.search(msg)
+        if m:
+            r = int(m.group(1))
+            self.proc_rank[(host, pid)] = r
+            self.rank_host[r] = host
+            self.nranks[int(m.group(2))] += 1
+            if m.group(3):
+                self.nnodes[int(m.group(3))] += 1
+            return
+        m = _BOOTSTRAP.search(msg)
+        if m:
+            self.bootstrap[host].add(m.group(1))
+            return
+        if _NO_IB.search(msg):
+            self.no_ib.add(host)
+            return
+        m = _NET_IB.search(msg)
+        if m:
+            self.ib_devices[host].update(f"{d}/{kind}" for d, kind in _IB_DEV.findall(m.group(1)))
+            return
+        m = _NET_SOCKET.search(msg)
+        if m:
+            self.socket_ifaces[host].update(_IFACE.findall(m.group(1)))
+            return
+        m = _NETWORK.search(msg)
+        if m:
+            self.network[host].add(m.group(1))
+            return
+        m = _ENV.search(msg)
+        if m:
+            self.env[m.group(1)][m.group(2).strip()] += 1
+            return
+        m = _CONNECTED.search(msg)
+        if m and rank is not None:
+            self.connected[m.group(1)].add(rank)
+
+    def _pair(self, src: int, dst: int, via: str, host: str) -> None:
+        fam = transport_family(via)
+        self.pair_examples.setdefault(fam, f"{src} -> {dst} via {via.strip()}")
+        key = (src, dst)
+        got = self.pairs.get(key)
+        if got is None:
+            if len(self.pairs) >= MAX_PAIRS:
+                self.pairs_dropped += 1
+                return
+            got = self.pairs[key] = set()
+        got.add(fam)
+        self.rank_host.setdefault(src, host)
+
+    # ------------------------------------------------------------------ summing up
+
+    def report(self) -> dict[str, Any] | None:
+        """The NCCL section of the report, or None when no NCCL debug line was seen."""
+        if not self.lines:
+            return None
+        transports: Counter[str] = Counter()
+        for fams in self.pairs.values():
+            transports.update(fams)
+        hosts = sorted(set(self.bootstrap) | set(self.socket_ifaces) | set(self.ib_devices) | self.no_ib
+                       | set(self.network))
+        per_host = [{"host": h, "network": sorted(self.network.get(h, ())),
+                     "bootstrap_interface": sorted(self.bootstrap.get(h, ())),
+                     "socket_interfaces": sorted(self.socket_ifaces.get(h, ())),
+                     "ib_devices": sorted(self.ib_devices.get(h, ())),
+                     "no_ib_device": h in self.no_ib} for h in hosts]
+        tree_counts = Counter(self.trees.values())
+        return {
+            "lines": self.lines,
+            "versions": dict(self.versions),
+            "world_size": self.nranks.most_common(1)[0][0] if self.nranks else None,
+            "nodes": self.nnodes.most_common(1)[0][0] if self.nnodes else (len(hosts) or None),
+            "ranks_seen": compress(self.rank_host) if self.rank_host else "",
+            "hosts": per_host,
+            "environment": {k: dict(v) for k, v in sorted(self.env.items())},
+            "transports": [{"transport": t, "pairs": n, "example": self.pair_examples.get(t, "")}
+                           for t, n in transports.most_common()],
+            "pairs_dropped": self.pairs_dropped,
+            "rings": [{"channel": c, "order": o} for c, o in sorted(self.rings.items())[:8]],
+            "ring_count": len(self.rings),
+            "trees": {"ranks": len(self.trees), "per_rank": dict(tree_counts)},
+            "connected": {k: compress(v) for k, v in self.connected.items()},
+            "warnings": [{"text": w.text, "count": w.count, "ranks": compress(w.ranks), "hosts": sorted(w.hosts)}
+                         for w in sorted(self.warnings.values(), key=lambda w: -w.count)],
+            "warnings_dropped": self.warnings_dropped,
+            "findings": self.findings(transports),
+        }
+
+    def findings(self, transports: Counter[str] | None = None) -> list[dict[str, str]]:
+        """The slow-path causes these lines show, most important first: [{code, severity, text}]."""
+        if transports is None:
+            transports = Counter(f for fams in self.pairs.values() for f in fams)
+        out: list[dict[str, str]] = []
+
+        def add(code: str, severity: str, text: str) -> None:
+            out.append({"code": code, "severity": severity, "text": text})
+
+        socket_pairs = transports.get("NET/Socket", 0)
+        if socket_pairs:
+            why = []
+            ib_off = {v for v in self.env.get("NCCL_IB_DISABLE", {}) if v.strip() not in ("0", "")}
+            if ib_off:
+                why.append("NCCL_IB_DISABLE=" + ",".join(sorted(ib_off)))
+            if self.no_ib:
+                why.append("no InfiniBand device found on " + ", ".join(sorted(self.no_ib)[:8])
+                           + (" ..." if len(self.no_ib) > 8 else ""))
+            net = {v for v in self.env.get("NCCL_NET", {})}
+            if net:
+                why.append("NCCL_NET=" + ",".join(sorted(net)))
+            add("socket-not-ib", "warning",
+                f"inter-node traffic goes over TCP sockets (NET/Socket, {socket_pairs} peer connection(s)), not "
+                "InfiniBand/RoCE: expect a fraction of the bandwidth"
+                + (f" ({'; '.join(why)})" if why else ""))
+        for var, what in DISABLE_VARS.items():
+            values = self.env.get(var)
+            if values and var.endswith("_DISABLE") and any(v.strip() not in ("0", "") for v in values):
+                add(var.lower().replace("_", "-"), "warning", f"{var}={','.join(sorted(values))}: {what}")
+            elif values and not var.endswith("_DISABLE"):
+                add(var.lower().replace("_", "-"), "info", f"{var}={','.join(sorted(values))}: {what}")
+        self._interface_findings(add)
+        if len(self.versions) > 1:
+            add("version-mismatch", "warning",
+                "ranks run different NCCL versions: " + ", ".join(f"{v} ({n})" for v, n in self.versions.items()))
+        same_node_net = [(a, b) for (a, b), fams in self.pairs.items()
+                         if any(f.startswith("NET") for f in fams)
+                         and self.rank_host.get(a) is not None and self.rank_host.get(a) == self.rank_host.get(b)]
+        if same_node_net:
+            a, b = same_node_net[0]
+            add("intra-node-net", "warning",
+                f"{len(same_node_net)} pair(s) of ranks on the same node talk through the network (e.g. {a} -> {b} "
+                f"on {self.rank_host[a]}): no P2P/SHM path between those GPUs")
+        if transports.get("SHM") and not transports.get("P2P"):
+            add("shm-not-p2p", "info",
+                "GPUs of a node exchange data through host shared memory (SHM), never P2P: check NCCL_P2P_DISABLE, "
+                "NCCL_P2P_LEVEL and the PCIe/NVLink topology (nvidia-smi topo -m)")
+        return out
+
+    def _interface_findings(self, add: Any) -> None:
+        chosen = {h: ifs for h, ifs in self.socket_ifaces.items() if ifs} or \
+                 {h: ifs for h, ifs in self.bootstrap.items() if ifs}
+        names = {h: frozenset(i.rstrip("0123456789") for i in ifs) for h, ifs in chosen.items()}
+        if len(set(names.values())) > 1:
+            groups: dict[frozenset[str], list[str]] = defaultdict(list)
+            for h, n in names.items():
+                groups[n].append(h)
+            text = "; ".join(f"{', '.join(sorted(hs)[:4])}{' ...' if len(hs) > 4 else ''}: "
+                             f"{', '.join(sorted(chosen[hs[0]]))}" for n, hs in groups.items())
+            add("interface-mismatch", "warning",
+                f"hosts use different network interfaces: {text} (set NCCL_SOCKET_IFNAME to one interface name "
+                "every node has)")
+        bad = sorted(h for h, ifs in chosen.items() if any(i.startswith(SLOW_INTERFACES) for i in ifs))
+        if bad:
+            add("bad-interface", "warning",
+                f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}: NCCL uses a loopback, docker or virtual "
+                f"interface ({', '.join(sorted({i for h in bad for i in chosen[h]}))}): set NCCL_SOCKET_IFNAME")
+        ib = {h: frozenset(d) for h, d in self.ib_devices.items() if d}
+        if ib and (len(set(ib.values())) > 1 or (self.no_ib - set(ib))):
+            counts = sorted({len(d) for d in ib.values()})
+            add("ib-mismatch", "warning",
+                "hosts see different InfiniBand devices (" + ", ".join(str(c) for c in counts) + " device(s)"
+                + (f"; none on {', '.join(sorted(self.no_ib)[:4])}" if self.no_ib - set(ib) else "")
+                + "): a missing or down HCA")

@@ -1,0 +1,82 @@
+"""The options of `mldebug logs` and `mldebug launch` (cheap to import: no torch, no rich)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ml_debug.core.options import argument, option
+
+SHOW = "What to show"
+TORCHRUN = "torchrun"
+EXTRAS = "Extras"
+
+
+@dataclass(frozen=True)
+class LogsOptions:
+    """The options of `mldebug logs`."""
+
+    paths: list[str] = argument(
+        default_factory=list, metavar="PATH...",
+        help="Log files, directories (searched for *.log *.out *.err *.txt error*.json *.jsonl, gzip too), "
+             "globs, or - for standard input.")
+    rank: int | None = option(None, min=0, metavar="R", panel=SHOW,
+                              help="Show only the lines rank R wrote (labels removed), in order.")
+    node: str | None = option(None, metavar="NAME", panel=SHOW,
+                              help="Show only the lines written on this node (with --rank: that rank there).")
+    full: bool = option(False, panel=SHOW,
+                        help="Show every traceback group in full and the whole timeline (shortened otherwise).")
+    tracebacks: int = option(3, min=0, metavar="N", panel=SHOW,
+                             help="How many distinct tracebacks to show (most important first).")
+
+
+@dataclass(frozen=True)
+class LaunchJobOptions:
+    """The options of `mldebug launch`: torchrun's own (passed on as given), where logs go, extras."""
+
+    command: list[str] = argument(
+        default_factory=list, metavar="SCRIPT [ARGS]...",
+        help="The training script and its arguments (with -m: a module; with --no-python: a program). Put -- "
+             "before them.")
+    nproc_per_node: str = option("1", metavar="N", panel=TORCHRUN,
+                                 help="Ranks on this node: a number, gpu, cpu or auto (torchrun's --nproc-per-node).")
+    nnodes: str = option("1", metavar="N|MIN:MAX", panel=TORCHRUN, help="Nodes (torchrun's --nnodes).")
+    node_rank: int | None = option(None, min=0, panel=TORCHRUN,
+                                   help="This node's rank with a static rendezvous (torchrun's --node-rank; default "
+                                        "under srun with --nnodes > 1: this node's SLURM_NODEID).")
+    master_addr: str | None = option(None, panel=TORCHRUN, help="torchrun's --master-addr (static rendezvous).")
+    master_port: int | None = option(None, min=1, max=65535, panel=TORCHRUN, help="torchrun's --master-port.")
+    rdzv_backend: str | None = option(None, panel=TORCHRUN, help="torchrun's --rdzv-backend (e.g. c10d).")
+    rdzv_endpoint: str | None = option(None, metavar="HOST:PORT", panel=TORCHRUN,
+                                       help="torchrun's --rdzv-endpoint.")
+    rdzv_id: str | None = option(None, panel=TORCHRUN, help="torchrun's --rdzv-id (e.g. $SLURM_JOB_ID).")
+    standalone: bool = option(False, panel=TORCHRUN,
+                              help="torchrun's --standalone (one node, a free port; the default with --nnodes 1 and no "
+                                   "rendezvous options).")
+    max_restarts: int = option(0, min=0, panel=TORCHRUN, help="torchrun's --max-restarts.")
+    module: bool = option(False, flags=("-m", "--module"), panel=TORCHRUN,
+                          help="Run the command as a Python module (torchrun -m).")
+    no_python: bool = option(False, panel=TORCHRUN,
+                             help="Run the command as a program, not a Python script (torchrun --no-python).")
+    torchrun_arg: list[str] = option(
+        default_factory=list, metavar="ARG", panel=TORCHRUN,
+        help="Another torchrun option, passed as one word (repeatable), e.g. --torchrun-arg=--monitor-interval=1.")
+    log_dir: Path | None = option(
+        None, envvar="MLDEBUG_LOG_DIR", file_okay=False,
+        help="Where the logs go (default: mldebug-logs/<SLURM_JOB_ID, --rdzv-id or the start time>): "
+             "LOG_DIR/<host>/console.log (every line labelled [host:LOCAL rankR]:), LOG_DIR/<host>/torchelastic/ "
+             "(per-rank files and error files) and LOG_DIR/<host>/launch.json. Read them with `mldebug logs LOG_DIR`.")
+    timeout: float | None = option(None, min=1.0, metavar="S",
+                                   help="Stop the job after this many seconds (torchrun gets SIGTERM and stops its "
+                                        "ranks).")
+    trace: bool = option(False, panel=EXTRAS,
+                         help="Run every rank under `mldebug trace --ring` (its last calls, written at exit, on "
+                              "SIGTERM/SIGUSR1 and after 60 s of quiet) into LOG_DIR/<host>/trace/.")
+    trace_ring: int = option(10000, min=1, metavar="N", panel=EXTRAS, help="With --trace: events kept per thread.")
+    flight_recorder: bool = option(
+        False, panel=EXTRAS,
+        help="Turn PyTorch's Flight Recorder on (TORCH_FR_BUFFER_SIZE, dumps on NCCL timeouts into "
+             "LOG_DIR/<host>/fr/) and set MLDEBUG_FR_DIR, so `mldebug dump-stacks` can ask any backend's ranks "
+             "for a dump (the script calls ml_debug.flight_recorder.enable()).")
+    verdict: bool = option(True, flags=("--verdict/--no-verdict",), panel=EXTRAS,
+                           help="When the job fails, print the `mldebug logs` verdict of this node's logs.")

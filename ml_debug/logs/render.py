@@ -1,0 +1,158 @@
+"""The human view of a log triage: the verdict first, then the tracebacks with their rank sets, the
+timeline, what NCCL said, and what was read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ml_debug.logs.labels import clock
+from ml_debug.logs.model import PRIMARY, SECONDARY, LogsReport, TracebackGroup
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+FRAMES_KEPT = 4  # frames at the end of a traceback shown unless --full
+MAX_ROWS = 25
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _traceback_lines(g: TracebackGroup, full: bool) -> list[str]:
+    """The traceback as printed, the frames shortened to the last few unless ``full``."""
+    lines = [ln for ln in g.text if ln.strip() and set(ln.strip()) - {"^", "~"}]
+    if full:
+        return lines
+    frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
+    if len(frames) <= FRAMES_KEPT:
+        return lines
+    cut = frames[-FRAMES_KEPT]
+    hidden = len(frames) - FRAMES_KEPT
+    head = [ln for ln in lines[:frames[0]]]
+    return [*head, f"  … {hidden} more frame(s) (--full shows them) …", *lines[cut:]]
+
+
+def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: int = 3) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    v = r.verdict
+    style = {"failure": "bold red", "secondary-only": "bold yellow"}.get(v.status, "bold green")
+    console.print(Text(v.summary, style=style), soft_wrap=True)
+    how = []
+    if v.primary is not None:
+        p = v.primary
+        how.append(f"chosen by {v.basis}")
+        how.append(f"seen in {p.source}:{p.line}")
+        if p.detail.get("rank_from"):
+            how.append(f"rank taken from the {p.detail['rank_from']}")
+        if p.detail.get("torchrun_root_cause") is False and p.detail.get("via"):
+            how.append("torchrun's own 'Root Cause' names another rank")
+    elif v.basis:
+        how.append(f"order: {v.basis}")
+    if how:
+        console.print(Text("  " + "; ".join(how), style="dim"), soft_wrap=True)
+    if v.silent_ranks and v.status == "failure":
+        console.print(Text(f"  ranks with no failure in the logs: {v.silent_ranks}", style="dim"), soft_wrap=True)
+    if v.blamed_ranks:
+        console.print(Text(f"  peers name rank(s) {v.blamed_ranks} as missing", style="yellow"), soft_wrap=True)
+    if v.hint:
+        console.print(Text(f"  hint: {v.hint}"), soft_wrap=True)
+
+    groups = r.tracebacks if full else r.tracebacks[:tracebacks]
+    if groups:
+        console.print(Text(f"\ntracebacks ({len(r.tracebacks)} distinct):", style="bold"))
+        for g in groups:
+            ranks = f"ranks {g.ranks}" if g.ranks else ", ".join(g.who) or "unknown rank"
+            cls = "primary" if g.cls == PRIMARY else "secondary"
+            console.print(Text(f"  {ranks} ({g.count} x, {cls}): {g.message}",
+                               style="bold red" if g.cls == PRIMARY else "yellow"), soft_wrap=True)
+            for line in _traceback_lines(g, full):
+                console.print(Text(f"    {line}"), soft_wrap=True)
+        if len(r.tracebacks) > len(groups):
+            console.print(Text(f"  … {len(r.tracebacks) - len(groups)} more (--full or --json)", style="dim"))
+
+    rows = r.timeline if full else r.timeline[:MAX_ROWS]
+    if rows:
+        t = Table(title="\ntimeline", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("time", "ranks", "", "what", "n"):
+            t.add_column(col, overflow="fold")
+        for row in rows:
+            when = clock(row.time) if row.time is not None else "-"
+            if row.last_time is not None and row.time is not None and clock(row.last_time) != when:
+                when += f"-{clock(row.last_time)}"
+            mark = {PRIMARY: "primary", SECONDARY: "after"}.get(row.cls, row.cls)
+            t.add_row(when, row.ranks or row.who or "?", mark, row.message if row.count == 1 else row.label,
+                      str(row.count), style="red" if row.cls == PRIMARY else None)
+        console.print(t)
+        if len(r.timeline) > len(rows):
+            console.print(Text(f"  … {len(r.timeline) - len(rows)} more rows (--full or --json)", style="dim"))
+
+    if r.nccl:
+        _render_nccl(r, console)
+    _render_progress(r, console)
+
+    shapes: dict[str, int] = {}
+    for s in r.sources:
+        shapes[s.shape] = shapes.get(s.shape, 0) + 1
+    total = sum(s.bytes for s in r.sources)
+    lines = sum(s.lines for s in r.sources)
+    console.print(Text(f"\nread {len(r.sources)} source(s), {_size(total)}, {lines:,} lines ("
+                       + ", ".join(f"{n} {k}" for k, n in sorted(shapes.items())) + f"); ranks seen {r.ranks_seen or '-'}"
+                       + (f" of {r.world_size}" if r.world_size else "")
+                       + (f" on {len(r.nodes)} node(s)" if r.nodes else ""), style="dim"), soft_wrap=True)
+    for skip in r.skipped[:10]:
+        console.print(Text(f"  not read: {skip['path']}: {skip['reason']}", style="yellow"), soft_wrap=True)
+    if len(r.skipped) > 10:
+        console.print(Text(f"  … {len(r.skipped) - 10} more not read (--json lists them)", style="yellow"))
+    if r.dropped_events:
+        console.print(Text(f"  {r.dropped_events} repeated event(s) not kept (bounded memory)", style="dim"))
+
+
+def _render_nccl(r: LogsReport, console: Console) -> None:
+    from rich.text import Text
+
+    n = r.nccl
+    assert n is not None
+    versions = ", ".join(n["versions"]) or "version not printed"
+    world = f", {n['world_size']} ranks" if n.get("world_size") else ""
+    nodes = f" on {n['nodes']} node(s)" if n.get("nodes") else ""
+    nets = sorted({x for h in n["hosts"] for x in h["network"]})
+    console.print(Text(f"\nNCCL {versions}{world}{nodes}" + (f", network {', '.join(nets)}" if nets else "")
+                       + f" ({n['lines']:,} NCCL_DEBUG lines)", style="bold"), soft_wrap=True)
+    if n["transports"]:
+        console.print("  transports: " + "; ".join(f"{t['transport']} {t['pairs']} pair(s) (e.g. {t['example']})"
+                                                   for t in n["transports"]), soft_wrap=True)
+    if n["ring_count"]:
+        sample = n["rings"][0]["order"]
+        console.print(f"  rings: {n['ring_count']} channel(s), e.g. {sample[:120]}", soft_wrap=True)
+    if n["trees"]["ranks"]:
+        per = ", ".join(f"{k} tree(s) on {v} rank(s)" for k, v in n["trees"]["per_rank"].items())
+        console.print(f"  trees: {per}", soft_wrap=True)
+    if n["environment"]:
+        console.print("  set: " + ", ".join(f"{k}={'/'.join(v)}" for k, v in n["environment"].items()), soft_wrap=True)
+    for f in n["findings"]:
+        console.print(Text(f"  {'!' if f['severity'] == 'warning' else '-'} {f['text']}",
+                           style="yellow" if f["severity"] == "warning" else ""), soft_wrap=True)
+    for w in n["warnings"][:5]:
+        where = f"ranks {w['ranks']}" if w["ranks"] else ", ".join(w["hosts"][:3])
+        console.print(Text(f"  WARN x{w['count']} ({where}): {w['text']}", style="yellow"), soft_wrap=True)
+
+
+def _render_progress(r: LogsReport, console: Console) -> None:
+    from rich.text import Text
+
+    train = r.progress.get("train")
+    if train:
+        behind = f"; behind: ranks {train['behind']}" if train["behind"] else ""
+        console.print(Text(f"\nmldebug train metrics: ranks {train['ranks']} reached step {train['max_step']}"
+                           f"{behind}"), soft_wrap=True)
+    work = r.progress.get("nccl_work")
+    if work:
+        behind = f"; behind: ranks {work['behind']}" if work["behind"] else ""
+        console.print(Text(f"\nNCCL watchdog: last completed collective {work['max_completed']} on ranks "
+                           f"{work['ranks']}{behind}"), soft_wrap=True)

@@ -1,0 +1,208 @@
+"""PATH arguments into log sources, each with the shape that says who wrote it.
+
+Shapes:
+
+- ``launch``: the console of an `mldebug launch` node (``<dir>/<host>/console.log``, next to its
+  ``launch.json``): every line labelled ``[host:local rankR]:``. The per-rank copies torchrun keeps
+  under ``torchelastic/`` are the same lines, so only their error files are read.
+- ``torchelastic``: torchrun's ``--log-dir`` tree, ``.../attempt_N/<local rank>/stdout.log`` or
+  ``stderr.log``; ``error-file``: its ``error.json`` (TORCHELASTIC_ERROR_FILE).
+- ``train-metrics``: `mldebug train --metrics-dir` files (``rank-R.jsonl``): how far each rank got.
+- ``rank-file``: a file named for its rank (``rank37.log``, ``log_rank_3.txt``, ``rank-0012.out``).
+- ``console``: anything else; each line is attributed by its own labels (``srun --label``,
+  torchrun ``--tee``), or to an unknown rank.
+
+A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for log-like
+files: ``*.log *.out *.err *.txt``, ``error*.json``, ``*.jsonl`` and their ``.gz``. A glob is expanded;
+``-`` is standard input.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+from ml_debug.logs.model import Who
+
+LAUNCH_MANIFEST = "launch.json"
+LAUNCH_SCHEMA = "mldebug.launch"
+_TREE = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/(stdout|stderr)\.log(?:\.gz)?$")
+_TREE_ERROR = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/error\.json$")
+_RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_.]?(\d+)(?![\d])", re.IGNORECASE)
+_LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
+_SKIP_DIRS = ("trace", "fr", "__pycache__")
+
+
+@dataclass
+class Source:
+    """One thing to read."""
+
+    path: str
+    """As shown (the argument, or the file found under it)."""
+    shape: str
+    who: Who = field(default_factory=Who)
+    stdin: bool = False
+    gz: bool = False
+    size: int = 0
+    day: _dt.date = field(default_factory=_dt.date.today)
+    """The date to give time stamps that carry none (the file's modification day)."""
+    note: str | None = None
+
+    @property
+    def labelled(self) -> bool:
+        """Lines may carry launcher labels (not JSON files)."""
+        return self.shape not in ("error-file", "train-metrics")
+
+
+@dataclass
+class Expanded:
+    sources: list[Source]
+    skipped: list[dict[str, str]]
+    manifests: dict[str, dict[str, object]]
+
+
+def _is_log_name(name: str) -> bool:
+    base = name[:-3] if name.endswith(".gz") else name
+    if base.startswith(".") or base.startswith(("trace-", "fr-")):
+        return False
+    if base.endswith(".json"):
+        return base.startswith("error")
+    return base.endswith(_LOG_SUFFIXES)
+
+
+def _manifest(dirpath: str) -> dict[str, object] | None:
+    try:
+        with open(os.path.join(dirpath, LAUNCH_MANIFEST), "rb") as f:
+            doc = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("schema") == LAUNCH_SCHEMA else None
+
+
+def classify_path(path: str, node: str | None = None) -> Source:
+    """The shape of the file at ``path`` from its name (and node, when a launch manifest gave one)."""
+    norm = path.replace(os.sep, "/")
+    base = os.path.basename(norm)
+    gz = base.endswith(".gz")
+    m = _TREE_ERROR.search(norm)
+    if m:
+        return Source(path, "error-file", Who(None, node, int(m.group(2))), gz=gz)
+    if base in ("error.json", "error.json.gz") or (base.startswith("error") and base.endswith((".json", ".json.gz"))):
+        return Source(path, "error-file", Who(None, node, None), gz=gz)
+    m = _TREE.search(norm)
+    if m:
+        return Source(path, "torchelastic", Who(None, node, int(m.group(2))), gz=gz)
+    r = _RANK_NAME.search(base)
+    if base.endswith((".jsonl", ".jsonl.gz")):
+        return Source(path, "train-metrics", Who(int(r.group(1)) if r else None, node, None), gz=gz)
+    if r:
+        return Source(path, "rank-file", Who(int(r.group(1)), node, None), gz=gz)
+    return Source(path, "console", Who(None, node, None), gz=gz)
+
+
+def expand(paths: list[str]) -> Expanded:
+    """Every source the PATH arguments name, in order; what could not be read, and why."""
+    out = Expanded([], [], {})
+    seen: set[str] = set()
+
+    def add(src: Source, st: os.stat_result | None) -> None:
+        key = os.path.realpath(src.path) if not src.stdin else "-"
+        if key in seen:
+            return
+        seen.add(key)
+        if st is not None:
+            src.size = st.st_size
+            src.day = _dt.date.fromtimestamp(st.st_mtime)
+        out.sources.append(src)
+
+    for arg in paths:
+        if arg == "-":
+            add(Source("-", "console", stdin=True), None)
+            continue
+        if not os.path.lexists(arg) and glob.has_magic(arg):
+            matches = sorted(glob.glob(arg, recursive=True))
+            if not matches:
+                out.skipped.append({"path": arg, "reason": "no file matches this pattern"})
+            for m in matches:
+                _add_path(m, out, add, explicit=False)
+            continue
+        _add_path(arg, out, add, explicit=True)
+    return out
+
+
+def _add_path(path: str, out: Expanded, add: object, explicit: bool) -> None:
+    assert callable(add)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        out.skipped.append({"path": path, "reason": e.strerror or str(e)})
+        return
+    if stat.S_ISDIR(st.st_mode):
+        _walk(path, out, add)
+        return
+    if not explicit and not stat.S_ISREG(st.st_mode):
+        out.skipped.append({"path": path, "reason": "not a regular file"})
+        return
+    node = None
+    parent = os.path.dirname(os.path.abspath(path))
+    man = _manifest(parent)
+    if man is not None:
+        node = str(man.get("node") or "") or None
+    src = classify_path(path, node)
+    if man is not None and os.path.basename(path) in ("console.log", "console.log.gz"):
+        src.shape = "launch"
+    add(src, st)
+
+
+def _walk(root: str, out: Expanded, add: object) -> None:
+    assert callable(add)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        man = _manifest(dirpath)
+        if man is not None:
+            out.manifests[dirpath] = man
+        node = _node_for(dirpath, out.manifests)
+        launch_dir = _launch_root(dirpath, out.manifests)
+        for name in sorted(filenames):
+            if not _is_log_name(name):
+                continue
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(full)
+            except OSError as e:
+                out.skipped.append({"path": full, "reason": e.strerror or str(e)})
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                out.skipped.append({"path": full, "reason": "a symbolic link (not followed in a directory)"})
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                out.skipped.append({"path": full, "reason": "not a regular file"})
+                continue
+            src = classify_path(full, node)
+            if launch_dir is not None:
+                if dirpath == launch_dir and name in ("console.log", "console.log.gz"):
+                    src.shape = "launch"
+                elif src.shape == "torchelastic":
+                    continue  # the same lines as the node's console.log, which carries the ranks
+            add(src, st)
+
+
+def _node_for(dirpath: str, manifests: dict[str, dict[str, object]]) -> str | None:
+    d = _launch_root(dirpath, manifests)
+    return str(manifests[d].get("node") or "") or None if d is not None else None
+
+
+def _launch_root(dirpath: str, manifests: dict[str, dict[str, object]]) -> str | None:
+    d = dirpath
+    while True:
+        if d in manifests:
+            return d
+        parent = os.path.dirname(d)
+        if parent == d or not parent:
+            return None
+        d = parent

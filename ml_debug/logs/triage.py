@@ -1,0 +1,162 @@
+"""`mldebug logs` as a library call: read the sources, build the report; or one writer's lines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ml_debug.core.errors import UsageError
+from ml_debug.core.ranges import compress
+from ml_debug.logs.events import Collector
+from ml_debug.logs.labels import split_label
+from ml_debug.logs.model import LogsReport, SourceInfo, Who
+from ml_debug.logs.scan import BLOCK, MAX_LINE, feed_source, opened
+from ml_debug.logs.sources import Expanded, Source, expand
+from ml_debug.logs.verdict import Identities, collapse_tracebacks, decide, dedupe, progress, timeline
+
+MAX_DEMUX_LINES = 200_000
+
+
+def _expand(paths: list[str]) -> Expanded:
+    exp = expand(paths)
+    if not exp.sources:
+        why = "; ".join(f"{s['path']}: {s['reason']}" for s in exp.skipped[:3]) or "no log file under them"
+        raise UsageError(f"no logs to read in {' '.join(paths)} ({why})",
+                         "give log files, directories (searched for *.log *.out *.err *.txt error*.json *.jsonl, "
+                         "gzip too), globs, or - for standard input")
+    return exp
+
+
+def triage(paths: list[str], *, on_source: Callable[[int, int], None] | None = None) -> LogsReport:
+    """Read every source once and name the first failure (see :mod:`ml_debug.logs`)."""
+    return build_report(*_collect(_expand(paths), on_source))
+
+
+def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None
+             ) -> tuple[Collector, list[SourceInfo], list[dict[str, Any]], list[dict[str, str]]]:
+    collector = Collector()
+    infos: list[SourceInfo] = []
+    metrics: list[dict[str, Any]] = []
+    skipped = list(exp.skipped)
+    for i, src in enumerate(exp.sources):
+        before = len(collector.events)
+        info = SourceInfo(path=src.path, shape=src.shape, who=src.who)
+        try:
+            got = feed_source(src, i, collector)
+        except (OSError, EOFError) as e:  # unreadable, or a truncated gzip file
+            info.error = f"{type(e).__name__}: {e}"
+            skipped.append({"path": src.path, "reason": info.error})
+        else:
+            info.bytes, info.lines = int(got.get("bytes", 0)), int(got.get("lines", 0))
+            if got.get("progress"):
+                metrics.append(got["progress"])
+            if got.get("last_line"):
+                info.note = f"last line: {got['last_line']}"
+        info.events = len(collector.events) - before
+        infos.append(info)
+        if on_source is not None:
+            on_source(i, len(exp.sources))
+    return collector, infos, metrics, skipped
+
+
+def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[dict[str, Any]],
+                 skipped: list[dict[str, str]]) -> LogsReport:
+    ids = Identities(collector)
+    for ev in collector.events:
+        ev.who = ids.resolve(ev.who, ev.source_index)
+    for i, info in enumerate(infos):
+        info.who = ids.resolve(info.who, i)
+    events = dedupe(collector.events)
+    nccl = collector.nccl.report()
+    ranks = set(collector.ranks_seen) | {e.who.rank for e in events if e.who.rank is not None}
+    ranks |= {s.who.rank for s in infos if s.who.rank is not None} | set(collector.nccl.rank_host)
+    world = None
+    if nccl and nccl.get("world_size"):
+        world = int(nccl["world_size"])
+    elif ranks:
+        world = max(ranks) + 1
+    blamed = {r for e in events for r in e.blames}
+    verdict = decide(events, world, blamed)
+    if ids.assumed and verdict.primary is not None and verdict.primary.who.local_rank is not None:
+        verdict.primary.detail["rank_from"] = "local rank (one node)"
+    nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node})
+    return LogsReport(verdict=verdict, sources=infos, events=events, tracebacks=collapse_tracebacks(events),
+                      timeline=timeline(events), ranks_seen=compress(ranks), world_size=world, nodes=nodes,
+                      progress=progress(collector, metrics), nccl=nccl, skipped=skipped,
+                      dropped_events=collector.dropped)
+
+
+def demux(paths: list[str], *, rank: int | None, node: str | None,
+          emit: Callable[[str, int, str], None]) -> dict[str, Any]:
+    """Every line written by one rank (or one node), labels removed, in order: ``emit(source, line, text)``.
+
+    A first, fast pass over the sources learns who is who (local ranks, nodes), so a line labelled
+    only with its node and local rank is still found by its global rank.
+    """
+    if rank is None and node is None:
+        raise UsageError("demux needs a rank or a node", "--rank R or --node NAME")
+    exp = _expand(paths)
+    if any(src.stdin for src in exp.sources):
+        raise UsageError("--rank/--node cannot read standard input (it is read twice)",
+                         "save it to a file first")
+    collected = _collect(exp)
+    ids = Identities(collected[0])
+    report = build_report(*collected)
+    count = 0
+    sources_used: set[str] = set()
+    truncated = False
+    seen_ranks: set[int] = set()
+    seen_nodes: set[str] = set()
+    for i, src in enumerate(exp.sources):
+        if src.shape in ("error-file", "train-metrics"):
+            continue
+        for n, text in _all_lines(src):
+            lab = split_label(text) if src.labelled else None
+            who = (lab.who if lab else Who()).merged(src.who)
+            who = ids.resolve(who, i)
+            if who.rank is not None:
+                seen_ranks.add(who.rank)
+            if who.node:
+                seen_nodes.add(who.node)
+            if rank is not None and who.rank != rank:
+                continue
+            if node is not None and who.node != node:
+                continue
+            if count >= MAX_DEMUX_LINES:
+                truncated = True
+                break
+            emit(src.path, n, lab.rest if lab else text)
+            sources_used.add(src.path)
+            count += 1
+    return {"rank": rank, "node": node, "lines": count, "sources": sorted(sources_used), "truncated": truncated,
+            "ranks_seen": compress(seen_ranks | _ranks_of(report.ranks_seen)),
+            "nodes": sorted(seen_nodes | set(report.nodes))}
+
+
+def _ranks_of(text: str) -> set[int]:
+    from ml_debug.core.ranges import expand
+
+    return set(expand(text))
+
+
+def _all_lines(src: Source) -> Any:
+    """(line number, text) of every line of a source."""
+    n = 0
+    carry = b""
+    with opened(src) as f:
+        while True:
+            chunk = f.read(BLOCK)
+            if not chunk:
+                break
+            data = carry + chunk
+            parts = data.split(b"\n")
+            carry = parts.pop()
+            if len(carry) > MAX_LINE:
+                parts.append(carry)
+                carry = b""
+            for raw in parts:
+                n += 1
+                yield n, raw.decode("utf-8", "replace").rstrip("\r")
+    if carry:
+        yield n + 1, carry.decode("utf-8", "replace").rstrip("\r")
+

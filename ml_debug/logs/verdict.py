@@ -1,0 +1,362 @@
+"""From events to the answer: identities resolved, duplicates merged, the first failure named,
+identical tracebacks collapsed with their rank sets, and a timeline.
+
+The first failure is the earliest primary event (strong evidence first: an exception, a CUDA error, a
+crash by signal, an out-of-memory; a bare exit code only when nothing else exists). Earliest means:
+by time stamp when every candidate has one (from its line, its error file, or torchrun's summary);
+otherwise by position in the logs, which only orders lines of the same file. The verdict says which.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from ml_debug.core.ranges import compress
+from ml_debug.logs.events import Collector
+from ml_debug.logs.labels import clock
+from ml_debug.logs.model import (
+    INFO,
+    PRIMARY,
+    SECONDARY,
+    TIME_ERROR_FILE,
+    TIME_LAUNCHER,
+    TIME_LINE,
+    TIME_NEARBY,
+    TIME_ORDER,
+    WARNING,
+    Event,
+    TimelineRow,
+    TracebackGroup,
+    Verdict,
+    Who,
+)
+
+MAX_TIMELINE = 60
+_NUM = re.compile(r"\d+")
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_TYPE_PREFIX = re.compile(r"^\w+: ")
+_BASIS = {TIME_LINE: "line time stamps", TIME_ERROR_FILE: "error file time stamps",
+          TIME_LAUNCHER: "torchrun's failure summary", TIME_ORDER: "file order",
+          TIME_NEARBY: "the time stamps of the lines just before (a lower bound)"}
+# Richer evidence first when the same failure is reported twice (a traceback and its error file ...).
+_RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "signal": 3,
+             "exception": 4, "error-line": 5, "watchdog": 6, "comm": 6, "slurm": 7, "exit": 8, "launcher": 9,
+             "nccl-warn": 9}
+
+
+# ----------------------------------------------------------------------------- identities
+
+
+class Identities:
+    """Fills in the rank and node of events from what every line said about who is who."""
+
+    def __init__(self, c: Collector) -> None:
+        self.c = c
+        hosts = set(c.nodes_seen)
+        self.single_node = len(hosts) <= 1
+        self.assumed = False
+
+    def resolve(self, who: Who, source_index: int) -> Who:
+        c = self.c
+        rank = who.rank
+        if rank is None and who.local_rank is not None:
+            if who.node and (who.node, who.local_rank) in c.node_local_rank:
+                rank = c.node_local_rank[(who.node, who.local_rank)]
+            elif who.local_rank in c.local_rank_pairs.get(source_index, {}):
+                rank = c.local_rank_pairs[source_index][who.local_rank]
+            elif self.single_node:
+                rank = who.local_rank  # one node: torchrun's local rank is the rank
+                self.assumed = True
+        node = who.node
+        if node is None and rank is not None:
+            node = c.rank_node.get(rank) or c.nccl.rank_host.get(rank)
+        return Who(rank, node, who.local_rank)
+
+
+def _identity_key(who: Who) -> tuple[Any, ...]:
+    if who.rank is not None:
+        return ("rank", who.rank)
+    if who.local_rank is not None or who.node:
+        return ("node", who.node, who.local_rank)
+    return ("unknown",)
+
+
+def _norm(message: str) -> str:
+    return _NUM.sub("N", _HEX.sub("0x", _TYPE_PREFIX.sub("", message.strip())))[:160]
+
+
+def _family(ev: Event) -> str:
+    if ev.kind in ("exit", "signal") and "exit_code" in ev.detail:
+        return f"exit:{ev.detail['exit_code']}"
+    if ev.kind in ("comm", "watchdog") and ev.cls == SECONDARY:
+        return "secondary-line"  # a peer's failure echoes in several lines of each rank: its first says it
+    cause = ev.detail.get("cause", ev.kind)
+    if cause in ("cuda-error", "oom", "nccl-error"):
+        return f"{cause}:{ev.label}"  # c10d's log line and the traceback report the same CUDA error
+    if ev.kind in ("traceback", "error-file", "exception", "error-line", "cuda-error", "oom", "nccl-error"):
+        return "failure:" + _norm(ev.message)
+    return f"{ev.kind}:{ev.label}"
+
+
+def dedupe(events: list[Event]) -> list[Event]:
+    """One event per (writer, failure): a traceback, its error file and torchrun's copy are one."""
+    best: dict[tuple[Any, ...], Event] = {}
+    order: list[tuple[Any, ...]] = []
+    for ev in events:
+        key: tuple[Any, ...] = (_identity_key(ev.who), _family(ev))
+        if ev.kind == "launcher":
+            key = (*key, ev.source_index, ev.offset)
+        old = best.get(key)
+        if old is None:
+            best[key] = ev
+            order.append(key)
+            continue
+        keep, other = (ev, old) if _RICHNESS.get(ev.kind, 9) < _RICHNESS.get(old.kind, 9) else (old, ev)
+        if keep.time is None or (other.time is not None and other.time < keep.time
+                                 and other.time_source == TIME_LINE):
+            if other.time is not None:
+                keep.time, keep.time_source = other.time, other.time_source
+        if not keep.text and other.text:
+            keep.text = other.text
+        keep.detail = {**other.detail, **keep.detail}
+        keep.who = keep.who.merged(other.who)
+        keep.strong = keep.strong or other.strong
+        best[key] = keep
+    return [best[k] for k in order]
+
+
+# ----------------------------------------------------------------------------- causes per writer
+
+
+def _cause(events: list[Event]) -> Event | None:
+    """The event that says why this writer failed: its first strong primary, else what there is.
+
+    A cause without a time of its own takes the earliest time of the same writer's other reports of
+    its end (torchrun's summary, its error file): the failure happened no later than that.
+    """
+    tiers = (
+        [e for e in events if e.cls == PRIMARY and e.strong],
+        [e for e in events if e.cls == SECONDARY and e.strong],
+        [e for e in events if e.cls == PRIMARY],
+        [e for e in events if e.cls == SECONDARY],
+    )
+    for tier in tiers:
+        if tier:
+            cause = min(tier, key=lambda e: (e.order_key(), _RICHNESS.get(e.kind, 9)))
+            if cause.time is None:
+                timed = [e for e in events if e.time is not None and e.cls == cause.cls]
+                if timed:
+                    first = min(timed, key=lambda e: e.time or 0.0)
+                    cause.time, cause.time_source = first.time, first.time_source
+            return cause
+    return None
+
+
+def _earliest(cands: list[Event]) -> tuple[Event, str]:
+    """The earliest candidate, and how that was decided."""
+    if len(cands) == 1:
+        ev = cands[0]
+        return ev, "the only primary failure" + (f" (time from {_BASIS[ev.time_source]})" if ev.time is not None
+                                                 else "")
+    if all(e.time is not None for e in cands):
+        ev = min(cands, key=lambda e: (e.time, e.order_key()))
+        sources = {e.time_source for e in cands}
+        return ev, " and ".join(sorted(_BASIS[s] for s in sources))
+    ev = min(cands, key=lambda e: e.order_key())
+    if len({e.source_index for e in cands}) > 1:
+        return ev, "file order (time stamps missing; the order across files is not known)"
+    return ev, "file order (no time stamps)"
+
+
+def _quoted(label: str) -> str:
+    return f'"{label}"'
+
+
+def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = ()) -> Verdict:
+    """The verdict over deduplicated, resolved events."""
+    failures = [e for e in events if e.cls in (PRIMARY, SECONDARY)]
+    if not failures:
+        warnings = [e for e in events if e.cls == WARNING]
+        summary = "no failure found" + (f" ({len(warnings)} warning(s))" if warnings else "")
+        return Verdict(status="none", summary=summary)
+    by_writer: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
+    for e in failures:
+        by_writer[_identity_key(e.who)].append(e)
+    causes = {k: c for k, evs in by_writer.items() if (c := _cause(evs)) is not None}
+    strong = [c for c in causes.values() if c.cls == PRIMARY and c.strong]
+    weak = [c for c in causes.values() if c.cls == PRIMARY and not c.strong]
+    failed_ranks = {k[1] for k in causes if k[0] == "rank"}
+    silent = None
+    if world_size:
+        missing = sorted(set(range(world_size)) - failed_ranks)
+        if missing and len(missing) < world_size:
+            silent = compress(missing)
+    blamed_text = compress(set(blamed)) if blamed else None
+    if not strong and not weak:
+        first, basis = _earliest(list(causes.values()))
+        counts = _label_counts(causes.values())
+        ranks = compress(failed_ranks) or "unknown"
+        summary = (f"no primary failure found: ranks {ranks} failed only as a consequence of a peer "
+                   f"({', '.join(f'{n} x {_quoted(lbl)}' for lbl, n in counts)})")
+        hint = None
+        if silent:
+            summary += f"; rank{'s' if ',' in silent or '-' in silent else ''} {silent} left no failure in the logs"
+            hint = (f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` while the job "
+                    "runs, the Flight Recorder, or the node's kernel log (OOM killer)")
+        if blamed_text:
+            summary += f"; peers name rank(s) {blamed_text}"
+        return Verdict(status="secondary-only", summary=summary, basis=basis,
+                       secondary=_secondary_rows(causes.values(), None), silent_ranks=silent,
+                       blamed_ranks=blamed_text, hint=hint)
+    first, basis = _earliest(strong or weak)
+    others = [c for c in causes.values() if c is not first]
+    independent = sorted((c for c in others if c.cls == PRIMARY and c.strong), key=lambda e: e.order_key())
+    after = [c for c in others if c not in independent]
+    when = f" at {clock(first.time)}" if first.time is not None else ""
+    summary = f"first failure: {first.who.label()}{when}: {first.message}"
+    tail = []
+    if after:
+        after_ranks = compress({c.who.rank for c in after if c.who.rank is not None})
+        unknown = sum(1 for c in after if c.who.rank is None)
+        counts = _label_counts(after)
+        who = f"ranks {after_ranks}" if after_ranks else ""
+        if unknown:
+            who += (" and " if who else "") + f"{unknown} unattributed writer(s)"
+        tail.append(f"{who} failed after it: {', '.join(f'{n} x {_quoted(lbl)}' for lbl, n in counts)}")
+    if independent:
+        tail.append(f"{len(independent)} other rank(s) failed on their own: "
+                    + "; ".join(f"{e.who.label()}: {e.message}" for e in independent[:3])
+                    + (" ..." if len(independent) > 3 else ""))
+    if tail:
+        summary += " (" + "; ".join(tail) + ")"
+    return Verdict(status="failure", summary=summary, primary=first, basis=basis,
+                   secondary=_secondary_rows(after, first), independent=independent, silent_ranks=silent,
+                   blamed_ranks=blamed_text)
+
+
+def _label_counts(events: Iterable[Event]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = defaultdict(int)
+    for e in events:
+        counts[e.label] += 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _secondary_rows(events: Iterable[Event], first: Event | None) -> list[dict[str, Any]]:
+    rows: dict[str, set[int]] = defaultdict(set)
+    counts: dict[str, int] = defaultdict(int)
+    for e in events:
+        counts[e.label] += 1
+        if e.who.rank is not None:
+            rows[e.label].add(e.who.rank)
+    return [{"label": lbl, "count": n, "ranks": compress(rows[lbl])}
+            for lbl, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+# ----------------------------------------------------------------------------- tracebacks and timeline
+
+
+def _signature(lines: list[str]) -> str:
+    out = []
+    for line in lines:
+        s = line.strip()
+        if not s or s.startswith("^") or set(s) <= {"^", "~", " "}:
+            continue
+        if s.startswith('File "'):
+            out.append(s.rsplit("/", 1)[-1])  # the same code in two venvs is the same frame
+        else:
+            out.append(_NUM.sub("N", _HEX.sub("0x", s)))
+    return "\n".join(out)
+
+
+def collapse_tracebacks(events: list[Event]) -> list[TracebackGroup]:
+    """Identical tracebacks (numbers, addresses and install paths aside), with their rank sets."""
+    groups: dict[str, list[Event]] = {}
+    for e in events:
+        if e.text and e.kind in ("traceback", "error-file") and e.cls in (PRIMARY, SECONDARY):
+            groups.setdefault(_signature(e.text), []).append(e)
+    out = []
+    for members in groups.values():
+        first = min(members, key=lambda e: e.order_key())
+        ranks = {e.who.rank for e in members if e.who.rank is not None}
+        out.append(TracebackGroup(ranks=compress(ranks), count=len(members), cls=first.cls, message=first.message,
+                                  text=first.text, who=sorted({e.who.label() for e in members
+                                                               if e.who.rank is None})))
+    return sorted(out, key=lambda g: (g.cls != PRIMARY, -g.count))
+
+
+def timeline(events: list[Event]) -> list[TimelineRow]:
+    """Failures in order, alike neighbours merged into one row with their rank set.
+
+    One file: its own order (the times shown where lines have them). Several files: the events with a
+    time stamp by time, then the others grouped by what they say (their order across files is unknown).
+    """
+    evs = [e for e in events if e.cls in (PRIMARY, SECONDARY) or e.kind == "launcher"]
+    if len({e.source_index for e in evs}) <= 1:
+        return _merged(sorted(evs, key=lambda e: e.order_key()))[:MAX_TIMELINE]
+    timed = sorted((e for e in evs if e.time is not None), key=lambda e: (e.time, e.order_key()))
+    untimed: dict[tuple[str, str], list[Event]] = {}
+    for e in sorted((e for e in evs if e.time is None), key=lambda e: e.order_key()):
+        untimed.setdefault((e.label, e.cls), []).append(e)
+    rows = _merged(timed)
+    for group in untimed.values():
+        rows += _merged(group)
+    return rows[:MAX_TIMELINE]
+
+
+def _merged(evs: list[Event]) -> list[TimelineRow]:
+    rows: list[TimelineRow] = []
+    ranks: list[set[int]] = []
+    others: list[set[str]] = []
+    for e in evs:
+        last = rows[-1] if rows else None
+        if last is not None and last.label == e.label and last.cls == e.cls:
+            last.count += 1
+            if e.time is not None:
+                last.last_time = max(last.last_time or e.time, e.time)
+                if last.time is None:
+                    last.time, last.time_source = e.time, e.time_source
+            if e.who.rank is not None:
+                ranks[-1].add(e.who.rank)
+            else:
+                others[-1].add(_writer(e))
+            continue
+        rows.append(TimelineRow(time=e.time, time_source=e.time_source if e.time is not None else TIME_ORDER,
+                                last_time=e.time, cls=e.cls, label=e.label, message=e.message, ranks="", who="",
+                                count=1))
+        ranks.append({e.who.rank} if e.who.rank is not None else set())
+        others.append(set() if e.who.rank is not None else {_writer(e)})
+    for row, rs, os_ in zip(rows, ranks, others, strict=True):
+        row.ranks = compress(rs)
+        row.who = ", ".join(sorted(os_)[:3]) + (" ..." if len(os_) > 3 else "")
+    return rows
+
+
+def _writer(e: Event) -> str:
+    return ("torchrun" + (f" on {e.who.node}" if e.who.node else "")) if e.kind == "launcher" else e.who.label()
+
+
+def progress(c: Collector, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """How far each rank got: mldebug train's step per rank, NCCL's last completed collective per rank."""
+    out: dict[str, Any] = {}
+    steps = {m["rank"]: m for m in metrics if isinstance(m.get("step"), int)}
+    if steps:
+        top = max(m["step"] for m in steps.values())
+        behind = sorted(r for r, m in steps.items() if m["step"] < top)
+        out["train"] = {"ranks": compress(steps), "max_step": top, "behind": compress(behind),
+                        "last_time": max((m["time"] for m in steps.values() if isinstance(m.get("time"), float)),
+                                         default=None),
+                        "steps": {str(r): m["step"] for r, m in sorted(steps.items())}}
+    if c.last_work:
+        done = {r: w[1] for r, w in c.last_work.items()}
+        top = max(done.values())
+        behind = sorted(r for r, w in done.items() if w < top)
+        out["nccl_work"] = {"ranks": compress(done), "max_completed": top, "behind": compress(behind),
+                            "completed": {str(r): w for r, w in sorted(done.items())}}
+    return out
+
+
+def warnings_of(events: list[Event]) -> list[Event]:
+    return [e for e in events if e.cls in (WARNING, INFO) and e.kind != "launcher"]
