@@ -158,8 +158,9 @@ def find_outliers(nodes: Sequence[dict[str, Any]], rules: Rules = RULES) -> list
         n, r = f.key
         if f.median <= 0:
             continue
+        how = "no progress while its peers move" if f.value == 0 else f"{_times(f)}: slower than its peers"
         out.append(_entry("step_rate", n, f"{_rank_name(n, r)}: {f.value:.2f} steps/s vs median {f.median:.2f} of "
-                                          f"{f.peers} ranks ({_times(f)}: slower than its peers)", rank=r, far=f))
+                                          f"{f.peers} ranks ({how})", rank=r, far=f))
 
     for n, r in ranks:
         state = STATE_WORDS.get(str(r.get("state")))
