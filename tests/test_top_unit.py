@@ -276,3 +276,23 @@ def test_the_live_view_keys_toggle_rows_cycle_sorting_and_select() -> None:
     assert done.wait(10) and calls == ["n2"]
     wait_until(lambda: "suspect: rank 3" in (view.dump_text or ""), 10, "the verdict in the view")
     assert view.key("q") is False
+
+
+@pytest.mark.parametrize("args,words", [(["--pattern", "("], "--pattern '(' is not a valid regular expression"),
+                                        (["--sort", "size"], "--sort 'size' is not a sort key"),
+                                        (["--env", "NOEQUALS"], "--env 'NOEQUALS' is not KEY=VALUE")])
+def test_bad_options_exit_2_with_a_one_line_error_and_a_hint(args: list[str], words: str) -> None:
+    proc = mldebug("top", "--local", "--once", *args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"mldebug: error: {words}") and "\nhint: " in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_a_sample_another_version_could_send_is_refused_not_drawn() -> None:
+    from ml_debug.top.streams import valid_sample
+
+    good = {"node": {}, "gpus": [{"index": 0}], "ranks": [{"pid": 1, "label": "rank 0"}]}
+    assert valid_sample(good)
+    for bad in ({"node": {}}, {"node": {}, "gpus": [{"index": "0"}], "ranks": []},
+                {"node": {}, "gpus": [], "ranks": [{"pid": 1}]}, [], {"node": "x", "gpus": [], "ranks": []}):
+        assert not valid_sample(bad), bad

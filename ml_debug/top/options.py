@@ -66,6 +66,17 @@ class TopOptions:
     agent: bool = option(False, hidden=True, forward=False,
                          help="Internal: sample this node and print one JSON line per interval until stdin closes.")
 
+    def validate(self) -> None:
+        """Say a bad --pattern here, once, rather than as every node's agent failing to start."""
+        import re
+
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as e:
+                raise UsageError(f"--pattern {self.pattern!r} is not a valid regular expression: {e}",
+                                 "use Python re syntax, e.g. --pattern 'train\\.py'") from None
+
     @property
     def env_filter(self) -> dict[str, str]:
         return dict(self.env)

@@ -66,6 +66,20 @@ class Feed:
     err_tail: bytearray = field(default_factory=bytearray)
 
 
+def valid_sample(doc: Any) -> bool:
+    """The fields the model and the views rely on are there, with their types (another version of
+    mldebug on a node, or a stray JSON line, must not break the view)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("node"), dict):
+        return False
+    gpus, ranks = doc.get("gpus"), doc.get("ranks")
+    if not isinstance(gpus, list) or not isinstance(ranks, list):
+        return False
+    if not all(isinstance(g, dict) and isinstance(g.get("index"), int) for g in gpus):
+        return False
+    return all(isinstance(r, dict) and isinstance(r.get("pid"), int) and isinstance(r.get("label"), str)
+               for r in ranks)
+
+
 # ------------------------------------------------------------------------------- the agent command
 
 
@@ -269,14 +283,15 @@ class Client:
     def close(self) -> None:
         with self.lock:
             self._stopping = True
-            streams = [f.stream for f in self.feeds if f.stream is not None]
         self._wake()
+        self._reader.join(timeout=2)  # before the streams go: it must not read a closed one
+        with self.lock:
+            streams = [f.stream for f in self.feeds if f.stream is not None]
         for s in streams:
             s.stop()
         deadline = time.monotonic() + 5.0
         for s in streams:
             s.reap(deadline)
-        self._reader.join(timeout=2)
         if self._pool is not None:
             self._pool.close()
         self._sel.close()
@@ -360,7 +375,10 @@ class Client:
                     self._register_pending()
                     continue
                 feed, fd = key.data
-                self._on_readable(feed, fd)
+                try:
+                    self._on_readable(feed, fd)
+                except Exception as e:  # one broken stream ends that node's feed, never the reader
+                    self._drop(feed, f"reading its stream failed: {type(e).__name__}: {e}")
             if self.retry:
                 self._retry_due()
 
@@ -396,6 +414,17 @@ class Client:
                 feed.stream = None
             self._ended(feed, self._why_ended(feed, code))
 
+    def _drop(self, feed: Feed, why: str) -> None:
+        stream = feed.stream
+        if stream is not None:
+            for f in stream.fds():
+                self._unregister(f)
+            stream.stop()
+            stream.reap(time.monotonic() + 1)
+        with self.lock:
+            feed.stream = None
+        self._ended(feed, why)
+
     def _unregister(self, fd: int) -> None:
         try:
             self._sel.unregister(fd)
@@ -416,7 +445,9 @@ class Client:
                 doc = json.loads(line)
             except ValueError:
                 continue  # a stray line (a login banner, a warning on stdout) is not a sample
-            if not isinstance(doc, dict) or "node" not in doc:
+            if not valid_sample(doc):
+                feed.note = (f"{feed.label} sent a sample this mldebug cannot read (mldebug "
+                             f"{doc.get('mldebug_version') if isinstance(doc, dict) else '?'} there, {__version__} here)")
                 continue
             with self.lock:
                 feed.sample = doc
