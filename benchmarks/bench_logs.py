@@ -154,8 +154,9 @@ def _triage(root: Path) -> tuple[float, float, int, dict[str, object]]:
 def _grep(root: Path) -> float:
     files = sorted(str(p) for p in root.rglob("*.log"))
     t0 = time.perf_counter()
+    # into a pipe: GNU grep stops at the first match when its output is /dev/null
     subprocess.run(["grep", "-c", "-E", "Traceback|Error|NCCL|CUDA|SIG|Killed|Connection", *files],
-                   stdout=subprocess.DEVNULL, timeout=600)
+                   stdout=subprocess.PIPE, timeout=600)
     return time.perf_counter() - t0
 
 

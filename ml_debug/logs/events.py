@@ -188,6 +188,7 @@ class _Block:
     exceptions: list[str] = field(default_factory=list)
     time: float | None = None
     nearby: float | None = None
+    torch_rank: bool = False
     summary: _Summary | None = None
 
 
@@ -269,7 +270,9 @@ class Collector:
         self._note(lab, who)
         block = self._blocks.get(lab.key)
         if block is not None:
-            if self._continue(lab.key, block, lab.rest, who, line):
+            if block.torch_rank and not lab.torch_rank and block.stage in ("trailing", "chain"):
+                self._close(lab.key)  # the exception torch printed is over: this is the rank's own output
+            elif self._continue(lab.key, block, lab.rest, who, line):
                 return
         if self._blocks and line % 256 == 0:
             self._expire(line)
@@ -506,6 +509,7 @@ class Collector:
                 return
         if rest.startswith(TRACEBACK):
             self._open(lab.key, who, line, offset, rest)
+            self._blocks[lab.key].torch_rank = lab.torch_rank
             t = find_time(lab.key + rest, ctx.day)
             if t is not None:
                 self._blocks[lab.key].time = t

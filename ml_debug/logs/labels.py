@@ -39,6 +39,8 @@ class Label:
     rest: str
     """The line without its labels."""
     srun_task: int | None = None
+    torch_rank: bool = False
+    """torch's own ``[rankN]:`` was there (it prefixes every line of an exception it prints)."""
 
 
 def split_label(line: str) -> Label:
@@ -71,7 +73,7 @@ def split_label(line: str) -> Label:
     key = line[:pos]
     if m2 and local is not None:
         key = line[:m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line
-    return Label(Who(rank, node, local), key, line[pos:], task)
+    return Label(Who(rank, node, local), key, line[pos:], task, m2 is not None)
 
 
 # ----------------------------------------------------------------------------- time stamps

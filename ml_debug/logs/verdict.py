@@ -293,7 +293,10 @@ def timeline(events: list[Event]) -> list[TimelineRow]:
     One file: its own order (the times shown where lines have them). Several files: the events with a
     time stamp by time, then the others grouped by what they say (their order across files is unknown).
     """
-    evs = [e for e in events if e.cls in (PRIMARY, SECONDARY) or e.kind == "launcher"]
+    strong_writers = {_identity_key(e.who) for e in events if e.cls in (PRIMARY, SECONDARY) and e.strong}
+    # a bare exit code or a kill by the launcher of a writer that said more is not a step of its own
+    evs = [e for e in events if (e.cls in (PRIMARY, SECONDARY) and (e.strong or _identity_key(e.who)
+                                                                     not in strong_writers)) or e.kind == "launcher"]
     if len({e.source_index for e in evs}) <= 1:
         return _merged(sorted(evs, key=lambda e: e.order_key()))[:MAX_TIMELINE]
     timed = sorted((e for e in evs if e.time is not None), key=lambda e: (e.time, e.order_key()))
