@@ -296,3 +296,15 @@ def test_a_sample_another_version_could_send_is_refused_not_drawn() -> None:
     for bad in ({"node": {}}, {"node": {}, "gpus": [{"index": "0"}], "ranks": []},
                 {"node": {}, "gpus": [], "ranks": [{"pid": 1}]}, [], {"node": "x", "gpus": [], "ranks": []}):
         assert not valid_sample(bad), bad
+
+
+def test_mldebug_commands_watching_a_job_are_not_its_ranks_but_mldebug_train_ranks_are() -> None:
+    from ml_debug.top.sampler import is_agent
+
+    assert is_agent("/venv/bin/python3 /venv/bin/mldebug watch --slurm-job 56", None)
+    assert is_agent("python -m ml_debug --json top --agent --interval 1.0", None)
+    assert is_agent("/usr/bin/python3 /opt/x/bin/mldebug --json dump-stacks --local", None)
+    assert is_agent("python worker.py", {"MLDEBUG_TOP_AGENT": "1"})
+    assert not is_agent("/venv/bin/python3 /venv/bin/mldebug train --steps 100", None)
+    assert not is_agent("python -m ml_debug gpu-test", None)
+    assert not is_agent("python train.py --top 5 --watch", {"RANK": "0"})

@@ -8,7 +8,6 @@ seconds so a restarted job is picked up; between two searches only the known pid
 from __future__ import annotations
 
 import os
-import re
 import socket
 import time
 from typing import Any
@@ -35,12 +34,26 @@ AGENT_MARK = "MLDEBUG_TOP_AGENT"
 REDISCOVER_S = 5.0
 MAX_CMDLINE = 300
 
-_SELF = re.compile(r"(mldebug|ml_debug)\b.*\btop\b.*--agent\b")
+# mldebug's own commands that look at a job from beside it (often started by srun --overlap inside
+# the job, with its SLURM_JOB_ID): never ranks. train, gpu-test, allreduce-bench and trace run AS ranks.
+OBSERVERS = frozenset({"top", "watch", "dump-stacks", "health", "check", "env", "exec", "logs", "core-bt",
+                       "trace-tail"})
+
+
+def mldebug_command(cmdline: str) -> str | None:
+    """The mldebug command a command line runs (``python -m ml_debug --json top ...`` -> "top"), or None."""
+    words = cmdline.split()
+    for i, w in enumerate(words):
+        if os.path.basename(w) == "mldebug" or (w == "ml_debug" and i and words[i - 1] == "-m"):
+            rest = [x for x in words[i + 1:] if not x.startswith("-")]
+            return rest[0] if rest else None
+    return None
 
 
 def is_agent(cmdline: str, env: dict[str, str] | None) -> bool:
-    """An `mldebug top --agent` process (ours or another user's), which is never a rank."""
-    return bool(env and AGENT_MARK in env) or bool(_SELF.search(cmdline))
+    """A `mldebug top --agent` (ours or another user's), or another mldebug command watching the job:
+    never a rank."""
+    return bool(env and AGENT_MARK in env) or mldebug_command(cmdline) in OBSERVERS
 
 
 class NodeSampler:
