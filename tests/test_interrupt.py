@@ -88,6 +88,7 @@ def _interrupted_cleanly(run: Run, keep: tuple[int, ...] = ()) -> None:
         pytest.fail(f"mldebug still running 90 s after Ctrl-C:\n{run.stderr.read_text()[-3000:]}")
     err = run.stderr.read_text()
     assert rc == 130, err[-3000:]
+    assert "mldebug: error: interrupted" in err, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert "torch/distributed/elastic" not in err, err[-3000:]  # the launcher's own log stays quiet
     # SIGKILLed ranks vanish once reaped: a short grace, never a hang

@@ -31,6 +31,7 @@ COMMANDS = {
     "logs": "logs",
     "launch": "launch",
     "top": "top",
+    "watch": "watch",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
@@ -109,6 +110,8 @@ def run(argv: list[str] | None = None) -> int:
         argv.remove("--")
     try:
         rv = build_app(argv)(args=argv, prog_name="mldebug", standalone_mode=False)
+        if rv == ExitCode.INTERRUPTED:  # Typer turns a Ctrl-C inside a command into Exit(130)
+            _fail("interrupted", None)
         return rv if isinstance(rv, int) else ExitCode.OK
     except MLDebugError as e:
         if debug:
