@@ -49,6 +49,33 @@ _LAUNCHER_SCRIPTS = ("torch/distributed/run.py", "torch/distributed/launch.py")
 _SELF_LAUNCH_FLAGS = ("--nproc-per-node", "--nproc_per_node")
 
 
+# mldebug commands whose process is (or runs) a rank; any other mldebug command is a diagnostic tool
+# (watch, top, dump-stacks ... started beside a job, maybe inside its allocation with its rank variables)
+_RANK_COMMANDS = ("train", "gpu-test", "allreduce-bench", "trace")
+
+
+def mldebug_tool(argv: list[str]) -> bool:
+    """True for an mldebug diagnostic command (``mldebug watch``, ``python -m ml_debug dump-stacks``):
+    never a rank, wherever it runs."""
+    if not argv:
+        return False
+    rest: list[str] | None = None
+    if _base(argv[0]) == "mldebug":
+        rest = argv[1:]
+    else:
+        i = 1
+        while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+            i += 1
+        if i + 1 < len(argv) and argv[i] == "-m" and argv[i + 1] == "ml_debug":
+            rest = argv[i + 2:]
+        elif i < len(argv) and _base(argv[i]) == "mldebug" and _base(argv[0]).startswith(("python", "pypy")):
+            rest = argv[i + 1:]
+    if rest is None:
+        return False
+    command = next((a for a in rest if not a.startswith("-")), None)
+    return command is not None and command not in _RANK_COMMANDS
+
+
 def _self_launching(args: list[str]) -> bool:
     return any(a in _SELF_LAUNCH_FLAGS or a.startswith(tuple(f + "=" for f in _SELF_LAUNCH_FLAGS)) for a in args)
 
@@ -224,8 +251,14 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     chosen: dict[int, Target] = {}
 
     def add(t: Target) -> None:
-        if t.pid not in excluded and t.pid not in chosen:
-            chosen[t.pid] = t
+        if t.pid in excluded or t.pid in chosen:
+            return
+        info = table.procs.get(t.pid)
+        if info is not None and mldebug_tool(info.cmdline):
+            excluded.add(t.pid)
+            out.skipped.append({"pid": t.pid, "cmdline": t.cmdline, "reason": "an mldebug diagnostic command"})
+            return
+        chosen[t.pid] = t
 
     launchers = {pid: kind for pid, info in table.procs.items()
                  if pid not in excluded and (kind := launcher_kind(info))}
@@ -292,7 +325,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
                 if pid in table.procs and pid not in excluded:
                     add(_make_target(table.procs[pid], host, "gpu"))
 
-    targets = [t for t in chosen.values() if not _is_agent(t, out)]
+    targets = list(chosen.values())
     if env:
         keep = []
         for t in targets:
@@ -309,19 +342,6 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     targets.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.pid))
     out.targets = targets
     return out
-
-
-AGENT_MARKS = ("MLDEBUG_TOP_AGENT",)
-"""Set in the environment of mldebug's own sampling agents (``mldebug top --agent``, which top and
-watch start inside a job's allocation, where they carry the job's rank variables): never a rank."""
-
-
-def _is_agent(t: Target, out: TargetSet) -> bool:
-    env = read_environ(t.pid) or {}
-    if any(mark in env for mark in AGENT_MARKS):
-        out.skipped.append({"pid": t.pid, "cmdline": t.cmdline, "reason": "an mldebug sampling agent"})
-        return True
-    return False
 
 
 def _uid_of(pid: int) -> int | None:

@@ -149,6 +149,7 @@ def _mismatch(members: list[tuple[dict[str, Any], dict[str, Any]]], common: int,
                      for key, items in ordered]
             normal_sig = signature(ordered[0][1][0][1])
             odd_sig = signature(ordered[1][1][0][1])
+            sides.sort(key=lambda side: not side["odd"])  # the odd ones first
             return {"seq": seq, "kind": _kind(normal_sig, odd_sig), "sides": sides}
         history.update(keys[:1])
     return None

@@ -22,7 +22,8 @@ seconds of watching). A rank is a **straggler** when its step rate stays below t
 divided by ``straggler_factor``, or, for ranks that step in lockstep (the rates are then equal),
 when over at least :data:`MIN_STACK_SAMPLES` stack rounds its peers waited in collectives and it
 did not: the others wait for it. A node that sends nothing is **not answering**; its ranks are
-not judged, and after ``stall`` seconds the silence itself is an incident.
+not judged, and when a node that answered before stays silent for ``stall`` seconds, the silence
+itself is an incident.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class RankTrack:
     stacks: deque[StackObs] = field(default_factory=lambda: deque(maxlen=STACK_WINDOW))
     slow: int = 0
     straggler_why: str | None = None
+    by_file: bool = False  # its progress is judged by a progress file
 
     @property
     def label(self) -> str:
@@ -256,12 +258,15 @@ class Tracker:
                                                       for f in other.progress]
         if files:
             r.file = own
+            first = not r.by_file  # the file knows better than "first seen": it may have stopped long ago
+            r.by_file = True
             for f in files:
                 age = f.get("age_s")
                 if age is None or f.get("error"):
                     continue
                 changed = received - float(age)
-                if changed > r.last_progress + 1e-6:
+                if first or changed > r.last_progress + 1e-6:
+                    first = False
                     r.last_progress = changed
                     step = f" (step {f['step']})" if f.get("step") is not None else ""
                     r.progress_why = f"{f['path']} grew{step}"
@@ -392,8 +397,10 @@ class Tracker:
                     self.events.append(f"{r.label}: no longer a straggler")
                     self.reported.discard(("straggler", r.key))
                 r.status = "ok"
+        # a node that answered and then went silent (one that never answered is reported, not an incident:
+        # its ranks were never seen, the watcher could not reach it from the start)
         silent = [n for n in self.nodes.values() if not n.answering and n.silent_since is not None
-                  and watching and now - n.silent_since >= self.stall]
+                  and n.last_sample is not None and watching and now - n.silent_since >= self.stall]
         new_stalled = [r for r in stalled if ("stall", r.key) not in self.reported]
         if new_stalled:
             for r in stalled:
