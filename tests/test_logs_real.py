@@ -132,7 +132,9 @@ def test_mldebug_launch_with_train_inject_crash(tmp_path: Path) -> None:
     report = triage([str(logs)])
     _check(report, 2, "injected crash on rank 2 at step 2")
     assert report.verdict.primary is not None and report.verdict.primary.who.node == HOST
-    assert {s.shape for s in report.sources} == {"launch", "error-file"}
+    assert {s.shape for s in report.sources} == {"launch", "error-file", "torchelastic"}
+    primary = [e for e in report.events if e.cls == PRIMARY and e.strong]
+    assert [e.who.rank for e in primary] == [2], [(e.who, e.message, e.source) for e in primary]
 
     demux = subprocess.run([sys.executable, "-m", "ml_debug", "logs", str(logs), "--rank", "2"],
                            capture_output=True, text=True, timeout=60, env=_env())

@@ -230,10 +230,7 @@ class Collector:
         self.rank_node: dict[int, str] = {}
         self.ranks_seen: set[int] = set()
         self.nodes_seen: set[str] = set()
-        self.world_sizes: set[int] = set()
         self.last_work: dict[int, tuple[int, int]] = {}
-        self.srun_sources: set[int] = set()
-        self.torchrun_sources: set[int] = set()
         self.here: tuple[bytes, int] = (b"", 0)
         """The block being scanned and where the current line starts in it (set by the scanner)."""
 
@@ -281,10 +278,6 @@ class Collector:
     def _note(self, lab: Label, who: Who) -> None:
         ctx = self.ctx
         assert ctx is not None
-        if lab.srun_task is not None:
-            self.srun_sources.add(ctx.index)
-        if lab.who.local_rank is not None:
-            self.torchrun_sources.add(ctx.index)
         if who.rank is not None:
             self.ranks_seen.add(who.rank)
             if who.node:
@@ -304,8 +297,6 @@ class Collector:
     # ------------------------------------------------------------------ tracebacks and summaries
 
     def _open(self, key: str, who: Who, line: int, offset: int, first: str) -> None:
-        ctx = self.ctx
-        assert ctx is not None
         self._blocks[key] = _Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[first])
 
     def _continue(self, key: str, block: _Block, rest: str, who: Who, line: int) -> bool:
@@ -537,7 +528,6 @@ class Collector:
         m = _TORCHRUN_FAILED.search(rest)
         if m:
             code, local, pid = int(m.group(1)), int(m.group(2)), int(m.group(3))
-            self.torchrun_sources.add(ctx.index)
             t = find_time(rest, ctx.day)
             ev = self._exit_event(code, Who(None, ctx.who.node, local), ctx, line, offset, t, TIME_LAUNCHER, pid)
             if ev is not None:
@@ -612,7 +602,6 @@ class Collector:
     def _srun(self, m: re.Match[str], line: int, offset: int, rest: str) -> None:
         ctx = self.ctx
         assert ctx is not None
-        self.srun_sources.add(ctx.index)
         node, what = m.group("node"), m.group("what").strip()
         self.nodes_seen.add(node)
         for task in _expand_tasks(m.group("tasks")):
@@ -656,7 +645,7 @@ class Collector:
 
     # ------------------------------------------------------------------ error files and metrics
 
-    def error_file(self, data: bytes, mtime: float) -> None:
+    def error_file(self, data: bytes) -> None:
         """A torchelastic error file (TORCHELASTIC_ERROR_FILE: ``{"message": {"message", "extraInfo":
         {"py_callstack", "timestamp"}}}``) as one event of the source's rank."""
         ctx = self.ctx

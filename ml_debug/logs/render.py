@@ -32,8 +32,7 @@ def _traceback_lines(g: TracebackGroup, full: bool) -> list[str]:
         return lines
     cut = frames[-FRAMES_KEPT]
     hidden = len(frames) - FRAMES_KEPT
-    head = [ln for ln in lines[:frames[0]]]
-    return [*head, f"  … {hidden} more frame(s) (--full shows them) …", *lines[cut:]]
+    return [*lines[:frames[0]], f"  … {hidden} more frame(s) (--full shows them) …", *lines[cut:]]
 
 
 def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: int = 3) -> None:

@@ -156,7 +156,7 @@ def feed_source(src: Source, index: int, collector: Collector) -> dict[str, Any]
     try:
         if src.shape == "error-file":
             data = read_small(src)
-            collector.error_file(data, 0.0)
+            collector.error_file(data)
             return {"bytes": len(data), "lines": data.count(b"\n")}
         if src.shape == "train-metrics":
             size, progress = metrics_tail(src, collector)

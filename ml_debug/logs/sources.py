@@ -3,8 +3,9 @@
 Shapes:
 
 - ``launch``: the console of an `mldebug launch` node (``<dir>/<host>/console.log``, next to its
-  ``launch.json``): every line labelled ``[host:local rankR]:``. The per-rank copies torchrun keeps
-  under ``torchelastic/`` are the same lines, so only their error files are read.
+  ``launch.json``): every line labelled ``[host:local rankR]:``. The per-rank files torchrun keeps
+  under ``torchelastic/`` hold the same lines and are read as well (the node's name comes from the
+  manifest): when torchrun is killed, its console may miss their last lines.
 - ``torchelastic``: torchrun's ``--log-dir`` tree, ``.../attempt_N/<local rank>/stdout.log`` or
   ``stderr.log``; ``error-file``: its ``error.json`` (TORCHELASTIC_ERROR_FILE).
 - ``train-metrics``: `mldebug train --metrics-dir` files (``rank-R.jsonl``): how far each rank got.
@@ -25,6 +26,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ml_debug.logs.model import Who
@@ -135,8 +137,10 @@ def expand(paths: list[str]) -> Expanded:
     return out
 
 
-def _add_path(path: str, out: Expanded, add: object, explicit: bool) -> None:
-    assert callable(add)
+_Add = Callable[[Source, "os.stat_result | None"], None]
+
+
+def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
     try:
         st = os.stat(path)
     except OSError as e:
@@ -159,8 +163,7 @@ def _add_path(path: str, out: Expanded, add: object, explicit: bool) -> None:
     add(src, st)
 
 
-def _walk(root: str, out: Expanded, add: object) -> None:
-    assert callable(add)
+def _walk(root: str, out: Expanded, add: _Add) -> None:
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
         man = _manifest(dirpath)
@@ -184,11 +187,10 @@ def _walk(root: str, out: Expanded, add: object) -> None:
                 out.skipped.append({"path": full, "reason": "not a regular file"})
                 continue
             src = classify_path(full, node)
-            if launch_dir is not None:
-                if dirpath == launch_dir and name in ("console.log", "console.log.gz"):
-                    src.shape = "launch"
-                elif src.shape == "torchelastic":
-                    continue  # the same lines as the node's console.log, which carries the ranks
+            if launch_dir is not None and dirpath == launch_dir and name in ("console.log", "console.log.gz"):
+                src.shape = "launch"
+            # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
+            # read too: a torchrun killed by srun may not have copied their last lines to the console
             add(src, st)
 
 

@@ -64,6 +64,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     ids = Identities(collector)
     for ev in collector.events:
         ev.who = ids.resolve(ev.who, ev.source_index)
+        if ids.assumed:
+            ev.detail["rank_from"] = "local rank (one node)"
     for i, info in enumerate(infos):
         info.who = ids.resolve(info.who, i)
     events = dedupe(collector.events)
@@ -77,8 +79,6 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         world = max(ranks) + 1
     blamed = {r for e in events for r in e.blames}
     verdict = decide(events, world, blamed)
-    if ids.assumed and verdict.primary is not None and verdict.primary.who.local_rank is not None:
-        verdict.primary.detail["rank_from"] = "local rank (one node)"
     nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node})
     return LogsReport(verdict=verdict, sources=infos, events=events, tracebacks=collapse_tracebacks(events),
                       timeline=timeline(events), ranks_seen=compress(ranks), world_size=world, nodes=nodes,

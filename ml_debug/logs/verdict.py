@@ -58,9 +58,11 @@ class Identities:
         hosts = set(c.nodes_seen)
         self.single_node = len(hosts) <= 1
         self.assumed = False
+        """Whether the last :meth:`resolve` took a local rank for the rank (one node, no better source)."""
 
     def resolve(self, who: Who, source_index: int) -> Who:
         c = self.c
+        self.assumed = False
         rank = who.rank
         if rank is None and who.local_rank is not None:
             if who.node and (who.node, who.local_rank) in c.node_local_rank:
@@ -121,7 +123,10 @@ def dedupe(events: list[Event]) -> list[Event]:
                 keep.time, keep.time_source = other.time, other.time_source
         if not keep.text and other.text:
             keep.text = other.text
+        sure = "rank_from" not in keep.detail  # its rank was said, not assumed: keep it that way
         keep.detail = {**other.detail, **keep.detail}
+        if sure:
+            keep.detail.pop("rank_from", None)
         keep.who = keep.who.merged(other.who)
         keep.strong = keep.strong or other.strong
         best[key] = keep
