@@ -58,7 +58,8 @@ class LocalSource:
         self.sampler = Sampler(_top_options(opts, spec))
 
     def poll(self) -> list[tuple[str, dict[str, Any] | None, float | None, str | None]]:
-        out = [(self.label, self.sampler.sample(), time.time(), None)]
+        out: list[tuple[str, dict[str, Any] | None, float | None, str | None]] = [
+            (self.label, self.sampler.sample(), time.time(), None)]
         self.sampler.maintain()  # between samples: look for the job's ranks again when it is time
         return out
 
