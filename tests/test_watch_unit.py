@@ -158,6 +158,28 @@ def test_exited_ranks_end_the_job() -> None:
     assert t.job_ended()
 
 
+def test_after_a_peer_exits_the_others_stall_sooner_and_the_sentence_says_who_left() -> None:
+    t = tracker(stall=300.0)
+    feed(t, T0 + 1, [rank_row(0, 50.0), rank_row(1, 50.0)])
+    for s in range(2, 40):  # both idle: rank 0 waits in a collective, rank 1 hangs on its own
+        assert feed(t, T0 + s, [rank_row(0, 0.0), rank_row(1, 0.0)]) is None
+    inc = feed(t, T0 + 40, [rank_row(1, 0.0)])  # rank 0's collective timed out: it left
+    assert inc is not None and inc.kind == "stall" and [r["rank"] for r in inc.ranks] == [1]
+    assert [r["rank"] for r in inc.exited] == [0] and "rank 0 exited (exited by" in inc.detail
+    stacks = {"verdict": "suspect: rank 0 missing (no process found on the nodes dumped)",
+              "suspects": [{"kind": "missing", "members": [], "ranks": [0], "where": None}],
+              "groups": [{"id": "A", "collective": None, "location": {"where": "injected_hang (faults.py:45)"}}],
+              "processes": [{"host": "h1", "pid": 101, "rank": 1, "group": "A"}]}
+    sentence, nexts, culprit = compose(inc.as_dict(), stacks, [])
+    assert sentence.startswith("rank 1 (h1, pid 101) stuck in injected_hang (faults.py:45) after its peer left: "
+                               "rank 0 (h1, pid 100) exited by ")
+    assert culprit["rank"] == 1 and nexts == ["mldebug dump-stacks --pid 101 --native"]
+    stacks["groups"][0]["collective"] = {"where": "all_gather_single (distributed_c10d.py:4394)"}
+    sentence, _, culprit = compose(inc.as_dict(), stacks, [])  # it waits for the one that left: that one
+    assert "waits in all_gather_single (distributed_c10d.py:4394) for a peer that left" in sentence
+    assert culprit["rank"] == 0 and culprit["why"] == "exited"
+
+
 def test_d_state_and_zombies_are_signs() -> None:
     t = tracker()
     feed(t, T0 + 1, [rank_row(0, 0.0, state="D"), rank_row(1, 0.0, state="Z")])

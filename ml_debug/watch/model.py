@@ -18,10 +18,11 @@ What counts as progress for a rank:
   stack that differs from the previous stack sample.
 
 A rank is **stalled** after ``stall`` seconds without progress (never in the first ``grace``
-seconds of watching). A rank is a **straggler** when its step rate stays below the median rate
-divided by ``straggler_factor``, or, for ranks that step in lockstep (the rates are then equal),
-when over at least :data:`MIN_STACK_SAMPLES` stack rounds its peers waited in collectives and it
-did not: the others wait for it. A node that sends nothing is **not answering**; its ranks are
+seconds of watching), or after :data:`EXITED_STALL_S` once a peer has exited. A rank is a
+**straggler** when its step rate stays below the median rate divided by ``straggler_factor``, or,
+for ranks that step in lockstep (the rates are then equal), when over at least
+:data:`MIN_STACK_SAMPLES` stack rounds its peers waited in collectives and it did not: the others
+wait for it. A node that sends nothing is **not answering**; its ranks are
 not judged, and when a node that answered before stays silent for ``stall`` seconds, the silence
 itself is an incident.
 """
@@ -45,6 +46,9 @@ GPU_LOW_POWER_PCT = 30.0
 that spins (NCCL waiting for a peer), not one that computes."""
 GPU_WORKING = (50.0, 40.0)
 """(utilisation %, power %) at or above which a GPU is computing: progress."""
+EXITED_STALL_S = 30.0
+"""Once a rank has exited, the others are stalled after this long without progress (or --stall, if
+shorter): a peer's exit usually means the rest will hang until their collective times out."""
 SLOW_SAMPLES = 3
 """Consecutive samples below the median rate before a rank is a straggler."""
 MIN_STACK_SAMPLES = 8
@@ -155,10 +159,12 @@ class Incident:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     since: float | None = None
+    exited: list[dict[str, Any]] = field(default_factory=list)  # ranks that had exited by then
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "time": round(self.time, 3), "detail": self.detail, "ranks": self.ranks,
-                "nodes": self.nodes, "since": None if self.since is None else round(self.since, 3)}
+                "nodes": self.nodes, "since": None if self.since is None else round(self.since, 3),
+                "exited": self.exited}
 
 
 def _who(ranks: list[RankTrack]) -> str:
@@ -367,11 +373,15 @@ class Tracker:
         self.check_nodes(now)
         watching = now - self.started >= self.grace
         live = [r for r in self.ranks.values() if r.status not in ("exited", "unknown")]
+        exited = [r for r in self.ranks.values() if r.status == "exited"]
+        # once a peer has exited, a rank that goes on without progress is not waiting for long: its
+        # collective may time out and the launcher stop it before --stall would have passed
+        stall = min(self.stall, max(3 * self.interval, EXITED_STALL_S)) if exited else self.stall
         stalled: list[RankTrack] = []
         stragglers: list[RankTrack] = []
         for r in live:
             idle = now - r.last_progress
-            if watching and idle >= self.stall:
+            if watching and idle >= stall:
                 if r.status != "stalled":
                     self.events.append(f"{r.label}: stalled, no progress for {seconds(idle)} "
                                        f"(last: {r.progress_why} at {clock(r.last_progress)})")
@@ -409,9 +419,10 @@ class Tracker:
             detail = (f"{_who(stalled)} made no progress for {seconds(now - since)} (since {clock(since)}); last "
                       "progress: " + "; ".join(f"{_who([r])}: {r.progress_why} at {clock(r.last_progress)}"
                                                for r in stalled[:4])
-                      + (f"; and {len(stalled) - 4} more" if len(stalled) > 4 else ""))
+                      + (f"; and {len(stalled) - 4} more" if len(stalled) > 4 else "")
+                      + (f"; {_who(exited)} exited ({'; '.join(r.signs[0] for r in exited[:4])})" if exited else ""))
             return Incident("stall", now, detail, [r.as_dict(now) for r in stalled],
-                            sorted({r.node for r in stalled}), since)
+                            sorted({r.node for r in stalled}), since, [r.as_dict(now) for r in exited])
         new_slow = [r for r in stragglers if ("straggler", r.key) not in self.reported]
         if new_slow:
             for r in stragglers:

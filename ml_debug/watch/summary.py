@@ -114,6 +114,10 @@ def compose(incident: dict[str, Any], stacks: dict[str, Any] | None, target_word
     for hit in (fr_hit, stack_hit):
         if hit is not None:
             hit[1]["node"] = node_of.get((hit[1].get("host"), hit[1].get("pid")))
+    exited = incident.get("exited") or []
+    if stack_hit is not None and exited and stack_hit[1].get("why") == "missing" and \
+            stack_hit[1].get("rank") in {r.get("rank") for r in exited}:
+        stack_hit = _after_exit(incident, stacks or {}, exited)
     if fr_hit is not None:
         text, culprit = fr_hit
         if stack_hit is not None and stack_hit[1].get("rank") == culprit.get("rank") and stack_hit[1].get("where"):
@@ -139,6 +143,33 @@ def compose(incident: dict[str, Any], stacks: dict[str, Any] | None, target_word
     if kind == "requested" and culprit is None:
         return sentence + ".", nexts, None
     return sentence + ".", nexts, culprit
+
+
+def _after_exit(incident: dict[str, Any], stacks: dict[str, Any],
+                exited: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+    """The ranks still running after a peer exited: where they are, and who is to blame (the live rank
+    when it is outside any collective, else the first rank that exited)."""
+    groups = {g.get("id"): g for g in stacks.get("groups") or []}
+    procs = {(p.get("host"), p.get("pid")): p for p in stacks.get("processes") or []}
+    gone = "; ".join(f"{_who(r.get('rank'), r.get('host'), r.get('pid'))} {(r.get('signs') or ['exited'])[0]}"
+                     for r in exited[:3])
+    for r in incident.get("ranks") or []:
+        p = procs.get((r.get("host"), r.get("pid")))
+        g = groups.get(p.get("group")) if p else None
+        if g is None:
+            continue
+        coll, loc = g.get("collective"), g.get("location")
+        who = _who(r.get("rank"), r.get("host"), r.get("pid"))
+        if coll is None:
+            where = (loc or {}).get("where")
+            return (f"{who} stuck in {where} after its peer left: {gone}",
+                    {"rank": r.get("rank"), "host": r.get("host"), "pid": r.get("pid"), "where": where,
+                     "why": "outside-collective"})
+        first = exited[0]
+        return (f"{who} waits in {coll.get('where')} for a peer that left: {gone}",
+                {"rank": first.get("rank"), "host": first.get("host"), "pid": first.get("pid"), "where": None,
+                 "why": "exited"})
+    return None
 
 
 def _target(target_words: Sequence[str], who: dict[str, Any]) -> list[str]:
