@@ -10,6 +10,7 @@ the bundle is :class:`ml_debug.cli.incident.Collector`'s.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import socket
 import threading
 import time
@@ -75,7 +76,11 @@ class StreamSource:
 
         self.client = Client(spec, _top_options(opts, spec), retry=True)
         self.client.start()
-        self.client.wait(self.client.all_first, time.monotonic() + opts.interval + opts.node_timeout)
+        try:
+            self.client.wait(self.client.all_first, time.monotonic() + opts.interval + opts.node_timeout)
+        except BaseException:  # Ctrl-C while the agents start: none of them is left behind
+            self.client.close()
+            raise
 
     def poll(self) -> list[tuple[str, dict[str, Any] | None, float | None, str | None]]:
         now_wall, now_mono = time.time(), time.monotonic()
@@ -156,6 +161,10 @@ class StackRounds:
         self.stop.set()
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def _job_name(spec: TargetSpec, opts: WatchOptions) -> str:
     if spec.kind == "slurm" and spec.slurm_job:
         return f"slurm{spec.slurm_job}"
@@ -230,6 +239,7 @@ class Watch:
                    f"{seconds(opts.stall)}, grace {seconds(opts.grace)}"
                    + (f", stacks every {seconds(opts.stack_every)}" if opts.stack_every else ", no stack samples")
                    + ")")
+        previous = signal.signal(signal.SIGTERM, _terminated)  # scancel, kill: stop like Ctrl-C, agents included
         try:
             source = LocalSource(opts, self.spec) if self.spec.kind == "local" else StreamSource(opts, self.spec)
             stacks.start()
@@ -271,7 +281,7 @@ class Watch:
                 if mono >= next_status:
                     output.log(f"watch: {self.tracker.status_line(now)}")
                     next_status = mono + STATUS_EVERY_S
-                tick += opts.interval
+                tick = max(tick + opts.interval, time.monotonic())  # a long bundle skips ticks, never piles up
                 time.sleep(max(0.0, tick - time.monotonic()))
         except KeyboardInterrupt:
             output.log("watch: interrupted")
@@ -283,6 +293,7 @@ class Watch:
             final.update(exit_code=int(ExitCode.INTERRUPTED), status="interrupted")
             return self._finish(final, ExitCode.INTERRUPTED)
         finally:
+            signal.signal(signal.SIGTERM, previous)
             stacks.close()
             if source is not None:
                 source.close()
