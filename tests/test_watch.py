@@ -225,6 +225,30 @@ def test_a_desync_is_named_by_the_flight_recorder_in_the_bundle_and_in_dump_stac
         "rank 1 issued gloo:all_reduce [[7]] Float while rank 0 issued gloo:all_gather" in res["summary"]
 
 
+def test_a_busy_rank_whose_gpu_spins_at_low_power_stalls(tmp_path: Path) -> None:
+    """A rank at 100 % CPU would count as progressing; its GPU (NVML, here the fake: no GPU on this
+    machine) busy at 15 % of its power limit is a NCCL kernel spinning, so it does not."""
+    from tests.fakes import nvml as fake_nvml
+
+    token = uuid.uuid4().hex[:12]
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"], env=_env(token, {"RANK": "0"}),
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        gpu = fake_nvml.healthy_gpu(0) | {"utilization": 100, "power_mw": 105000, "processes": [[spin.pid, 1 << 30]]}
+        scenario = tmp_path / "nvml.json"
+        scenario.write_text(json.dumps({"gpus": [gpu]}))
+        proc = watch("--pid", str(spin.pid), "--stall", "4", "--grace", "0", "--interval", "1", "--stack-every", "0",
+                     "--duration", "20", "--out-dir", str(tmp_path / "bundle"), env=fake_nvml.env(scenario))
+    finally:
+        spin.kill()
+        spin.wait(timeout=30)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    result = result_of(proc)
+    (rank,) = result["incident"]["ranks"]
+    assert rank["cpu_pct"] > 50 and rank["gpu"][0]["util_pct"] == 100 and rank["gpu"][0]["power_pct"] == 15
+    assert "GPU 0 100% busy at 15% of its power limit (a kernel spinning while it waits for a peer)" in rank["signs"]
+
+
 # ------------------------------------------------------------------------------- the rig: Slurm and ssh
 
 
