@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ml_debug.cli.app import run
-from ml_debug.remote.options import resolve_targets
 from ml_debug.core.errors import UsageError
+from ml_debug.remote.options import resolve_targets
 from ml_debug.remote.runner import agent_argv, build_script, run_everywhere
 from ml_debug.remote.targets import Target, parse_hostfile
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ml_debug.stacks.model import Frame, ProcessDump, is_library_path
 from ml_debug.core.ranges import compress
+from ml_debug.stacks.model import Frame, ProcessDump, is_library_path
 
 # Calls where a rank waits for its peers. Matched on the function name in torch.distributed
 # (or deepspeed.comm) files; `wait` covers Work.wait() on async handles.
