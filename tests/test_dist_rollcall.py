@@ -87,7 +87,11 @@ def _until(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None
 
 
 def _run_all(job: Job, rolls: list[RollCall], verdict: int = 1) -> dict[int, tuple[Gathered, int]]:
-    futures = {r.rank: job.start(lambda roll: _finish(_arrive(roll), verdict), r) for r in rolls}
+    # Every rank checks in before any gathers, as gpu-test's rendezvous stage guarantees (a rank that
+    # had not checked in yet when the first record is posted would be taken for one that never came).
+    for roll in rolls:
+        _arrive(roll)
+    futures = {r.rank: job.start(lambda roll: _finish(roll, verdict), r) for r in rolls}
     return {rank: f.result(timeout=DEADLINE_S) for rank, f in futures.items()}
 
 
