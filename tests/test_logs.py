@@ -365,3 +365,24 @@ def test_launch_refuses_a_used_log_dir(tmp_path: Path) -> None:
         prepare(plan(_opts(command=["t.py"], log_dir=tmp_path), host="h"))
     with pytest.raises(UsageError):
         plan(_opts(command=[], log_dir=tmp_path), host="h")
+
+
+def test_a_rank_stdout_line_teed_into_its_traceback_is_not_the_exception(tmp_path: Path) -> None:
+    # torchrun --tee 3 writes a rank's stdout and stderr into one console: a stdout line can land
+    # between the frames of the traceback torch prefixes with [rankN]: (seen in a real run).
+    console = tmp_path / "console.log"
+    console.write_text(
+        "[vm:0]:rank 0: step 1 done (sum 4)\n"
+        "[vm:2]:[rank2]: Traceback (most recent call last):\n"
+        '[vm:2]:[rank2]:   File "/w/logs_worker.py", line 47, in <module>\n'
+        "[vm:2]:[rank2]:     main()\n"
+        '[vm:2]:[rank2]:   File "/w/logs_worker.py", line 39, in main\n'
+        "[vm:2]:rank 2: step 1 done (sum 4)\n"
+        '[vm:2]:[rank2]:     raise ValueError(f"bad batch on rank {rank}: shape mismatch")\n'
+        "[vm:2]:[rank2]: ValueError: bad batch on rank 2: shape mismatch\n"
+        "[vm:3]:rank 3: step 1 done (sum 4)\n")
+    from ml_debug.logs.triage import triage
+
+    v = triage([str(console)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 2, v.summary
+    assert v.primary.message.startswith("ValueError: bad batch on rank 2"), v.primary.message

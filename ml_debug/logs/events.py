@@ -267,8 +267,11 @@ class Collector:
         self._note(lab, who)
         block = self._blocks.get(lab.key)
         if block is not None:
-            if block.torch_rank and not lab.torch_rank and block.stage in ("trailing", "chain"):
-                self._close(lab.key)  # the exception torch printed is over: this is the rank's own output
+            if block.torch_rank and not lab.torch_rank:
+                # A line without torch's [rankN]: prefix is the rank's other stream (its stdout, teed
+                # into the same file): it ends a finished exception, and is skipped inside the frames.
+                if block.stage in ("trailing", "chain"):
+                    self._close(lab.key)
             elif self._continue(lab.key, block, lab.rest, who, line):
                 return
         if self._blocks and line % 256 == 0:
