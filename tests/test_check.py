@@ -33,7 +33,11 @@ def test_every_step_is_a_command_of_this_build() -> None:
     assert {step.argv[0] for step in checkup.DEFAULT_STEPS} <= set(COMMANDS)
 
 
-def test_step_timeout_stops_the_step_and_its_ranks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_step_timeout_stops_the_step_and_its_ranks(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # rank 1 stalls at broadcast (its stage watchdog would end it after 30 s): the step is surely
+    # still running at its 4 s limit, however fast this machine starts the ranks
+    for key, value in faults.env("gpu-test.hang:rank=1,stage=broadcast").items():
+        monkeypatch.setenv(key, value)
     token = str(tmp_path / "slow")
     step = Step("slow", ("gpu-test", "--timeout", "30", "--out-dir", token), 4, "too slow on purpose")
     t0 = time.monotonic()
