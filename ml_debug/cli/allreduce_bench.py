@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from ml_debug.bench.config import BenchConfig
 from ml_debug.dist.options import LaunchOptions
+
+if TYPE_CHECKING:
+    from ml_debug.bench.sweep import BenchResult
 
 HELP = """Measure collective bandwidth (algbw, busbw) over a size sweep, with nccl-tests' definitions.
 
@@ -47,12 +52,11 @@ def allreduce_bench(cfg: BenchConfig, launch: LaunchOptions) -> int:
 
 
 def _run_rank(cfg: BenchConfig) -> int:
-    """One rank's part under a launcher; rank 0 reports. Returns this rank's exit code."""
-    import sys
-    from pathlib import Path
+    """One rank's part under a launcher; rank 0 reports. Returns this rank's exit code (the verdict).
 
-    from ml_debug.bench.sweep import SCHEMA, SCHEMA_VERSION
-    from ml_debug.core import output
+    Rank 0 reports before the group's closing barrier: torchrun stops every rank as soon as one exits
+    non-zero, so no rank may leave with the verdict before the verdict is printed.
+    """
     from ml_debug.core.errors import UsageError
     from ml_debug.dist.device import choose_device
     from ml_debug.dist.group import distributed
@@ -71,10 +75,18 @@ def _run_rank(cfg: BenchConfig) -> int:
             from ml_debug.bench.sweep import run_sweep
 
             result = run_sweep(cfg, world, choice.device, choice.backend)
-    if world.rank != 0:
-        return 0 if result.ok else 1
+        if world.rank == 0:
+            _report(cfg, result)
+    return 0 if result.ok else 1
+
+
+def _report(cfg: BenchConfig, result: BenchResult) -> None:
+    import sys
+    from pathlib import Path
 
     from ml_debug.bench.report import render, to_csv
+    from ml_debug.bench.sweep import SCHEMA, SCHEMA_VERSION
+    from ml_debug.core import output
     from ml_debug.core.environment import summary
 
     env = summary()
@@ -93,4 +105,3 @@ def _run_rank(cfg: BenchConfig) -> int:
             result.notes.append(f"CSV written to {cfg.csv}")
     if cfg.csv != "-":
         output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: render(result, env, console), environment=env)
-    return 0 if result.ok else 1

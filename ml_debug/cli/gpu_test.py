@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from ml_debug.dist.options import LaunchOptions
 from ml_debug.gputest.options import GpuTestConfig
+
+if TYPE_CHECKING:
+    from ml_debug.gputest.report import GpuTestResult
 
 SCHEMA = "mldebug.gpu-test"
 
@@ -62,9 +67,7 @@ def _run_as_rank(cfg: GpuTestConfig) -> int:
     from ml_debug.gputest.stages import run_rank
     from ml_debug.gputest.view import render
 
-    outcome = run_rank(cfg, detect_world())
-    result = outcome.result
-    if result is not None:
+    def deliver(result: GpuTestResult) -> None:
         doc = output.dumps(output.document(SCHEMA, 1, result)) + "\n"
         if cfg.report_to is not None:
             cfg.report_to.write_text(doc)
@@ -72,6 +75,8 @@ def _run_as_rank(cfg: GpuTestConfig) -> int:
             safefs.write_out(cfg.out_dir, "gpu-test.json", doc)
         if cfg.report_to is None:
             output.emit(SCHEMA, 1, result, lambda console: render(result, console))
+
+    outcome = run_rank(cfg, detect_world(), deliver)
     return outcome.exit_code
 
 

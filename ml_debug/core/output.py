@@ -105,6 +105,7 @@ def emit(
         sys.stdout.flush()
     elif human is not None:
         human(stdout_console())
+        sys.stdout.flush()  # out before any launcher can stop this process (torchrun's SIGTERM)
 
 
 _consoles: dict[str, Console] = {}

@@ -177,9 +177,13 @@ def _interfaces() -> list[str]:
         return []
 
 
+Deliver = Callable[[GpuTestResult], None]
+"""What the reporting rank does with the verdict (print it, save it) before any rank may exit with it."""
+
+
 class _Rank:
-    def __init__(self, cfg: GpuTestConfig, world: World) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, cfg: GpuTestConfig, world: World, deliver: Deliver | None = None) -> None:
+        self.cfg, self.world, self.deliver = cfg, world, deliver
         self.ident = Identity(world.rank, world.world_size, world.local_rank, world.local_world_size,
                               world.node_rank, world.host, os.getpid(), world.launcher)
         self.rep = RankReport(self.ident)
@@ -426,7 +430,11 @@ class _Rank:
             hooked = testhooks.note("gpu-test")
             if hooked:
                 result.warnings.append(hooked)
-            self.roll.publish(result.exit_code)
+            try:
+                if self.deliver is not None:
+                    self.deliver(result)  # torchrun stops every rank once one exits non-zero: print first
+            finally:
+                self.roll.publish(result.exit_code)
             return RankOutcome(self.rep, result.exit_code, result)
         except StoreUnavailable:
             return self._solo(t_start)
@@ -455,10 +463,10 @@ def cfg_wait(cfg: GpuTestConfig) -> float:
     return cfg.timeout_s + cfg.grace_s
 
 
-def run_rank(cfg: GpuTestConfig, world: World | None = None) -> RankOutcome:
-    """Run every stage on this rank and, on the reporting rank, build the verdict."""
+def run_rank(cfg: GpuTestConfig, world: World | None = None, deliver: Deliver | None = None) -> RankOutcome:
+    """Run every stage on this rank and, on the reporting rank, build the verdict and ``deliver`` it."""
     world = world or detect_world()
-    outcome = _Rank(cfg, world).run()
+    outcome = _Rank(cfg, world, deliver).run()
     if not outcome.own.ok:
         bad = outcome.own.first_problem()
         if bad is not None:
