@@ -145,14 +145,18 @@ def test_torchrun_four_ranks_every_collective_after_double_dash() -> None:
     _check_definitions(result, 4, elem=2)
 
 
-def test_faults_corrupt_and_straggler_are_named_in_every_collective() -> None:
+def test_faults_corrupt_and_straggler_are_named_in_every_collective(tmp_path: Path) -> None:
     # Root 1 so that reduce (checked on its root only) sees the corrupted rank too.
     # A 10x straggler: far above what a descheduled rank on a loaded 2-core machine looks like.
+    # --plot keeps rank 0 busy after rank 1 has its (failing) verdict: torchrun stops every rank as
+    # soon as one exits non-zero, so rank 1 must not leave before rank 0 printed the verdict.
     spec = "allreduce-bench.corrupt:rank=1,count=4;allreduce-bench.slow:rank=1,factor=10"
     env = faults.env(spec)
-    proc = _run_torchrun(2, ["allreduce-bench", "-C", "all", "-r", "1", *SMALL, "--expect-busbw", "1e6", "--json"],
-                         env=env)
+    png = tmp_path / "busbw.png"
+    proc = _run_torchrun(2, ["allreduce-bench", "-C", "all", "-r", "1", *SMALL, "--expect-busbw", "1e6", "--json",
+                             "--plot", str(png)], env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]
+    assert png.stat().st_size > 0
     result = _json(proc)["result"]
     assert not result["ok"] and result["test_faults"] == spec
     assert f"TEST-ONLY hooks active (MLDEBUG_TEST_HOOKS=tests.fakes.faults): {spec}" in result["notes"]
