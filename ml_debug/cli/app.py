@@ -32,6 +32,7 @@ COMMANDS = {
     "launch": "launch",
     "top": "top",
     "watch": "watch",
+    "drill": "drill",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
@@ -44,7 +45,8 @@ HELP = """mldebug: find what is wrong with a distributed PyTorch job.
 Start with `mldebug check` (this node), `mldebug env` (what is installed and set),
 then the command for the symptom: gpu-test / allreduce-bench (ranks cannot talk or are slow),
 health (hardware), dump-stacks / core-bt (hung or crashed job), trace (a process went silent),
-logs (which rank failed first), top / watch (a running job: what each rank does; notice a stall).
+logs (which rank failed first), top / watch (a running job: what each rank does; notice a stall),
+drill (rehearse: inject each failure and check that the diagnosis names the rank).
 
 Exit codes: 0 all good; 1 a problem was found; 2 bad usage or input; 3 the environment
 lacks something (GPU, py-spy, ptrace permission); 4 partial result (some ranks/nodes never

@@ -176,6 +176,24 @@ def _earliest(cands: list[Event]) -> tuple[Event, str]:
     return ev, "file order (no time stamps)"
 
 
+_ABOUT_RANK = re.compile(r"\bon rank (\d+)\b")
+
+
+def _shared_subject(cands: list[Event]) -> tuple[Event, str] | None:
+    """When every rank failed with one message that says which rank it is about ("non-finite loss on rank 1
+    at step 3": a check all ranks run together), that rank's own failure, and why it was chosen."""
+    if len(cands) < 2 or len({c.message for c in cands}) != 1:
+        return None
+    m = _ABOUT_RANK.search(cands[0].message)
+    if m is None:
+        return None
+    subject = int(m.group(1))
+    own = [c for c in cands if c.who.rank == subject]
+    if not own:
+        return None
+    return own[0], f"every rank reported the same failure, about rank {subject}"
+
+
 def _quoted(label: str) -> str:
     return f'"{label}"'
 
@@ -217,7 +235,12 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
                        secondary=_secondary_rows(causes.values(), None), silent_ranks=silent,
                        blamed_ranks=blamed_text, hint=hint)
     first, basis = _earliest(strong or weak)
-    others = [c for c in causes.values() if c is not first]
+    about = _shared_subject(strong)
+    if about is not None:
+        first, basis = about
+    # every rank raising the same finding about one rank (a check all ranks agree on) is one failure
+    same = [c for c in causes.values() if c is not first and about is not None and c.message == first.message]
+    others = [c for c in causes.values() if c is not first and c not in same]
     independent = sorted((c for c in others if c.cls == PRIMARY and c.strong), key=lambda e: e.order_key())
     after = [c for c in others if c not in independent]
     when = f" at {clock(first.time)}" if first.time is not None else ""
@@ -235,6 +258,9 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
         tail.append(f"{len(independent)} other rank(s) failed on their own: "
                     + "; ".join(f"{e.who.label()}: {e.message}" for e in independent[:3])
                     + (" ..." if len(independent) > 3 else ""))
+    if same:
+        tail.insert(0, f"rank{'s' if len(same) > 1 else ''} {compress({c.who.rank for c in same if c.who.rank is not None})}"
+                       " reported the same")
     if tail:
         summary += " (" + "; ".join(tail) + ")"
     return Verdict(status="failure", summary=summary, primary=first, basis=basis,

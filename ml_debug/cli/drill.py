@@ -1,0 +1,44 @@
+"""`mldebug drill`: rehearse on-call: inject each classic failure and score mldebug's diagnosis."""
+
+from __future__ import annotations
+
+import typer
+
+from ml_debug.drill.options import DrillOptions
+
+HELP = """Fire drills: inject each classic failure into a real job on this node, run the diagnosis a user
+would run, and score whether it named the injected rank (node, function), and how fast.
+
+hang -> dump-stacks; straggler -> watch; crash, segfault, nan, exit -> logs of `mldebug launch`;
+desync -> dump-stacks with the Flight Recorder; missing-rank -> gpu-test; slow-link ->
+allreduce-bench --pairwise. The rank (and step) of each fault is drawn at random (--seed repeats a run).
+Every process a drill starts is stopped when it ends, whatever happened.
+
+Exit codes: 0 every drill named the injected rank; 1 a drill was missed (the score table says what was
+named instead); 2 bad options; 4 a drill could not run to a verdict."""
+
+EXAMPLES = (
+    "mldebug drill                                   # every drill, 2 ranks each",
+    "mldebug drill --only hang,crash --seed 7",
+    "mldebug drill --nproc-per-node 4 --out-dir drills/ --json",
+)
+
+
+def register(app: typer.Typer) -> None:
+    from ml_debug.cli.params import command
+
+    command(app, "drill", drill, help=HELP, examples=EXAMPLES, opts=DrillOptions)
+
+
+def drill(opts: DrillOptions) -> int:
+    from ml_debug.core import output
+    from ml_debug.core.errors import ExitCode
+    from ml_debug.drill.model import SCHEMA, SCHEMA_VERSION
+    from ml_debug.drill.render import outcome_line, render
+    from ml_debug.drill.run import run_drills
+
+    result = run_drills(opts, on_outcome=lambda o: output.log(outcome_line(o)))
+    output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: render(result, console))
+    if result.missed:
+        return ExitCode.PROBLEM
+    return ExitCode.PARTIAL if result.errors else ExitCode.OK

@@ -1,0 +1,42 @@
+"""The options of `mldebug drill` (cheap to import: the CLI builds its options from them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ml_debug.core.errors import UsageError
+from ml_debug.core.options import option
+
+DRILLS = ("hang", "straggler", "crash", "segfault", "nan", "desync", "exit", "missing-rank", "slow-link")
+"""Every drill, in the order they run."""
+
+
+def parse_only(text: str) -> tuple[str, ...]:
+    """``hang,crash`` -> ("hang", "crash"), in the catalogue's order; an unknown name is a usage error."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in DRILLS]
+    if unknown or not names:
+        raise UsageError(f"--only {text!r}: unknown drill {', '.join(unknown) or '(none given)'}",
+                         f"drills: {','.join(DRILLS)}")
+    return tuple(d for d in DRILLS if d in names)
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    """Which drills run, on how many ranks, with which randomness, and where the evidence goes."""
+
+    only: tuple[str, ...] = option(DRILLS, metavar="DRILL,...", parse=parse_only, format=",".join,
+                                   help="Run only these drills (comma-separated).")
+    nproc_per_node: int = option(2, min=2, max=64, metavar="N",
+                                 help="Ranks of each drill's job (slow-link uses at least 4: a slow pair needs peers "
+                                      "to compare with).")
+    seed: int | None = option(None, metavar="S",
+                              help="Seed for the injected rank and step of each drill (default: a random seed, "
+                                   "printed so that a run can be repeated).")
+    out_dir: Path | None = option(None, file_okay=False, metavar="DIR",
+                                  help="Where each drill keeps its evidence (job logs, the diagnosis' JSON) "
+                                       "(default: ./mldebug-drill-<time>/).")
+    timeout: float = option(240.0, min=30.0, max=3600.0, metavar="S",
+                            help="Seconds one drill may take, job and diagnosis together; then it is stopped and "
+                                 "reported as an error.")

@@ -1,0 +1,148 @@
+"""`mldebug drill` on real jobs: every drill names the injected rank, nothing is left behind, and a
+diagnosis broken on purpose is scored as missed (exit 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from ml_debug.core.errors import UsageError
+from ml_debug.drill.catalog import judge
+from ml_debug.drill.model import Injected, Named
+from ml_debug.drill.options import DRILLS, parse_only
+from ml_debug.drill.run import plan_for
+from ml_debug.drill.workspace import TOKEN_VAR
+from tests.conftest import REPO, require
+from tests.fakes import hooks_env
+
+SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "drill.json").read_text())
+
+
+def _drill(*args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ml_debug", "drill", *args, "--json"], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    return doc["result"]  # type: ignore[no-any-return]
+
+
+def _tokened() -> list[str]:
+    """Processes still carrying a drill token: a drill that left something behind."""
+    left = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                env = Path(f"/proc/{entry}/environ").read_bytes()
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if f"{TOKEN_VAR}=".encode() in env and state not in ("Z", "X"):
+                left.append(entry)
+    return left
+
+
+def test_every_drill_names_the_injected_rank_and_leaves_nothing(tmp_path: Path) -> None:
+    require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
+    proc = _drill("--seed", "11", "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    result = _result(proc)
+    assert result["ok"] and result["seed"] == 11 and result["missed"] == 0 and result["errors"] == 0
+    assert [d["drill"] for d in result["drills"]] == list(DRILLS)
+    rng = random.Random(11)
+    for d in result["drills"]:
+        plan = plan_for(d["drill"], rng, 2, result["host"])  # the seed says which rank was hit
+        assert d["status"] == "correct", d
+        assert d["injected"]["rank"] == plan.rank and d["injected"]["peer"] == plan.peer, d
+        expected = sorted({plan.rank, plan.peer} - {None})  # type: ignore[type-var]
+        assert d["named"]["ranks"] == expected and d["named"]["verdict"], d
+        assert d["time_to_verdict_s"] is not None and Path(d["evidence"]).is_dir()
+    by = {d["drill"]: d for d in result["drills"]}
+    assert "injected_hang" in by["hang"]["named"]["where"]
+    assert by["straggler"]["diagnosis"].startswith("mldebug watch --pid ")
+    assert "Segmentation fault" in by["segfault"]["named"]["where"]
+    assert by["nan"]["named"]["verdict"].startswith(f"first failure: rank {by['nan']['injected']['rank']} ")
+    assert "all_reduce" in by["desync"]["named"]["where"]
+    assert by["slow-link"]["injected"]["peer"] is not None
+    assert (Path(by["hang"]["evidence"]) / "dump-stacks.json").stat().st_size > 0
+    assert (Path(by["crash"]["evidence"]) / "logs").is_dir()
+    assert "repeat with: mldebug drill --seed 11" in result["notes"]
+    assert "drill hang: correct in " in proc.stderr  # one line per drill as it finishes
+    assert not _tokened(), "a drill left processes behind"
+
+
+def test_a_diagnosis_broken_on_purpose_is_missed_with_exit_1(tmp_path: Path) -> None:
+    require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
+    proc = _drill("--only", "hang", "--seed", "3", "--out-dir", str(tmp_path),
+                  env=hooks_env("tests.fakes.broken_rules", {}))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = _result(proc)
+    (hang,) = result["drills"]
+    assert hang["status"] == "missed" and hang["why"] == "named no rank", hang
+    assert not result["ok"] and result["summary"] == "0/1 drills named the injected rank; missed: hang"
+    assert not _tokened()
+
+
+def test_the_human_table_names_each_column(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--only", "crash", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header = next(line for line in proc.stdout.splitlines() if "diagnosis" in line)
+    for column in ("drill", "injected", "diagnosis", "named", "result", "verdict in", "evidence"):
+        assert column in header
+    assert "mldebug logs logs" in proc.stdout and "correct" in proc.stdout
+
+
+@pytest.mark.parametrize("text", ["hang,nope", "", ","])
+def test_only_rejects_an_unknown_drill_with_the_list(text: str) -> None:
+    with pytest.raises(UsageError) as e:
+        parse_only(text)
+    assert "drills: hang,straggler" in (e.value.hint or "")
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--only", text or ","], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown drill" in proc.stderr
+
+
+def test_only_keeps_the_catalogue_order() -> None:
+    assert parse_only("crash,hang") == ("hang", "crash")
+
+
+def test_plans_never_miss_rank_zero_and_a_slow_link_has_peers() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        assert plan_for("missing-rank", rng, 3, "h").rank in (1, 2)  # rank 0 hosts the rendezvous
+        link = plan_for("slow-link", rng, 2, "h")
+        assert link.nproc == 4 and link.peer is not None and 0 <= link.rank < link.peer < 4
+        hang = plan_for("hang", rng, 3, "h")
+        assert 0 <= hang.rank < 3 and 2 <= hang.step <= 4
+
+
+@pytest.mark.parametrize(("named", "why"), [
+    (Named(ranks=[1], node="h", where="injected_hang (faults.py:45)"), ""),
+    (Named(), "named no rank"),
+    (Named(ranks=[0], node="h", where="injected_hang (faults.py:45)"), "named rank(s) 0, not 1"),
+    (Named(ranks=[0, 1], node="h", where="injected_hang"), "named rank(s) 0,1, not 1"),
+    (Named(ranks=[1], node="other", where="injected_hang"), "named node other, not h"),
+    (Named(ranks=[1], node="h", where="all_gather_single"), "named all_gather_single, not injected_hang"),
+    (Named(ranks=[1], node=None, where="injected_hang"), ""),  # a diagnosis that names no node is judged on the rest
+])
+def test_judge(named: Named, why: str) -> None:
+    assert judge(Injected("hang", 1, "h", 3, "injected_hang"), named) == why
+
+
+def test_judge_a_slow_link_needs_both_ends() -> None:
+    link = Injected("slow-link", 1, "h", None, "1<->3", peer=3)
+    assert judge(link, Named(ranks=[1, 3], where="1<->3")) == ""
+    assert judge(link, Named(ranks=[1, 2], where="1<->2")) == "named rank(s) 1,2, not 1,3"

@@ -1,0 +1,26 @@
+"""`mldebug logs` when every rank raises the same error about one rank (a check all ranks agree on,
+such as `mldebug train`'s non-finite loss): the rank the error is about is the first failure."""
+
+from __future__ import annotations
+
+from ml_debug.logs.triage import triage
+from tests.conftest import REPO
+
+LOG = REPO / "tests" / "data" / "logs" / "nan_every_rank_names_rank1.log"
+
+
+def test_the_rank_named_by_every_rank_is_the_first_failure() -> None:
+    report = triage([str(LOG)])
+    v = report.verdict
+    assert v.primary is not None and v.primary.who.rank == 1, v.summary
+    assert v.summary.startswith("first failure: rank 1 (") and v.summary.endswith("(rank 0 reported the same)")
+    assert v.basis == "every rank reported the same failure, about rank 1"
+    assert v.independent == []  # rank 0 did not fail "on its own"
+
+
+def test_a_message_about_a_rank_that_did_not_fail_keeps_the_earliest(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "about-7.log"
+    log.write_text(LOG.read_text().replace("non-finite loss on rank 1", "non-finite loss on rank 7"))
+    v = triage([str(log)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 0, v.summary  # rank 7 is not in the job
+    assert "reported the same" not in v.summary
