@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +21,20 @@ from ml_debug.drill.model import Injected, Named
 from ml_debug.drill.options import DRILLS, parse_only
 from ml_debug.drill.run import plan_for
 from ml_debug.drill.workspace import TOKEN_VAR
-from tests.conftest import REPO, require
+from tests.conftest import REPO, pids_with_env, require
 from tests.fakes import hooks_env
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "drill.json").read_text())
+MARK = "MLDEBUG_DRILL_TEST_MARK"
 
 
-def _drill(*args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ml_debug", "drill", *args, "--json"], capture_output=True,
+def _drill(*args: str, env: dict[str, str] | None = None, timeout: float = 900) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run `mldebug drill ... --json`; also the marker every process it started inherits."""
+    mark = uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", *args, "--json"], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", MARK: mark, **(env or {})})
+    return proc, mark
 
 
 def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -38,32 +43,31 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return doc["result"]  # type: ignore[no-any-return]
 
 
-def _tokened() -> list[str]:
-    """Processes still carrying a drill token: a drill that left something behind."""
+def _left_behind(mark: str) -> list[int]:
+    """Processes a drill started (they carry its token) that are still alive after it ended."""
     left = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                env = Path(f"/proc/{entry}/environ").read_bytes()
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if f"{TOKEN_VAR}=".encode() in env and state not in ("Z", "X"):
-                left.append(entry)
+    for pid in pids_with_env(MARK, mark):
+        try:
+            if TOKEN_VAR.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                left.append(pid)
+        except OSError:
+            continue  # it ended meanwhile
     return left
 
 
 def test_every_drill_names_the_injected_rank_and_leaves_nothing(tmp_path: Path) -> None:
     require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
-    proc = _drill("--seed", "11", "--out-dir", str(tmp_path))
+    proc, mark = _drill("--seed", "11", "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     result = _result(proc)
     assert result["ok"] and result["seed"] == 11 and result["missed"] == 0 and result["errors"] == 0
+    assert (result["site"], result["nodes"]) == ("this node", 1)
     assert [d["drill"] for d in result["drills"]] == list(DRILLS)
     rng = random.Random(11)
     for d in result["drills"]:
-        plan = plan_for(d["drill"], rng, 2, result["host"])  # the seed says which rank was hit
+        plan = plan_for(d["drill"], rng, 2)  # the seed says which rank was hit
         assert d["status"] == "correct", d
+        assert d["injected"]["node"] == result["host"], d
         assert d["injected"]["rank"] == plan.rank and d["injected"]["peer"] == plan.peer, d
         expected = sorted({plan.rank, plan.peer} - {None})  # type: ignore[type-var]
         assert d["named"]["ranks"] == expected and d["named"]["verdict"], d
@@ -77,21 +81,21 @@ def test_every_drill_names_the_injected_rank_and_leaves_nothing(tmp_path: Path) 
     assert by["slow-link"]["injected"]["peer"] is not None
     assert (Path(by["hang"]["evidence"]) / "dump-stacks.json").stat().st_size > 0
     assert (Path(by["crash"]["evidence"]) / "logs").is_dir()
-    assert "repeat with: mldebug drill --seed 11" in result["notes"]
+    assert result["notes"] == ["repeat with: mldebug drill --seed 11"]
     assert "drill hang: correct in " in proc.stderr  # one line per drill as it finishes
-    assert not _tokened(), "a drill left processes behind"
+    assert not _left_behind(mark), "a drill left processes behind"
 
 
 def test_a_diagnosis_broken_on_purpose_is_missed_with_exit_1(tmp_path: Path) -> None:
     require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
-    proc = _drill("--only", "hang", "--seed", "3", "--out-dir", str(tmp_path),
-                  env=hooks_env("tests.fakes.broken_rules", {}))
+    proc, mark = _drill("--only", "hang", "--seed", "3", "--out-dir", str(tmp_path),
+                        env=hooks_env("tests.fakes.broken_rules", {}))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = _result(proc)
     (hang,) = result["drills"]
     assert hang["status"] == "missed" and hang["why"] == "named no rank", hang
     assert not result["ok"] and result["summary"] == "0/1 drills named the injected rank; missed: hang"
-    assert not _tokened()
+    assert not _left_behind(mark)
 
 
 def test_the_human_table_names_each_column(tmp_path: Path) -> None:
@@ -122,11 +126,15 @@ def test_only_keeps_the_catalogue_order() -> None:
 def test_plans_never_miss_rank_zero_and_a_slow_link_has_peers() -> None:
     rng = random.Random(0)
     for _ in range(200):
-        assert plan_for("missing-rank", rng, 3, "h").rank in (1, 2)  # rank 0 hosts the rendezvous
-        link = plan_for("slow-link", rng, 2, "h")
+        assert plan_for("missing-rank", rng, 3).rank in (1, 2)  # rank 0 hosts the rendezvous
+        link = plan_for("slow-link", rng, 2)
         assert link.nproc == 4 and link.peer is not None and 0 <= link.rank < link.peer < 4
-        hang = plan_for("hang", rng, 3, "h")
+        hang = plan_for("hang", rng, 3)
         assert 0 <= hang.rank < 3 and 2 <= hang.step <= 4
+        # on Slurm: any rank of the whole job; a slow link between two of at least 3 nodes
+        assert 0 <= plan_for("crash", rng, 2, nodes=2).rank < 4
+        nodes = plan_for("slow-link", rng, 2, nodes=2)
+        assert nodes.nproc == 1 and nodes.peer is not None and 0 <= nodes.rank < nodes.peer < 3
 
 
 @pytest.mark.parametrize(("named", "why"), [
@@ -146,3 +154,34 @@ def test_judge_a_slow_link_needs_both_ends() -> None:
     link = Injected("slow-link", 1, "h", None, "1<->3", peer=3)
     assert judge(link, Named(ranks=[1, 3], where="1<->3")) == ""
     assert judge(link, Named(ranks=[1, 2], where="1<->2")) == "named rank(s) 1,2, not 1,3"
+
+
+@pytest.mark.rig
+def test_drills_as_slurm_jobs_over_two_rig_nodes(rig_slurm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """One drill per way a Slurm drill starts its job: a long training job diagnosed with --slurm-job (hang),
+    a job that ends by itself read by `mldebug logs` (exit: the last rank leaves without a word), gpu-test
+    with a task that never starts (srun --multi-prog) and the pairwise bench over 3 nodes (slow-link)."""
+    proc, mark = _drill("--slurm-partition", "debug", "--only", "hang,exit,missing-rank,slow-link", "--seed", "5",
+                        "--out-dir", str(tmp_path),
+                        env={**rig_slurm.env, "GLOO_SOCKET_IFNAME": "eth0",
+                             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    result = _result(proc)
+    assert (result["site"], result["nodes"]) == ("Slurm partition debug, 2 nodes per job", 2)
+    by = {d["drill"]: d for d in result["drills"]}
+    assert all(d["status"] == "correct" for d in by.values()), [(d["drill"], d["why"]) for d in by.values()]
+    rng = random.Random(5)
+    for drill in by:  # the seed draws for the chosen drills only, in the catalogue's order
+        assert by[drill]["injected"]["rank"] == plan_for(drill, rng, 2, nodes=2).rank, drill
+    hang = by["hang"]
+    assert hang["diagnosis"].startswith("mldebug dump-stacks --slurm-job ")
+    # rank r of a 2-node x 2-rank job runs on the (r // 2)-th node, and dump-stacks names that node
+    assert hang["injected"]["node"] in rig_slurm.nodes and hang["named"]["node"] == hang["injected"]["node"]
+    assert by["exit"]["named"]["ranks"] == [by["exit"]["injected"]["rank"]]
+    assert "never started" in by["missing-rank"]["diagnosis"] and "--multi-prog" in \
+        (Path(by["missing-rank"]["evidence"]) / "job.sbatch").read_text()
+    assert by["slow-link"]["diagnosis"].startswith("srun mldebug allreduce-bench --pairwise")
+    assert "slow link" in by["slow-link"]["named"]["verdict"]
+    assert not _left_behind(mark)
+    # every job of the drills left the queue
+    assert not rig_slurm.run(["squeue", "-h", "-n", "mldebug-drill-hang", "-o", "%i"]).stdout.strip()

@@ -53,7 +53,9 @@ class DrillResult:
     summary: str
     seed: int
     nproc_per_node: int
-    host: str
+    host: str  # where `mldebug drill` ran
+    site: str  # where the drills' jobs ran: this node, or a Slurm partition
+    nodes: int
     drills: list[DrillOutcome]
     correct: int
     missed: int

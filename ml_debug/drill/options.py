@@ -8,6 +8,8 @@ from pathlib import Path
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
 
+SLURM = "Slurm"
+
 DRILLS = ("hang", "straggler", "crash", "segfault", "nan", "desync", "exit", "missing-rank", "slow-link")
 """Every drill, in the order they run."""
 
@@ -37,6 +39,15 @@ class DrillOptions:
     out_dir: Path | None = option(None, file_okay=False, metavar="DIR",
                                   help="Where each drill keeps its evidence (job logs, the diagnosis' JSON) "
                                        "(default: ./mldebug-drill-<time>/).")
+    slurm_partition: str | None = option(None, metavar="P", panel=SLURM,
+                                         help="Run each drill as a Slurm batch job in partition P (over --slurm-nodes "
+                                              "nodes) instead of on this node; --out-dir must be on a file system "
+                                              "every node shares.")
+    slurm_nodes: int = option(2, min=2, max=1024, metavar="N", panel=SLURM,
+                              help="Nodes of each drill's Slurm job (slow-link uses at least 3: its units are nodes).")
+    sbatch_arg: list[str] = option(default_factory=list, metavar="ARG", panel=SLURM,
+                                   help="Another sbatch option for every drill's job, as one word (repeatable), "
+                                        "e.g. --sbatch-arg=--account=ops --sbatch-arg=--gres=gpu:8.")
     timeout: float = option(240.0, min=30.0, max=3600.0, metavar="S",
                             help="Seconds one drill may take, job and diagnosis together; then it is stopped and "
                                  "reported as an error.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shlex
 import socket
 import time
 from collections.abc import Callable
@@ -11,36 +12,47 @@ from pathlib import Path
 from ml_debug.core import output
 from ml_debug.drill.catalog import CATALOG, Plan, judge
 from ml_debug.drill.model import CORRECT, ERROR, MISSED, DrillOutcome, DrillResult, Injected, Named
-from ml_debug.drill.options import DrillOptions
+from ml_debug.drill.options import DRILLS, DrillOptions
+from ml_debug.drill.sites import LocalSite, Site, SlurmSite
 from ml_debug.drill.workspace import DrillError, Workspace
 
-SLOW_LINK_RANKS = 4
+SLOW_LINK_RANKS = 4  # on one node: a slow pair of ranks needs other pairs to compare with
+SLOW_LINK_NODES = 3  # on several nodes the units are nodes: 3 give 3 pairs
 
 
-def plan_for(drill: str, rng: random.Random, nproc: int, host: str) -> Plan:
-    """The rank (any; missing-rank: not 0, which hosts the rendezvous) and step (2-4) to inject at."""
+def plan_for(drill: str, rng: random.Random, nproc: int, nodes: int = 1) -> Plan:
+    """The rank (any of the job; missing-rank: not 0, which hosts the rendezvous) and step (2-4) to inject at;
+    for slow-link, the two units (ranks on one node, nodes on several) of the slow pair."""
     if drill == "slow-link":
-        n = max(SLOW_LINK_RANKS, nproc)
+        n = max(SLOW_LINK_RANKS, nproc) if nodes == 1 else max(SLOW_LINK_NODES, nodes)
         a, b = rng.sample(range(n), 2)
-        return Plan(rank=min(a, b), step=0, nproc=n, host=host, peer=max(a, b))
-    rank = rng.randrange(1, nproc) if drill == "missing-rank" else rng.randrange(nproc)
-    return Plan(rank=rank, step=rng.randint(2, 4), nproc=nproc, host=host)
+        return Plan(rank=min(a, b), step=0, nproc=n if nodes == 1 else 1, peer=max(a, b))
+    world = nproc * nodes
+    rank = rng.randrange(1, world) if drill == "missing-rank" else rng.randrange(world)
+    return Plan(rank=rank, step=rng.randint(2, 4), nproc=nproc)
 
 
-def run_one(drill: str, plan: Plan, folder: Path, timeout_s: float) -> DrillOutcome:
+def run_one(drill: str, plan: Plan, site: Site, folder: Path, timeout_s: float) -> DrillOutcome:
     """One drill, start to teardown; never raises for what the drill itself ran into."""
     fn, diagnosis = CATALOG[drill]
     ws = Workspace(folder, time.monotonic() + timeout_s)
-    injected = Injected(drill, plan.rank, plan.host, plan.step or None, None, plan.peer)
+    injected = Injected(drill, plan.rank, "", plan.step or None, None, plan.peer)
     try:
-        injected, verdict = fn(ws, plan)
+        injected, verdict = fn(ws, site, plan)
     except DrillError as e:
-        return DrillOutcome(drill, ERROR, injected, diagnosis, Named(), None, None, str(folder), why=str(e))
+        return DrillOutcome(drill, ERROR, injected, diagnosis, Named(), None, None, str(ws.dir), why=str(e))
     finally:
+        site.teardown(ws)
         ws.teardown()
     why = judge(injected, verdict.named)
     return DrillOutcome(drill, MISSED if why else CORRECT, injected, verdict.ran.shown, verdict.named,
-                        round(verdict.seconds, 2), round(verdict.job_s, 2), str(folder), why=why)
+                        round(verdict.seconds, 2), round(verdict.job_s, 2), str(ws.dir), why=why)
+
+
+def site_for(opts: DrillOptions) -> Site:
+    if opts.slurm_partition:
+        return SlurmSite(opts.slurm_partition, opts.slurm_nodes, list(opts.sbatch_arg))
+    return LocalSite()
 
 
 def run_drills(opts: DrillOptions, on_outcome: Callable[[DrillOutcome], None] | None = None) -> DrillResult:
@@ -48,14 +60,15 @@ def run_drills(opts: DrillOptions, on_outcome: Callable[[DrillOutcome], None] | 
     seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
     host = socket.gethostname()
+    site = site_for(opts)
     root = opts.out_dir or Path(f"mldebug-drill-{time.strftime('%Y%m%d-%H%M%S')}")
     root.mkdir(parents=True, exist_ok=True)
     outcomes: list[DrillOutcome] = []
     with output.progress(len(opts.only), "drills") as bar:
         for i, drill in enumerate(opts.only):
             bar.advance(0, f"drill {i + 1}/{len(opts.only)}: {drill}")
-            plan = plan_for(drill, rng, opts.nproc_per_node, host)
-            outcome = run_one(drill, plan, root / drill, opts.timeout)
+            plan = plan_for(drill, rng, opts.nproc_per_node, site.nodes)
+            outcome = run_one(drill, plan, site, root / drill, opts.timeout)
             outcomes.append(outcome)
             if on_outcome is not None:
                 on_outcome(outcome)
@@ -68,8 +81,23 @@ def run_drills(opts: DrillOptions, on_outcome: Callable[[DrillOutcome], None] | 
         summary += f"; missed: {', '.join(missed)}"
     if errors:
         summary += f"; could not run: {', '.join(errors)}"
+    where = "this node" if site.nodes == 1 else f"Slurm partition {opts.slurm_partition}, {site.nodes} nodes per job"
     return DrillResult(ok=not missed and not errors, summary=summary, seed=seed, nproc_per_node=opts.nproc_per_node,
-                       host=host, drills=outcomes, correct=correct, missed=len(missed), errors=len(errors),
+                       host=host, site=where, nodes=site.nodes, drills=outcomes, correct=correct, missed=len(missed), errors=len(errors),
                        out_dir=str(root), wall_s=round(time.monotonic() - started, 2),
-                       notes=[f"repeat with: mldebug drill --seed {seed}"
-                              + (f" --only {','.join(opts.only)}" if len(opts.only) < len(CATALOG) else "")])
+                       notes=[f"repeat with: mldebug drill {shlex.join(_repeat(opts, seed))}"])
+
+
+def _repeat(opts: DrillOptions, seed: int) -> list[str]:
+    """The options that run the same drills, on the same ranks and steps, again."""
+    words = ["--seed", str(seed)]
+    if opts.only != DRILLS:
+        words += ["--only", ",".join(opts.only)]
+    if opts.nproc_per_node != 2:
+        words += ["--nproc-per-node", str(opts.nproc_per_node)]
+    if opts.slurm_partition:
+        words += ["--slurm-partition", opts.slurm_partition]
+        if opts.slurm_nodes != 2:
+            words += ["--slurm-nodes", str(opts.slurm_nodes)]
+        words += [f"--sbatch-arg={a}" for a in opts.sbatch_arg]
+    return words

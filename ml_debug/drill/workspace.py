@@ -41,11 +41,12 @@ class Ran:
     result: dict[str, Any] | None
     stderr: str
     seconds: float
+    command: str | None = None  # how it was started, when not as `mldebug <argv>` (srun, ranks by hand)
 
     @property
     def shown(self) -> str:
         """The command line as a user would type it."""
-        return " ".join(["mldebug", *self.argv])
+        return self.command or " ".join(["mldebug", *self.argv])
 
 
 class Workspace:
