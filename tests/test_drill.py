@@ -43,6 +43,21 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return doc["result"]  # type: ignore[no-any-return]
 
 
+def _tokened() -> list[int]:
+    """Live processes that carry any drill's token."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if f"{TOKEN_VAR}=".encode() in Path(f"/proc/{entry}/environ").read_bytes():
+                    state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state not in ("Z", "X"):
+                        found.append(int(entry))
+            except (OSError, IndexError):
+                continue
+    return found
+
+
 def _left_behind(mark: str) -> list[int]:
     """Processes a drill started (they carry its token) that are still alive after it ended."""
     left = []
@@ -185,3 +200,34 @@ def test_drills_as_slurm_jobs_over_two_rig_nodes(rig_slurm, tmp_path: Path) -> N
     assert not _left_behind(mark)
     # every job of the drills left the queue
     assert not rig_slurm.run(["squeue", "-h", "-n", "mldebug-drill-hang", "-o", "%i"]).stdout.strip()
+
+
+@pytest.mark.rig
+def test_drills_over_ssh_on_three_rig_nodes(rig_ssh, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each job spans the rig's netns nodes, one ssh session per node (per rank for gpu-test); the
+    diagnosis reaches the same hosts over ssh and finds the job's ranks by the drill's token."""
+    hosts = str(rig_ssh.hostfile(rig_ssh.nodes))
+    before = set(_tokened())
+    proc, _ = _drill("--hosts", hosts, "--ssh-config", str(rig_ssh.ssh_config), "--remote-python", sys.executable,
+                        "--only", "hang,crash,missing-rank,slow-link", "--seed", "4", "--nproc-per-node", "2",
+                        "--out-dir", str(tmp_path), env={"GLOO_SOCKET_IFNAME": "eth0"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    result = _result(proc)
+    assert (result["site"], result["nodes"]) == ("3 hosts over ssh", 3)
+    by = {d["drill"]: d for d in result["drills"]}
+    assert all(d["status"] == "correct" for d in by.values()), [(d["drill"], d["why"]) for d in by.values()]
+    rng = random.Random(4)
+    for drill in by:
+        assert by[drill]["injected"]["rank"] == plan_for(drill, rng, 2, nodes=3).rank, drill
+    hang = by["hang"]
+    assert hang["diagnosis"].startswith(f"mldebug dump-stacks --hosts {hosts} --ssh-config ")
+    assert "--env MLDEBUG_DRILL_TOKEN=" in hang["diagnosis"]
+    names = [n.name for n in rig_ssh.nodes]
+    # rank r of 3 nodes x 2 ranks runs on the (r // 2)-th host, and dump-stacks names that host
+    assert hang["injected"]["node"] == names[hang["injected"]["rank"] // 2] == hang["named"]["node"]
+    assert by["crash"]["named"]["node"] == names[by["crash"]["injected"]["rank"] // 2]
+    assert "over ssh" in by["missing-rank"]["diagnosis"] and "over ssh (3 nodes)" in by["slow-link"]["diagnosis"]
+    # processes started by sshd do not inherit this test's marker: look for any drill token that is new
+    assert not set(_tokened()) - before, "a drill left processes behind on a node"
+    assert result["notes"][0].startswith(f"repeat with: mldebug drill --only hang,crash,missing-rank,slow-link "
+                                         f"--seed 4 --hosts {hosts} --ssh-config ")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import typer
 
 from ml_debug.drill.options import DrillOptions
+from ml_debug.remote.options import TargetOptions
 
-HELP = """Fire drills: inject each classic failure into a real job on this node, run the diagnosis a user
-would run, and score whether it named the injected rank (node, function), and how fast.
+HELP = """Fire drills: inject each classic failure into a real job, run the diagnosis a user
+would run, and score whether it named the injected rank (node, function), and how fast. With --hosts
+each drill's job spans those hosts (over ssh); with --slurm-partition it is a Slurm job.
 
 hang -> dump-stacks; straggler -> watch; crash, segfault, nan, exit -> logs of `mldebug launch`;
 desync -> dump-stacks with the Flight Recorder; missing-rank -> gpu-test; slow-link ->
@@ -21,23 +23,25 @@ EXAMPLES = (
     "mldebug drill                                   # every drill, 2 ranks each",
     "mldebug drill --only hang,crash --seed 7",
     "mldebug drill --nproc-per-node 4 --out-dir drills/ --json",
+    "mldebug drill --hosts 'node[1-3]' --out-dir /shared/drills     # each job over the hosts, by ssh",
+    "mldebug drill --slurm-partition debug --out-dir /shared/drills # each job a 2-node Slurm job",
 )
 
 
 def register(app: typer.Typer) -> None:
     from ml_debug.cli.params import command
 
-    command(app, "drill", drill, help=HELP, examples=EXAMPLES, opts=DrillOptions)
+    command(app, "drill", drill, help=HELP, examples=EXAMPLES, opts=DrillOptions, targets=TargetOptions)
 
 
-def drill(opts: DrillOptions) -> int:
+def drill(opts: DrillOptions, targets: TargetOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import ExitCode
     from ml_debug.drill.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.drill.render import outcome_line, render
     from ml_debug.drill.run import run_drills
 
-    result = run_drills(opts, on_outcome=lambda o: output.log(outcome_line(o)))
+    result = run_drills(opts, targets, on_outcome=lambda o: output.log(outcome_line(o)))
     output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: render(result, console))
     if result.missed:
         return ExitCode.PROBLEM

@@ -140,15 +140,17 @@ def _word(cf: CliField, value: Any) -> str:
     return str(value)
 
 
-def to_argv(config: Any, *, forwarded_only: bool = True) -> list[str]:
-    """The command-line words that rebuild ``config`` (every set value, explicitly)."""
+def to_argv(config: Any, *, forwarded_only: bool = True, changed_only: bool = False) -> list[str]:
+    """The command-line words that rebuild ``config`` (every set value, explicitly; with ``changed_only``,
+    only the values that differ from the defaults: what a person would type)."""
     argv: list[str] = []
     positional: list[str] = []
+    defaults = type(config)() if changed_only else None
     for cf in cli_fields(type(config)):
         if forwarded_only and not cf.opt.forward:
             continue
         value = getattr(config, cf.name)
-        if value is None:
+        if value is None or (defaults is not None and value == getattr(defaults, cf.name)):
             continue
         if cf.opt.argument:
             positional += [_word(cf, v) for v in value] if cf.is_list else [_word(cf, value)]

@@ -22,10 +22,11 @@ def injected_text(o: DrillOutcome) -> str:
 def named_text(o: DrillOutcome) -> str:
     if not o.named.ranks:
         return "-"
+    if o.injected.peer is not None:
+        return f"slow link {o.named.where}" if o.named.where else "ranks " + ",".join(map(str, o.named.ranks))
     ranks = ",".join(map(str, o.named.ranks))
-    where = f" in {o.named.where}" if o.named.where else ""
     node = f" ({o.named.node})" if o.named.node else ""
-    return f"rank {ranks}{node}{where}"
+    return f"rank {ranks}{node}" + (f": {o.named.where}" if o.named.where else "")
 
 
 def outcome_line(o: DrillOutcome) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shlex
 import socket
@@ -10,11 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ml_debug.core import output
+from ml_debug.core.errors import UsageError
+from ml_debug.core.options import to_argv
 from ml_debug.drill.catalog import CATALOG, Plan, judge
 from ml_debug.drill.model import CORRECT, ERROR, MISSED, DrillOutcome, DrillResult, Injected, Named
-from ml_debug.drill.options import DRILLS, DrillOptions
-from ml_debug.drill.sites import LocalSite, Site, SlurmSite
+from ml_debug.drill.options import DrillOptions
+from ml_debug.drill.sites import LocalSite, Site, SlurmSite, SshSite
 from ml_debug.drill.workspace import DrillError, Workspace
+from ml_debug.remote.options import TargetOptions
 
 SLOW_LINK_RANKS = 4  # on one node: a slow pair of ranks needs other pairs to compare with
 SLOW_LINK_NODES = 3  # on several nodes the units are nodes: 3 give 3 pairs
@@ -49,18 +53,31 @@ def run_one(drill: str, plan: Plan, site: Site, folder: Path, timeout_s: float) 
                         round(verdict.seconds, 2), round(verdict.job_s, 2), str(ws.dir), why=why)
 
 
-def site_for(opts: DrillOptions) -> Site:
+def site_for(opts: DrillOptions, targets: TargetOptions | None = None) -> Site:
+    """This node; a Slurm partition (--slurm-partition); or the hosts of --hosts, over ssh."""
+    if targets is not None and targets.slurm_job is not None:
+        raise UsageError("--slurm-job names a running job; a drill starts its own jobs",
+                         "use --slurm-partition P (and --slurm-nodes N) to run the drills as Slurm jobs")
     if opts.slurm_partition:
+        if targets is not None and targets.hosts is not None:
+            raise UsageError("--hosts and --slurm-partition both say where the drills run", "give one of them")
         return SlurmSite(opts.slurm_partition, opts.slurm_nodes, list(opts.sbatch_arg))
+    if targets is not None and targets.hosts is not None:
+        spec = targets.resolve()
+        if len(spec.targets) < 2:
+            raise UsageError(f"--hosts gives {len(spec.targets)} host; a drill over ssh needs at least 2",
+                             "on one node, leave --hosts out")
+        return SshSite(spec, to_argv(targets, forwarded_only=False, changed_only=True))
     return LocalSite()
 
 
-def run_drills(opts: DrillOptions, on_outcome: Callable[[DrillOutcome], None] | None = None) -> DrillResult:
+def run_drills(opts: DrillOptions, targets: TargetOptions | None = None,
+               on_outcome: Callable[[DrillOutcome], None] | None = None) -> DrillResult:
     started = time.monotonic()
     seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
     host = socket.gethostname()
-    site = site_for(opts)
+    site = site_for(opts, targets)
     root = opts.out_dir or Path(f"mldebug-drill-{time.strftime('%Y%m%d-%H%M%S')}")
     root.mkdir(parents=True, exist_ok=True)
     outcomes: list[DrillOutcome] = []
@@ -81,23 +98,17 @@ def run_drills(opts: DrillOptions, on_outcome: Callable[[DrillOutcome], None] | 
         summary += f"; missed: {', '.join(missed)}"
     if errors:
         summary += f"; could not run: {', '.join(errors)}"
-    where = "this node" if site.nodes == 1 else f"Slurm partition {opts.slurm_partition}, {site.nodes} nodes per job"
+    where = {"local": "this node", "slurm": f"Slurm partition {opts.slurm_partition}, {site.nodes} nodes per job",
+             "ssh": f"{site.nodes} hosts over ssh"}[site.name]
     return DrillResult(ok=not missed and not errors, summary=summary, seed=seed, nproc_per_node=opts.nproc_per_node,
                        host=host, site=where, nodes=site.nodes, drills=outcomes, correct=correct, missed=len(missed), errors=len(errors),
                        out_dir=str(root), wall_s=round(time.monotonic() - started, 2),
-                       notes=[f"repeat with: mldebug drill {shlex.join(_repeat(opts, seed))}"])
+                       notes=[f"repeat with: mldebug drill {shlex.join(_repeat(opts, seed, targets))}"])
 
 
-def _repeat(opts: DrillOptions, seed: int) -> list[str]:
-    """The options that run the same drills, on the same ranks and steps, again."""
-    words = ["--seed", str(seed)]
-    if opts.only != DRILLS:
-        words += ["--only", ",".join(opts.only)]
-    if opts.nproc_per_node != 2:
-        words += ["--nproc-per-node", str(opts.nproc_per_node)]
-    if opts.slurm_partition:
-        words += ["--slurm-partition", opts.slurm_partition]
-        if opts.slurm_nodes != 2:
-            words += ["--slurm-nodes", str(opts.slurm_nodes)]
-        words += [f"--sbatch-arg={a}" for a in opts.sbatch_arg]
+def _repeat(opts: DrillOptions, seed: int, targets: TargetOptions | None) -> list[str]:
+    """The options that run the same drills, on the same ranks and steps, again (a new --out-dir)."""
+    words = to_argv(dataclasses.replace(opts, seed=seed, out_dir=None), changed_only=True)
+    if targets is not None:
+        words += to_argv(targets, forwarded_only=False, changed_only=True)
     return words

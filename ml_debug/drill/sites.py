@@ -10,23 +10,29 @@ value quoted (``shlex.quote``); the job inherits the drill's environment (sbatch
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ml_debug.drill.workspace import DrillError, Workspace, free_port, last_step
+from ml_debug.drill.workspace import TOKEN_VAR, DrillError, Workspace, free_port, last_step
+
+if TYPE_CHECKING:
+    from ml_debug.remote.ssh import SshPool
+    from ml_debug.remote.targets import Target, TargetSpec
 
 TRAIN = ["--preset", "tiny", "--steps", "100000"]
 # a stage timeout with room for a loaded node (a rank's first stage includes importing torch)
 GPU_TEST_TIMEOUT = "10"
 GPU_TEST = ["gpu-test", "--json", "--timeout", GPU_TEST_TIMEOUT, "--backend", "gloo", "--device", "cpu"]
 PAIRWISE = ["allreduce-bench", "--pairwise", "--backend", "gloo", "--device", "cpu", "-e", "256K", "-n", "5", "-w", "1",
-            "--slow-threshold", "0.7", "--json"]
+            "--slow-threshold", "0.7"]
 SLURM_QUERY_S = 30.0
 
 
@@ -108,7 +114,7 @@ class LocalSite:
 
     def slow_link(self, ws: Workspace, nproc: int, env: dict[str, str]) -> Output:
         argv = [*PAIRWISE[:2], "--nproc-per-node", str(nproc), *PAIRWISE[2:]]
-        ran = ws.mldebug(argv[:-1], "allreduce-bench.json", env, limit_s=180)
+        ran = ws.mldebug(argv, "allreduce-bench.json", env, limit_s=180)
         return Output((ws.dir / "allreduce-bench.json").read_text(), ran.seconds, ran.shown)
 
     def teardown(self, ws: Workspace) -> None:
@@ -157,7 +163,7 @@ class SlurmSite:
                       f"srun mldebug gpu-test --timeout {GPU_TEST_TIMEOUT} (task {skip} of {world} never started)")
 
     def slow_link(self, ws: Workspace, nproc: int, env: dict[str, str]) -> Output:
-        program = shlex.join([sys.executable, "-m", "ml_debug", *PAIRWISE])
+        program = shlex.join([sys.executable, "-m", "ml_debug", *PAIRWISE, "--json"])
         t0 = time.monotonic()
         job = self._submit(ws, f"{_MASTER}exec srun --kill-on-bad-exit=0 {program}\n", max(3, self.nodes), 1, env)
         self._wait_end(ws, job)
@@ -243,3 +249,126 @@ def _slurm(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Com
         raise DrillError(f"{argv[0]} is not installed here (Slurm client tools are needed for --slurm)") from None
     except subprocess.TimeoutExpired:
         raise DrillError(f"{argv[0]} did not answer within {SLURM_QUERY_S:g} s") from None
+
+
+# -- hosts over ssh ----------------------------------------------------------------------------------
+FORWARDED_PREFIXES = ("GLOO_", "NCCL_", "TORCH_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+"""Variables of the drill's environment that its ssh jobs get too (an ssh session starts a fresh one)."""
+
+
+class SshSite:
+    """Each drill's job runs on ``nodes`` of the hosts, one ssh session per node (or per rank of gpu-test);
+    every session's command carries the drill's token, and teardown stops what still runs by it."""
+
+    name = "ssh"
+
+    def __init__(self, spec: TargetSpec, target_words: list[str]) -> None:
+        self.spec = spec
+        self.hosts = spec.targets
+        self.nodes = len(self.hosts)
+        self.words = target_words  # how the diagnosis reaches the same hosts: --hosts ... --ssh-config ...
+        self.python = spec.remote_python or "python3"
+        self._pool: SshPool | None = None
+        self._sessions: list[tuple[str, threading.Thread]] = []  # (node, thread) of the running jobs
+
+    def node_of(self, ws: Workspace, rank: int, nproc: int) -> str:
+        i = rank // nproc
+        return self.hosts[i].host if i < len(self.hosts) else "?"
+
+    def train(self, ws: Workspace, nproc: int, fault: str, env: dict[str, str]) -> Job:
+        train = [self.python, "-m", "ml_debug.train", *TRAIN, "--timeout", f"{max(ws.left(), 30):.0f}",
+                 "--metrics-dir", str(ws.dir / "metrics"), "--inject", fault]
+        self._launch(ws, nproc, train, env)
+        return Job([*self.words, "--env", f"{TOKEN_VAR}={ws.token}"], lambda: self._alive(ws))
+
+    def launched(self, ws: Workspace, nproc: int, train_args: list[str]) -> Path:
+        self._launch(ws, nproc, [self.python, "-m", "ml_debug.train", *train_args], {})
+        ws.wait_for("the job to end on every node", lambda: None if self._running() else True, period_s=0.5)
+        return ws.dir / "logs"
+
+    def missing_rank(self, ws: Workspace, nproc: int, skip: int) -> Output:
+        world, port, master = nproc * self.nodes, free_port(), self._master()
+        t0 = time.monotonic()
+        for i, host in enumerate(self.hosts):
+            lines = []
+            for local in range(nproc):
+                r = i * nproc + local
+                if r == skip:
+                    continue
+                env = {"RANK": r, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": nproc,
+                       "MASTER_ADDR": master, "MASTER_PORT": port}
+                lines.append(" ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()) + " "
+                             + shlex.join([self.python, "-m", "ml_debug", *GPU_TEST]) + f" > {shlex.quote(str(ws.dir / f'rank{r}.log'))} 2>&1 &")
+            self._start(ws, host, "\n".join([*lines, "wait"]), {})
+        ws.wait_for("gpu-test to end on every node", lambda: None if self._running() else True, period_s=0.5)
+        return Output((ws.dir / "rank0.log").read_text(errors="replace"), time.monotonic() - t0,
+                      f"mldebug gpu-test --timeout {GPU_TEST_TIMEOUT} over ssh (rank {skip} of {world} never started)")
+
+    def slow_link(self, ws: Workspace, nproc: int, env: dict[str, str]) -> Output:
+        if self.nodes < 3:
+            raise DrillError("slow-link over ssh needs at least 3 hosts (its units are nodes)")
+        port, master = free_port(), self._master()
+        t0 = time.monotonic()
+        for i, host in enumerate(self.hosts):
+            argv = [self.python, "-m", "ml_debug", *PAIRWISE[:2], "--nproc-per-node", "1", "--nnodes", str(self.nodes),
+                    "--node-rank", str(i), "--master-addr", master, "--master-port", str(port), *PAIRWISE[2:], "--json"]
+            self._start(ws, host, shlex.join(argv) + f" > {shlex.quote(str(ws.dir / f'node{i}.log'))} 2>&1", env)
+        ws.wait_for("the bench to end on every node", lambda: None if self._running() else True, period_s=0.5)
+        return Output((ws.dir / "node0.log").read_text(errors="replace"), time.monotonic() - t0,
+                      f"mldebug allreduce-bench --pairwise over ssh ({self.nodes} nodes)")
+
+    def teardown(self, ws: Workspace) -> None:
+        if self._running():
+            # "[N]" keeps the pattern from matching the shell that runs pkill (its own command line)
+            pattern = f"{TOKEN_VAR[:-1]}[{TOKEN_VAR[-1]}]={ws.token}"
+            for host in self.hosts:
+                self._pool_run(host, shlex.join(["pkill", "-TERM", "-f", pattern]), 15)
+            end = time.monotonic() + 20
+            while time.monotonic() < end and self._running():
+                time.sleep(0.2)
+        self._sessions = []
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _launch(self, ws: Workspace, nproc: int, train: list[str], env: dict[str, str]) -> None:
+        port, master = free_port(), self._master()
+        for i, host in enumerate(self.hosts):
+            launch = [self.python, "-m", "ml_debug", "launch", "--nproc-per-node", str(nproc), "--nnodes",
+                      str(self.nodes), "--node-rank", str(i), "--master-addr", master, "--master-port", str(port),
+                      "--log-dir", str(ws.dir / "logs"), "--", *train]
+            self._start(ws, host, shlex.join(launch) + f" > {shlex.quote(str(ws.dir / f'node{i}.log'))} 2>&1", env)
+
+    def _start(self, ws: Workspace, host: Target, command: str, env: dict[str, str]) -> None:
+        variables = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+        variables.update({TOKEN_VAR: ws.token, "PYTHONUNBUFFERED": "1", **env})
+        exports = "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(variables.items()))
+        prefix = f"{self.spec.remote_prefix}\n" if self.spec.remote_prefix else ""
+        script = f"{prefix}{exports}\n{command}\n"
+        thread = threading.Thread(target=self._pool_run, args=(host, script, max(ws.left(), 1.0)),
+                                  name=f"mldebug-drill-{host.label}", daemon=True)
+        thread.start()
+        self._sessions.append((host.label, thread))
+
+    def _pool_run(self, host: Target, script: str, timeout_s: float) -> None:
+        self._connections().run(host, script, timeout_s)
+
+    def _connections(self) -> SshPool:
+        from ml_debug.remote.ssh import SshPool
+
+        if self._pool is None:
+            self._pool = SshPool(self.spec, self.spec.connect_timeout_s)
+        return self._pool
+
+    def _running(self) -> bool:
+        return any(t.is_alive() for _, t in self._sessions)
+
+    def _alive(self, ws: Workspace) -> None:
+        ended = [label for label, t in self._sessions if not t.is_alive()]
+        if ended:
+            raise DrillError(f"the job ended early on {', '.join(ended)} (see {ws.dir}/node*.log)")
+
+    def _master(self) -> str:
+        """The first host's address as ssh reaches it (after the ssh config): the rendezvous address."""
+        return self._connections().endpoint(self.hosts[0]).hostname
