@@ -1,5 +1,10 @@
-"""`mldebug logs` when every rank raises the same error about one rank (a check all ranks agree on,
-such as `mldebug train`'s non-finite loss): the rank the error is about is the first failure."""
+"""What `mldebug drill` found wrong in `mldebug logs`, on real logs:
+
+- when every rank raises the same error about one rank (a check all ranks agree on, such as `mldebug
+  train`'s non-finite loss), the rank the error is about is the first failure;
+- a rank that left without a word is named even when none of its lines holds a failure: the world size
+  comes from the `mldebug launch` manifests, not from the highest rank seen in a failure.
+"""
 
 from __future__ import annotations
 
@@ -24,3 +29,14 @@ def test_a_message_about_a_rank_that_did_not_fail_keeps_the_earliest(tmp_path) -
     v = triage([str(log)]).verdict
     assert v.primary is not None and v.primary.who.rank == 0, v.summary  # rank 7 is not in the job
     assert "reported the same" not in v.summary
+
+
+SILENT = REPO / "tests" / "data" / "logs" / "launch_rank3_exits_silently"
+
+
+def test_the_last_rank_leaving_silently_is_named_from_the_launch_manifests() -> None:
+    report = triage([str(SILENT)])
+    assert report.world_size == 4  # 2 nodes x 2 ranks, from launch.json
+    v = report.verdict
+    assert v.status == "secondary-only" and v.silent_ranks == "3", v.summary
+    assert v.summary.endswith("; rank 3 left no failure in the logs")

@@ -229,6 +229,7 @@ class Collector:
         self.node_local_rank: dict[tuple[str, int], int] = {}
         self.rank_node: dict[int, str] = {}
         self.ranks_seen: set[int] = set()
+        self.launch_world: int | None = None  # nnodes x nproc-per-node from `mldebug launch` manifests
         self.nodes_seen: set[str] = set()
         self.last_work: dict[int, tuple[int, int]] = {}
         self.here: tuple[bytes, int] = (b"", 0)

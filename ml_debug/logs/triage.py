@@ -56,7 +56,20 @@ def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None
         infos.append(info)
         if on_source is not None:
             on_source(i, len(exp.sources))
+    collector.launch_world = launch_world(exp.manifests)
     return collector, infos, metrics, skipped
+
+
+def launch_world(manifests: dict[str, dict[str, object]]) -> int | None:
+    """The job's rank count from `mldebug launch` manifests (nnodes x nproc-per-node), when they say it
+    as plain numbers and agree; the lines of a rank that never failed may hold no label to count it by."""
+    sizes = set()
+    for man in manifests.values():
+        nnodes, nproc = str(man.get("nnodes", "")), str(man.get("nproc_per_node", ""))
+        if not (nnodes.isdigit() and nproc.isdigit()):
+            return None
+        sizes.add(int(nnodes) * int(nproc))
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[dict[str, Any]],
@@ -75,6 +88,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     world = None
     if nccl and nccl.get("world_size"):
         world = int(nccl["world_size"])
+    elif collector.launch_world:
+        world = collector.launch_world
     elif ranks:
         world = max(ranks) + 1
     blamed = {r for e in events for r in e.blames}
