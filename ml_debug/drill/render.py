@@ -13,10 +13,11 @@ STYLE = {CORRECT: "green", MISSED: "bold red"}
 
 def injected_text(o: DrillOutcome) -> str:
     i = o.injected
+    node = f" ({i.node})" if i.node else ""
     if i.peer is not None:
-        return f"ranks {i.rank}<->{i.peer} ({i.node})"
+        return f"link {i.rank}<->{i.peer}{node}"
     at = f" step {i.step}" if i.step else ""
-    return f"rank {i.rank} ({i.node}){at}"
+    return f"rank {i.rank}{node}{at}"
 
 
 def named_text(o: DrillOutcome) -> str:
@@ -27,6 +28,14 @@ def named_text(o: DrillOutcome) -> str:
     ranks = ",".join(map(str, o.named.ranks))
     node = f" ({o.named.node})" if o.named.node else ""
     return f"rank {ranks}{node}" + (f": {o.named.where}" if o.named.where else "")
+
+
+def short(text: str, width: int) -> str:
+    """``text`` cut at a word boundary to about ``width`` characters (the JSON has it whole)."""
+    if len(text) <= width:
+        return text
+    cut = text.rfind(" ", 0, width - 2)
+    return text[:cut if cut > 0 else width - 2] + " …"
 
 
 def outcome_line(o: DrillOutcome) -> str:
@@ -43,7 +52,8 @@ def render(result: DrillResult, console: Console) -> None:
     for o in result.drills:
         took = f"{o.time_to_verdict_s:.1f} s" if o.time_to_verdict_s is not None else "-"
         status = Text(o.status if not o.why else f"{o.status}: {o.why}", style=STYLE.get(o.status, "yellow"))
-        table.add_row(o.drill, injected_text(o), o.diagnosis, named_text(o), status, took, o.evidence)
+        table.add_row(o.drill, injected_text(o), short(o.diagnosis, 44), short(named_text(o), 48), status, took,
+                      o.evidence)
     console.print(table)
     for note in result.notes:
         console.print(Text(note, style="dim"))
