@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
 import os
 import shutil
@@ -219,3 +220,30 @@ def validate_schema(doc: dict, name: str) -> None:
 
     schema = json.loads((REPO / "ml_debug" / "schemas" / f"{name}.json").read_text())
     jsonschema.validate(doc, schema)
+
+
+# ----------------------------------------------------------------------------- parallel runs (pytest-xdist)
+
+_SLURM_WORDS = ("rig_slurm", 'where="slurm"', "sbatch", "srun", "--slurm-job")
+
+
+def _uses_slurm(item: pytest.Item) -> bool:
+    """Does this test submit work to the rig's Slurm (through a fixture or in its own code)?"""
+    if "rig_slurm" in getattr(item, "fixturenames", ()):
+        return True
+    fn = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(fn) if fn is not None else ""
+    except (OSError, TypeError):
+        return False
+    return any(word in source for word in _SLURM_WORDS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup` (tests/run.sh), every test that submits work to the rig's
+    one Slurm cluster runs on the same worker, one after another: a job that asks for a node's GPUs
+    would otherwise queue behind another worker's job and miss its test's deadline. Without xdist the
+    marker does nothing."""
+    for item in items:
+        if _uses_slurm(item):
+            item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -73,8 +73,24 @@ echo "tests/run.sh: installed in $(( $(date +%s) - t0 )) s"
 .venv/bin/mypy ml_debug || { echo "tests/run.sh: mypy found type errors" >&2; exit 1; }
 export MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
-rc=$?
+# Most tests wait on real ranks, sshd or Slurm rather than compute: two pytest-xdist workers (tests
+# that use the rig's Slurm share one worker, tests/conftest.py). Tests marked `serial` judge CPU
+# shares or rates, which a second worker's ranks would skew on 2 cores: they run alone afterwards.
+# MLDEBUG_TEST_WORKERS=0 runs everything in one process.
+workers=${MLDEBUG_TEST_WORKERS:-2}
+if [ "$workers" = 0 ]; then
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
+  rc=$?
+else
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n "$workers" --dist loadgroup -m "not serial" "$@"
+  rc=$?
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=10 -m serial "$@"
+  rc2=$?
+  # pytest's 5 is "no test selected" (`-k printflock` selects none of the serial ones): a failure only
+  # when neither part selected anything
+  ok() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }
+  if ! ok $rc; then :; elif ! ok $rc2; then rc=$rc2; elif [ $rc -eq 5 ] && [ $rc2 -eq 5 ]; then rc=5; else rc=0; fi
+fi
 set -e
 [ "${MLDEBUG_RIG_TEARDOWN:-0}" = 1 ] && bash tests/rig/down.sh
 echo "tests/run.sh: done in $(( $(date +%s) - t0 )) s (pytest rc=$rc)"

@@ -117,6 +117,7 @@ def test_human_table_golden() -> None:
     check_golden(GOLDEN, text)
 
 
+@pytest.mark.serial
 def test_missing_rank_is_named_and_everyone_exits(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with reserved_port() as port:

@@ -157,6 +157,7 @@ def _check_job(result: dict, job: TopJob, nodes: dict[str, str]) -> None:
     assert slow["value"] == 0 and slow["median"] > 1
 
 
+@pytest.mark.serial
 def test_once_json_over_slurm_and_over_ssh_every_rank_labelled_and_the_outliers_named(job, rig_slurm, rig_ssh) -> None:
     names = {n: n for n in rig_slurm.nodes[:2]}
     rc, result, err = _run("--slurm-job", job.job_id, "--progress-file", job.progress, env=rig_slurm.env)

@@ -162,11 +162,15 @@ def test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keep
     wait_until(lambda: not pids_with_env(TOKEN_VAR, token2), 30, "the interrupted watch's processes to be gone")
 
 
+@pytest.mark.serial
 def test_a_straggler_is_named_as_a_straggler_not_a_hang(train: Callable[..., Job], tmp_path: Path) -> None:
     _tools()
     metrics, out = tmp_path / "metrics", tmp_path / "bundle"
     job = train("--steps", "100000", "--inject", "straggler@step=3,rank=1,factor=4", "--metrics-dir", str(metrics))
-    proc = watch("--pid", str(job.pid), "--progress-file", str(metrics / "rank-{rank}.jsonl"), "--stall", "10",
+    # rank 1 sleeps 3x its previous step's compute every step: one step slowed to 3 s by a loaded
+    # machine makes a 9 s pause of both ranks, a stall under --stall 10 (seen at load 6 on 2 cores);
+    # naming a straggler does not wait for --stall, so a longer one costs nothing here
+    proc = watch("--pid", str(job.pid), "--progress-file", str(metrics / "rank-{rank}.jsonl"), "--stall", "30",
                  "--grace", "0", "--interval", "1", "--stack-every", "1", "--out-dir", str(out))
     assert proc.returncode == 1, proc.stderr[-3000:]
     result = result_of(proc)
@@ -181,6 +185,7 @@ def test_a_straggler_is_named_as_a_straggler_not_a_hang(train: Callable[..., Job
     assert len(tails) == 2 and '"step"' in (out / tails[1]).read_text()
 
 
+@pytest.mark.serial
 def test_a_healthy_job_gives_no_incident(train: Callable[..., Job], tmp_path: Path) -> None:
     _tools()
     metrics, out = tmp_path / "metrics", tmp_path / "bundle"
@@ -225,6 +230,7 @@ def test_a_desync_is_named_by_the_flight_recorder_in_the_bundle_and_in_dump_stac
         "rank 1 issued gloo:all_reduce [[7]] Float while rank 0 issued gloo:all_gather" in res["summary"]
 
 
+@pytest.mark.serial
 def test_a_busy_rank_whose_gpu_spins_at_low_power_stalls(tmp_path: Path) -> None:
     """A rank at 100 % CPU would count as progressing; its GPU (NVML, here the fake: no GPU on this
     machine) busy at 15 % of its power limit is a NCCL kernel spinning, so it does not."""
