@@ -70,6 +70,7 @@ def _left_behind(mark: str) -> list[int]:
     return left
 
 
+@pytest.mark.serial  # the straggler drill judges step rates; gpu-test's stage timeouts need a quiet node
 def test_every_drill_names_the_injected_rank_and_leaves_nothing(tmp_path: Path) -> None:
     require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
     proc, mark = _drill("--seed", "11", "--out-dir", str(tmp_path))
@@ -172,6 +173,7 @@ def test_judge_a_slow_link_needs_both_ends() -> None:
 
 
 @pytest.mark.rig
+@pytest.mark.serial  # gpu-test's stage timeouts (missing-rank) need a quiet node
 def test_drills_as_slurm_jobs_over_two_rig_nodes(rig_slurm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """One drill per way a Slurm drill starts its job: a long training job diagnosed with --slurm-job (hang),
     a job that ends by itself read by `mldebug logs` (exit: the last rank leaves without a word), gpu-test
@@ -203,6 +205,7 @@ def test_drills_as_slurm_jobs_over_two_rig_nodes(rig_slurm, tmp_path: Path) -> N
 
 
 @pytest.mark.rig
+@pytest.mark.serial  # gpu-test's stage timeouts (missing-rank) need a quiet node
 def test_drills_over_ssh_on_three_rig_nodes(rig_ssh, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Each job spans the rig's netns nodes, one ssh session per node (per rank for gpu-test); the
     diagnosis reaches the same hosts over ssh and finds the job's ranks by the drill's token."""

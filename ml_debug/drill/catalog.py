@@ -124,7 +124,8 @@ def _dump_stacks(ws: Workspace, target: list[str]) -> list[str]:
 
 
 def _watch(ws: Workspace, target: list[str]) -> list[str]:
-    return ["watch", *target, "--progress-file", str(ws.dir / "metrics" / "rank-{rank}.jsonl"), "--stall", "10", "--grace", "0",
+    # --stall well above a step on a loaded node: the straggler is to be named before any stall is
+    return ["watch", *target, "--progress-file", str(ws.dir / "metrics" / "rank-{rank}.jsonl"), "--stall", "30", "--grace", "0",
             "--interval", "1", "--stack-every", "1", "--out-dir", "incident"]
 
 
