@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import uuid
@@ -21,7 +22,7 @@ from ml_debug.drill.model import Injected, Named
 from ml_debug.drill.options import DRILLS, parse_only
 from ml_debug.drill.run import plan_for
 from ml_debug.drill.workspace import TOKEN_VAR
-from tests.conftest import REPO, pids_with_env, require
+from tests.conftest import REPO, pids_with_env, require, wait_until
 from tests.fakes import hooks_env
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "drill.json").read_text())
@@ -234,3 +235,28 @@ def test_drills_over_ssh_on_three_rig_nodes(rig_ssh, tmp_path: Path) -> None:  #
     assert not set(_tokened()) - before, "a drill left processes behind on a node"
     assert result["notes"][0].startswith(f"repeat with: mldebug drill --only hang,crash,missing-rank,slow-link "
                                          f"--seed 4 --hosts {hosts} --ssh-config ")
+
+
+def test_ctrl_c_tears_the_running_drill_down_and_reports_the_finished_ones(tmp_path: Path) -> None:
+    require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "drill", "--only", "crash,desync", "--seed", "2",
+                             "--out-dir", str(tmp_path), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", MARK: mark})
+    try:
+        # the crash drill is done and the desync drill's job is training: interrupt now
+        wait_until(lambda: any((tmp_path / "desync" / "metrics").glob("rank-*.jsonl")), 240,
+                   "the desync drill's job to start training")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    doc = json.loads(out)
+    jsonschema.validate(doc, SCHEMA)
+    result = doc["result"]
+    assert result["interrupted"] and not result["ok"]
+    assert [d["drill"] for d in result["drills"]] == ["crash"] and result["drills"][0]["status"] == "correct"
+    assert result["summary"] == "1/1 drills named the injected rank; interrupted before desync"
+    wait_until(lambda: not _left_behind(mark), 30, "the desync drill's processes to be gone")

@@ -17,7 +17,8 @@ allreduce-bench --pairwise. The rank (and step) of each fault is drawn at random
 Every process a drill starts is stopped when it ends, whatever happened.
 
 Exit codes: 0 every drill named the injected rank; 1 a drill was missed (the score table says what was
-named instead); 2 bad options; 4 a drill could not run to a verdict."""
+named instead); 2 bad options; 4 a drill could not run to a verdict; 130 interrupted (the finished
+drills are reported)."""
 
 EXAMPLES = (
     "mldebug drill                                   # every drill, 2 ranks each",
@@ -45,4 +46,6 @@ def drill(opts: DrillOptions, targets: TargetOptions) -> int:
     output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: render(result, console))
     if result.missed:
         return ExitCode.PROBLEM
+    if result.interrupted:
+        return ExitCode.INTERRUPTED
     return ExitCode.PARTIAL if result.errors else ExitCode.OK

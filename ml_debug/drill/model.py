@@ -60,6 +60,7 @@ class DrillResult:
     correct: int
     missed: int
     errors: int
+    interrupted: bool  # Ctrl-C: the drills that finished are kept, the one running was torn down
     out_dir: str
     wall_s: float
     notes: list[str] = field(default_factory=list)

@@ -45,6 +45,9 @@ def run_one(drill: str, plan: Plan, site: Site, folder: Path, timeout_s: float) 
         injected, verdict = fn(ws, site, plan)
     except DrillError as e:
         return DrillOutcome(drill, ERROR, injected, diagnosis, Named(), None, None, str(ws.dir), why=str(e))
+    except Exception as e:  # one broken drill must not cost the others their results
+        return DrillOutcome(drill, ERROR, injected, diagnosis, Named(), None, None, str(ws.dir),
+                            why=f"the drill itself failed: {type(e).__name__}: {e}")
     finally:
         site.teardown(ws)
         ws.teardown()
@@ -81,11 +84,16 @@ def run_drills(opts: DrillOptions, targets: TargetOptions | None = None,
     root = opts.out_dir or Path(f"mldebug-drill-{time.strftime('%Y%m%d-%H%M%S')}")
     root.mkdir(parents=True, exist_ok=True)
     outcomes: list[DrillOutcome] = []
+    interrupted = False
     with output.progress(len(opts.only), "drills") as bar:
         for i, drill in enumerate(opts.only):
             bar.advance(0, f"drill {i + 1}/{len(opts.only)}: {drill}")
             plan = plan_for(drill, rng, opts.nproc_per_node, site.nodes)
-            outcome = run_one(drill, plan, site, root / drill, opts.timeout)
+            try:
+                outcome = run_one(drill, plan, site, root / drill, opts.timeout)
+            except KeyboardInterrupt:  # the drill was torn down; keep what the others found
+                interrupted = True
+                break
             outcomes.append(outcome)
             if on_outcome is not None:
                 on_outcome(outcome)
@@ -98,10 +106,13 @@ def run_drills(opts: DrillOptions, targets: TargetOptions | None = None,
         summary += f"; missed: {', '.join(missed)}"
     if errors:
         summary += f"; could not run: {', '.join(errors)}"
+    if interrupted:
+        summary += f"; interrupted before {opts.only[len(outcomes)]}"
     where = {"local": "this node", "slurm": f"Slurm partition {opts.slurm_partition}, {site.nodes} nodes per job",
              "ssh": f"{site.nodes} hosts over ssh"}[site.name]
-    return DrillResult(ok=not missed and not errors, summary=summary, seed=seed, nproc_per_node=opts.nproc_per_node,
-                       host=host, site=where, nodes=site.nodes, drills=outcomes, correct=correct, missed=len(missed), errors=len(errors),
+    return DrillResult(ok=not missed and not errors and not interrupted, summary=summary, seed=seed,
+                       nproc_per_node=opts.nproc_per_node, host=host, site=where, nodes=site.nodes, drills=outcomes,
+                       correct=correct, missed=len(missed), errors=len(errors), interrupted=interrupted,
                        out_dir=str(root), wall_s=round(time.monotonic() - started, 2),
                        notes=[f"repeat with: mldebug drill {shlex.join(_repeat(opts, seed, targets))}"])
 
