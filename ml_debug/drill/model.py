@@ -44,6 +44,7 @@ class DrillOutcome:
     time_to_verdict_s: float | None  # from the start of the diagnosis to its verdict
     job_s: float | None  # how long the job ran before the diagnosis started
     evidence: str  # the drill's folder: job logs and the diagnosis' JSON
+    token: str  # MLDEBUG_DRILL_TOKEN=<token> is in the environment of every process the drill started
     why: str = ""  # what was wrong (missed) or what stopped the drill (error)
 
 

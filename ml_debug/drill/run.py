@@ -44,16 +44,16 @@ def run_one(drill: str, plan: Plan, site: Site, folder: Path, timeout_s: float) 
     try:
         injected, verdict = fn(ws, site, plan)
     except DrillError as e:
-        return DrillOutcome(drill, ERROR, injected, diagnosis, Named(), None, None, str(ws.dir), why=str(e))
+        return DrillOutcome(drill, ERROR, injected, diagnosis, Named(), None, None, str(ws.dir), ws.token, why=str(e))
     except Exception as e:  # one broken drill must not cost the others their results
-        return DrillOutcome(drill, ERROR, injected, diagnosis, Named(), None, None, str(ws.dir),
+        return DrillOutcome(drill, ERROR, injected, diagnosis, Named(), None, None, str(ws.dir), ws.token,
                             why=f"the drill itself failed: {type(e).__name__}: {e}")
     finally:
         site.teardown(ws)
         ws.teardown()
     why = judge(injected, verdict.named)
     return DrillOutcome(drill, MISSED if why else CORRECT, injected, verdict.ran.shown, verdict.named,
-                        round(verdict.seconds, 2), round(verdict.job_s, 2), str(ws.dir), why=why)
+                        round(verdict.seconds, 2), round(verdict.job_s, 2), str(ws.dir), ws.token, why=why)
 
 
 def site_for(opts: DrillOptions, targets: TargetOptions | None = None) -> Site:
