@@ -48,9 +48,9 @@ Drill = Callable[[Workspace, Site, Plan], tuple[Injected, Verdict]]
 
 
 def _until_named(ws: Workspace, argv: list[str], save_as: str, read: Callable[[dict[str, Any]], Named],
-                 limit_s: float = 60.0) -> tuple[Ran, Named, float]:
-    """Run the diagnosis, again until it names someone (a user looks again when the first look is too
-    early); the time to verdict counts every try."""
+                 limit_s: float) -> tuple[Ran, Named, float]:
+    """Run the diagnosis, again for up to ``limit_s`` until it names someone (a user looks again when the
+    first look came before the ranks were stuck); the time to verdict counts every try."""
     t0 = time.monotonic()
     end = t0 + min(limit_s, ws.left())
     while True:
@@ -77,7 +77,7 @@ def _injected(ws: Workspace, site: Site, plan: Plan, fault: str, where: str | No
 # -- faults in a running job: look at its ranks --------------------------------------------------------
 def _stuck(fault: str, where: str, diagnosis: Callable[[Workspace, list[str]], list[str]], save_as: str,
            read: Callable[[dict[str, Any]], Named], env: Callable[[Workspace], dict[str, str]] | None = None,
-           retry_s: float = 60.0) -> Drill:
+           retry_s: float = 20.0) -> Drill:
     def drill(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, Verdict]:
         t0 = time.monotonic()
         spec = f"{fault}@step={plan.step},rank={plan.rank}" + (",factor=4" if fault == "straggler" else "")
