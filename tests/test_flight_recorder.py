@@ -109,6 +109,7 @@ def _alive(pid: int) -> bool:
     return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
 
 
+@pytest.mark.serial  # under load the dump came before rank 0's 3rd all_reduce was marked completed (seen in CI)
 def test_dump_stacks_reports_flight_recorder_of_a_hung_gloo_job(tmp_path: Path) -> None:
     require(shutil.which("py-spy") or (VENV_BIN / "py-spy").exists(), "py-spy")
     fr_dir, markers = tmp_path / "fr", tmp_path / "markers"

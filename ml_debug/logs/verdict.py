@@ -9,6 +9,7 @@ otherwise by position in the logs, which only orders lines of the same file. The
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -179,19 +180,24 @@ def _earliest(cands: list[Event]) -> tuple[Event, str]:
 _ABOUT_RANK = re.compile(r"\bon rank (\d+)\b")
 
 
-def _shared_subject(cands: list[Event]) -> tuple[Event, str] | None:
-    """When every rank failed with one message that says which rank it is about ("non-finite loss on rank 1
-    at step 3": a check all ranks run together), that rank's own failure, and why it was chosen."""
-    if len(cands) < 2 or len({c.message for c in cands}) != 1:
-        return None
-    m = _ABOUT_RANK.search(cands[0].message)
-    if m is None:
+def _subject(first: Event, strong: list[Event], causes: Iterable[Event],
+             world_size: int | None) -> tuple[Event, str] | None:
+    """When the first failure says which other rank it is about ("non-finite loss on rank 1 at step 3",
+    raised by every rank after a check they run together): that rank's own copy of it, or, when the
+    launcher stopped that rank before it wrote one, the failure put on that rank; and why."""
+    m = _ABOUT_RANK.search(first.message)
+    if m is None or first.who.rank is None:
         return None
     subject = int(m.group(1))
-    own = [c for c in cands if c.who.rank == subject]
-    if not own:
+    if subject == first.who.rank or (world_size is not None and subject >= world_size):
         return None
-    return own[0], f"every rank reported the same failure, about rank {subject}"
+    own = [c for c in strong if c.who.rank == subject and c.message == first.message]
+    if own:
+        return own[0], f"every rank reported the same failure, about rank {subject}"
+    theirs = [c.who for c in causes if c.who.rank == subject]
+    who = theirs[0] if theirs else Who(subject, None, None)
+    return (dataclasses.replace(first, who=who),
+            f"rank {first.who.rank}'s error is about rank {subject}, which was stopped before it wrote its own")
 
 
 def _quoted(label: str) -> str:
@@ -235,12 +241,14 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
                        secondary=_secondary_rows(causes.values(), None), silent_ranks=silent,
                        blamed_ranks=blamed_text, hint=hint)
     first, basis = _earliest(strong or weak)
-    about = _shared_subject(strong)
+    about = _subject(first, strong, causes.values(), world_size)
     if about is not None:
         first, basis = about
-    # every rank raising the same finding about one rank (a check all ranks agree on) is one failure
+    # every rank raising the same finding about one rank (a check all ranks agree on) is one failure, and
+    # the launcher stopping that rank afterwards is no news
     same = [c for c in causes.values() if c is not first and about is not None and c.message == first.message]
-    others = [c for c in causes.values() if c is not first and c not in same]
+    others = [c for c in causes.values() if c is not first and c not in same
+              and not (about is not None and c.who.rank == first.who.rank and c.cls == SECONDARY)]
     independent = sorted((c for c in others if c.cls == PRIMARY and c.strong), key=lambda e: e.order_key())
     after = [c for c in others if c not in independent]
     when = f" at {clock(first.time)}" if first.time is not None else ""
