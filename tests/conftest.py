@@ -25,6 +25,8 @@ from typing import TypeVar
 
 import pytest
 
+from ml_debug.procs.tree import pids_with_env as pids_with_env  # the tests' own processes, by a marker
+
 pytest_plugins = ["tests.rig.fixtures"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,26 +169,6 @@ def wait_in_function(pid: int, names: set[str] | frozenset[str], timeout: float 
         return stack[0] in names if innermost else bool(names & set(stack))
 
     wait_until(there, timeout, f"pid {pid} to be in {sorted(names)}", interval=0.1)
-
-
-def pids_with_env(var: str, value: str) -> list[int]:
-    """Live processes (not zombies) whose environment has var=value: a test's own processes,
-    wherever they were started (own sessions, other PID namespaces, over ssh on a rig node)."""
-    needle = f"{var}={value}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if needle in env and state not in ("Z", "X"):
-            out.append(int(entry))
-    return out
 
 
 def kill_pids(pids: list[int]) -> None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ml_debug.procs.tree import pids_with_env
+
 TOKEN_VAR = "MLDEBUG_DRILL_TOKEN"
 # a drill's job must not think it is a rank of the job that runs `mldebug drill`
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -146,21 +148,7 @@ class Workspace:
                 pass
 
     def _tokened(self) -> list[int]:
-        needle = f"{TOKEN_VAR}={self.token}".encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    env = fh.read().split(b"\0")
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    state = fh.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if needle in env and state not in (b"Z", b"X"):
-                found.append(int(entry))
-        return found
+        return pids_with_env(TOKEN_VAR, self.token)
 
 
 def result_of(text: str) -> dict[str, Any] | None:

@@ -94,3 +94,24 @@ def process_state(pid: int) -> str | None:
     """The one-letter state of a process (`ps -o stat`), None when it no longer exists."""
     info = read_proc(pid)
     return info.state if info is not None else None
+
+
+def pids_with_env(var: str, value: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds ``var=value``, this one excepted: the
+    processes something started with a marker of its own, wherever they run now (own sessions, other
+    PID namespaces on this node)."""
+    needle = f"{var}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in env and state not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
