@@ -221,11 +221,24 @@ def _uses_slurm(item: pytest.Item) -> bool:
     return any(word in source for word in _SLURM_WORDS)
 
 
+def _module_fixture(item: pytest.Item) -> bool:
+    """Does this test use a module-scoped fixture of its own module (a real job that several tests read)?"""
+    info = getattr(item, "_fixtureinfo", None)
+    module = getattr(getattr(item, "module", None), "__name__", None)
+    if info is None or module is None:
+        return False
+    return any(fd.scope in ("module", "package") and getattr(fd.func, "__module__", None) == module
+               for name in item.fixturenames for fd in info.name2fixturedefs.get(name, ()))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under `pytest -n N --dist loadgroup` (tests/run.sh), every test that submits work to the rig's
     one Slurm cluster runs on the same worker, one after another: a job that asks for a node's GPUs
-    would otherwise queue behind another worker's job and miss its test's deadline. Without xdist the
-    marker does nothing."""
+    would otherwise queue behind another worker's job and miss its test's deadline. The tests that share
+    a module-scoped fixture (one real job, read by several tests) run on one worker too, so the job runs
+    once, not once per worker. Without xdist the markers do nothing."""
     for item in items:
         if _uses_slurm(item):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif _module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))  # type: ignore[attr-defined]

@@ -114,27 +114,28 @@ def test_drills_judged_by_timing_name_the_injected_rank(tmp_path: Path) -> None:
     assert "1 of 2 ranks started" in by["missing-rank"]["diagnosis"]
 
 
-def test_a_diagnosis_broken_on_purpose_is_missed_with_exit_1(tmp_path: Path) -> None:
+def test_a_diagnosis_broken_on_purpose_is_missed_with_exit_1_in_the_table(tmp_path: Path) -> None:
+    """`mldebug logs`' first-failure rule switched off (tests/fakes/broken_rules.py): the crash drill is
+    missed, the hang drill (judged by dump-stacks) is still correct, and the table says which."""
     require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
-    proc, mark = _drill("--only", "hang", "--seed", "3", "--out-dir", str(tmp_path),
-                        env=hooks_env("tests.fakes.broken_rules", {}))
+    mark = uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--only", "hang,crash", "--seed", "3",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, **hooks_env("tests.fakes.broken_rules",
+                                                         {"OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "200", MARK: mark})})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = _result(proc)
-    (hang,) = result["drills"]
-    assert hang["status"] == "missed" and hang["why"] == "named no rank", hang
-    assert not result["ok"] and result["summary"] == "0/1 drills named the injected rank; missed: hang"
-    assert not _left_behind(mark)
-
-
-def test_the_human_table_names_each_column(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--only", "crash", "--out-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "200"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    header = next(line for line in proc.stdout.splitlines() if "diagnosis" in line)
+    lines = proc.stdout.splitlines()
+    assert "mldebug drill: 1/2 drills named the injected rank; missed: crash" in lines[0], lines[:3]
+    header = next(line for line in lines if line.startswith("┃"))
     for column in ("drill", "injected", "diagnosis", "named", "result", "verdict in", "evidence"):
         assert column in header
-    assert "mldebug logs logs" in proc.stdout and "correct" in proc.stdout
+    cells = [line.split("│")[1:-1] for line in lines if line.startswith("│")]
+    row = {c[0].strip(): " ".join(c) for c in cells if c[0].strip()}  # a row's first line names its drill
+    assert set(row) == {"hang", "crash"}, lines
+    assert "correct" in row["hang"] and "injected_hang" in row["hang"] and "mldebug dump-stacks --pid" in row["hang"]
+    assert "missed: named no rank" in row["crash"] and "mldebug logs logs" in row["crash"]
+    assert "drill crash: missed in " in proc.stderr and "drill hang: correct in " in proc.stderr
+    assert not _left_behind(mark)
 
 
 @pytest.mark.parametrize("text", ["hang,nope", "", ","])
@@ -145,6 +146,13 @@ def test_only_rejects_an_unknown_drill_with_the_list(text: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--only", text or ","], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "unknown drill" in proc.stderr
+
+
+def test_one_rank_on_this_node_is_a_usage_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--nproc-per-node", "1"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "leaves the injected rank no peer" in proc.stderr, proc.stderr
+    assert "hint: give --nproc-per-node 2 or more" in proc.stderr
 
 
 def test_only_keeps_the_catalogue_order() -> None:
@@ -220,7 +228,7 @@ def test_drills_over_ssh_on_three_rig_nodes(rig_ssh, tmp_path: Path) -> None:  #
     over ssh and finds the job's ranks by the drill's token."""
     hosts = str(rig_ssh.hostfile(rig_ssh.nodes))
     proc, _ = _drill("--hosts", hosts, "--ssh-config", str(rig_ssh.ssh_config), "--remote-python", sys.executable,
-                     "--only", "hang,crash,slow-link", "--seed", "4", "--nproc-per-node", "2",
+                     "--only", "hang,crash,slow-link", "--seed", "4", "--nproc-per-node", "1",
                      "--out-dir", str(tmp_path), env={"GLOO_SOCKET_IFNAME": "eth0"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     result = _result(proc)
@@ -229,18 +237,19 @@ def test_drills_over_ssh_on_three_rig_nodes(rig_ssh, tmp_path: Path) -> None:  #
     assert all(d["status"] == "correct" for d in by.values()), [(d["drill"], d["why"]) for d in by.values()]
     rng = random.Random(4)
     for drill in by:
-        assert by[drill]["injected"]["rank"] == plan_for(drill, rng, 2, nodes=3).rank, drill
+        assert by[drill]["injected"]["rank"] == plan_for(drill, rng, 1, nodes=3).rank, drill
     hang = by["hang"]
     assert hang["diagnosis"].startswith(f"mldebug dump-stacks --hosts {hosts} --ssh-config ")
     assert "--env MLDEBUG_DRILL_TOKEN=" in hang["diagnosis"]
     names = [n.name for n in rig_ssh.nodes]
-    # rank r of 3 nodes x 2 ranks runs on the (r // 2)-th host, and dump-stacks names that host
-    assert hang["injected"]["node"] == names[hang["injected"]["rank"] // 2] == hang["named"]["node"]
-    assert by["crash"]["named"]["node"] == names[by["crash"]["injected"]["rank"] // 2]
+    # rank r of 3 nodes x 1 rank runs on the r-th host (one rank per node: a light job; the Slurm test
+    # checks the r // nproc mapping with 2 ranks per node), and the diagnosis names that host
+    assert hang["injected"]["node"] == names[hang["injected"]["rank"]] == hang["named"]["node"]
+    assert by["crash"]["named"]["node"] == names[by["crash"]["injected"]["rank"]]
     assert "over ssh (3 nodes)" in by["slow-link"]["diagnosis"]
     # processes started by sshd do not inherit this test's marker: look for the drills' own tokens
     assert not _carrying(result), "a drill left processes behind on a node"
-    assert result["notes"][0].startswith(f"repeat with: mldebug drill --only hang,crash,slow-link "
+    assert result["notes"][0].startswith(f"repeat with: mldebug drill --only hang,crash,slow-link --nproc-per-node 1 "
                                          f"--seed 4 --hosts {hosts} --ssh-config ")
 
 

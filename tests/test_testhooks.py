@@ -29,7 +29,7 @@ contexts = {
     testhooks.BENCH_TIMED_REGION: dict(rank=0, collective="all_reduce", size=1, elapsed_s=lambda: 0.0),
     testhooks.BENCH_VERIFY_RESULT: dict(rank=0, collective="all_reduce", result=None, expected=None),
     testhooks.BENCH_PAIR_EXCHANGE: dict(rank=0, pair=(0, 1), elapsed_s=lambda: 0.0),
-    testhooks.STACKS_SUSPECTS: dict(suspects=[]),
+    testhooks.LOGS_VERDICT: dict(verdict=None),
 }
 assert set(contexts) | {testhooks.NVML_BACKEND} == set(testhooks.POINTS)
 for point, context in contexts.items():

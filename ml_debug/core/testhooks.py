@@ -19,9 +19,9 @@ the context as keyword arguments. The product calls these points where a fault w
 ``bench_pair_exchange(rank, pair, elapsed_s)``
     inside a ``--pairwise`` timed exchange between units ``pair = (a, b)``, like
     ``bench_timed_region``;
-``stacks_suspects(suspects) -> list | None``
-    dump-stacks' suspects as its rules found them; a list replaces them (a test switches the rule off
-    to see that `mldebug drill` reports the hang drill as missed);
+``logs_verdict(verdict) -> Verdict | None``
+    `mldebug logs`' verdict as its rules found it; a verdict replaces it (a test switches the rule off
+    to see that `mldebug drill` reports a crash drill as missed);
 ``nvml_backend() -> (backend, source) | None``
     a pynvml look-alike for the NVML gateway, and the source it reports (``fake:<source>``).
 
@@ -46,10 +46,10 @@ GPU_TEST_CONTRIBUTION = "gpu_test_contribution"
 BENCH_TIMED_REGION = "bench_timed_region"
 BENCH_VERIFY_RESULT = "bench_verify_result"
 BENCH_PAIR_EXCHANGE = "bench_pair_exchange"
-STACKS_SUSPECTS = "stacks_suspects"
+LOGS_VERDICT = "logs_verdict"
 NVML_BACKEND = "nvml_backend"
 POINTS = (GPU_TEST_STAGE_START, GPU_TEST_CONTRIBUTION, BENCH_TIMED_REGION, BENCH_VERIFY_RESULT,
-          BENCH_PAIR_EXCHANGE, STACKS_SUSPECTS, NVML_BACKEND)
+          BENCH_PAIR_EXCHANGE, LOGS_VERDICT, NVML_BACKEND)
 
 _loaded: tuple[str, tuple[ModuleType, ...]] | None = None
 

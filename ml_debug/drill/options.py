@@ -30,9 +30,9 @@ class DrillOptions:
 
     only: tuple[str, ...] = option(DRILLS, metavar="DRILL,...", parse=parse_only, format=",".join,
                                    help="Run only these drills (comma-separated).")
-    nproc_per_node: int = option(2, min=2, max=64, metavar="N",
-                                 help="Ranks of each drill's job (slow-link uses at least 4: a slow pair needs peers "
-                                      "to compare with).")
+    nproc_per_node: int = option(2, min=1, max=64, metavar="N",
+                                 help="Ranks per node of each drill's job (at least 2 on this node; slow-link uses at "
+                                      "least 4 there: a slow pair needs peers to compare with).")
     seed: int | None = option(None, metavar="S",
                               help="Seed for the injected rank and step of each drill (default: a random seed, "
                                    "printed so that a run can be repeated).")

@@ -71,6 +71,9 @@ def site_for(opts: DrillOptions, targets: TargetOptions | None = None) -> Site:
             raise UsageError(f"--hosts gives {len(spec.targets)} host; a drill over ssh needs at least 2",
                              "on one node, leave --hosts out")
         return SshSite(spec, to_argv(targets, forwarded_only=False, changed_only=True))
+    if opts.nproc_per_node < 2:
+        raise UsageError(f"--nproc-per-node {opts.nproc_per_node} on this node leaves the injected rank no peer",
+                         "give --nproc-per-node 2 or more, or run the drills over --hosts or --slurm-partition")
     return LocalSite()
 
 

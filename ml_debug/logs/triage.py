@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ml_debug.core import testhooks
 from ml_debug.core.errors import UsageError
 from ml_debug.core.ranges import compress
 from ml_debug.logs.events import Collector
@@ -94,6 +95,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         world = max(ranks) + 1
     blamed = {r for e in events for r in e.blames}
     verdict = decide(events, world, blamed)
+    verdict = testhooks.call(testhooks.LOGS_VERDICT, verdict=verdict) or verdict
     nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node})
     return LogsReport(verdict=verdict, sources=infos, events=events, tracebacks=collapse_tracebacks(events),
                       timeline=timeline(events), ranks_seen=compress(ranks), world_size=world, nodes=nodes,

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ml_debug.core import testhooks
 from ml_debug.core.ranges import compress
 from ml_debug.stacks.model import Frame, ProcessDump, is_library_path
 
@@ -236,9 +235,6 @@ def analyse(members: list[Member], expected_world: int | None = None) -> Analysi
     missing = sorted(set(range(world)) - seen_ranks) if world and unique else []
 
     suspects = _suspects(groups, not_dumped, missing, unique)
-    replaced = testhooks.call(testhooks.STACKS_SUSPECTS, suspects=suspects)
-    if replaced is not None:
-        suspects = replaced
     verdict = _verdict(groups, suspects, not_dumped, missing, unique, len(members))
     return Analysis(groups=groups, suspects=suspects, missing_ranks=missing, not_dumped=not_dumped,
                     tree=build_tree(groups, unique), verdict=verdict,

@@ -1,13 +1,15 @@
-"""A diagnosis broken on purpose: dump-stacks' suspect rule switched off.
+"""A diagnosis broken on purpose: `mldebug logs`' first-failure rule switched off.
 
-Loaded through ``MLDEBUG_TEST_HOOKS=tests.fakes.broken_rules``: every dump-stacks run reports no
-suspect, so `mldebug drill --only hang` must score the drill as missed and exit 1.
+Loaded through ``MLDEBUG_TEST_HOOKS=tests.fakes.broken_rules``: every `mldebug logs` run names no
+first failure, so `mldebug drill --only crash` must score the drill as missed and exit 1.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+
+from ml_debug.logs.model import Verdict
 
 
-def stacks_suspects(suspects: list[Any]) -> list[Any]:
-    return []
+def logs_verdict(verdict: Verdict) -> Verdict:
+    return dataclasses.replace(verdict, status="none", summary="no failure found (rule switched off)", primary=None)
