@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -104,6 +105,20 @@ def test_drills_judged_by_stacks_logs_and_links_name_the_injected_rank(tmp_path:
     assert by["nan"]["named"]["verdict"].startswith(f"first failure: rank {by['nan']['injected']['rank']} ")
     assert "all_reduce" in by["desync"]["named"]["where"]
     assert by["slow-link"]["named"]["where"] == by["slow-link"]["injected"]["where"]
+    # Each fault did what `mldebug train --inject` says, read from the drills' evidence (tests/test_train_faults.py
+    # has the other faults): the hung rank sleeps outside any collective while its peer waits in one ...
+    hang = by["hang"]["injected"]["rank"]
+    stacks = json.loads((Path(by["hang"]["evidence"]) / "dump-stacks.json").read_text())["result"]
+    group_of = {rank: g for g in stacks["groups"] for rank in g["ranks"]}
+    assert sorted(group_of) == [0, 1] and group_of[hang]["collective"] is None, stacks["groups"]
+    assert group_of[hang]["location"]["name"] == "injected_hang"
+    assert group_of[1 - hang]["collective"]["file"].endswith("distributed_c10d.py"), group_of[1 - hang]
+    # ... and the crashing rank's traceback reached torchrun through its torchelastic error file
+    crash = by["crash"]["injected"]
+    root = (Path(by["crash"]["evidence"]) / "launch.log").read_text().split("Root Cause", 1)[-1]
+    assert f"rank      : {crash['rank']} (local_rank: {crash['rank']})" in root, root
+    assert re.search(r"error_file: /\S+/error\.json", root) and "injected_crash" in root, root
+    assert f"InjectedCrash: injected crash on rank {crash['rank']} at step {crash['step']}" in root, root
 
 
 @pytest.mark.serial  # the straggler drill judges step rates; gpu-test's stage timeouts need a quiet node

@@ -18,12 +18,14 @@ def _sbatch(rig_slurm, template: str, tmp_path: Path, *extra: str, env: dict[str
     bindir = str(Path(sys.executable).parent)
     job_env = {**rig_slurm.env, "PATH": f"{bindir}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
                "MASTER_ADDR": rig_slurm.node_ips[rig_slurm.nodes[0]], **(env or {})}
-    out = subprocess.run(["sbatch", "--wait", "--parsable", f"--chdir={tmp_path}", *SMALL, *extra,
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", *SMALL, *extra,
                           str(REPO / "slurm" / template)],
-                         capture_output=True, text=True, timeout=240, env=job_env)
+                         capture_output=True, text=True, timeout=60, env=job_env)
+    assert out.returncode == 0, out.stderr
     job = out.stdout.strip().split(";")[0]
+    rc = rig_slurm.wait_end(job, timeout=240)
     log = next(tmp_path.glob(f"*-{job}.out"), None)
-    return out.returncode, job, log.read_text() if log else ""
+    return rc, job, log.read_text() if log else ""
 
 
 def test_gpu_test_template_reports_every_rank(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
