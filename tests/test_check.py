@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 
 import jsonschema
-import psutil
 
 from ml_debug import checkup
-from ml_debug.checkup import PASS, SKIPPED, TIMEOUT, Step, StepResult, StepStatus, judge, run_step
+from ml_debug.checkup import PASS, SKIPPED, TIMEOUT, StepResult, StepStatus, judge
 from ml_debug.cli.app import COMMANDS
-from tests.conftest import REPO, mldebug, wait_until
+from tests.conftest import REPO, mldebug
 from tests.fakes import faults
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "check.json").read_text())
@@ -31,26 +29,6 @@ def test_check_runs_env_and_gpu_test_on_a_node_without_gpu() -> None:
 
 def test_every_step_is_a_command_of_this_build() -> None:
     assert {step.argv[0] for step in checkup.DEFAULT_STEPS} <= set(COMMANDS)
-
-
-def test_step_timeout_stops_the_step_and_its_ranks(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # rank 1 stalls at broadcast (its stage watchdog would end it after 30 s): the step is surely
-    # still running at its 4 s limit, however fast this machine starts the ranks
-    for key, value in faults.env("gpu-test.hang:rank=1,stage=broadcast").items():
-        monkeypatch.setenv(key, value)
-    token = str(tmp_path / "slow")
-    step = Step("slow", ("gpu-test", "--timeout", "30", "--out-dir", token), 4, "too slow on purpose")
-    t0 = time.monotonic()
-    res = run_step(step)
-    assert res.status == TIMEOUT and res.exit_code is None
-    assert time.monotonic() - t0 < 30
-
-    def left() -> list[int]:
-        return [p.pid for p in psutil.process_iter(["cmdline"]) if any(token in c for c in p.info["cmdline"] or [])]
-
-    # SIGKILLed processes vanish once reaped: give that a moment, never a hang
-    wait_until(lambda: not left(), 10, "every process of the timed-out step to be gone")
-    assert judge([res], "h").exit_code == 4
 
 
 def test_judge_exit_codes() -> None:

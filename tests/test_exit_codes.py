@@ -9,12 +9,23 @@ import os
 import resource
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import jsonschema
 import pytest
 
-from tests.conftest import REPO, closed_port, mldebug, require, reserved_port, validate_schema
+from tests.conftest import (
+    REPO,
+    closed_port,
+    mldebug,
+    pids_with_env,
+    require,
+    reserved_port,
+    validate_schema,
+    wait_until,
+)
 from tests.fakes import faults
 
 SCHEMAS = REPO / "ml_debug" / "schemas"
@@ -181,6 +192,7 @@ def test_dump_stacks_with_every_rank_in_the_same_place_is_0(hung_job) -> None:  
 
 # ------------------------------------------------------------------------------ check
 
+MARK = "MLDEBUG_EXIT_CODES_TEST_MARK"  # every process a check started inherits it
 CHECK_GPU_TEST_ONLY = ["check", "--json", "--skip", "env", "--skip", "health", "--skip", "allreduce-bench"]
 
 
@@ -198,12 +210,19 @@ def test_check_a_failing_step_is_1_and_out_dir_keeps_its_document(tmp_path: Path
     assert [f["rank"] for f in saved["result"]["failures"]] == [1]
 
 
-def test_check_a_step_that_times_out_is_4() -> None:
-    # rank 1 stalls for good: the step is stopped at --step-timeout, with every process it started
-    proc = mldebug(*CHECK_GPU_TEST_ONLY, "--step-timeout", "8",
-                   env=faults.env("gpu-test.hang:rank=1,stage=all_reduce"), timeout=400)
+def test_check_a_step_that_times_out_is_4_and_its_ranks_are_stopped() -> None:
+    # rank 1 stalls for good at broadcast (its stage watchdog would end it after 30 s): the step is
+    # surely still running at its 5 s limit, however fast this machine starts the ranks; the step is
+    # stopped there with every process it started
+    mark = uuid.uuid4().hex
+    t0 = time.monotonic()
+    proc = mldebug(*CHECK_GPU_TEST_ONLY, "--step-timeout", "5",
+                   env={**faults.env("gpu-test.hang:rank=1,stage=broadcast"), MARK: mark}, timeout=400)
     assert proc.returncode == 4, proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 30
     result = _doc(proc, "check")["result"]
     (step,) = [s for s in result["steps"] if s["name"] == "gpu-test"]
     assert step["status"] == "timeout" and step["exit_code"] is None
     assert not result["ok"]
+    # SIGKILLed processes vanish once reaped: give that a moment, never a hang
+    wait_until(lambda: not pids_with_env(MARK, mark), 10, "every process of the timed-out step to be gone")
