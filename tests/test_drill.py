@@ -126,6 +126,20 @@ def test_drills_judged_by_timing_name_the_injected_rank(tmp_path: Path) -> None:
     by = _run_locally(TIMED, 11, tmp_path)
     assert by["straggler"]["diagnosis"].startswith("mldebug watch --pid ")
     assert by["straggler"]["named"]["where"] == "straggler"
+    # watch named a straggler, not a hang, from the job's collectives and its progress files
+    slow = by["straggler"]["injected"]["rank"]
+    evidence = Path(by["straggler"]["evidence"])
+    result = json.loads((evidence / "watch.json").read_text())["result"]
+    assert result["incident"]["kind"] == "straggler", result["summary"]
+    assert result["culprit"]["rank"] == slow and result["culprit"]["why"] == "straggler"
+    assert result["summary"].startswith(f"rank {slow} (") and \
+        f" is a straggler: rank {1 - slow} waited in collectives" in result["summary"] and \
+        "injected_straggler_delay" in result["summary"], result["summary"]
+    ranks = {r["rank"]: r for r in result["ranks"]}
+    assert ranks[slow]["status"] == "straggler" and ranks[1 - slow]["status"] == "ok"
+    assert ranks[0]["progress_file"]["path"] == str(evidence / "metrics" / "rank-0.jsonl")
+    tails = sorted((evidence / "incident").glob("progress-*.tail"))
+    assert len(tails) == 2 and all('"step"' in t.read_text() for t in tails)
     assert "1 of 2 ranks started" in by["missing-rank"]["diagnosis"]
 
 
