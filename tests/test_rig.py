@@ -200,7 +200,7 @@ def _stacks(pid: int) -> str:
     return proc.stdout
 
 
-def _assert_hangs(job: HungJob, seconds: float = 3) -> None:
+def _assert_hangs(job: HungJob, seconds: float = 1) -> None:
     time.sleep(seconds)
     assert all(job.alive().values()), job.alive()
     for rank, pid in job.root_pids.items():
