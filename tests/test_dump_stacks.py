@@ -45,7 +45,7 @@ def normalise(text: str, hosts: list[str]) -> str:
     return text.rstrip() + "\n"
 
 
-def test_local_names_the_odd_rank_and_function(hung_job) -> None:
+def test_local_names_the_odd_rank_and_function_and_reports_what_it_cannot_dump(hung_job) -> None:
     _tools()
     job = hung_job(nranks=4, odd_rank=3, odd_function="load_batch", mode="hang", where="local")
     launcher = str(job.launcher_pids[0])
@@ -80,10 +80,8 @@ def test_local_names_the_odd_rank_and_function(hung_job) -> None:
     assert got.rstrip().splitlines()[-1].startswith("suspect: rank 3 (<HOST>, pid <PID>) in load_batch")
     check_golden(GOLDEN, got)
 
-
-def test_unattachable_processes_are_reported_while_the_others_are_dumped(hung_job, tmp_path: Path) -> None:
-    _tools()
-    job = hung_job(nranks=2, odd_rank=1, odd_function="stuck_here", where="local")
+    # The same job beside processes that cannot be dumped: each is reported with its reason, the ranks are
+    # dumped anyway, and the exit code says the result is partial.
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits at once; never reaped until the end
     not_python = subprocess.Popen(["sleep", "120"])
     # a Python process that exits between the first and the second sample (killed when sample 1 is in)
@@ -113,8 +111,8 @@ def test_unattachable_processes_are_reported_while_the_others_are_dumped(hung_jo
         assert reasons[short.pid] == ("process exited before it could be dumped (after 1 good sample; last seen "
                                       "in short_lived (<string>:3))"), reasons[short.pid]
         dumped = {p["rank"] for p in result["processes"] if p["state"] != "not-dumped"}
-        assert dumped == {0, 1}
-        assert "rank 1" in result["verdict"] and "stuck_here" in result["verdict"]
+        assert dumped == {0, 1, 2, 3}
+        assert "rank 3" in result["verdict"] and "load_batch" in result["verdict"]
         assert "3 processes not dumped" in result["verdict"]
     finally:
         for p in (zombie, not_python, short):
@@ -131,21 +129,21 @@ def _state(pid: int) -> str | None:
 
 def test_samples_tell_a_looping_rank_from_stuck_ones(hung_job) -> None:
     _tools()
-    job = hung_job(nranks=4, odd_rank=2, odd_function="spin_here", mode="loop", where="local")
+    job = hung_job(nranks=2, odd_rank=1, odd_function="spin_here", mode="loop", where="local")
     # 10 samples 0.25 s apart fall in both halves of the odd rank's 0.4 s loop (odd function, load_batch)
     proc = mldebug("dump-stacks", "--pid", str(job.launcher_pids[0]), "--samples", "10", "--interval", "0.25",
                    "--json", timeout=120)
     assert proc.returncode == 1, proc.stderr
     result = _json(proc)["result"]
     states = {p["rank"]: p["state"] for p in result["processes"]}
-    assert states == {0: "stuck", 1: "stuck", 2: "moving", 3: "stuck"}, states
+    assert states == {0: "stuck", 1: "moving"}, states
     assert all(len(p["samples"]) == 10 for p in result["processes"])
     suspect = result["suspects"][0]
-    assert suspect["kind"] == "moving" and suspect["ranks"] == [2]
-    assert result["verdict"].startswith(f"suspect: rank 2 ({job.ranks[2][0]}, pid {job.ranks[2][1]}) keeps "
+    assert suspect["kind"] == "moving" and suspect["ranks"] == [1]
+    assert result["verdict"].startswith(f"suspect: rank 1 ({job.ranks[1][0]}, pid {job.ranks[1][1]}) keeps "
                                         "running (its stack changed across 10 samples: ")
     assert "spin_here (hung_worker.py:" in result["verdict"] and "load_batch (hung_worker.py:" in result["verdict"]
-    assert "while 3 ranks are stuck in all_reduce" in result["verdict"]
+    assert "while 1 rank is stuck in all_reduce" in result["verdict"]
 
 
 def test_py_spy_missing_exits_3_with_the_install_hint(tmp_path: Path) -> None:
@@ -198,8 +196,10 @@ def test_no_target_found_exits_3_with_a_hint() -> None:
 def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_ssh, rig_slurm,
                                                                  tmp_path: Path) -> None:
     _tools()
-    job = hung_job(nranks=4, odd_rank=3, odd_function="load_batch", where="slurm", nodes=2)
+    job = hung_job(nranks=2, odd_rank=1, odd_function="load_batch", where="slurm", nodes=2)
     assert job.job_id
+    assert {r: h for r, (h, _) in job.ranks.items()} == {0: "node1", 1: "node2"}  # one rank per node
+    assert rig_slurm.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"]).stdout.strip() == "RUNNING"
     remote = ["--remote-python", sys.executable, "--json"]
     via_slurm = mldebug("dump-stacks", "--slurm-job", job.job_id, *remote, env=rig_slurm.env, timeout=240)
     assert via_slurm.returncode == 1, via_slurm.stderr
@@ -219,15 +219,15 @@ def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_s
     assert f"1 node(s) not reached: {bad.name} (host key mismatch" in ssh_result["summary"]
     ssh_result["nodes"] = [n for n in ssh_result["nodes"] if not n["error"]]
 
-    host3, pid3 = job.ranks[3]  # node-local pid: the node's own PID namespace
+    host1, pid1 = job.ranks[1]  # node-local pid: the node's own PID namespace
     for result in (slurm_result, ssh_result):
-        assert result["verdict"].startswith(f"suspect: rank 3 ({host3}, pid {pid3}) in load_batch (hung_worker.py:")
-        assert "while 3 ranks wait in all_reduce (distributed_c10d.py:" in result["verdict"]
+        assert result["verdict"].startswith(f"suspect: rank 1 ({host1}, pid {pid1}) in load_batch (hung_worker.py:")
+        assert "while 1 rank waits in all_reduce (distributed_c10d.py:" in result["verdict"]
         assert sorted(n["host"] for n in result["nodes"]) == sorted(job.nodes)
-        assert all(n["ok"] and n["targets"] == 2 for n in result["nodes"]), result["nodes"]
+        assert all(n["ok"] and n["targets"] == 1 for n in result["nodes"]), result["nodes"]
         ranks = {p["rank"]: (p["host"], p["pid"]) for p in result["processes"]}
         assert ranks == job.ranks
-        assert {p["world_size"] for p in result["processes"]} == {4}
+        assert {p["world_size"] for p in result["processes"]} == {2}
     assert slurm_result["verdict"] == ssh_result["verdict"]
     # --out-dir: each node's answer as it arrived, and the merged report
     written = sorted(p.name for p in out_dir.iterdir())

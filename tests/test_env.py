@@ -13,8 +13,8 @@ from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import healthy_gpu
 
 
-def _env_json(**env: str) -> dict:
-    out = mldebug("env", "--json", env=env)
+def _env_json(*args: str, **env: str) -> dict:
+    out = mldebug("env", "--json", *args, env=env)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -27,7 +27,7 @@ def test_env_json_validates_and_says_no_gpu_plainly():
     names = {t["name"]: t for t in r["tools"]}
     assert names["gdb"]["path"] and names["gdb"]["version"].startswith("GNU gdb")
     assert any(i["name"] == "lo" and "127.0.0.1" in i["addresses"] for i in r["interfaces"])
-    human = mldebug("env")
+    human = mldebug("env", "--no-torch")  # the torch block is the JSON run's; one torch import per test
     assert human.returncode == 0, human.stderr
     if _nvml_works():  # a GPU node: every GPU listed, and no excuse
         assert r["gpus"]["available"] and r["gpus"]["gpus"], r["gpus"]
@@ -63,7 +63,7 @@ def _sleeper(*prefix: str) -> subprocess.Popen[str]:
 def test_ptrace_verdict_matches_a_real_attach():
     py_spy = find_tool("py-spy")
     require(py_spy, "py-spy")
-    verdict = _env_json()["result"]["ptrace"]
+    verdict = _env_json("--no-torch")["result"]["ptrace"]
     target = _sleeper()
     try:
         attach = subprocess.run([py_spy, "dump", "--pid", str(target.pid)], capture_output=True, text=True,
@@ -77,7 +77,7 @@ def test_ptrace_verdict_matches_a_real_attach():
 
 
 def test_world_variables_and_dangerous_settings_are_reported():
-    doc = _env_json(RANK="3", WORLD_SIZE="8", SLURM_JOB_ID="42", TORCH_FR_BUFFER_SIZE="",
+    doc = _env_json("--no-torch", RANK="3", WORLD_SIZE="8", SLURM_JOB_ID="42", TORCH_FR_BUFFER_SIZE="",
                     NCCL_SOCKET_IFNAME="ib9", NCCL_DEBUG="INFO")
     r = doc["result"]
     assert r["world"]["RANK"] == "3" and r["world"]["SLURM_JOB_ID"] == "42"
@@ -87,7 +87,7 @@ def test_world_variables_and_dangerous_settings_are_reported():
     assert "NCCL_SOCKET_IFNAME=ib9 matches no interface" in text and "lo" in text
     assert r["ok"] is False
     assert doc["environment"]["world"]["RANK"] == "3"
-    human = mldebug("env", env={"TORCH_FR_BUFFER_SIZE": ""})
+    human = mldebug("env", "--no-torch", env={"TORCH_FR_BUFFER_SIZE": ""})
     assert "warning" in human.stdout and "TORCH_FR_BUFFER_SIZE" in human.stdout
 
 
@@ -125,7 +125,7 @@ def test_ptrace_verdict_for_an_unprivileged_user_matches_real_attaches():
 def test_fake_nvml_data_is_marked_in_the_table_and_the_json(tmp_path: Path) -> None:
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"gpus": [healthy_gpu(0)]}))
-    doc = _env_json(**fake_nvml.env(scenario))
+    doc = _env_json("--no-torch", **fake_nvml.env(scenario))
     validate_schema(doc, "env")
     r = doc["result"]
     assert r["gpus"]["nvml_source"] == f"fake:{scenario}" and r["gpus"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
