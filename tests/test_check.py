@@ -15,15 +15,25 @@ from tests.fakes import faults
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "check.json").read_text())
 
 
-def test_check_runs_env_and_gpu_test_on_a_node_without_gpu() -> None:
-    r = mldebug("check", "--json", "--skip", "health", "--skip", "allreduce-bench", timeout=400)
+def _default_ranks() -> list[tuple[int, int, str]]:
+    """(rank, local rank, device) of a default gpu-test here: one rank per GPU, else 2 CPU ranks."""
+    import torch
+
+    if torch.cuda.is_available():
+        return [(r, r, f"cuda:{r}") for r in range(torch.cuda.device_count())]
+    return [(0, 0, "cpu"), (1, 1, "cpu")]
+
+
+def test_check_runs_env_alone_with_the_other_steps_skipped() -> None:
+    # gpu-test passing inside check (and the default gpu-test world): the bench-fault test below.
+    r = mldebug("check", "--json", "--skip", "gpu-test", "--skip", "health", "--skip", "allreduce-bench",
+                timeout=200)
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, SCHEMA)
     steps = {s["name"]: s for s in doc["result"]["steps"]}
-    assert steps["env"]["status"] == PASS and steps["env"]["schema"] == "mldebug.env"
-    assert steps["gpu-test"]["status"] == PASS, steps["gpu-test"]
-    assert steps["gpu-test"]["summary"].endswith("ranks OK on 1 host")
-    assert steps["health"]["status"] == "skipped"
+    assert steps["env"]["status"] == PASS and steps["env"]["schema"] == "mldebug.env", steps["env"]
+    assert [steps[name]["status"] for name in ("gpu-test", "health", "allreduce-bench")] == ["skipped"] * 3
+    assert doc["result"]["summary"].startswith("1/1 steps passed on ")
     assert r.returncode == 0 and doc["result"]["ok"]
 
 
@@ -55,8 +65,14 @@ def test_a_bench_fault_leaves_gpu_test_alone_and_shows_in_the_bench_step(tmp_pat
     jsonschema.validate(doc, SCHEMA)
     steps = {s["name"]: s for s in doc["result"]["steps"]}
     assert steps["gpu-test"]["status"] == PASS, steps["gpu-test"]
-    assert steps["gpu-test"]["summary"].endswith("ranks OK on 1 host")
+    # check's gpu-test step is a default gpu-test (no --device/--nproc-per-node): the suite's check of the
+    # default world, one rank per GPU, else 2 CPU ranks.
+    want = _default_ranks()
+    assert steps["gpu-test"]["summary"] == f"{len(want)}/{len(want)} ranks OK on 1 host"
     gpu_test = json.loads((tmp_path / "check.gpu-test.json").read_text())["result"]
+    assert [(x["identity"]["rank"], x["identity"]["local_rank"], x["identity"]["device"]) for x in gpu_test["ranks"]] \
+        == want
+    assert all(s["status"] == "ok" for x in gpu_test["ranks"] for s in x["stages"])
     assert not any("TEST-ONLY" in w for w in gpu_test["warnings"])
     bench = steps["allreduce-bench"]
     assert bench["status"] == "fail" and "wrong element(s) on rank(s) 1" in bench["summary"], bench

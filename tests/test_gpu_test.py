@@ -1,5 +1,7 @@
 """`mldebug gpu-test` with real gloo ranks: self-launched, under torchrun, by hand (a missing rank,
-a wrong layout), a killed rank, a wrong value (test-only fault hook), --isolate and Slurm (srun)."""
+a wrong layout), a killed rank, a wrong value (test-only fault hook) and --isolate. Under Slurm (srun on
+2 nodes): tests/test_slurm_templates.py; the default world (one rank per GPU, else 2 CPU ranks):
+tests/test_check.py's bench-fault test."""
 
 from __future__ import annotations
 
@@ -66,55 +68,44 @@ def _wait(procs: list[subprocess.Popen[str]], timeout: float) -> list[tuple[int,
     return out
 
 
-def _default_ranks() -> list[tuple[int, int, str]]:
-    """(rank, local rank, device) of a default self-launch here: one rank per GPU, else 2 CPU ranks."""
-    import torch
-
-    if torch.cuda.is_available():
-        return [(r, r, f"cuda:{r}") for r in range(torch.cuda.device_count())]
-    return [(0, 0, "cpu"), (1, 1, "cpu")]
-
-
-def test_self_launch_two_ranks_json(tmp_path: Path) -> None:
-    out = tmp_path / "gt-self"
-    r = mldebug("gpu-test", "--json", "--timeout", "20", "--out-dir", str(out), timeout=180)
-    assert r.returncode == 0, r.stderr
-    res = _doc(r.stdout)["result"]
-    want = _default_ranks()
-    assert res["ok"] and res["summary"] == f"{len(want)}/{len(want)} ranks OK on 1 host"
-    assert [(x["identity"]["rank"], x["identity"]["local_rank"], x["identity"]["device"]) for x in res["ranks"]] \
-        == want
-    assert all(s["status"] == "ok" for x in res["ranks"] for s in x["stages"])
-    assert res["versions"]["torch"].startswith("2.")
-    lines = (out / f"gpu-test.rank{len(want) - 1:05d}.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["event"] == "local" and json.loads(lines[-1])["event"] == "done"
-    _no_process_mentions(str(out))
-
-
-def test_torchrun_four_ranks(tmp_path: Path) -> None:
+def test_torchrun_two_ranks(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     require(torchrun, "torchrun")
     mld = str(Path(sys.executable).parent / "mldebug")
-    r = subprocess.run([torchrun, "--nproc-per-node", "4", "--no-python", mld, "gpu-test", "--json", "--timeout", "30",
-                        "--backend", "gloo"],  # 4 ranks on CPU tensors: as many GPUs are not needed
+    r = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", mld, "gpu-test", "--json", "--timeout", "30",
+                        "--backend", "gloo"],  # 2 ranks on CPU tensors: as many GPUs are not needed
                        capture_output=True, text=True, timeout=240, cwd=tmp_path,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     res = _doc(r.stdout)["result"]
-    assert res["world_size"] == 4 and res["ok"]
-    assert sorted(x["identity"]["local_rank"] for x in res["ranks"]) == [0, 1, 2, 3]
+    assert res["world_size"] == 2 and res["ok"]
+    assert sorted(x["identity"]["local_rank"] for x in res["ranks"]) == [0, 1]
 
 
-def test_human_table_golden() -> None:
+def test_human_table_golden(tmp_path: Path) -> None:
     # SLURMD_NODENAME is the node name gpu-test reports (as under srun): a fixed width for the table.
     # Two CPU ranks on any machine (a GPU machine too): the golden pins the table, not the hardware.
-    r = mldebug("gpu-test", "--timeout", "20", "--device", "cpu", "--backend", "gloo", "--nproc-per-node", "2",
+    # The same passing run's JSON (rank 0 writes gpu-test.json to --out-dir in human mode too) is checked
+    # below; the default world (one rank per GPU, else 2 CPU ranks) is checked by tests/test_check.py's
+    # bench-fault test, whose gpu-test step runs a default gpu-test.
+    out = tmp_path / "gt-golden"
+    r = mldebug("gpu-test", "--timeout", "20", "--out-dir", str(out), *TWO_CPU_RANKS,
                 env={"SLURMD_NODENAME": "golden-host"}, timeout=180)
     assert r.returncode == 0, r.stderr
     text = re.sub(r"ok \d+\.\d\d", "ok T", r.stdout)
     text = re.sub(r"torch \S+, CUDA \S+, NCCL \S+;", "torch V, CUDA V, NCCL V;", text)
     text = "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
     check_golden(GOLDEN, text)
+
+    res = _doc((out / "gpu-test.json").read_text())["result"]
+    assert res["ok"] and res["summary"] == "2/2 ranks OK on 1 host"
+    assert [(x["identity"]["rank"], x["identity"]["local_rank"], x["identity"]["device"]) for x in res["ranks"]] \
+        == [(0, 0, "cpu"), (1, 1, "cpu")]
+    assert all(s["status"] == "ok" for x in res["ranks"] for s in x["stages"])
+    assert res["versions"]["torch"].startswith("2.")
+    lines = (out / "gpu-test.rank00001.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["event"] == "local" and json.loads(lines[-1])["event"] == "done"
+    _no_process_mentions(str(out))
 
 
 @pytest.mark.serial
@@ -203,34 +194,3 @@ def test_bad_input(args: list[str], env: dict[str, str], code: int) -> None:
         return
     assert r.returncode == code, r.stderr
     assert r.stderr.count("mldebug: error:") == 1 and "hint:" in r.stderr
-
-
-@pytest.mark.rig
-def test_two_node_slurm_step(rig_slurm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    nodes = rig_slurm.nodes[:2]
-    require(len(nodes) == 2, "2 Slurm nodes in the rig")
-    mld = str(Path(sys.executable).parent / "mldebug")
-    out = tmp_path / "slurm.out"
-    tmp_path.chmod(0o777)
-    job = rig_slurm.sbatch([mld, "gpu-test", "--json", "--timeout", "30", "--backend", "gloo"], nodes=2, ntasks_per_node=1,
-                           extra=["-w", ",".join(nodes)], output=out,
-                           env={"MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "OMP_NUM_THREADS": "1"})
-    try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            if not rig_slurm.run(["squeue", "-h", "-j", job, "-o", "%i"]).stdout.strip():
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail("the Slurm gpu-test job did not end")
-    finally:
-        rig_slurm.cancel(job)
-    text = out.read_text()
-    start = text.index("{")
-    doc, _ = json.JSONDecoder().raw_decode(text[start:])
-    jsonschema.validate(doc, SCHEMA)
-    res = doc["result"]
-    assert res["ok"], text[-3000:]
-    assert res["launcher"] == "slurm" and res["world_size"] == 2
-    assert sorted(x["identity"]["host"] for x in res["ranks"]) == sorted(nodes)
-    assert [x["identity"]["node_rank"] for x in res["ranks"]] == [0, 1]

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
+
 from tests.conftest import REPO
 
 # The rig's fake nodes have 2 fake GPUs and 8 CPUs each; the templates ask for 8 GPUs per node.
@@ -29,12 +31,24 @@ def _sbatch(rig_slurm, template: str, tmp_path: Path, *extra: str, env: dict[str
 
 
 def test_gpu_test_template_reports_every_rank(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
+    # Also the suite's check of gpu-test under Slurm: srun's world (launcher, ranks, hosts, node ranks).
     rc, job, log = _sbatch(rig_slurm, "gpu-test.sbatch", tmp_path, "--ntasks-per-node=2",
                            env={"MLDEBUG_ARGS": "--timeout 60"})
     assert rc == 0, log
     assert "4/4 ranks OK on 2 hosts" in log
-    lines = list((tmp_path / f"mldebug-gpu-test-{job}").glob("*"))
-    assert lines, "each rank writes its own result line under --out-dir"
+    out = tmp_path / f"mldebug-gpu-test-{job}"
+    assert sorted(p.name for p in out.glob("gpu-test.rank*.jsonl")) == [f"gpu-test.rank{r:05d}.jsonl" for r in range(4)], \
+        "each rank writes its own result line under --out-dir"
+    doc = json.loads((out / "gpu-test.json").read_text())  # rank 0's verdict over every rank
+    jsonschema.validate(doc, json.loads((REPO / "ml_debug" / "schemas" / "gpu-test.json").read_text()))
+    res = doc["result"]
+    assert res["ok"], log[-3000:]
+    assert res["launcher"] == "slurm" and res["world_size"] == 4
+    ids = sorted((x["identity"] for x in res["ranks"]), key=lambda i: i["rank"])
+    assert [i["rank"] for i in ids] == [0, 1, 2, 3]
+    assert [i["node_rank"] for i in ids] == [0, 0, 1, 1]
+    assert sorted(i["host"] for i in ids) == sorted(rig_slurm.nodes[:2] * 2)
+    assert ids[0]["host"] == ids[1]["host"] != ids[2]["host"] == ids[3]["host"]
 
 
 def test_health_template_writes_one_json_per_node(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
