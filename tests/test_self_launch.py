@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import uuid
 
-import psutil
 import pytest
 
 from ml_debug.bench.config import BenchConfig
@@ -17,7 +17,10 @@ from ml_debug.gputest.options import GpuTestConfig
 from ml_debug.health.options import HealthOptions
 from ml_debug.stacks.request import DumpRequest
 from ml_debug.train.config import TrainConfig, parse_fault
-from tests.conftest import mldebug
+from tests.conftest import mldebug, pids_with_env, reserved_port
+from tests.fakes import faults
+
+MARK = "MLDEBUG_SELF_LAUNCH_TEST_MARK"  # every process the hung-rank test starts inherits it
 
 
 def _parse_back(cls: type, argv: list[str]) -> object:
@@ -81,23 +84,29 @@ def test_help_ends_with_the_examples_kept_line_by_line_and_the_docs_page() -> No
     assert out.count("MLDEBUG_BACKEND") == 1
 
 
-def test_hung_rank_is_stopped_after_its_peer_finished(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """rank 1 hangs outside any collective; rank 0 times out and leaves; the launcher stops rank 1."""
-    token = tmp_path / "hang-token"
+def test_hung_rank_is_stopped_after_its_peer_finished() -> None:
+    """rank 1 stalls outside any collective (in its timed batch, the test fault hook); rank 0 times out
+    in the next collective and leaves; the launcher (shared by every self-launched command) stops rank 1."""
+    mark = uuid.uuid4().hex
+    env = {**faults.env("allreduce-bench.slow:rank=1,factor=1000000000"), MARK: mark}
     t0 = time.monotonic()
-    r = mldebug("train", "--nproc-per-node", "2", "--steps", "6", "--timeout", "5", "--inject", "hang@step=3,rank=1",
-                "--metrics-dir", str(token), timeout=180)
+    # --timeout 5: the collectives' timeout, and the linger min(5, 30) + 10 = 15 s (as for train)
+    r = mldebug("allreduce-bench", "--nproc-per-node", "2", "--device", "cpu", "--backend", "gloo", "-b", "64K",
+                "-e", "64K", "-n", "5", "-w", "1", "--timeout", "5", env=env, timeout=180)
     took = time.monotonic() - t0
     assert r.returncode in (1, 4), r.stderr[-2000:]
     assert "rank 1 still running 15 s after another rank finished: stopped" in r.stderr, r.stderr[-2000:]
     assert took < 120
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(str(token) in c for c in p.info["cmdline"] or [])]
+    left = pids_with_env(MARK, mark)
     assert not left, f"ranks left behind: {left}"
 
 
 def test_sendrecv_on_one_rank_is_skipped_with_a_note() -> None:
-    r = mldebug("--json", "allreduce-bench", "--nproc-per-node", "1", "-C", "all_reduce,sendrecv", "--quick",
-                timeout=180)
+    # One rank started by hand (an env:// world of 1), no launcher process.
+    with reserved_port() as port:
+        world = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        r = mldebug("--json", "allreduce-bench", "-C", "all_reduce,sendrecv", "--quick", env=world, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout)["result"]
     assert [c["collective"] for c in result["collectives"]] == ["all_reduce"]

@@ -1,7 +1,7 @@
 """`mldebug train` on 2 real gloo ranks: golden loss curve, checkpoints, bit-for-bit resume, switches.
 
 One 50-step run (the golden curve) also saves step-20/40/50 checkpoints; the resume test continues
-from a copy of step-20 next to a partial step-30 folder and must reproduce steps 21..50 exactly.
+from a copy of step-40 next to a partial step-45 folder and must reproduce steps 41..50 exactly.
 Set MLDEBUG_UPDATE_GOLDEN=1 to rewrite tests/golden/train_tiny_2rank.json from this machine.
 """
 
@@ -86,21 +86,21 @@ def test_resume_is_bit_identical_and_ignores_partial(golden_run: dict, tmp_path:
     assert all((ckpt / k / "COMPLETE").is_file() for k in kept)
     resume_dir = tmp_path / "ckpt"
     resume_dir.mkdir()
-    shutil.copytree(ckpt / "step-20", resume_dir / "step-20")
-    shutil.copytree(ckpt / "step-40", resume_dir / "step-30")  # a save killed before its marker:
-    (resume_dir / "step-30" / "COMPLETE").unlink()  # complete files, no marker
+    shutil.copytree(ckpt / "step-40", resume_dir / "step-40")
+    shutil.copytree(ckpt / "step-50", resume_dir / "step-45")  # a save killed before its marker:
+    (resume_dir / "step-45" / "COMPLETE").unlink()  # complete files, no marker
     proc = mldebug(*GOLDEN_ARGS, "--metrics-dir", str(tmp_path / "metrics"), "--checkpoint-dir", str(resume_dir),
                    timeout=400, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed from" in proc.stderr and "step-20" in proc.stderr
+    assert "resumed from" in proc.stderr and "step-40" in proc.stderr
     result = json.loads(proc.stdout)["result"]
-    assert result["start_step"] == 20 and result["last_step"] == 50
+    assert result["start_step"] == 40 and result["last_step"] == 50
     want = _losses(golden_run["dir"] / "metrics")
     got = _losses(tmp_path / "metrics")
-    assert sorted(got) == list(range(21, 51))
+    assert sorted(got) == list(range(41, 51))
     assert all(got[s] == want[s] for s in got), "resume must continue bit for bit"
-    # The partial folder was removed by the next save.
-    assert not (resume_dir / "step-30").exists()
+    # The partial folder was removed by the next save (the end-of-run save of step 50).
+    assert not (resume_dir / "step-45").exists()
 
 
 def _rank_pids(launcher: subprocess.Popen) -> list[int]:
@@ -159,7 +159,5 @@ def test_save_switch_then_kill_switch(tmp_path: Path) -> None:
     # The step running when the file appeared may finish, plus at most one more: "within one step".
     assert seen <= result["last_step"] <= seen + 2
     assert "kill switch" in err
-    # Kill switch present at start: nothing runs, exit 0.
-    again = mldebug("train", "--kill-switch", str(kill), "--json", timeout=120, cwd=tmp_path)
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["result"]["steps_run"] == 0
+    # A kill switch present at start (nothing runs, an ok result, so exit 0 as here) is
+    # tests/test_train_unit.py::test_kill_switch_present_at_start_runs_no_step.

@@ -248,3 +248,16 @@ def test_trainer_step_by_step_with_switches(tmp_path: Path) -> None:
     assert not hasattr(trainer, "model") and not hasattr(trainer, "optimizer")
     # The steps are the ones train() runs.
     assert train(TrainConfig(**args)).losses.items() >= {1: first.loss, 2: second.loss}.items()  # type: ignore[arg-type]
+
+
+def test_kill_switch_present_at_start_runs_no_step(tmp_path: Path) -> None:
+    # Checked before anything starts (ml_debug/train/loop.py); an ok result is `mldebug train`'s exit 0,
+    # as tests/test_train_dist.py::test_save_switch_then_kill_switch checks for a kill switch mid-run.
+    from ml_debug.train.loop import train
+
+    kill = tmp_path / "KILL"
+    kill.touch()
+    result = train(TrainConfig(steps=5, batch_size=2, seq_len=32, kill_switch=kill))
+    assert result.ok and result.stopped_by == "kill-switch"
+    assert (result.steps_run, result.last_step) == (0, 0)
+    assert "not starting" in result.summary
