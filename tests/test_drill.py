@@ -22,7 +22,7 @@ from ml_debug.drill.catalog import judge
 from ml_debug.drill.model import Injected, Named
 from ml_debug.drill.options import DRILLS, parse_only
 from ml_debug.drill.run import plan_for
-from ml_debug.drill.workspace import TOKEN_VAR
+from ml_debug.drill.workspace import TOKEN_VAR, result_of
 from tests.conftest import REPO, pids_with_env, require, wait_until
 from tests.fakes import hooks_env
 
@@ -106,6 +106,15 @@ def test_drills_judged_by_stacks_logs_and_links_name_the_injected_rank(tmp_path:
     assert by["nan"]["named"]["verdict"].startswith(f"first failure: rank {by['nan']['injected']['rank']} ")
     assert "all_reduce" in by["desync"]["named"]["where"]
     assert by["slow-link"]["named"]["where"] == by["slow-link"]["injected"]["where"]
+    # allreduce-bench --pairwise on 4 ranks measured every pair, and only the injected link is slow
+    bench = result_of((Path(by["slow-link"]["evidence"]) / "allreduce-bench.json").read_text())
+    assert bench is not None
+    pairs = bench["pairwise"]
+    assert bench["mode"] == "pairwise" and pairs["units"] == "rank" and pairs["rounds"] == 3 and pairs["passes"] == 3
+    assert all(pairs["matrix"][a][b] is not None for a in range(4) for b in range(4) if a != b)
+    link = by["slow-link"]["injected"]
+    assert [(x["a"], x["b"]) for x in pairs["slow_links"]] == [(link["rank"], link["peer"])] and not pairs["slow_units"]
+    assert "slow link" in bench["summary"] and bench["test_faults"].startswith("mldebug drill: slow-pair:"), bench
     # Each fault did what `mldebug train --inject` says, read from the drills' evidence (tests/test_train_faults.py
     # has the other faults): the hung rank sleeps outside any collective while its peer waits in one ...
     hang = by["hang"]["injected"]["rank"]
@@ -277,6 +286,11 @@ def test_drills_over_ssh_on_three_rig_nodes(rig_ssh, tmp_path: Path) -> None:  #
     assert hang["injected"]["node"] == names[hang["injected"]["rank"]] == hang["named"]["node"]
     assert by["crash"]["named"]["node"] == names[by["crash"]["injected"]["rank"]]
     assert "over ssh (3 nodes)" in by["slow-link"]["diagnosis"]
+    # allreduce-bench --pairwise self-launched on each host (--nnodes 3 --node-rank i): its units are the nodes
+    bench = result_of((Path(by["slow-link"]["evidence"]) / "allreduce-bench.json").read_text())
+    assert bench is not None and bench["nnodes"] == 3, bench
+    assert bench["pairwise"]["units"] == "node" and len(bench["pairwise"]["names"]) == 3
+    assert all(bench["pairwise"]["matrix"][a][b] for a in range(3) for b in range(3) if a != b)
     # processes started by sshd do not inherit this test's marker: look for the drills' own tokens
     assert not _carrying(result), "a drill left processes behind on a node"
     assert result["notes"][0].startswith(f"repeat with: mldebug drill --only hang,crash,slow-link --nproc-per-node 1 "
