@@ -57,9 +57,9 @@ def _run_rank(cfg: BenchConfig) -> int:
     Rank 0 reports before the group's closing barrier: torchrun stops every rank as soon as one exits
     non-zero, so no rank may leave with the verdict before the verdict is printed.
     """
-    from ml_debug.core.errors import UsageError
+    from ml_debug.core.errors import PartialResult, UsageError, first_line
     from ml_debug.dist.device import choose_device
-    from ml_debug.dist.group import distributed
+    from ml_debug.dist.group import distributed, is_collective_error
     from ml_debug.dist.world import detect_world
 
     world = detect_world()
@@ -67,14 +67,21 @@ def _run_rank(cfg: BenchConfig) -> int:
         raise UsageError(f"--root {cfg.root} is outside the {world.world_size} ranks", "use 0 .. world size - 1")
     choice = choose_device(world, cfg.device, cfg.backend)
     with distributed(world, choice, cfg.timeout):
-        if cfg.pairwise:
-            from ml_debug.bench.pairwise import run_pairwise
+        try:
+            if cfg.pairwise:
+                from ml_debug.bench.pairwise import run_pairwise
 
-            result = run_pairwise(cfg, world, choice.device, choice.backend)
-        else:
-            from ml_debug.bench.sweep import run_sweep
+                result = run_pairwise(cfg, world, choice.device, choice.backend)
+            else:
+                from ml_debug.bench.sweep import run_sweep
 
-            result = run_sweep(cfg, world, choice.device, choice.backend)
+                result = run_sweep(cfg, world, choice.device, choice.backend)
+        except Exception as e:  # a peer stopped answering mid-run: no numbers to report, and no bug of ours
+            if not is_collective_error(e):
+                raise
+            raise PartialResult(f"rank {world.rank}: a collective failed: {first_line(e)}",
+                                "another rank is hung, slow or gone: `mldebug dump-stacks --local` (or --slurm-job) "
+                                "names it") from e
         if world.rank == 0:
             _report(cfg, result)
     return 0 if result.ok else 1

@@ -84,6 +84,14 @@ def is_timeout_error(e: BaseException) -> bool:
     return "timed out" in text or "timeout" in text or type(e).__name__ in ("DistStoreError",)
 
 
+def is_collective_error(e: BaseException) -> bool:
+    """Did a collective (or the store under it) fail, because a peer is hung, slow or gone, rather than
+    this rank's own code? gloo raises plain RuntimeErrors, so the message decides too."""
+    text = str(e).lower()
+    return type(e).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError") or any(
+        w in text for w in ("gloo", "nccl", "timed out", "connection closed", "connection reset", "broken pipe"))
+
+
 def init_process_group(world: World, choice: DeviceChoice, timeout_s: float, store: Any = None) -> None:
     """Initialise the default process group; every rank gives up after ``timeout_s``.
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ml_debug.core.errors import MLDebugError, first_line
+from ml_debug.dist.group import is_collective_error
 from ml_debug.train import checkpoint as ckpt
 from ml_debug.train import numerics
 from ml_debug.train.agreement import Contribution, StepAgreement, agree
@@ -186,7 +187,7 @@ class Trainer:
         except MLDebugError:
             raise
         except Exception as e:
-            if self.distributed and _is_collective_error(e):
+            if self.distributed and is_collective_error(e):
                 raise CollectiveFailure(
                     f"rank {self.rank}: a collective failed at step {step}: {first_line(e)}",
                     "another rank is hung, slow or gone: `mldebug dump-stacks --local` (or --slurm-job) "
@@ -326,13 +327,6 @@ def _numerics(cfg: TrainConfig) -> str:
 def _rebuild_rope(model: Any) -> None:
     c = model.cfg
     model.rope = rope_tables(c.dim // c.n_heads, c.max_seq_len, c.rope_theta, device=model.rope.device)
-
-
-def _is_collective_error(e: BaseException) -> bool:
-    name = type(e).__name__
-    text = str(e).lower()
-    return name in ("DistBackendError", "DistNetworkError", "DistStoreError") or any(
-        w in text for w in ("gloo", "nccl", "timed out", "connection closed", "connection reset", "broken pipe"))
 
 
 def _start_profiler(device: torch.device) -> Any:
