@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from ml_debug.core.errors import UsageError
 from ml_debug.dist.launch import LaunchResult, LaunchSpec, launch
-from tests.conftest import reserved_port
+from tests.conftest import require, reserved_port
 
 RANK_SCRIPT = """
 import sys, torch, torch.distributed as dist
@@ -94,3 +96,29 @@ def test_self_launch_two_ranks_reports_each_exit_code() -> None:
     assert ok.exit_codes == {0: 0, 1: 0} and ok.code == 0
     bad = launch(["no-such-command"], LaunchSpec(2, rdzv_timeout_s=30))
     assert bad.exit_codes == {0: 2, 1: 2} and bad.code == 2
+
+
+def test_a_launch_removes_the_folders_of_launchers_killed_before_they_could(tmp_path: Path, monkeypatch) -> None:
+    from ml_debug.dist import launch as launch_mod
+
+    require(os.geteuid() == 0, "root (to leave a folder of another user)")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True, timeout=60)
+    dead = tmp_path / f"mldebug-launch-{gone.stdout.strip()}-abc"  # its launcher was SIGKILLed
+    (dead / "logs" / "run").mkdir(parents=True)
+    alive = tmp_path / f"mldebug-launch-{os.getpid()}-def"  # a launch under way
+    alive.mkdir()
+    other = tmp_path / "mldebug-launch-notapid"
+    other.mkdir()
+    target = tmp_path / "not-ours"
+    target.mkdir()
+    (tmp_path / "mldebug-launch-999999999-link").symlink_to(target)  # never followed
+    made = launch_mod._workdir()
+    assert Path(made).name.startswith(f"mldebug-launch-{os.getpid()}-") and Path(made).is_dir()
+    assert not dead.exists() and alive.is_dir() and other.is_dir() and target.is_dir()
+    theirs = tmp_path / "mldebug-launch-999999998-xyz"  # another user's leftover is never touched
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    launch_mod._workdir()
+    assert theirs.is_dir()

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -58,6 +59,33 @@ class LaunchResult:
             return self.exit_codes[0] if self.exit_codes[0] >= 0 else ExitCode.PARTIAL
         codes = list(self.exit_codes.values())
         return ExitCode.PARTIAL if min(codes) < 0 else max(codes)
+
+
+WORKDIR_PREFIX = "mldebug-launch-"
+
+
+def _workdir() -> str:
+    """A fresh folder for one launch (ranks' exit codes, torch's agent logs), named after this process.
+
+    A launcher stopped by SIGKILL cannot remove its folder: the next launch removes such leftovers,
+    those of this user whose launcher process is gone (never another user's, never through a link)."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        names = []
+    for name in names:
+        pid = name[len(WORKDIR_PREFIX):].split("-", 1)[0]
+        if not name.startswith(WORKDIR_PREFIX) or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
 
 
 def free_port() -> int:
@@ -120,7 +148,7 @@ def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None 
             logging.getLogger(name).setLevel(logging.CRITICAL)
     addr = spec.master_addr or "127.0.0.1"
     port = spec.master_port or (free_port() if spec.nnodes == 1 else 29500)
-    workdir = tempfile.mkdtemp(prefix="mldebug-launch-")
+    workdir = _workdir()
     saved = dict(os.environ)
     timer: threading.Timer | None = None
     result = LaunchResult()
