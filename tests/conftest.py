@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import json
 import os
 import shutil
@@ -202,43 +201,3 @@ def validate_schema(doc: dict, name: str) -> None:
 
     schema = json.loads((REPO / "ml_debug" / "schemas" / f"{name}.json").read_text())
     jsonschema.validate(doc, schema)
-
-
-# ----------------------------------------------------------------------------- parallel runs (pytest-xdist)
-
-_SLURM_WORDS = ("rig_slurm", 'where="slurm"', "sbatch", "srun", "--slurm-job")
-
-
-def _uses_slurm(item: pytest.Item) -> bool:
-    """Does this test submit work to the rig's Slurm (through a fixture or in its own code)?"""
-    if "rig_slurm" in getattr(item, "fixturenames", ()):
-        return True
-    fn = getattr(item, "function", None)
-    try:
-        source = inspect.getsource(fn) if fn is not None else ""
-    except (OSError, TypeError):
-        return False
-    return any(word in source for word in _SLURM_WORDS)
-
-
-def _module_fixture(item: pytest.Item) -> bool:
-    """Does this test use a module-scoped fixture of its own module (a real job that several tests read)?"""
-    info = getattr(item, "_fixtureinfo", None)
-    module = getattr(getattr(item, "module", None), "__name__", None)
-    if info is None or module is None:
-        return False
-    return any(fd.scope in ("module", "package") and getattr(fd.func, "__module__", None) == module
-               for name in item.fixturenames for fd in info.name2fixturedefs.get(name, ()))
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup` (tests/run.sh), every test that submits work to the rig's
-    one Slurm cluster runs on the same worker, one after another: a job that asks for a node's GPUs
-    would otherwise queue behind another worker's job and miss its test's deadline. The tests that share
-    a module-scoped fixture (one real job, read by several tests) run on one worker too, so the job runs
-    once, not once per worker. Without xdist the markers do nothing."""
-    for item in items:
-        if _uses_slurm(item):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif _module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))  # type: ignore[attr-defined]

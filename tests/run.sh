@@ -73,16 +73,16 @@ echo "tests/run.sh: installed in $(( $(date +%s) - t0 )) s"
 .venv/bin/mypy ml_debug || { echo "tests/run.sh: mypy found type errors" >&2; exit 1; }
 export MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1
 set +e
-# Most tests wait on real ranks, sshd or Slurm rather than compute: two pytest-xdist workers (tests
-# that use the rig's Slurm share one worker, tests/conftest.py). Tests marked `serial` judge CPU
-# shares or rates, which a second worker's ranks would skew on 2 cores: they run alone afterwards.
+# Two pytest-xdist workers, one per core (the suite is CPU-bound: docs/testing.md). Tests marked
+# `serial` judge CPU shares or rates, which a second worker's ranks would skew on 2 cores: they run
+# alone afterwards.
 # MLDEBUG_TEST_WORKERS=0 runs everything in one process.
 workers=${MLDEBUG_TEST_WORKERS:-2}
 if [ "$workers" = 0 ]; then
   .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
   rc=$?
 else
-  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n "$workers" --dist loadgroup -m "not serial" "$@"
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n "$workers" --dist load -m "not serial" "$@"
   rc=$?
   .venv/bin/python -m pytest -p no:cacheprovider --durations=10 -m serial "$@"
   rc2=$?

@@ -36,7 +36,9 @@ TOKEN_VAR = "TOP_TEST_JOB"
 
 # Every rank appends {"step": N} to rank-<R>.jsonl every 0.1 s, except rank 1, which stops after its
 # first step (it sleeps: a stalled rank). Rank 3 steps too, but two threads of it spin (hashing releases
-# the GIL, so both burn a core): a rank using far more CPU than its peers, even on a loaded machine.
+# the GIL, so both burn a core): a rank using far more CPU than its peers, even on a loaded machine. They
+# spin only while the file "spin" exists in the job's folder: the test that judges CPU shares creates it,
+# the others leave 2 cores to the rest of the suite.
 JOB = r'''
 import hashlib, json, os, socket, threading, time
 from datetime import timedelta
@@ -51,9 +53,13 @@ role = {1: "sleep", 3: "spin"}.get(rank, "work")
 end_at = time.monotonic() + 300
 
 def spin():
-    block = bytes(1 << 20)
+    block, flag = bytes(1 << 20), os.path.join(out, "spin")
     while time.monotonic() < end_at:
-        hashlib.sha256(block).digest()
+        if os.path.exists(flag):
+            for _ in range(20):
+                hashlib.sha256(block).digest()
+        else:
+            time.sleep(0.05)
 
 if role == "spin":
     for _ in range(2):
@@ -160,18 +166,22 @@ def _check_job(result: dict, job: TopJob, nodes: dict[str, str]) -> None:
 @pytest.mark.serial
 def test_once_json_over_slurm_and_over_ssh_every_rank_labelled_and_the_outliers_named(job, rig_slurm, rig_ssh) -> None:
     names = {n: n for n in rig_slurm.nodes[:2]}
-    rc, result, err = _run("--slurm-job", job.job_id, "--progress-file", job.progress, env=rig_slurm.env)
-    assert rc == 1, err  # outliers found
-    assert result["transport"] == "slurm" and result["slurm_job"] == job.job_id
-    _check_job(result, job, names)
+    (job.dir / "spin").touch()  # rank 3 spins from now on (the agents' first sample is a full interval away)
+    try:
+        rc, result, err = _run("--slurm-job", job.job_id, "--progress-file", job.progress, env=rig_slurm.env)
+        assert rc == 1, err  # outliers found
+        assert result["transport"] == "slurm" and result["slurm_job"] == job.job_id
+        _check_job(result, job, names)
 
-    hosts = rig_ssh.hostfile([n for n in rig_ssh.nodes if n.name in names])
-    rc, result, err = _run("--hosts", str(hosts), "--ssh-config", str(rig_ssh.ssh_config), "--env",
-                           f"{TOKEN_VAR}={job.token}", "--progress-file", job.progress)
-    assert rc == 1, err
-    assert result["transport"] == "ssh"
-    _check_job(result, job, names)
-    assert "2/2 nodes answering, 4 ranks, 0 GPUs; 2 outliers: " in result["summary"]
+        hosts = rig_ssh.hostfile([n for n in rig_ssh.nodes if n.name in names])
+        rc, result, err = _run("--hosts", str(hosts), "--ssh-config", str(rig_ssh.ssh_config), "--env",
+                               f"{TOKEN_VAR}={job.token}", "--progress-file", job.progress)
+        assert rc == 1, err
+        assert result["transport"] == "ssh"
+        _check_job(result, job, names)
+        assert "2/2 nodes answering, 4 ranks, 0 GPUs; 2 outliers: " in result["summary"]
+    finally:
+        (job.dir / "spin").unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------- a stopped sshd
