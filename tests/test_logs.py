@@ -386,3 +386,23 @@ def test_a_rank_stdout_line_teed_into_its_traceback_is_not_the_exception(tmp_pat
     v = triage([str(console)]).verdict
     assert v.primary is not None and v.primary.who.rank == 2, v.summary
     assert v.primary.message.startswith("ValueError: bad batch on rank 2"), v.primary.message
+
+
+def test_a_rank_that_raised_and_then_aborted_while_exiting_failed_once() -> None:
+    """Real torchrun logs (tests/data/logs/raise_then_sigabrt_at_exit/): rank 2 raised a ValueError, then
+    gloo aborted its exit ("terminate called without an active exception"), so torchrun saw -6 (SIGABRT).
+    A process ends once: one failure for rank 2, told by its exception, with the signal in its detail."""
+    from ml_debug.logs.model import PRIMARY
+    from ml_debug.logs.triage import triage
+    from tests.conftest import REPO
+
+    logs = REPO / "tests" / "data" / "logs" / "raise_then_sigabrt_at_exit"
+    for paths in ([logs / "console.log"], [logs / "torchelastic"], [logs / "console.log", logs / "torchelastic"]):
+        report = triage([str(p) for p in paths])
+        v = report.verdict
+        assert v.primary is not None and v.primary.who.rank == 2, (paths, v.summary)
+        assert "ValueError: bad batch on rank 2" in v.primary.message, (paths, v.summary)
+        assert not v.independent, (paths, v.summary)
+        primary = [e for e in report.events if e.cls == PRIMARY and e.strong]
+        assert [e.who.rank for e in primary] == [2], [(e.who, e.message) for e in primary]
+    assert v.primary.detail["exit_code"] == -6  # torchrun's summary, kept with the exception

@@ -70,15 +70,12 @@ def _expand(text: str) -> list[int]:
     return expand(text)
 
 
-@pytest.fixture(scope="module")
-def raised(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, Path]:
-    """Plain torchrun --tee 3 --role HOST: , rank 2 raises a ValueError."""
-    return _torchrun(tmp_path_factory.mktemp("raised"), "raise", 2, role=True)
-
-
-def test_torchrun_tee_role_console_names_the_raising_rank(raised: tuple[int, Path, Path]) -> None:
-    rc, console, _ = raised
+def test_torchrun_tee_role_console_and_log_dir_each_name_the_raising_rank(tmp_path: Path) -> None:
+    """Plain torchrun --tee 3 --role HOST: , rank 2 raises a ValueError; its console, its --log-dir tree, and
+    both together (each failure counted once). One job: a module-scoped one would run once per xdist worker."""
+    rc, console, logdir = _torchrun(tmp_path, "raise", 2, role=True)
     assert rc != 0
+    # the console alone
     text = console.read_text()
     assert f"[{HOST}:2]:" in text  # the --role prefix really is there
     report = triage([str(console)])
@@ -86,20 +83,14 @@ def test_torchrun_tee_role_console_names_the_raising_rank(raised: tuple[int, Pat
     assert report.verdict.primary is not None and report.verdict.primary.who.node == HOST
     primary_tb = [g for g in report.tracebacks if g.cls == PRIMARY]
     assert primary_tb and primary_tb[0].ranks == "2" and "raise ValueError" in "\n".join(primary_tb[0].text)
-
-
-def test_torchrun_log_dir_tree_alone_names_the_raising_rank(raised: tuple[int, Path, Path]) -> None:
-    _, _, logdir = raised
+    # the log-dir tree alone
     assert list(logdir.rglob("attempt_0/2/stderr.log"))
     report = triage([str(logdir)])
     v = report.verdict
     assert v.primary is not None and v.primary.who.rank == 2, v.summary
     assert "ValueError: bad batch on rank 2" in v.primary.message
     assert {s.shape for s in report.sources} == {"torchelastic"}
-
-
-def test_console_and_tree_together_count_each_failure_once(raised: tuple[int, Path, Path]) -> None:
-    _, console, logdir = raised
+    # both together: each failure counted once
     both = triage([str(console), str(logdir)])
     _check(both, 2, "ValueError: bad batch on rank 2")
     primary = [e for e in both.events if e.cls == PRIMARY and e.strong]

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import jsonschema
-import pytest
 
 from tests.conftest import REPO, mldebug, read_golden
 
@@ -37,9 +36,18 @@ def _losses(metrics_dir: Path, rank: int = 0) -> dict[int, float]:
     return out
 
 
-@pytest.fixture(scope="module")
-def golden_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    work = tmp_path_factory.mktemp("golden")
+def test_golden_run_its_metrics_and_a_bit_identical_resume(tmp_path: Path) -> None:
+    """One 50-step run, read three ways (a module-scoped fixture would run once per xdist worker): the
+    loss curve against the golden file, every rank's metrics lines, and a resume from its step-40
+    checkpoint beside a partial step-45 that continues bit for bit."""
+    golden_run = _golden_run(tmp_path / "golden")
+    _check_golden_loss_curve(golden_run)
+    _check_metrics_lines_per_rank(golden_run)
+    _check_resume_is_bit_identical_and_ignores_partial(golden_run, tmp_path / "resume")
+
+
+def _golden_run(work: Path) -> dict:
+    work.mkdir()
     proc = mldebug(*GOLDEN_ARGS, "--metrics-dir", str(work / "metrics"), "--checkpoint-dir", str(work / "ckpt"),
                    timeout=400, cwd=work)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -47,7 +55,7 @@ def golden_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"dir": work, "doc": doc, "stderr": proc.stderr}
 
 
-def test_golden_loss_curve(golden_run: dict) -> None:
+def _check_golden_loss_curve(golden_run: dict) -> None:
     doc = golden_run["doc"]
     jsonschema.validate(doc, json.loads((SCHEMAS / "train.json").read_text()))
     result = doc["result"]
@@ -63,7 +71,7 @@ def test_golden_loss_curve(golden_run: dict) -> None:
     assert sum(golden[-5:]) / 5 < golden[0] - 2.0
 
 
-def test_metrics_lines_per_rank(golden_run: dict) -> None:
+def _check_metrics_lines_per_rank(golden_run: dict) -> None:
     schema = json.loads((SCHEMAS / "train-step.json").read_text())
     metrics = golden_run["dir"] / "metrics"
     for rank in (0, 1):
@@ -79,7 +87,8 @@ def test_metrics_lines_per_rank(golden_run: dict) -> None:
     assert "step 50/50 | loss" in golden_run["stderr"]
 
 
-def test_resume_is_bit_identical_and_ignores_partial(golden_run: dict, tmp_path: Path) -> None:
+def _check_resume_is_bit_identical_and_ignores_partial(golden_run: dict, tmp_path: Path) -> None:
+    tmp_path.mkdir()
     ckpt = golden_run["dir"] / "ckpt"
     kept = sorted(p.name for p in ckpt.iterdir())
     assert kept == ["step-20", "step-40", "step-50"]

@@ -1,8 +1,7 @@
 """`mldebug train --inject`: every fault does exactly what it says, on 2 real gloo ranks.
 
 The hang and crash faults are checked on the evidence of `mldebug drill`'s hang and crash drills, which run
-the same faults (tests/test_drill.py), the desync fault on the job `mldebug watch` watches
-(tests/test_watch.py): one real job each, not two."""
+the same faults (tests/test_drill.py): one real job each, not two."""
 
 from __future__ import annotations
 
@@ -82,6 +81,13 @@ def test_straggler_slows_only_its_rank_and_a_segfault_leaves_a_core(tmp_path: Pa
     assert slow[0]["event"] is None
     assert all(r["event"] and r["event"].startswith("injected straggler delay") for r in slow[1:])
     assert all(r["event"] is None for r in _steps(metrics, 0))
+
+
+def test_desync_issues_a_different_collective(tmp_path: Path) -> None:
+    proc = mldebug(*BASE, "--inject", "desync@step=2,rank=1", "--timeout", "5", timeout=240, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "rank 1: injected desync at step 2" in proc.stderr
+    assert "a collective failed at step 2" in proc.stderr
 
 
 def test_exit_is_silent(tmp_path: Path) -> None:

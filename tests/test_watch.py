@@ -51,16 +51,16 @@ def _env(token: str, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 @pytest.fixture
 def train(tmp_path: Path) -> Iterator[Callable[..., Job]]:
-    """Start `mldebug train --nproc-per-node 2 ARGS` (self-launched, 300 s collective timeout unless told); teardown
+    """Start `mldebug train --nproc-per-node 2 ARGS` (self-launched, 300 s collective timeout); teardown
     kills every process of the job by pid and fails if one survives."""
     jobs: list[Job] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> Job:
+    def start(*args: str, env: dict[str, str] | None = None) -> Job:
         token = uuid.uuid4().hex[:12]
         log = tmp_path / f"train-{token}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--timeout",
-                                     str(timeout), *args], env=_env(token, env), stdout=out, stderr=subprocess.STDOUT,
+                                     "300", *args], env=_env(token, env), stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=tmp_path)
         job = Job(proc, token, log)
         jobs.append(job)
@@ -189,12 +189,10 @@ def test_a_healthy_job_gives_no_incident(train: Callable[..., Job], tmp_path: Pa
 
 def test_a_desync_is_named_by_the_flight_recorder_in_the_bundle(
         train: Callable[..., Job], tmp_path: Path) -> None:
-    """Then the job fails by itself at its collective timeout, saying why. (dump-stacks alone on such a job,
-    with the Flight Recorder: the desync drill, tests/test_drill.py)"""
+    """(dump-stacks alone on such a job, with the Flight Recorder: the desync drill, tests/test_drill.py)"""
     _tools()
     fr_dir, out = tmp_path / "fr", tmp_path / "bundle"
-    # a collective timeout well past the watch's stall (10 s) and its bundle, and not a minute more
-    job = train("--steps", "1000", "--inject", "desync@step=3,rank=1", timeout=60,
+    job = train("--steps", "1000", "--inject", "desync@step=3,rank=1",
                 env={"TORCH_FR_BUFFER_SIZE": "2000", "MLDEBUG_FR_DIR": str(fr_dir)})
     proc = watch("--pid", str(job.pid), *FAST, "--out-dir", str(out))
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -206,9 +204,6 @@ def test_a_desync_is_named_by_the_flight_recorder_in_the_bundle(
     fr = json.loads((out / "flight-recorder.json").read_text())
     assert fr["analysis"]["culprits"][0]["rank"] == 1
     assert "desync in collective #" in (out / "dump-stacks.txt").read_text()
-    assert job.proc.wait(timeout=120) == 1, job.log.read_text(errors="replace")[-3000:]
-    log = job.log.read_text(errors="replace")
-    assert "rank 1: injected desync at step 3" in log and "a collective failed at step 3" in log, log[-3000:]
 
 
 @pytest.mark.serial

@@ -131,7 +131,28 @@ def dedupe(events: list[Event]) -> list[Event]:
         keep.who = keep.who.merged(other.who)
         keep.strong = keep.strong or other.strong
         best[key] = keep
-    return [best[k] for k in order]
+    return _one_end_per_writer([best[k] for k in order])
+
+
+_RAISED = ("traceback", "error-file", "exception")
+
+
+def _one_end_per_writer(events: list[Event]) -> list[Event]:
+    """A process ends once: a writer's uncaught exception and the signal its exit code then shows (gloo's
+    abort while the interpreter exits, say) are one failure, told by the exception; the signal is kept
+    in its detail (``exit_code``)."""
+    raised: dict[tuple[Any, ...], Event] = {}
+    for ev in events:
+        if ev.kind in _RAISED and ev.strong and ev.cls == PRIMARY:
+            raised.setdefault(_identity_key(ev.who), ev)
+    out: list[Event] = []
+    for ev in events:
+        told = raised.get(_identity_key(ev.who)) if ev.kind == "signal" and "exit_code" in ev.detail else None
+        if told is not None and _identity_key(ev.who) != ("unknown",):
+            told.detail.setdefault("exit_code", ev.detail["exit_code"])
+            continue
+        out.append(ev)
+    return out
 
 
 # ----------------------------------------------------------------------------- causes per writer
