@@ -205,10 +205,9 @@ def validate_schema(doc: dict, name: str) -> None:
 
 # ----------------------------------------------------------------------------- order (pytest-xdist)
 
-# tests/run.sh hands tests to the xdist workers two at a time, in collection order (`--dist load
-# --maxschedchunk 2`). The modules with the longest tests (half a minute and more) go first: the two
-# workers share them out and then end together on short tests, instead of one waiting out the other's
-# last long one (the alphabetical order put test_watch.py last).
+# `--dist load` hands tests to the xdist workers in collection order. The modules with the longest tests
+# (half a minute and more) go first: the two workers then end together on short tests, instead of one
+# waiting out the other's last long one (the alphabetical order put test_watch.py last).
 LONGEST_FIRST = ("test_drill.py", "test_watch.py", "test_train_dist.py", "test_self_launch.py")
 
 
