@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 import uuid
 
@@ -95,7 +96,9 @@ def test_hung_rank_is_stopped_after_its_peer_finished() -> None:
                 "-e", "64K", "-n", "5", "-w", "1", "--timeout", "5", env=env, timeout=180)
     took = time.monotonic() - t0
     assert r.returncode == 4, r.stderr[-2000:]  # documented: some ranks never answered
-    assert "rank 1 still running 15 s after another rank finished: stopped" in r.stderr, r.stderr[-2000:]
+    # rank 1 is named (rank 0, still tearing down its failed group then on a loaded machine, may be too)
+    assert re.search(r"ranks? (\d+, )*1 still running 15 s after another rank finished: stopped", r.stderr), \
+        r.stderr[-2000:]
     # rank 0's side: its collective failed because of a peer, which is said plainly (not an internal error)
     assert "mldebug: error: rank 0: a collective failed: " in r.stderr and "internal error" not in r.stderr, \
         r.stderr[-2000:]
