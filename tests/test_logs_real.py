@@ -19,7 +19,7 @@ import pytest
 
 from ml_debug.logs.model import PRIMARY, SECONDARY, LogsReport
 from ml_debug.logs.triage import triage
-from tests.conftest import REPO, wait_until
+from tests.conftest import REPO
 
 WORKER = REPO / "tests" / "logs_worker.py"
 HOST = socket.gethostname().split(".")[0]
@@ -145,8 +145,7 @@ def test_srun_label_job_under_slurm(rig_slurm, tmp_path: Path) -> None:  # type:
     job = rig_slurm.sbatch(["srun", "--label", sys.executable, str(WORKER)], nodes=2, ntasks_per_node=2,
                            env=env, output=out, srun=False, extra=["-w", ",".join(nodes), "--time=00:03:00"])
     try:
-        wait_until(lambda: not rig_slurm.run(["squeue", "-h", "-j", job, "-o", "%i"]).stdout.strip(), 180,
-                   f"Slurm job {job} to end")
+        rig_slurm.wait_end(job, timeout=180)
     finally:
         rig_slurm.cancel(job)
     text = out.read_text()
@@ -174,8 +173,7 @@ def test_launch_sbatch_template_under_slurm(rig_slurm, tmp_path: Path) -> None: 
     assert p.returncode == 0, p.stderr
     job = p.stdout.strip().split(";")[0]
     try:
-        wait_until(lambda: not rig_slurm.run(["squeue", "-h", "-j", job, "-o", "%i"]).stdout.strip(), 180,
-                   f"Slurm job {job} to end")
+        rig_slurm.wait_end(job, timeout=180)
     finally:
         rig_slurm.cancel(job)
     log = (tmp_path / f"mldebug-launch-{job}.out").read_text()
