@@ -201,7 +201,9 @@ def test_nvml_values_badges_and_gpu_outliers_through_the_fake(tmp_path: Path) ->
     assert g[0]["temp_c"] is None and g[1]["temp_c"] == 33  # N/A, not a crash
     assert g[3]["throttle"] == ["hw_thermal_slowdown"] and g[1]["ecc_uncorrected"] == 2
     assert g[0]["mem_total_bytes"] == 85520809984 and g[0]["name"] == "NVIDIA H100 80GB HBM3"
-    kinds = {(o["kind"], o["gpu"]) for o in doc["result"]["outliers"]}
+    # --local sees every rank on this machine, so a rank of a test running beside this one may be
+    # an outlier too (seen in CI: a zombie rank); the GPU outliers are this scenario's alone.
+    kinds = {(o["kind"], o["gpu"]) for o in doc["result"]["outliers"] if o["gpu"] is not None}
     assert kinds == {("busy_low_power", 2), ("gpu_util", 3), ("throttle", 3), ("ecc", 1)}
     human = mldebug("top", "--local", "--once", "--gpus", env=fake_nvml.env(scenario), timeout=120)
     assert "FAKE NVML" in human.stdout  # a fake can never pass for real hardware
