@@ -201,3 +201,17 @@ def validate_schema(doc: dict, name: str) -> None:
 
     schema = json.loads((REPO / "ml_debug" / "schemas" / f"{name}.json").read_text())
     jsonschema.validate(doc, schema)
+
+
+# ----------------------------------------------------------------------------- order (pytest-xdist)
+
+# tests/run.sh hands tests to the xdist workers two at a time, in collection order (`--dist load
+# --maxschedchunk 2`). The modules with the longest tests (half a minute and more) go first: the two
+# workers share them out and then end together on short tests, instead of one waiting out the other's
+# last long one (the alphabetical order put test_watch.py last).
+LONGEST_FIRST = ("test_drill.py", "test_watch.py", "test_train_dist.py", "test_self_launch.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: each module keeps its order

@@ -82,7 +82,7 @@ if [ "$workers" = 0 ]; then
   .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
   rc=$?
 else
-  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n "$workers" --dist load -m "not serial" "$@"
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n "$workers" --dist load --maxschedchunk 2 -m "not serial" "$@"
   rc=$?
   .venv/bin/python -m pytest -p no:cacheprovider --durations=10 -m serial "$@"
   rc2=$?
