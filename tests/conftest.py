@@ -215,3 +215,13 @@ LONGEST_FIRST = ("test_drill.py", "test_watch.py", "test_train_dist.py", "test_s
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     first = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: each module keeps its order
+
+
+# ----------------------------------------------------------------------------- Ctrl-C reaches the children
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored, and so would
+    every process the tests start: the Ctrl-C tests would see mldebug shrug SIGINT off. Python's own handler
+    here becomes the default disposition in children (exec resets handlers; only "ignored" is inherited)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
