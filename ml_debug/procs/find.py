@@ -11,12 +11,11 @@ ranks, and mldebug never picks itself.
 from __future__ import annotations
 
 import os
-import re
 import socket
 from dataclasses import dataclass, field
 
-from ml_debug.core.errors import UsageError
 from ml_debug.procs.labels import RankLabels, labels_from_environ, read_environ
+from ml_debug.procs.selectors import compile_pattern
 from ml_debug.procs.tree import ProcInfo, ProcTable, snapshot
 
 # executable (or script) basenames of launchers
@@ -240,13 +239,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     out = TargetSet(host=host)
     me = os.getpid()
     excluded = {me, *table.ancestors(me)}  # never dump ourselves or the shell/srun that started us
-    regex = None
-    if pattern:
-        try:
-            regex = re.compile(pattern)
-        except re.error as e:
-            raise UsageError(f"--pattern {pattern!r} is not a valid regular expression: {e}",
-                             "use Python re syntax, e.g. --pattern 'train\\.py'") from e
+    regex = compile_pattern(pattern) if pattern else None
 
     chosen: dict[int, Target] = {}
 

@@ -5,19 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
+from ml_debug.procs.selectors import env_option, pattern_option, user_option
 
 SEL = "Which processes"
 HOW = "How to dump"
-
-
-def parse_env_filter(item: str) -> tuple[str, str]:
-    """``KEY=VALUE`` -> (KEY, VALUE)."""
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise UsageError(f"--env {item!r} is not KEY=VALUE", "e.g. --env SLURM_JOB_ID=123")
-    return key, value
 
 
 @dataclass
@@ -26,15 +18,11 @@ class DumpRequest:
 
     pids: list[int] = option(flags=("--pid",), default_factory=list, metavar="PID", panel=SEL,
                              help="Dump this process (repeatable); a launcher's pid means its ranks.")
-    pattern: str | None = option(None, metavar="REGEX", panel=SEL,
-                                 help="Dump processes whose command line matches (like pgrep -f).")
-    user: str | None = option(None, metavar="USER", panel=SEL, help="Only processes of this user (name or uid).")
+    pattern: str | None = pattern_option(SEL, "Dump", instead=False)
+    user: str | None = user_option(SEL)
     gpu: bool = option(False, panel=SEL,
                        help="Dump the processes holding a GPU (NVML; nvidia-smi --query-compute-apps=pid).")
-    env: list[tuple[str, str]] = option(
-        default_factory=list, metavar="KEY=VALUE", panel=SEL, parse=parse_env_filter, format="=".join,
-        help="Only processes whose environment has KEY=VALUE (repeatable), e.g. --env SLURM_JOB_ID=123 to pick "
-             "one job among several.")
+    env: list[tuple[str, str]] = env_option(SEL, " to pick one job among several.")
     include_launcher: bool = option(False, panel=SEL, help="Dump the launchers (torchrun, ...) too.")
     world_size: int | None = option(None, min=1, metavar="N", panel=SEL,
                                     help="Expected number of ranks (default: WORLD_SIZE from the ranks' environment); "

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
+from ml_debug.procs.selectors import compile_pattern, env_option, pattern_option, user_option
 
 WHAT = "What to show"
 WHICH = "Which processes"
@@ -14,14 +15,6 @@ TIMING = "Timing"
 SORT_KEYS = ("node", "cpu", "gpu", "rate", "flags")
 """Orders of the node rows: by name, node CPU % (highest first), mean GPU utilisation (highest
 first), median step rate (slowest first), or nodes with something to look at first."""
-
-
-def parse_env_filter(item: str) -> tuple[str, str]:
-    """``KEY=VALUE`` -> (KEY, VALUE)."""
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise UsageError(f"--env {item!r} is not KEY=VALUE", "e.g. --env SLURM_JOB_ID=123")
-    return key, value
 
 
 def parse_sort(word: str) -> str:
@@ -55,27 +48,16 @@ class TopOptions:
         help="A file whose growth is the job's progress (repeatable; a glob on each node). {rank} stands for a "
              "rank's number, e.g. 'run/metrics/rank-{rank}.jsonl' (mldebug train --metrics-dir). The step is the "
              "'step' field of the last JSON line, else the count of new lines; its rate is shown per rank.")
-    pattern: str | None = option(None, metavar="REGEX", panel=WHICH,
-                                 help="Show processes whose command line matches (like pgrep -f) instead of the "
-                                      "ranks found under launchers.")
-    user: str | None = option(None, metavar="USER", panel=WHICH, help="Only processes of this user (name or uid).")
-    env: list[tuple[str, str]] = option(
-        default_factory=list, metavar="KEY=VALUE", panel=WHICH, parse=parse_env_filter, format="=".join,
-        help="Only processes whose environment has KEY=VALUE (repeatable), e.g. --env SLURM_JOB_ID=123. With "
-             "--slurm-job, SLURM_JOB_ID is added for you.")
+    pattern: str | None = pattern_option(WHICH, "Show")
+    user: str | None = user_option(WHICH)
+    env: list[tuple[str, str]] = env_option(WHICH, ". With --slurm-job, SLURM_JOB_ID is added for you.")
     agent: bool = option(False, hidden=True, forward=False,
                          help="Internal: sample this node and print one JSON line per interval until stdin closes.")
 
     def validate(self) -> None:
         """Say a bad --pattern here, once, rather than as every node's agent failing to start."""
-        import re
-
         if self.pattern is not None:
-            try:
-                re.compile(self.pattern)
-            except re.error as e:
-                raise UsageError(f"--pattern {self.pattern!r} is not a valid regular expression: {e}",
-                                 "use Python re syntax, e.g. --pattern 'train\\.py'") from None
+            compile_pattern(self.pattern)
 
     @property
     def env_filter(self) -> dict[str, str]:

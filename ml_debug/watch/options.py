@@ -8,19 +8,12 @@ from pathlib import Path
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
+from ml_debug.procs.selectors import env_option, pattern_option, user_option
 
 WHICH = "Which job"
 WHEN = "When to act"
 ACT = "What to do then"
 HOW = "Sampling"
-
-
-def parse_env_filter(item: str) -> tuple[str, str]:
-    """``KEY=VALUE`` -> (KEY, VALUE)."""
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise UsageError(f"--env {item!r} is not KEY=VALUE", "e.g. --env SLURM_JOB_ID=123")
-    return key, value
 
 
 def incident_argv(text: str) -> list[str]:
@@ -41,14 +34,9 @@ class WatchOptions:
     pids: list[int] = option(flags=("--pid",), default_factory=list, metavar="PID", panel=WHICH,
                              help="Watch this process (repeatable; a launcher's pid means its ranks). This node "
                                   "only: on many nodes pick the job with --env or --pattern.")
-    pattern: str | None = option(None, metavar="REGEX", panel=WHICH,
-                                 help="Watch processes whose command line matches (like pgrep -f) instead of the "
-                                      "ranks found under launchers.")
-    user: str | None = option(None, metavar="USER", panel=WHICH, help="Only processes of this user (name or uid).")
-    env: list[tuple[str, str]] = option(
-        default_factory=list, metavar="KEY=VALUE", panel=WHICH, parse=parse_env_filter, format="=".join,
-        help="Only processes whose environment has KEY=VALUE (repeatable), e.g. --env SLURM_JOB_ID=123. With "
-             "--slurm-job, SLURM_JOB_ID is added for you.")
+    pattern: str | None = pattern_option(WHICH, "Watch")
+    user: str | None = user_option(WHICH)
+    env: list[tuple[str, str]] = env_option(WHICH, ". With --slurm-job, SLURM_JOB_ID is added for you.")
     progress_files: list[str] = option(
         flags=("--progress-file",), default_factory=list, metavar="PATTERN", panel=WHICH,
         help="A file whose growth is the job's progress (repeatable; a glob on each node; {rank} stands for a "
