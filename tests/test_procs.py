@@ -14,7 +14,7 @@ from ml_debug.core.errors import UsageError
 from ml_debug.procs import find_targets, labels_from_environ
 from ml_debug.procs.find import is_python, launcher_kind
 from ml_debug.procs.tree import ProcInfo
-from tests.conftest import pids_with_env, wait_until
+from tests.conftest import mldebug, pids_with_env, wait_until
 
 
 def info(*argv: str, exe: str | None = None, name: str = "x") -> ProcInfo:
@@ -136,6 +136,19 @@ def test_never_picks_itself() -> None:
 def test_bad_pattern_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         find_targets(pattern="(")
+
+
+@pytest.mark.parametrize("command", ["dump-stacks", "top", "watch"])
+def test_a_bad_pattern_is_said_once_before_any_node_is_asked(command: str) -> None:
+    """Not as every node's agent failing to start (dump-stacks said 'not reached', exit 4; watch kept
+    watching nodes that never answered): the hosts here do not exist, so reaching for them would fail
+    differently."""
+    proc = mldebug(command, "--hosts", "no-such-host-a,no-such-host-b", "--pattern", "(", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "mldebug: error: --pattern '(' is not a valid regular expression: missing ), unterminated subpattern "
+        "at position 0", "hint: use Python re syntax, e.g. --pattern 'train\\.py'"], proc.stderr
+    assert proc.stdout == ""
 
 
 def test_gpu_selection_says_why_when_there_is_no_gpu() -> None:

@@ -45,7 +45,6 @@ def top(opts: TopOptions, targets: TargetOptions) -> int:
         return run_agent(opts)
     from ml_debug.top.run import run_top
 
-    opts.validate()
     spec = targets.resolve()
     return run_top(spec, opts, dump=dump_stacks_callback(spec, opts))
 

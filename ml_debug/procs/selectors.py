@@ -1,5 +1,6 @@
 """The options that pick processes by command line, user and environment, declared once for the
-commands that take them (dump-stacks, top, watch), and their checks. Cheap to import: the CLI builds
+commands that take them (dump-stacks, top, watch), and their checks, made when the command line is
+read. Cheap to import: the CLI builds
 its options from these fields."""
 
 from __future__ import annotations
@@ -28,10 +29,17 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
                          "use Python re syntax, e.g. --pattern 'train\\.py'") from None
 
 
+def checked_pattern(pattern: str) -> str:
+    """--pattern as given, once it is known to compile: a bad one is said once, up front, rather than as
+    every node's agent failing to start."""
+    compile_pattern(pattern)
+    return pattern
+
+
 def pattern_option(panel: str, verb: str, instead: bool = True) -> Any:
     """``--pattern REGEX``; ``verb`` says what the command does with the processes ("Dump", "Watch")."""
     tail = " instead of the ranks found under launchers." if instead else "."
-    return option(None, metavar="REGEX", panel=panel,
+    return option(None, metavar="REGEX", panel=panel, parse=checked_pattern,
                   help=f"{verb} processes whose command line matches (like pgrep -f){tail}")
 
 

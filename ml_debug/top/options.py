@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
-from ml_debug.procs.selectors import compile_pattern, env_option, pattern_option, user_option
+from ml_debug.procs.selectors import env_option, pattern_option, user_option
 
 WHAT = "What to show"
 WHICH = "Which processes"
@@ -53,11 +53,6 @@ class TopOptions:
     env: list[tuple[str, str]] = env_option(WHICH, ". With --slurm-job, SLURM_JOB_ID is added for you.")
     agent: bool = option(False, hidden=True, forward=False,
                          help="Internal: sample this node and print one JSON line per interval until stdin closes.")
-
-    def validate(self) -> None:
-        """Say a bad --pattern here, once, rather than as every node's agent failing to start."""
-        if self.pattern is not None:
-            compile_pattern(self.pattern)
 
     @property
     def env_filter(self) -> dict[str, str]:
