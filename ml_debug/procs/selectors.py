@@ -1,7 +1,6 @@
 """The options that pick processes by command line, user and environment, declared once for the
-commands that take them (dump-stacks, top, watch), and their checks, made when the command line is
-read. Cheap to import: the CLI builds
-its options from these fields."""
+commands that take them (dump-stacks, top, watch), with their checks, made when the command line is
+read. Cheap to import: the CLI builds its options from these fields."""
 
 from __future__ import annotations
 
