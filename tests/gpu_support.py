@@ -80,11 +80,14 @@ def need_module(name: str, why: str) -> None:
 
 def check_schema(doc: dict, name: str) -> None:
     """Validate a command's JSON document against its pinned schema when jsonschema is installed
-    (a bare GPU image may lack it); the schema name is checked either way."""
+    (a bare GPU image may lack it: a warning, or a failure under MLDEBUG_REQUIRE_REAL=1); the schema
+    name is checked either way."""
     assert doc.get("schema") == f"mldebug.{name}", doc.get("schema")
     try:
         import jsonschema
     except ImportError:
+        if os.environ.get("MLDEBUG_REQUIRE_REAL") == "1":
+            pytest.fail(f"jsonschema is not installed: the {name} document cannot be validated (MLDEBUG_REQUIRE_REAL=1)")
         warnings.warn(f"jsonschema is not installed: the {name} document was not validated", stacklevel=2)
         return
     schema = json.loads((REPO / "ml_debug" / "schemas" / f"{name}.json").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,20 @@ def test_fake_nvml_data_is_marked_in_the_table_and_the_json(tmp_path: Path) -> N
     assert human.returncode == 0, human.stderr
     assert "1 GPU(s) from FAKE NVML" in human.stdout.splitlines()[0]
     assert "GPUs (FAKE NVML: test data, not this node's hardware)" in human.stdout
+
+
+def test_a_table_written_to_a_pipe_keeps_every_cell_whole() -> None:
+    """Tables were cut to 80 columns when stdout was a pipe or a file (gpu-test's headers read `ho… ┃ ra…`):
+    with no terminal and no width asked for, nothing is cut; MLDEBUG_WIDTH=80 cuts, which shows the check can fail."""
+    value = "/scratch/" + "x" * 150 + "/nccl-%h-%p.log"
+    base = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "MLDEBUG_WIDTH")}
+
+    def shown(extra: dict[str, str]) -> str:
+        proc = subprocess.run([sys.executable, "-m", "ml_debug", "env", "--no-torch"], capture_output=True, text=True,
+                              timeout=60, env={**base, "NCCL_DEBUG_FILE": value, **extra})
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    (row,) = [line for line in shown({}).splitlines() if line.startswith("NCCL_DEBUG_FILE")]
+    assert row.split("│")[1].strip() == value
+    assert value not in shown({"MLDEBUG_WIDTH": "80"})

@@ -16,7 +16,7 @@ from ml_debug.health import gpu_checks
 from ml_debug.health.model import Status
 from ml_debug.health.runner import HealthOptions, passive_gpu_checks, run_local
 from ml_debug.health.snapshot import read_gpus
-from tests.conftest import mldebug
+from tests.conftest import mldebug, require
 from tests.gpu_support import check_schema, need_gpus, repo_env
 
 
@@ -86,8 +86,7 @@ def test_real_cli_level1_json_validates(gw: NvmlGateway) -> None:
 
 
 def test_fields_agree_with_nvidia_smi(gw: NvmlGateway) -> None:
-    if shutil.which("nvidia-smi") is None:
-        pytest.skip("nvidia-smi not installed")
+    require(shutil.which("nvidia-smi") is not None, "nvidia-smi (it comes with the NVIDIA driver)")
     from benchmarks.gpu_compare_nvidia_smi import compare, query_smi, smi_fields
 
     proc = mldebug("health", "--json", "--path", "/tmp", timeout=120, env=repo_env())

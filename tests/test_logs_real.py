@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 from ml_debug.logs.model import PRIMARY, SECONDARY, LogsReport
 from ml_debug.logs.triage import triage
 from tests.conftest import REPO
+from tests.rig.fixtures import rig_port
 
 WORKER = REPO / "tests" / "logs_worker.py"
 HOST = socket.gethostname().split(".")[0]
@@ -140,7 +140,7 @@ def test_srun_label_job_under_slurm(rig_slurm, tmp_path: Path) -> None:  # type:
     out = tmp_path / "slurm.out"
     nodes = rig_slurm.nodes[:2]
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "eth0",
-           "MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "MASTER_PORT": str(random.randint(20000, 39999)),
+           "MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "MASTER_PORT": str(rig_port()),
            "LOGS_FAULT": "raise", "LOGS_RANK": "2", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     job = rig_slurm.sbatch(["srun", "--label", sys.executable, str(WORKER)], nodes=2, ntasks_per_node=2,
                            env=env, output=out, srun=False, extra=["-w", ",".join(nodes), "--time=00:03:00"])
@@ -162,7 +162,7 @@ def test_launch_sbatch_template_under_slurm(rig_slurm, tmp_path: Path) -> None: 
     nodes = rig_slurm.nodes[:2]
     env = {**rig_slurm.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
            "GLOO_SOCKET_IFNAME": "eth0", "MASTER_ADDR": rig_slurm.node_ips[nodes[0]],
-           "MASTER_PORT": str(random.randint(20000, 39999)), "GPUS_PER_NODE": "2",
+           "MASTER_PORT": str(rig_port()), "GPUS_PER_NODE": "2",
            "MLDEBUG_SCRIPT": str(WORKER), "LOGS_FAULT": "raise", "LOGS_RANK": "2"}
     for var in ("MLDEBUG_JSON", "MLDEBUG_LOG_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(var, None)

@@ -168,8 +168,14 @@ def test_gpu_selection_says_why_when_there_is_no_gpu() -> None:
 def test_no_job_found_says_nothing_about_nvml_unless_gpu_was_asked() -> None:
     from ml_debug.procs.find import find_targets
 
+    def about_gpus(note: str) -> bool:  # NVML's status reason reads "no NVIDIA GPU: ...", not "NVML"
+        return any(word in note.lower() for word in ("gpu", "nvidia", "nvml"))
+
     found = find_targets(env={"MLDEBUG_NO_SUCH_JOB": "1"})
-    assert not [n for n in found.notes if "NVML" in n], found.notes
+    assert not [n for n in found.notes if about_gpus(n)], found.notes
+    proc = mldebug("dump-stacks", "--env", "MLDEBUG_NO_SUCH_JOB=1", timeout=60)
+    said = (proc.stdout + proc.stderr).lower()  # (its hint may name the --gpu option)
+    assert proc.returncode == 3 and "nvidia" not in said and "nvml" not in said, proc.stdout + proc.stderr
     asked = find_targets(gpu=True, env={"MLDEBUG_NO_SUCH_JOB": "1"})
     from ml_debug.core.nvml import open_gateway
 

@@ -82,7 +82,15 @@ def test_help_ends_with_the_examples_kept_line_by_line_and_the_docs_page() -> No
     assert text.endswith("Docs: docs/commands/train.md in the mldebug repository.")
     out = mldebug("train", "--help").stdout
     assert "  mldebug train --nproc-per-node 2 --preset tiny --steps 50\n" in out
-    assert out.count("MLDEBUG_BACKEND") == 1
+
+
+@pytest.mark.parametrize("command", ["train", "gpu-test", "allreduce-bench"])
+def test_each_launch_option_names_its_environment_variable_once(command: str) -> None:
+    """`[env: X]  [env var: X; ...]` appeared twice for these options (the help text and Typer both said it)."""
+    out = mldebug(command, "--help", env={"MLDEBUG_WIDTH": "200"}).stdout
+    for var in ("MLDEBUG_NPROC_PER_NODE", "MLDEBUG_BACKEND", "MLDEBUG_DEVICE"):
+        assert out.count(var) == 1, (var, out)
+    assert "[env:" not in out
 
 
 def test_hung_rank_is_stopped_after_its_peer_finished() -> None:

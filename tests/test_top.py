@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import json
 import os
-import random
 import re
 import select
 import shlex
@@ -31,6 +30,7 @@ import pytest
 from tests.conftest import REPO, kill_pids, mldebug, pids_with_env, validate_schema, wait_until
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import healthy_gpu
+from tests.rig.fixtures import rig_port
 
 TOKEN_VAR = "TOP_TEST_JOB"
 
@@ -97,7 +97,7 @@ def job(rig_slurm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TopJob]
     (d / "job.py").write_text(JOB)
     token = uuid.uuid4().hex[:12]
     env = {"OMP_NUM_THREADS": "1", TOKEN_VAR: token, "TOP_JOB_DIR": str(d), "GLOO_SOCKET_IFNAME": "eth0",
-           "MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "MASTER_PORT": str(random.randint(20000, 39999)),
+           "MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "MASTER_PORT": str(rig_port()),
            "PYTHONUNBUFFERED": "1"}
     job_id = rig_slurm.sbatch([sys.executable, str(d / "job.py")], nodes=2, ntasks_per_node=2, env=env,
                               output=d / "slurm.out", extra=["-w", ",".join(nodes), "-J", f"top-{token}"])
@@ -224,8 +224,7 @@ class PrivateSshd:
 
 @contextlib.contextmanager
 def private_sshd(rig_ssh, node, tmp: Path, other) -> Iterator[PrivateSshd]:
-    port = int(node.run([sys.executable, "-c", f"import socket; s = socket.socket(); s.bind(({node.ip!r}, 0)); "
-                                               "print(s.getsockname()[1])"], check=True).stdout)
+    port = rig_port()
     conf = (rig_ssh.base / "netns" / f"sshd_{node.name}.conf").read_text()  # the node's own sshd, another port
     conf = re.sub(r"(?m)^Port .*$", f"Port {port}", conf)
     conf = re.sub(r"(?m)^PidFile .*$", f"PidFile {tmp}/sshd.pid", conf)

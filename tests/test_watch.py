@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 
 from tests.conftest import REPO, kill_pids, pids_with_env, py_spy, require, validate_schema, wait_until
 from tests.fakes import pythonpath
+from tests.rig.fixtures import rig_port
 
 TOKEN_VAR = "MLDEBUG_TEST_JOB"
 FAST = ["--stall", "10", "--grace", "0", "--interval", "1", "--stack-every", "2"]
@@ -245,7 +245,7 @@ def test_same_hang_over_two_rig_nodes_watched_by_the_slurm_template_and_over_ssh
     nodes = rig_slurm.nodes[:2]
     env = _env(token, {**rig_slurm.env, "SLURM_CONF": str(rig_slurm.conf), "GLOO_SOCKET_IFNAME": "eth0",
                        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                       "MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "MASTER_PORT": str(random.randint(20000, 39999)),
+                       "MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "MASTER_PORT": str(rig_port()),
                        "MLDEBUG_TRAIN": f"{sys.executable} -m ml_debug train --steps 1000 --timeout 300 "
                                         "--inject hang@step=3,rank=1",
                        "MLDEBUG_ARGS": " ".join(FAST), "MLDEBUG_OUT": str(out), "MLDEBUG_KEEP_JOB": "1",

@@ -15,9 +15,9 @@ Fixtures (see each class for its fields):
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import random
 import shlex
 import signal
 import subprocess
@@ -33,6 +33,16 @@ import pytest
 RIG_DIR = Path(__file__).resolve().parent
 WORKER = RIG_DIR / "hung_worker.py"
 TOKEN_VAR = "MLDEBUG_RIG_JOB"  # in the environment of every process a hung job starts
+_PORTS = itertools.count(os.getpid() % 3000)
+
+
+def rig_port() -> int:
+    """A TCP port for a listener inside the rig's nodes (MASTER_PORT, a test's own sshd). The nodes'
+    network namespaces are shared by both xdist workers: each worker draws from its own 3000 ports, in
+    turn, so two tests never pick the same one (random ports could), and below the ephemeral range
+    (32768 and up), so no outgoing connection in a node holds it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    return 20000 + (int(worker) % 4 if worker.isdigit() else 0) * 3000 + next(_PORTS) % 3000
 
 
 def rig_base() -> Path:
@@ -513,7 +523,7 @@ class _Launch:
                 raise ValueError(f"nodes={nodes}: need 1..{len(all_nodes)} nodes dividing nranks={nranks}")
             use = all_nodes[:nodes]
             job.nodes, job.master_addr = [n.name for n in use], use[0].ip
-            port = random.randint(20000, 39999)  # in node1's own network namespace: no clash with here
+            port = rig_port()
             env["GLOO_SOCKET_IFNAME"] = "eth0"  # node names do not resolve; gloo would pick loopback
             with open(job.log, "wb") as log:
                 for i, node in enumerate(use):
@@ -532,7 +542,7 @@ class _Launch:
             use_names = slurm.nodes[:nodes]
             job.nodes, job.master_addr = use_names, slurm.node_ips[use_names[0]]
             env.update(SLURM_CONF=str(slurm.conf), GLOO_SOCKET_IFNAME="eth0", MASTER_ADDR=job.master_addr,
-                       MASTER_PORT=str(random.randint(20000, 39999)))
+                       MASTER_PORT=str(rig_port()))
             job._slurm = slurm
             job.log = marker_dir / "slurm.out"
             job.job_id = slurm.sbatch([sys.executable, str(WORKER)], nodes=nodes,
