@@ -104,6 +104,22 @@ def test_ssh_config_and_known_hosts_cover_every_host(rig_ssh: SshRig) -> None:
     assert "StrictHostKeyChecking yes" in config and f"UserKnownHostsFile {rig_ssh.known_hosts}" in config
 
 
+def test_the_rig_listens_on_loopback_and_its_bridge_only(rig_ssh: SshRig, rig_slurm: SlurmRig) -> None:
+    """The rig stays up after the suite (README): its sshds and slurmctld must not be reachable from
+    outside this machine."""
+    require(shutil.which("ss") is not None, "ss (iproute2)")
+    ports = {h.port for h in [*rig_ssh.hosts, rig_ssh.bad_hostkey_host] if h.address == "127.0.0.1"} | {6817}
+    listening: dict[int, set[str]] = {}
+    for line in subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, check=True).stdout.splitlines():
+        address, _, port = line.split()[3].rpartition(":")
+        if int(port) in ports:
+            listening.setdefault(int(port), set()).add(address)
+    assert set(listening) == ports, listening
+    assert all(addresses == {"127.0.0.1"} for port, addresses in listening.items() if port != 6817), listening
+    bridge = next(iter(rig_slurm.node_ips.values())).rsplit(".", 1)[0] + ".1"  # the nodes' gateway
+    assert listening[6817] == {bridge}, listening  # slurmctld on the rig's bridge, where the nodes reach it
+
+
 def test_bad_hostkey_host_presents_another_key(rig_ssh: SshRig) -> None:
     import paramiko
 
