@@ -55,6 +55,26 @@ def _bare_python(tmp_path: Path) -> tuple[str, dict[str, str]]:
 # ------------------------------------------------------------------------------ global options
 
 
+@pytest.mark.parametrize(("args", "code"), [
+    (["logs", "tests/data/logs/nan_every_rank_names_rank1.log"], 1),  # a failure found
+    (["logs", "tests/data/logs/nccl_ib_two_nodes.log"], 0),  # none found
+    (["logs", "--json", "tests/data/logs/nan_every_rank_names_rank1.log"], 1),
+    (["env", "--no-torch"], 0),
+])
+def test_a_reader_that_went_away_leaves_the_exit_code_alone(args: list[str], code: int) -> None:
+    """`mldebug logs x | head -1` under pipefail: rich's own broken-pipe handling exited 1 ("a problem was
+    found") whatever the verdict. Here the pipe's read end is closed before mldebug writes anything."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ml_debug", *args], stdout=w, stderr=subprocess.PIPE, text=True,
+                              timeout=120, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        os.close(w)
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr and "error" not in proc.stderr, proc.stderr
+
+
 def test_global_json_and_mldebug_json_give_the_same_document() -> None:
     flag = mldebug("--json", "env", "--no-torch")
     env_var = mldebug("env", "--no-torch", env={"MLDEBUG_JSON": "1"})

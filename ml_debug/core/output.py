@@ -100,12 +100,23 @@ def emit(
     environment: Mapping[str, Any] | None = None,
 ) -> None:
     """Write one command's result to stdout: the JSON document (with --json), or the human view."""
-    if MODE.json:
-        sys.stdout.write(dumps(document(schema, version, result, environment)) + "\n")
-        sys.stdout.flush()
-    elif human is not None:
-        human(stdout_console())
-        sys.stdout.flush()  # out before any launcher can stop this process (torchrun's SIGTERM)
+    try:
+        if MODE.json:
+            sys.stdout.write(dumps(document(schema, version, result, environment)) + "\n")
+            sys.stdout.flush()
+        elif human is not None:
+            human(stdout_console())
+            sys.stdout.flush()  # out before any launcher can stop this process (torchrun's SIGTERM)
+    except BrokenPipeError:
+        reader_gone()
+
+
+def reader_gone() -> None:
+    """stdout's reader went away (`mldebug logs x | head -1`): what is left to print goes nowhere, and the
+    command still ends with its own exit code (its verdict), not an error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 _consoles: dict[str, Console] = {}
@@ -127,7 +138,12 @@ def stdout_console() -> Console:
     if "out" not in _consoles:
         from rich.console import Console
 
-        _consoles["out"] = Console(file=sys.stdout, width=_width(sys.stdout), highlight=False, soft_wrap=False)
+        class StdoutConsole(Console):
+            def on_broken_pipe(self) -> None:  # rich's own exits 1, which reads as "a problem was found"
+                self.quiet = True
+                reader_gone()
+
+        _consoles["out"] = StdoutConsole(file=sys.stdout, width=_width(sys.stdout), highlight=False, soft_wrap=False)
     return _consoles["out"]
 
 
