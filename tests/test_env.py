@@ -152,3 +152,25 @@ def test_a_table_written_to_a_pipe_keeps_every_cell_whole() -> None:
     (row,) = [line for line in shown({}).splitlines() if line.startswith("NCCL_DEBUG_FILE")]
     assert row.split("│")[1].strip() == value
     assert value not in shown({"MLDEBUG_WIDTH": "80"})
+
+
+def test_a_tool_wrapper_that_hangs_is_stopped_with_its_children(tmp_path: Path) -> None:
+    """A `gdb` that is a shell shim whose children hang (and hold its output pipe): env reports the tool
+    without a version after its 10 s limit, and neither the shim nor its children outlive the command.
+    (subprocess.run's timeout killed the shim only, then waited for the children's pipe.)"""
+    import uuid
+
+    from tests.conftest import pids_with_env, wait_until
+
+    mark = uuid.uuid4().hex
+    shim = tmp_path / "bin" / "gdb"
+    shim.parent.mkdir()
+    shim.write_text("#!/bin/sh\nsleep 300 &\nexec sleep 300\n")
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "MLDEBUG_ENV_TEST_MARK": mark}
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "env", "--no-torch", "--json"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (gdb,) = [t for t in json.loads(proc.stdout)["result"]["tools"] if t["name"] == "gdb"]
+    assert gdb["path"] == str(shim) and gdb["version"] is None
+    wait_until(lambda: not pids_with_env("MLDEBUG_ENV_TEST_MARK", mark), 5, "the shim's children to be gone")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ml_debug.core import output
+from ml_debug.core import bounded, output
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.watch.bundle import (
     SCHEMA,
@@ -225,8 +225,7 @@ class Collector:
         env = {**os.environ, "MLDEBUG_INCIDENT": str(self.bundle.path.resolve())}
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=ON_INCIDENT_TIMEOUT_S)
+            proc = bounded.run(argv, timeout=ON_INCIDENT_TIMEOUT_S, env=env)
             self.on_incident = {"argv": argv, "exit_code": proc.returncode, "error": None,
                                 "output": (proc.stdout + proc.stderr)[-2000:]}
         except (OSError, subprocess.TimeoutExpired) as e:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug import __version__
+from ml_debug.core import bounded
 from ml_debug.core.rankvars import LAUNCHER_PREFIXES, TORCHRUN_VARS
 
 SETTING_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_")
@@ -139,8 +140,7 @@ def _tool_version(name: str, path: str) -> str | None:
     if name == "torchrun":  # has no --version; it is torch's own launcher
         return f"torch {package_version('torch')}"
     try:
-        out = subprocess.run([path, *_VERSION_ARGS.get(name, ["--version"])], capture_output=True,
-                             text=True, timeout=10, stdin=subprocess.DEVNULL)
+        out = bounded.run([path, *_VERSION_ARGS.get(name, ["--version"])], timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     text = (out.stdout or out.stderr).strip().splitlines()
@@ -152,7 +152,11 @@ def tools() -> list[Tool]:
     paths = {name: find_tool(name) for name in TOOLS}
     with ThreadPoolExecutor(max_workers=len(TOOLS)) as pool:
         versions = {n: pool.submit(_tool_version, n, p) for n, p in paths.items() if p}
-        return [Tool(n, paths[n], versions[n].result() if n in versions else None) for n in TOOLS]
+        try:
+            return [Tool(n, paths[n], versions[n].result() if n in versions else None) for n in TOOLS]
+        except KeyboardInterrupt:  # the tools run in their own process groups: Ctrl-C does not reach them
+            bounded.kill_all()
+            raise
 
 
 def interfaces() -> list[Interface]:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from ml_debug.core import bounded
 from ml_debug.health.model import Check, Status
 
 GiB = 2**30
@@ -195,7 +196,7 @@ def _run(argv: list[str], timeout: float = 2.0) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
     try:
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        cp = bounded.run(argv, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return cp.stdout if cp.returncode == 0 else None

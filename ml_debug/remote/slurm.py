@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ml_debug.core import bounded
 from ml_debug.core.errors import EnvironmentProblem, UsageError
 from ml_debug.remote.hostlist import expand_hostlist
 from ml_debug.remote.result import TIMED_OUT, UNREACHABLE, NodeResult, decode, failed, finished
@@ -55,8 +56,7 @@ class SlurmJob:
 
 def _slurm_cmd(argv: list[str], timeout_s: float = QUERY_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
+        return bounded.run(argv, timeout=timeout_s)
     except FileNotFoundError:
         raise EnvironmentProblem(f"{argv[0]} is not installed here",
                                  "run from a login node of the cluster (Slurm client tools on PATH)") from None
