@@ -164,3 +164,26 @@ def test_dump_stacks_over_ssh(start, rig_ssh, rig_nodes, tmp_path: Path) -> None
         kill_pids([*pids_with_env(TOKEN_VAR, f"agent-{token}"), *pids_with_env(TOKEN_VAR, f"target-{token}")])
         target.kill()
         target.wait(timeout=30)
+
+
+@pytest.mark.rig
+def test_exec_over_ssh_stops_the_remote_command_and_its_children(start, rig_ssh) -> None:  # type: ignore[no-untyped-def]
+    """A command that never writes (no broken pipe to stop it) and has a child, on a loopback host and a
+    netns node: Ctrl-C here ends it there at once, not at its deadline (--timeout + 6 s)."""
+    seconds = f"900.{uuid.uuid4().int % 10**9:09d}"  # names this test's remote processes
+    hostfile = rig_ssh.hostfile([rig_ssh.hosts[0], rig_ssh.nodes[0]])
+    run = start("exec", "--hosts", str(hostfile), "--ssh-config", str(rig_ssh.ssh_config), "--timeout", "600", "--",
+                "sh", "-c", f"sleep {seconds} & sleep {seconds}; wait")
+
+    def remote() -> list[int]:  # the rig's hosts share this machine's /proc (netns nodes: their own pid namespace)
+        return [int(p.name) for p in Path("/proc").iterdir()
+                if p.name.isdigit() and _cmdline(int(p.name)) == f"sleep\0{seconds}\0".encode()]
+
+    try:
+        wait_until(lambda: len(remote()) == 4, 60, "the command and its child to run on both hosts")
+        run.ctrl_c()
+        _interrupted_cleanly(run)
+        if remote():
+            wait_until(lambda: not remote(), 10, f"the remote commands to stop (left: {remote()})")
+    finally:
+        kill_pids(remote())

@@ -288,8 +288,7 @@ class SshPool:
             return failed(label, e.failure, e.detail, time.monotonic() - t0)
         try:
             chan = client.get_transport().open_session(timeout=self.connect_timeout_s)
-            chan.exec_command(remote_deadline(script, timeout_s))
-            chan.shutdown_write()  # the command reads no stdin: EOF at once, never a wait
+            chan.exec_command(remote_deadline(script, timeout_s))  # its stdin stays open: see remote_deadline
         except Exception as e:
             return failed(label, UNREACHABLE, f"{target.label}: cannot open a session: {e}", time.monotonic() - t0)
         deadline = time.monotonic() + timeout_s
@@ -359,17 +358,24 @@ def _hop_target(hop: str) -> Target:
 
 
 def remote_deadline(script: str, timeout_s: float) -> str:
-    """Make the far side end the command itself just after we stop waiting for it.
+    """Make the far side end the command itself when we stop waiting for it: at the deadline, or as
+    soon as the session closes (Ctrl-C here).
 
-    Closing an ssh session without a terminal does not stop the command (sshd sends no SIGHUP),
-    so a hung command would outlive the run. coreutils ``timeout`` kills its whole process group;
-    where there is none, the command runs as is. The user's login shell runs the script (so
-    ``source venv/bin/activate`` in --remote-prefix keeps working under bash).
+    Closing an ssh session without a terminal does not stop the command (sshd sends no SIGHUP), so a
+    hung command would outlive the run. coreutils ``timeout`` kills its whole process group at the
+    deadline, and on SIGTERM; a watcher reads the session's stdin (which this side keeps open and never
+    writes) and sends that SIGTERM when it ends, i.e. when the session closes. Where there is no
+    ``timeout``, the command runs as is and only its shell is stopped. The command reads /dev/null.
+    The user's login shell runs the script (so ``source venv/bin/activate`` in --remote-prefix keeps
+    working under bash).
     """
     quoted = shlex.quote(script)
     grace = f"{timeout_s + 1:.3f}".rstrip("0").rstrip(".")
-    return (f'if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {grace} "${{SHELL:-/bin/sh}}" -c {quoted}; '
-            f'else exec "${{SHELL:-/bin/sh}}" -c {quoted}; fi')
+    shell = '"${SHELL:-/bin/sh}" -c ' + quoted
+    return (f"exec 3<&0; if command -v timeout >/dev/null 2>&1; then timeout -k 5 {grace} {shell} </dev/null & "
+            f"else {shell} </dev/null & fi; c=$!; "
+            "{ cat >/dev/null; kill -TERM $c; } <&3 >/dev/null 2>&1 & w=$!; exec 3<&-; "
+            "wait $c; s=$?; kill $w 2>/dev/null; exit $s")
 
 
 def _append(buf: bytearray, data: bytes) -> None:
