@@ -137,13 +137,13 @@ def parse_target(word: str, where: str = "") -> Target:
 def parse_hostfile(path: str | Path) -> list[Target]:
     """Read a hostfile (ours, DeepSpeed's or MPI's); UsageError naming file:line on a mistake."""
     p = Path(path).expanduser()
+    hint = "--hosts takes a file (one host per line) or a hostlist like node[01-04]"
     try:
         text = p.read_text()
     except FileNotFoundError:
-        raise UsageError(f"hostfile {str(p)!r} does not exist",
-                         "--hosts takes a file (one host per line) or a hostlist like node[01-04]") from None
+        raise UsageError(f"hostfile {str(p)!r} does not exist", hint) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read hostfile {str(p)!r}: {e}", None) from None
+        raise UsageError(f"cannot read hostfile {str(p)!r}: {e}", hint) from None
     targets: list[Target] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
