@@ -75,6 +75,15 @@ def test_a_reader_that_went_away_leaves_the_exit_code_alone(args: list[str], cod
     assert "Traceback" not in proc.stderr and "error" not in proc.stderr, proc.stderr
 
 
+def test_global_debug_reaches_the_processes_a_command_starts() -> None:
+    """Ranks and local agents print their tracebacks too (only the parent did: `mldebug --debug
+    allreduce-bench` showed a rank's error without one)."""
+    env = {k: v for k, v in os.environ.items() if k != "MLDEBUG_DEBUG"}
+    said = [mldebug(*args, "exec", "--local", "--", "sh", "-c", "echo debug=${MLDEBUG_DEBUG:-}", env=env).stdout
+            for args in ([], ["--debug"])]
+    assert "debug=\n" in said[0] and "debug=1\n" in said[1], said
+
+
 def test_global_json_and_mldebug_json_give_the_same_document() -> None:
     flag = mldebug("--json", "env", "--no-torch")
     env_var = mldebug("env", "--no-torch", env={"MLDEBUG_JSON": "1"})

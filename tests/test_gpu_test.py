@@ -184,11 +184,12 @@ def test_isolate_points_at_the_bad_slot() -> None:
     (["--backend", "nccl"], {}, 3),
     (["--backend", "bogus"], {}, 2),
     (["--isolate"], {"RANK": "0", "WORLD_SIZE": "1"}, 2),
+    (["--out-dir", "/proc/no-such-dir/out"], {}, 2),  # said once, before the ranks (was: once per rank, exit 0)
 ])
 def test_bad_input(args: list[str], env: dict[str, str], code: int) -> None:
     import torch
 
-    r = mldebug("gpu-test", "--nproc-per-node", "1", *args, env=env, timeout=120)
+    r = mldebug("gpu-test", "--nproc-per-node", "2", *args, env=env, timeout=120)
     if code == 3 and torch.cuda.is_available():  # nccl is there: one rank passes every stage
         assert r.returncode == 0, r.stderr
         return

@@ -68,6 +68,8 @@ def _global_options(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     output.configure(json=json, debug=debug)
+    if debug:  # the ranks and local agents this command starts show their tracebacks too
+        os.environ["MLDEBUG_DEBUG"] = "1"
 
 
 def build_app(argv: list[str] | None = None) -> typer.Typer:
