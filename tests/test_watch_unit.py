@@ -308,3 +308,18 @@ def test_tail_reads_the_last_lines_and_never_follows_a_planted_link(tmp_path: Pa
     os.symlink(secret, tmp_path / "rank-1.jsonl")
     with pytest.raises(Exception, match="link"):
         tail_lines(str(tmp_path / "rank-1.jsonl"))
+
+
+def test_no_job_within_duration_is_exit_3_when_the_duration_ends() -> None:
+    """--duration 2 with nothing to watch: exit 3 with the hint (it was exit 0, "no incident: 0 rank(s)
+    made progress"), and the result says so."""
+    import json
+    import uuid
+
+    from tests.conftest import mldebug
+
+    proc = mldebug("watch", "--pattern", f"no_such_job_{uuid.uuid4().hex}", "--duration", "2", "--json", timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    result = json.loads(proc.stdout)["result"]
+    assert result["summary"] == "no rank process found to watch" and not result["ok"]
+    assert proc.stderr.splitlines()[-1].startswith("hint: name the job: --pid PID")

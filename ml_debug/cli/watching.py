@@ -275,6 +275,8 @@ class Watch:
                 if not self.tracker.ranks and mono - started > max(opts.grace, opts.interval + opts.node_timeout):
                     return self._finish(self._nothing("no rank process found to watch"), ExitCode.ENVIRONMENT)
                 if opts.duration and mono - started >= opts.duration:
+                    if not self.tracker.ranks and final is None:
+                        return self._finish(self._nothing("no rank process found to watch"), ExitCode.ENVIRONMENT)
                     if final is None:
                         final = self._quiet(now)
                     return self._finish(final, code)
@@ -282,7 +284,8 @@ class Watch:
                     output.log(f"watch: {self.tracker.status_line(now)}")
                     next_status = mono + STATUS_EVERY_S
                 tick = max(tick + opts.interval, time.monotonic())  # a long bundle skips ticks, never piles up
-                time.sleep(max(0.0, tick - time.monotonic()))
+                wake = min(tick, started + opts.duration) if opts.duration else tick  # --duration is kept to
+                time.sleep(max(0.0, wake - time.monotonic()))
         except KeyboardInterrupt:
             output.log("watch: interrupted")
             if self.collector is not None:  # the bundle so far is kept, and says it was cut short
