@@ -283,6 +283,20 @@ def test_drills_as_slurm_jobs_over_two_rig_nodes(rig_slurm, tmp_path: Path) -> N
 
 
 @pytest.mark.rig
+@pytest.mark.parametrize(("args", "words"), [
+    (["--slurm-partition", "nosuch"], "mldebug: error: --slurm-partition nosuch: Partition nosuch not found"),
+    (["--slurm-partition", "debug", "--sbatch-arg", ""], "mldebug: error: --sbatch-arg is empty"),
+])
+def test_a_slurm_request_slurm_would_refuse_is_a_usage_error(rig_slurm, args: list[str], words: str) -> None:  # type: ignore[no-untyped-def]
+    """Said once, before any drill (each drill's sbatch failed, 'could not run', exit 4)."""
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", *args, "--only", "crash"], capture_output=True,
+                          text=True, timeout=60, cwd=REPO, env={**os.environ, **rig_slurm.env})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == words and lines[1].startswith("hint: ") and len(lines) == 2, proc.stderr
+
+
+@pytest.mark.rig
 def test_drills_over_ssh_on_three_rig_nodes(rig_ssh, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Each job spans the rig's netns nodes, one ssh session per node; the diagnosis reaches the same hosts
     over ssh and finds the job's ranks by the drill's token."""

@@ -16,7 +16,7 @@ from ml_debug.core.options import to_argv
 from ml_debug.drill.catalog import CATALOG, Plan, judge
 from ml_debug.drill.model import CORRECT, ERROR, MISSED, DrillOutcome, DrillResult, Injected, Named
 from ml_debug.drill.options import DrillOptions
-from ml_debug.drill.sites import LocalSite, Site, SlurmSite, SshSite
+from ml_debug.drill.sites import LocalSite, Site, SlurmSite, SshSite, check_slurm_request
 from ml_debug.drill.workspace import DrillError, Workspace
 from ml_debug.remote.options import TargetOptions
 
@@ -64,6 +64,7 @@ def site_for(opts: DrillOptions, targets: TargetOptions | None = None) -> Site:
     if opts.slurm_partition:
         if targets is not None and targets.hosts is not None:
             raise UsageError("--hosts and --slurm-partition both say where the drills run", "give one of them")
+        check_slurm_request(opts.slurm_partition, list(opts.sbatch_arg))
         return SlurmSite(opts.slurm_partition, opts.slurm_nodes, list(opts.sbatch_arg))
     if targets is not None and targets.hosts is not None:
         spec = targets.resolve()

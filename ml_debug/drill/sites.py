@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from ml_debug.core import bounded
+from ml_debug.core.errors import EnvironmentProblem, UsageError
 from ml_debug.drill.workspace import TOKEN_VAR, DrillError, Workspace, free_port, last_step
 
 if TYPE_CHECKING:
@@ -241,10 +243,24 @@ _MASTER = ('MASTER_ADDR=$(hostname -s)\n'
            'export MASTER_ADDR\n')
 
 
+def check_slurm_request(partition: str, sbatch_args: list[str]) -> None:
+    """A partition Slurm does not have, or an empty --sbatch-arg, is one usage error before any drill runs,
+    not every drill failing to submit ("could not run", exit 4)."""
+    if any(not arg.strip() for arg in sbatch_args):
+        raise UsageError("--sbatch-arg is empty", "give one sbatch option per --sbatch-arg, e.g. --sbatch-arg=--account=ml")
+    try:
+        proc = _slurm(["scontrol", "show", "partition", partition])
+    except DrillError as e:
+        raise EnvironmentProblem(str(e), "run from a node with the Slurm client tools and SLURM_CONF set") from None
+    if proc.returncode != 0:
+        said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise UsageError(f"--slurm-partition {partition}: {said[-1] if said else 'not known to Slurm'}",
+                         "list the partitions with: sinfo -s")
+
+
 def _slurm(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_QUERY_S, env=env,
-                              stdin=subprocess.DEVNULL)
+        return bounded.run(argv, timeout=SLURM_QUERY_S, env=env)
     except FileNotFoundError:
         raise DrillError(f"{argv[0]} is not installed here (Slurm client tools are needed for --slurm)") from None
     except subprocess.TimeoutExpired:
