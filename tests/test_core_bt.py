@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 
 from ml_debug.stacks.cores import pattern_globs
 from ml_debug.stacks.elfcore import is_core, read_notes
+from ml_debug.stacks.parsers import parse_pystack
+from ml_debug.stacks.tools import find_tool
 from tests.conftest import REPO, mldebug, require
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "core-bt.json").read_text())
@@ -43,6 +46,16 @@ def core_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+def _core(core_dir: Path) -> Path:
+    return next(p for p in core_dir.iterdir() if is_core(p))
+
+
+def _python_frames_of_crash(core: dict) -> None:
+    py = core["python_frames"]
+    assert py[0].startswith("string_at (__init__.py:") and py[1:] == ["crash_here (<string>:3)",
+                                                                      "<module> (<string>:4)"], py
+
+
 def test_elf_notes_name_the_process_and_the_signal(core_dir: Path) -> None:
     core = next(p for p in core_dir.iterdir() if is_core(p))
     notes = read_notes(core)
@@ -65,9 +78,7 @@ def test_core_bt_shows_the_crashing_c_frame_and_the_python_frames(core_dir: Path
     assert "strlen" in core["crash_frame"], core["crash_frame"]  # the C frame that faulted
     natives = [f["name"] for f in core["threads"][0]["native_frames"]]
     assert "string_at" in natives[:4]  # ctypes' C function right below it
-    py = core["python_frames"]
-    assert py[0].startswith("string_at (__init__.py:") and py[1:] == ["crash_here (<string>:3)",
-                                                                      "<module> (<string>:4)"], py
+    _python_frames_of_crash(core)
     assert result["summary"].startswith("crash: ") and "SIGSEGV" in result["summary"]
     assert "crash_here" in result["summary"]
 
@@ -112,3 +123,105 @@ def test_core_pattern_to_globs() -> None:
     assert pattern_globs("core", True, here) == ["/w/core", "/w/core.*"]
     assert pattern_globs("/var/cores/core.%e.%p", True, here) == ["/var/cores/core.*.*"]
     assert pattern_globs("core-%%-%t", False, here) == ["/w/core-%-*"]
+
+
+def test_pystack_core_thread_headers_without_a_thread_name() -> None:
+    """`pystack core` (1.7) leaves out the thread name that `pystack remote` prints."""
+    text = ('Traceback for thread 12387 [Has the GIL] (most recent call last):\n'
+            '    (Python) File "<string>", line 3, in crash_here\n'
+            'Traceback for thread 12390 (most recent call last):\n'
+            '    (C) File "???", line 0, in clone3 (libc.so.6)\n')
+    first, second = parse_pystack(text, 12387)
+    assert (first.os_thread_id, first.name, first.owns_gil, first.is_main) == (12387, None, True, True)
+    assert [f.where(brief=True) for f in first.frames] == ["crash_here (<string>:3)"]
+    assert second.os_thread_id == 12390 and not second.owns_gil and second.native_frames[0].name == "clone3"
+
+
+def test_core_bt_with_pystack_alone(core_dir: Path, tmp_path: Path) -> None:
+    """No gdb on PATH: `pystack core` alone gives the native and the Python frames."""
+    pystack = find_tool("pystack")
+    require(pystack, "pystack")
+    assert pystack is not None
+    require(not os.path.exists(os.path.join(os.path.dirname(sys.executable), "gdb")), "no gdb beside python")
+    (tmp_path / "pystack").symlink_to(pystack)
+    proc = mldebug("core-bt", "--json", str(_core(core_dir)), env={"PATH": str(tmp_path)}, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (core,) = json.loads(proc.stdout)["result"]["cores"]
+    assert core["ok"] and core["tool"] == "pystack", core["error"]
+    assert "strlen" in core["crash_frame"], core["crash_frame"]
+    _python_frames_of_crash(core)
+
+
+def test_a_directory_is_searched_for_core_files_whatever_their_names(core_dir: Path, tmp_path: Path) -> None:
+    require(shutil.which("gdb") or shutil.which("pystack"), "gdb or pystack")
+    run = tmp_path / "run7"
+    (run / "rank1").mkdir(parents=True)
+    shutil.copy(_core(core_dir), run / "core.99")
+    shutil.copy(_core(core_dir), run / "rank1" / "core.4242")
+    (run / "core.txt").write_text("not a core")
+    (run / "linked.core").symlink_to(_core(core_dir))  # links are not followed
+    (run / "elsewhere").symlink_to(core_dir)
+    proc = mldebug("core-bt", "--json", str(run), "--newest", "20", timeout=180)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)["result"]
+    assert sorted(c["path"] for c in result["cores"]) == [str(run / "core.99"), str(run / "rank1" / "core.4242")]
+    assert result["searched"] == [str(run / "**")]
+    one = mldebug("core-bt", "--json", "--dir", str(run / "rank1"), timeout=180)
+    assert [c["path"] for c in json.loads(one.stdout)["result"]["cores"]] == [str(run / "rank1" / "core.4242")]
+
+
+def _dac_ignored() -> list[str]:
+    """A prefix that makes root obey a directory's mode bits (CAP_DAC_* dropped), as other users do."""
+    if os.geteuid() != 0:
+        return []
+    drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    require(shutil.which("setpriv") and subprocess.run([*drop, "true"]).returncode == 0,
+            "setpriv able to drop CAP_DAC_OVERRIDE (to make a directory unreadable to root)")
+    return drop
+
+
+def test_an_unreadable_directory_is_reported(tmp_path: Path) -> None:
+    prefix = _dac_ignored()
+    locked = tmp_path / "run" / "rank0"
+    locked.mkdir(parents=True)
+    locked.chmod(0)
+    try:
+        def core_bt(d: Path) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*prefix, sys.executable, "-m", "ml_debug", "core-bt", "--json", str(d)],
+                                  capture_output=True, text=True, cwd=REPO, timeout=60)
+        inside = core_bt(tmp_path / "run")
+        assert inside.returncode == 0, inside.stderr
+        assert f"could not read directory {locked}: Permission denied" in json.loads(inside.stdout)["result"]["notes"]
+        named = core_bt(locked)
+        assert named.returncode == 2 and f"cannot read directory {locked}" in named.stderr, named.stderr
+    finally:
+        locked.chmod(0o700)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dir", "/nonexistent"], "--dir /nonexistent does not exist"),
+    (["--exe", "/nonexistent"], "--exe '/nonexistent' does not exist"),
+    (["--exe", "/tmp"], "--exe '/tmp' is not an executable file"),
+    (["/dev/null"], "/dev/null is a character device"),
+    ([""], "an empty path was given"),
+])
+def test_bad_paths_are_usage_errors(args: list[str], message: str) -> None:
+    proc = mldebug("core-bt", *args, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("mldebug: error: ") and message in proc.stderr, proc.stderr
+    assert "hint: " in proc.stderr
+
+
+def test_a_truncated_core_is_not_fully_read(core_dir: Path, tmp_path: Path) -> None:
+    require(shutil.which("gdb") or shutil.which("pystack"), "gdb or pystack")
+    whole = _core(core_dir)
+    half = tmp_path / "core.half"
+    half.write_bytes(whole.read_bytes()[:whole.stat().st_size // 2])
+    proc = mldebug("core-bt", "--json", str(half), timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)["result"]
+    (core,) = result["cores"]
+    assert not core["ok"] and core["error"].startswith(f"core file truncated: {half.stat().st_size} of the "), core
+    assert "not fully read" in result["summary"]
+    human = mldebug("core-bt", str(half), timeout=120)
+    assert human.returncode == 4 and f"not fully read: {half}: core file truncated" in human.stdout

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
+from ml_debug.core.errors import UsageError
 from ml_debug.core.options import argument, option
 
 if TYPE_CHECKING:
@@ -17,18 +19,21 @@ if TYPE_CHECKING:
 
 HELP = """Show where crashed processes died: every thread's backtrace plus the Python frames, from core files.
 
-With no CORE argument, looks where /proc/sys/kernel/core_pattern writes cores (a relative pattern
-such as 'core' means the crashing process's working directory: give it with --dir, default '.').
-Each core is matched to its executable (from the core's own notes) and read with gdb and the
-interpreter's py-bt helper, or with pystack. Cores with the same crash are grouped.
+A directory given (as CORE or with --dir) is searched, subdirectories too, for every core file
+whatever its name (ELF type core; symbolic links are not followed). With neither, looks where
+/proc/sys/kernel/core_pattern writes cores (a relative pattern such as 'core' means the crashing
+process's working directory: this one). Each core is matched to its executable (from the core's
+own notes) and read with gdb and the interpreter's py-bt helper, or with pystack. Cores with the
+same crash are grouped.
 
 
   mldebug core-bt                     # cores in this directory (per core_pattern)
   mldebug core-bt core.4242           # one core
   mldebug core-bt --dir /scratch/run7 --newest 20
 
-Exit codes: 0 no core found; 1 crash backtraces shown; 2 a path is not a core; 3 neither gdb nor
-pystack installed; 4 some cores could not be read."""
+Exit codes: 0 no core found; 1 crash backtraces shown; 2 a bad path (missing, empty, not a core,
+--exe not an executable); 3 neither gdb nor pystack installed; 4 some cores could not be (fully)
+read, e.g. a truncated core."""
 
 EXAMPLES = (
     "mldebug core-bt                     # cores in this directory (per core_pattern)",
@@ -37,15 +42,35 @@ EXAMPLES = (
 )
 
 
+def _path(word: str) -> Path:
+    """A path word: an empty one (an unset variable in a job script) would mean '.', searched silently."""
+    if not word:
+        raise UsageError("an empty path was given", "name a core file or a directory (use . for this one)")
+    return Path(word)
+
+
+def _executable(word: str) -> str:
+    """--exe: gdb and pystack take whatever they are given and then show no symbols; say so up front."""
+    if not os.path.isfile(word) or not os.access(word, os.X_OK):
+        what = "does not exist" if not os.path.lexists(word) else "is not an executable file"
+        raise UsageError(f"--exe {word!r} {what}",
+                         "give the program that crashed, e.g. --exe /opt/venv/bin/python3 (see the core's "
+                         "command line: mldebug core-bt --json)")
+    return word
+
+
 @dataclass(frozen=True)
 class CoreBtOptions:
     """The options of `mldebug core-bt`."""
 
-    cores: list[Path] = argument(default_factory=list, metavar="CORE", help="Core files, or directories to search.")
-    dirs: list[Path] = option(flags=("--dir",), default_factory=list, file_okay=False, metavar="DIR",
-                              help="Directory to search for cores (repeatable; default: the current one).")
-    exe: str | None = option(None, metavar="PATH", help="The executable that crashed, when the core's own record "
-                                                       "of it is wrong (a container path, a deleted venv).")
+    cores: list[Path] = argument(default_factory=list, metavar="CORE", parse=_path,
+                                 help="Core files, or directories to search (every core file under them).")
+    dirs: list[Path] = option(flags=("--dir",), default_factory=list, metavar="DIR", parse=_path,
+                              help="Directory to search for core files, whatever their names, subdirectories "
+                                   "too (repeatable; default: where core_pattern puts them).")
+    exe: str | None = option(None, metavar="PATH", parse=_executable,
+                             help="The executable that crashed, when the core's own record of it is wrong "
+                                  "(a container path, a deleted venv).")
     newest: int | None = option(None, min=1, metavar="N", help="Only the N most recent cores.")
     timeout: float = option(120.0, min=1.0, metavar="S", help="Seconds per core for gdb/pystack.")
     all_threads: bool = option(False, help="Print every thread, not only the one that crashed.")
@@ -106,6 +131,6 @@ def _human(console: Console, result: CoreBtResult, all_threads: bool) -> None:
         console.print()
     for c in result.cores:
         if not c.ok:
-            console.print(Text(f"not read: {c.path}: {c.error}", style="red"))
+            console.print(Text(f"{'not fully read' if c.threads else 'not read'}: {c.path}: {c.error}", style="red"))
     style = "bold red" if result.groups else "bold green"
     console.print(Text(result.summary, style=style), soft_wrap=True)

@@ -11,6 +11,7 @@ import fnmatch
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ml_debug.core import safefs
 from ml_debug.core.errors import EnvironmentProblem, ExitCode, UsageError
 from ml_debug.core.safefs import Refused
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
-from ml_debug.stacks.elfcore import executable_of, is_core_fd, read_notes_fd
+from ml_debug.stacks.elfcore import executable_of, is_core_fd, read_notes_fd, truncation
 from ml_debug.stacks.model import Frame, ThreadDump
 from ml_debug.stacks.parsers import parse_gdb, parse_pystack
 from ml_debug.stacks.tools import INSTALL_HINTS, find_tool, first_error_line, run_tool
@@ -70,77 +71,143 @@ def _core_at(path: Path) -> tuple[bool, os.stat_result | None, str | None]:
         os.close(fd)
 
 
-def find_cores(paths: list[Path], dirs: list[Path] | None = None, newest: int | None = None) -> tuple[list[Path], CoreSearch]:
-    """Core files named on the command line, or where /proc/sys/kernel/core_pattern puts them.
+MAX_SCAN_DEPTH = 8  # run7/rank1/core.4242 is depth 1; a Hydra tree about 4
+MAX_SCAN_ENTRIES = 50_000  # names looked at under one directory given: a home directory is no place for this
 
-    Core files sit in the jobs' own directories and mldebug may run as root: a symbolic link, a FIFO
-    or a device named like a core is skipped with a note (never followed, never opened)."""
+
+def _core_setting() -> CoreSearch:
     try:
         pattern = CORE_PATTERN.read_text().strip()
     except OSError:
         pattern = "core"
-    try:
-        uses_pid = CORE_USES_PID.read_text().strip() == "1"
-    except OSError:
-        uses_pid = False
     search = CoreSearch(core_pattern=pattern, piped=pattern.startswith("|"))
-    found: list[tuple[Path, os.stat_result]] = []
-    seen: set[tuple[int, int]] = set()
-
-    def add(p: Path, st: os.stat_result) -> None:
-        if (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
-            found.append((p, st))
-
-    for p in paths:
-        if not os.path.lexists(p):
-            raise UsageError(f"{p} does not exist", "give core files or directories to search")
-        if p.is_dir():
-            dirs = [*(dirs or []), p]
-            continue
-        p = Path(os.path.realpath(p.parent)) / p.name  # the operator named it; its last part stays unfollowed
-        ok, st, refused = _core_at(p)
-        if refused:
-            search.notes.append(f"skipped {refused}")
-        elif ok and st is not None:
-            add(p, st)
-        else:
-            raise UsageError(f"{p} is not a core file (not an ELF core)", "file(1) says what it is")
-    if paths and not dirs:
-        return [p for p, _ in found], search
-    # the directories are the operator's choice, resolved once; what lies inside them is not trusted
-    dirs = [Path(os.path.realpath(d)) for d in (dirs or [Path.cwd()])]
     if search.piped:
         handler = pattern[1:].split()[0]
         hint = ("coredumpctl list; coredumpctl dump PID -o core.PID" if "systemd-coredump" in handler
                 else "/var/crash (apport: apport-unpack)" if "apport" in handler else f"see {handler}")
-        search.notes.append(f"core_pattern pipes cores to {handler}: they are not written as files here ({hint}); "
-                            "searching for 'core*' files anyway")
-        search.globs = [str(d / "core*") for d in dirs]
-    else:
-        search.globs = pattern_globs(pattern, uses_pid, dirs)
-    for g in search.globs:
-        directory, base = os.path.split(g)
-        if any(ch in directory for ch in "*?["):
-            search.notes.append(f"skipped {g}: a directory with wildcards")
-            continue
+        search.notes.append(f"core_pattern pipes cores to {handler}: they are not written as files here ({hint})")
+    return search
+
+
+def _pattern_globs(search: CoreSearch) -> list[str]:
+    """Where core_pattern puts cores: a relative pattern in the current directory."""
+    if search.piped:
+        search.notes.append("searching for 'core*' files here anyway")
+        return [str(Path.cwd() / "core*")]
+    try:
+        uses_pid = CORE_USES_PID.read_text().strip() == "1"
+    except OSError:
+        uses_pid = False
+    return pattern_globs(search.core_pattern, uses_pid, [Path.cwd()])
+
+
+def _named(paths: list[Path], dirs: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(files, directories) the operator named; a missing path or a --dir that is no directory is a
+    usage error."""
+    files: list[Path] = []
+    for p in paths:
+        if not os.path.lexists(p):
+            raise UsageError(f"{p} does not exist", "give core files or directories to search")
+        (dirs if p.is_dir() else files).append(p)
+    for d in dirs:
+        if not os.path.lexists(d):
+            raise UsageError(f"--dir {d} does not exist", "give directories to search for core files")
+        if not d.is_dir():
+            raise UsageError(f"--dir {d} is not a directory", "name a core file without --dir")
+    return files, dirs
+
+
+def find_cores(paths: list[Path], dirs: list[Path] | None = None, newest: int | None = None) -> tuple[list[Path], CoreSearch]:
+    """Core files named on the command line, every core file under the directories named (whatever
+    its name), or, with neither, the cores /proc/sys/kernel/core_pattern puts in the current directory.
+
+    Core files sit in the jobs' own directories and mldebug may run as root: a symbolic link, a FIFO
+    or a device in a directory is skipped (never followed, never opened); one named on the command
+    line is a usage error."""
+    search = _core_setting()
+    files, named_dirs = _named(paths, list(dirs or []))
+    found: dict[tuple[int, int], tuple[Path, os.stat_result]] = {}
+
+    def add(p: Path, st: os.stat_result) -> None:
+        found.setdefault((st.st_dev, st.st_ino), (p, st))
+
+    for p in files:
+        p = Path(os.path.realpath(p.parent)) / p.name  # the operator named it; its last part stays unfollowed
+        ok, st, refused = _core_at(p)
+        if refused:
+            raise UsageError(f"not a core file: {refused}", "name the core file itself (a regular file)")
+        if not ok or st is None:
+            raise UsageError(f"{p} is not a core file (not an ELF core)", "file(1) says what it is")
+        add(p, st)
+    if named_dirs:
+        for d in named_dirs:  # the directories are the operator's choice, resolved once
+            root = Path(os.path.realpath(d))
+            search.globs.append(str(root / "**"))
+            _scan_tree(root, add, search.notes)
+    elif not files:
+        search.globs = _pattern_globs(search)
+        for g in search.globs:
+            _scan_glob(g, add, search.notes)
+    ordered = sorted(found.values(), key=lambda ps: ps[1].st_mtime, reverse=True)
+    return [p for p, _ in ordered[:newest or None]], search
+
+
+def _add_if_core(p: Path, add: Callable[[Path, os.stat_result], None], notes: list[str]) -> None:
+    ok, st, refused = _core_at(p)
+    if refused:
+        notes.append(f"skipped {refused}")
+    elif ok and st is not None:
+        add(p, st)
+
+
+def _scan_glob(g: str, add: Callable[[Path, os.stat_result], None], notes: list[str]) -> None:
+    """The files matching one core_pattern glob that are cores."""
+    directory, base = os.path.split(g)
+    if any(ch in directory for ch in "*?["):
+        notes.append(f"skipped {g}: a directory with wildcards")
+        return
+    try:
+        entries = os.listdir(directory)
+    except OSError as e:
+        notes.append(f"could not read directory {directory}: {e.strerror or e}")
+        return
+    for name in sorted(entries):
+        if fnmatch.fnmatch(name, base):
+            _add_if_core(Path(directory) / name, add, notes)
+
+
+def _scan_tree(root: Path, add: Callable[[Path, os.stat_result], None], notes: list[str]) -> None:
+    """Every core file under `root`, by its ELF header rather than its name: ranks write core.PID,
+    core, core.python.1234 or whatever the job's own pattern was, and a copy may be renamed.
+
+    Symbolic links are not followed and the walk is bounded (depth and names looked at): what lies
+    inside is not trusted, and each file is opened through safefs as one named in a job's directory."""
+    budget = MAX_SCAN_ENTRIES
+    stack = [(root, 0)]
+    too_deep = False
+    while stack:
+        d, depth = stack.pop()
         try:
-            entries = os.listdir(directory)
-        except OSError:
-            continue
-        for name in sorted(entries):
-            if not fnmatch.fnmatch(name, base):
-                continue
-            p = Path(directory) / name
-            ok, st, refused = _core_at(p)
-            if refused:
-                search.notes.append(f"skipped {refused}")
-            elif ok and st is not None:
-                add(p, st)
-    found.sort(key=lambda ps: ps[1].st_mtime, reverse=True)
-    if newest:
-        found = found[:newest]
-    return [p for p, _ in found], search
+            with os.scandir(d) as it:
+                for e in it:
+                    budget -= 1
+                    if budget < 0:
+                        notes.append(f"stopped searching {root} after {MAX_SCAN_ENTRIES} names: "
+                                     "give the directory of the failed run")
+                        return
+                    if e.is_dir(follow_symlinks=False):
+                        too_deep |= depth >= MAX_SCAN_DEPTH
+                        if depth < MAX_SCAN_DEPTH:
+                            stack.append((Path(e.path), depth + 1))
+                    elif e.is_file(follow_symlinks=False):
+                        _add_if_core(Path(e.path), add, notes)
+        except OSError as e:
+            if d == root:
+                raise UsageError(f"cannot read directory {d}: {e.strerror or e}",
+                                 "run mldebug as a user who may read it (sudo)") from None
+            notes.append(f"could not read directory {d}: {e.strerror or e}")
+    if too_deep:
+        notes.append(f"searched {root} {MAX_SCAN_DEPTH} directories deep, not deeper: give a deeper directory")
 
 
 @dataclass
@@ -226,6 +293,10 @@ def _analyse_fd(path: Path, fd: int, st: os.stat_result, t0: float, timeout: flo
         report.python_frames = [f.where(brief=True) for f in crashing.python_frames()]
     else:
         report.error = "; ".join(errors) or "no backtrace"
+    cut = truncation(notes, st.st_size)
+    if cut:  # the frames read are still shown, but they may be wrong: this core is not fully read
+        report.ok = False
+        report.error = cut + ("; " + report.error if report.error else "")
     if exe is None:
         report.error = (report.error + "; " if report.error else "") + \
             "executable not found (pass --exe): symbols and Python frames may be missing"
@@ -265,10 +336,11 @@ class CoreBtResult:
 
 
 def group_cores(reports: list[CoreReport]) -> list[CoreGroup]:
-    """Cores whose crashing threads have the same native and Python stacks (names only) form one group."""
+    """Cores whose crashing threads have the same native and Python stacks (names only) form one group;
+    a core only partly read (truncated) is grouped with what was read of it."""
     groups: dict[tuple[Any, ...], list[CoreReport]] = {}
     for r in reports:
-        if not r.ok or not r.threads:
+        if not r.threads:
             continue
         t = r.threads[0]
         key = (r.signal, _names(t.native_frames), _names(t.python_frames()))
@@ -296,7 +368,9 @@ def core_summary(reports: list[CoreReport], groups: list[CoreGroup], search: Cor
             if len(reports) == 1 else
             f"{len(reports)} cores, {len(groups)} distinct crash(es); most common ({g.count}x): "
             f"{g.signal or 'signal'} in {g.crash_frame or '?'}{py}")
-    return f"crash: {head}"
+    unread = sum(not r.ok for r in reports)
+    tail = f"; {unread} of {len(reports)} core(s) not fully read" if unread else ""
+    return f"crash: {head}{tail}"
 
 
 def core_bt_result(reports: list[CoreReport], search: CoreSearch) -> CoreBtResult:

@@ -26,6 +26,7 @@ class CoreNotes:
     psargs: str | None = None  # the first 80 bytes of the command line
     files: list[str] = field(default_factory=list)  # mapped files, executable first
     threads: int = 0
+    file_end: int = 0  # where the last segment's bytes end: a core file shorter than this was cut off
 
 
 def _open(path: Path) -> int:
@@ -94,12 +95,23 @@ def read_notes_fd(fd: int) -> CoreNotes:
     budget = MAX_NOTES_BYTES
     for i in range(len(phdrs) // e_phentsize):
         p_type, _flags, p_offset, _va, _pa, p_filesz = struct.unpack_from("<IIQQQQ", phdrs, i * e_phentsize)
+        notes.file_end = max(notes.file_end, p_offset + p_filesz)
         if p_type != PT_NOTE or budget <= 0:
             continue
         data = os.pread(fd, min(p_filesz, budget), p_offset)
         budget -= len(data)
         _parse_notes(data, notes)
     return notes
+
+
+def truncation(notes: CoreNotes, size: int) -> str | None:
+    """Why a core of `size` bytes is incomplete (a full disk, a core limit, a copy cut short), or None.
+
+    A cut-off core still opens in gdb, which then shows a stack of ``??`` from memory that is not there."""
+    if notes.file_end <= size:
+        return None
+    return (f"core file truncated: {size} of the {notes.file_end} bytes its program headers describe "
+            "(disk full, ulimit -c, or an interrupted copy): frames may be missing or wrong")
 
 
 def _parse_notes(data: bytes, notes: CoreNotes) -> None:

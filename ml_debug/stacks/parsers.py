@@ -30,7 +30,10 @@ def parse_pyspy_json(text: str, pid: int) -> list[ThreadDump]:
     return threads
 
 
-_PYSTACK_THREAD = re.compile(r"^Traceback for thread (\d+) \((.*?)\) \[(.*?)\] \(most recent call last\):")
+# `pystack remote` names the thread, `pystack core` (1.7) does not: "Traceback for thread 7005 (python3)
+# [Has the GIL] (most recent call last):" and "Traceback for thread 7005 [Has the GIL] (most recent call last):"
+_PYSTACK_THREAD = re.compile(r"^Traceback for thread (\d+)(?: \(((?!most recent call last\)).*?)\))?"
+                             r"(?: \[(.*?)\])? \(most recent call last\):")
 _PYSTACK_FRAME = re.compile(r'^\s+\((Python|C)\) File "(.*)", line (\d+), in (\S+)(?: \((.*)\))?\s*$')
 
 
@@ -42,7 +45,7 @@ def parse_pystack(text: str, pid: int) -> list[ThreadDump]:
         m = _PYSTACK_THREAD.match(line)
         if m:
             tid = int(m.group(1))
-            flags = m.group(3)
+            flags = m.group(3) or ""
             current = ThreadDump(thread_id=str(tid), os_thread_id=tid, name=m.group(2), is_main=tid == pid,
                                  owns_gil="Has the GIL" in flags)
             threads.append(current)
