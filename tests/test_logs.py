@@ -10,8 +10,10 @@ import datetime as _dt
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from ml_debug.logs.launch import PREFIX_TEMPLATE, plan, prepare
 from ml_debug.logs.model import PRIMARY, SECONDARY, Who
 from ml_debug.logs.options import LaunchJobOptions
 from ml_debug.logs.triage import triage
-from tests.conftest import REPO, validate_schema
+from tests.conftest import REPO, require, validate_schema
 
 DATA = REPO / "tests" / "data" / "logs"
 DAY = _dt.date(2025, 3, 2)
@@ -261,6 +263,47 @@ def test_gzip_glob_directory_and_skipped(tmp_path: Path) -> None:
     assert [Path(s.path).name for s in by_glob.sources] == ["a.log.gz"]
 
 
+def test_a_truncated_gzip_file_is_read_up_to_its_cut(tmp_path: Path) -> None:
+    text = "".join(f"[rank2]: step {i} loss {i * 7 % 1000 / 7:.6f} {'x' * (i % 80)}\n" for i in range(2000))
+    text = "[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered\n" + text
+    whole = gzip.compress(text.encode())
+    cut = tmp_path / "g3.log.gz"
+    cut.write_bytes(whole[:len(whole) // 2])
+    readable = zlib.decompressobj(wbits=31).decompress(cut.read_bytes())  # what zcat prints before the cut
+    report = triage([str(cut)])
+    p = report.verdict.primary
+    assert p is not None and p.who.rank == 2 and "illegal memory access" in p.message
+    (src,) = report.sources
+    assert (src.bytes, src.lines) == (len(readable), readable.count(b"\n") + 1)  # and the cut last line
+    assert [s["path"] for s in report.skipped] == [str(cut)] and "truncated" in report.skipped[0]["reason"]
+    got = _cli("logs", str(cut))
+    assert got.returncode == 1, got.stderr
+    assert "not read:" in got.stdout and "truncated" in got.stdout
+
+
+def test_an_unreadable_subdirectory_is_not_read(tmp_path: Path) -> None:
+    """Listed as not read (exit 4), never skipped in silence: the failure may be in it."""
+    root = tmp_path / "w"
+    (root / "node1").mkdir(parents=True)
+    (root / "node2").mkdir()
+    (root / "node1" / "console.log").write_text("all good\n")
+    (root / "node2" / "console.log").write_text("RuntimeError: CUDA error: an illegal memory access\n")
+    (root / "node2").chmod(0)
+    # root reads a mode 000 directory: drop the capabilities that let it
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    require(not drop or shutil.which("setpriv"), "setpriv (to read as root without DAC override)")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLDEBUG_JSON", "COLUMNS")}
+    try:
+        got = subprocess.run([*drop, sys.executable, "-m", "ml_debug", "--json", "logs", str(root)],
+                             capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        (root / "node2").chmod(0o755)
+    assert got.returncode == 4, got.stdout + got.stderr
+    assert json.loads(got.stdout)["result"]["skipped"] == [{"path": str(root / "node2"),
+                                                           "reason": "Permission denied"}]
+
+
 def test_nothing_to_read_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         triage([str(tmp_path / "missing.log")])
@@ -323,6 +366,8 @@ def test_cli_rank_demux(tmp_path: Path) -> None:
     assert [t["text"] for t in doc["result"]["demux"]["text"]] == ["hello from 0"]
     none = _cli("logs", str(log), "--rank", "7")
     assert none.returncode == 2 and "ranks seen: 0-1" in none.stderr
+    empty = _cli("logs", str(log), "--node", "")
+    assert empty.returncode == 2 and empty.stderr.splitlines()[0] == "mldebug: error: --node is empty"
 
 
 # ----------------------------------------------------------------------------- mldebug launch (no run)
@@ -386,6 +431,28 @@ def test_a_rank_stdout_line_teed_into_its_traceback_is_not_the_exception(tmp_pat
     v = triage([str(console)]).verdict
     assert v.primary is not None and v.primary.who.rank == 2, v.summary
     assert v.primary.message.startswith("ValueError: bad batch on rank 2"), v.primary.message
+
+
+def test_a_launch_stopped_at_its_timeout_names_the_timeout() -> None:
+    """tests/data/logs/launch_timeout/: a real `mldebug launch --nproc-per-node 2 --timeout 5` of a script that
+    sleeps (paths rewritten to /shared/job/logs): the launcher stopped torchrun, whose SIGTERM traceback follows."""
+    report = triage([str(DATA / "launch_timeout")])
+    p = report.verdict.primary
+    assert report.verdict.status == "failure" and p is not None and p.kind == "launcher", report.verdict.summary
+    assert "--timeout 5 s" in p.message and p.who.node == "vm" and p.time is not None
+
+
+def test_only_consequences_never_claim_a_primary_failure(tmp_path: Path) -> None:
+    """The same console without the launcher's line: torchrun's own SIGTERM traceback, nothing else."""
+    node = DATA / "launch_timeout" / "vm"
+    console = (node / "console.log").read_text()
+    (tmp_path / "console.log").write_text("".join(line for line in console.splitlines(keepends=True)
+                                                  if not line.startswith("mldebug launch:")))
+    (tmp_path / "launch.json").write_text((node / "launch.json").read_text())
+    v = triage([str(tmp_path)]).verdict
+    assert v.status == "secondary-only" and v.basis is not None
+    assert "primary" not in v.basis, v.basis
+    assert v.summary.startswith("no primary failure found: vm failed only as a consequence"), v.summary
 
 
 def test_a_rank_that_raised_and_then_aborted_while_exiting_failed_once() -> None:

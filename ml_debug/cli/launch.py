@@ -38,9 +38,10 @@ def register(app: typer.Typer) -> None:
 
 def launch(opts: LaunchJobOptions) -> int:
     from ml_debug.core import output
-    from ml_debug.logs.launch import CONSOLE, plan, run
+    from ml_debug.logs.launch import CONSOLE, plan, prepare, run
 
     p = plan(opts)
+    prepare(p)
     output.log(f"mldebug launch: logs in {p.node_dir} (console: {p.node_dir / CONSOLE})")
     code = run(p, timeout=opts.timeout)
     top = p.node_dir.parent

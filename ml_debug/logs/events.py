@@ -151,6 +151,7 @@ _SRUN_NODE_FAIL = re.compile(r"srun: error: Node failure on (\S+)")
 _SLURM_CANCEL = re.compile(r"\*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
                            r"(?: DUE TO (?P<why>[A-Z ]+?))?(?: \*\*\*)?$")
 _OOM_KILL = re.compile(r"Detected (\d+) oom[-_]kill event")
+_LAUNCH_TIMEOUT = re.compile(r"mldebug launch: error: --timeout (?P<s>\S+) s reached")
 _TOOL_ERROR = re.compile(r"(?:mldebug|python\d?(?:\.\d+)?): error: (?P<msg>.+)")
 _FATAL = re.compile(r"Fatal Python error: (?P<msg>.+)")
 _SEGFAULT = re.compile(r"Segmentation fault")
@@ -569,6 +570,11 @@ class Collector:
         if m:
             self._one("oom", PRIMARY, f"out of host memory: {m.group(1)} process(es) killed by the cgroup OOM killer",
                       "out of memory", Who(None, who.node, None), line, offset, rest)
+            return
+        m = _LAUNCH_TIMEOUT.search(rest)
+        if m:  # the ranks' SIGTERM tracebacks that follow are its consequence
+            self._one("launcher", PRIMARY, f"the job reached mldebug launch --timeout {m.group('s')} s: the launcher "
+                      "stopped every rank", "stopped at --timeout", Who(None, ctx.who.node, None), line, offset, rest)
             return
         m = _TOOL_ERROR.search(rest)
         if m:

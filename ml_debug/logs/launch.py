@@ -70,14 +70,22 @@ def default_log_dir(opts: LaunchJobOptions, now: _dt.datetime | None = None) -> 
 
 
 def _target(opts: LaunchJobOptions) -> tuple[list[str], bool, bool]:
-    """(command, module, no_python): ``python -m x`` and ``python x.py`` in the command are understood."""
+    """(command, module, no_python): ``python -m x`` and ``python x.py`` in the command are understood; a
+    Python given other options of its own (``python -c CODE``, ``python -X dev x.py``) runs as a program, as
+    written: torchrun would take them for its own."""
     cmd = list(opts.command)
     module, no_python = opts.module, opts.no_python
     if cmd and not module and not no_python and _PYTHON.match(os.path.basename(cmd[0])):
-        cmd = cmd[1:]
-        if cmd[:1] == ["-m"]:
-            module, cmd = True, cmd[1:]
-        elif cmd[:1] == ["-u"]:
+        if cmd[1:2] == ["-u"]:  # unbuffered: PYTHONUNBUFFERED is set anyway
+            cmd = cmd[:1] + cmd[2:]
+        if cmd[1:2] == ["-m"]:
+            module, cmd = True, cmd[2:]
+        elif cmd[1:2] and cmd[1].startswith("-"):
+            if opts.trace:
+                raise UsageError(f"--trace runs `python SCRIPT` or `python -m MODULE`, not python {cmd[1]}",
+                                 "put the code in a file and run `python FILE`, or drop --trace")
+            no_python = True
+        else:
             cmd = cmd[1:]
     if not cmd:
         raise UsageError("no script to run", "mldebug launch --nproc-per-node 4 -- python train.py ARGS "
@@ -149,11 +157,14 @@ def prepare(p: LaunchPlan) -> None:
     if (p.node_dir / CONSOLE).exists() or (p.node_dir / LAUNCH_MANIFEST).exists():
         raise UsageError(f"{p.node_dir} already holds the logs of a launch",
                          "give another --log-dir (or remove that directory)")
-    p.node_dir.mkdir(parents=True, exist_ok=True)
-    for sub in ("fr",) if p.manifest.get("flight_recorder") else ():
-        (p.node_dir / sub).mkdir(exist_ok=True)
     p.manifest["started"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    _write_manifest(p)
+    try:
+        p.node_dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("fr",) if p.manifest.get("flight_recorder") else ():
+            (p.node_dir / sub).mkdir(exist_ok=True)
+        _write_manifest(p)
+    except OSError as e:
+        raise UsageError(f"cannot write the logs to {p.node_dir}: {e}", "give a writable --log-dir") from None
 
 
 def _pump(src: IO[bytes], dst: IO[bytes], log: IO[bytes], lock: threading.Lock) -> None:
@@ -198,8 +209,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None = None,
         stderr: IO[bytes] | None = None) -> int:
-    """Run torchrun, copying its output to the terminal and to console.log; torchrun's exit code."""
-    prepare(p)
+    """Run torchrun for a prepared plan (:func:`prepare`), copying its output to the terminal and to
+    console.log; torchrun's exit code."""
     env = {**os.environ, **p.env}
     env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun gives each rank its own
     out = stdout or sys.stdout.buffer
@@ -225,10 +236,12 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
                 break
             except subprocess.TimeoutExpired:
                 if deadline is not None and time.monotonic() >= deadline:
-                    msg = f"mldebug launch: --timeout {timeout:g} s reached: stopping the job\n".encode()
+                    # "error" and the time make `mldebug logs` read this line as the cause, at its time
+                    now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+                    msg = f"mldebug launch: error: --timeout {timeout:g} s reached at {now}: stopping the job\n"
                     with lock:
-                        log.write(msg)
-                    err.write(msg)
+                        log.write(msg.encode())
+                    err.write(msg.encode())
                     _stop(proc)
                     deadline = None
             except KeyboardInterrupt:

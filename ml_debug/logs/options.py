@@ -5,11 +5,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ml_debug.core.errors import UsageError
 from ml_debug.core.options import argument, option
 
 SHOW = "What to show"
 TORCHRUN = "torchrun"
 EXTRAS = "Extras"
+DEVICE_COUNTS = ("gpu", "cpu", "xpu", "auto")
+
+
+def parse_node(word: str) -> str:
+    """--node: a node's name as the logs write it (an empty one, from an unset shell variable, matches none)."""
+    if not word.strip():
+        raise UsageError("--node is empty", "give a node's name as the logs write it, e.g. --node node12")
+    return word
+
+
+def _positive(word: str, flag: str, hint: str) -> int:
+    try:
+        n = int(word)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"{flag} {word!r} is not a positive number", hint)
+    return n
+
+
+def parse_nproc_per_node(word: str) -> str:
+    """torchrun's --nproc-per-node: a positive number or a device kind (refused here, before torchrun would fail
+    with a traceback after the log directory was made)."""
+    if word in DEVICE_COUNTS:
+        return word
+    hint = f"a number of ranks (1 or more), or one of {', '.join(DEVICE_COUNTS)}"
+    return str(_positive(word, "--nproc-per-node", hint))
+
+
+def parse_nnodes(word: str) -> str:
+    """torchrun's --nnodes: N, or MIN:MAX with 1 <= MIN <= MAX."""
+    hint = "a number of nodes (1 or more), or MIN:MAX for an elastic job (e.g. 2:4)"
+    parts = [_positive(w, "--nnodes", hint) for w in word.split(":")] if word.count(":") <= 1 else []
+    if not parts or parts[0] > parts[-1]:
+        raise UsageError(f"--nnodes {word!r} is not N or MIN:MAX", hint)
+    return ":".join(map(str, parts))
+
+
+def parse_log_dir(word: str) -> Path:
+    """--log-dir: a directory; an empty word (an unset shell variable) would put the logs in the current one."""
+    if not word.strip():
+        raise UsageError("--log-dir is empty", "give a directory, e.g. --log-dir logs/$SLURM_JOB_ID")
+    path = Path(word)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--log-dir {word} is a file, not a directory", "give a directory (made when missing)")
+    return path
 
 
 @dataclass(frozen=True)
@@ -22,7 +69,7 @@ class LogsOptions:
              "globs, or - for standard input.")
     rank: int | None = option(None, min=0, metavar="R", panel=SHOW,
                               help="Show only the lines rank R wrote (labels removed), in order.")
-    node: str | None = option(None, metavar="NAME", panel=SHOW,
+    node: str | None = option(None, metavar="NAME", panel=SHOW, parse=parse_node,
                               help="Show only the lines written on this node (with --rank: that rank there).")
     full: bool = option(False, panel=SHOW,
                         help="Show every traceback group in full and the whole timeline (shortened otherwise).")
@@ -38,9 +85,10 @@ class LaunchJobOptions:
         default_factory=list, metavar="SCRIPT [ARGS]...",
         help="The training script and its arguments (with -m: a module; with --no-python: a program). Put -- "
              "before them.")
-    nproc_per_node: str = option("1", metavar="N", panel=TORCHRUN,
-                                 help="Ranks on this node: a number, gpu, cpu or auto (torchrun's --nproc-per-node).")
-    nnodes: str = option("1", metavar="N|MIN:MAX", panel=TORCHRUN, help="Nodes (torchrun's --nnodes).")
+    nproc_per_node: str = option("1", metavar="N", panel=TORCHRUN, parse=parse_nproc_per_node,
+                                 help="Ranks on this node: a number, gpu, cpu, xpu or auto (torchrun's --nproc-per-node).")
+    nnodes: str = option("1", metavar="N|MIN:MAX", panel=TORCHRUN, parse=parse_nnodes,
+                         help="Nodes (torchrun's --nnodes).")
     node_rank: int | None = option(None, min=0, panel=TORCHRUN,
                                    help="This node's rank with a static rendezvous (torchrun's --node-rank; default "
                                         "under srun with --nnodes > 1: this node's SLURM_NODEID).")
@@ -62,7 +110,7 @@ class LaunchJobOptions:
         default_factory=list, metavar="ARG", panel=TORCHRUN,
         help="Another torchrun option, passed as one word (repeatable), e.g. --torchrun-arg=--monitor-interval=1.")
     log_dir: Path | None = option(
-        None, envvar="MLDEBUG_LOG_DIR", file_okay=False,
+        None, envvar="MLDEBUG_LOG_DIR", parse=parse_log_dir,
         help="Where the logs go (default: mldebug-logs/<SLURM_JOB_ID, --rdzv-id or the start time>): "
              "LOG_DIR/<host>/console.log (every line labelled [host:LOCAL rankR]:), LOG_DIR/<host>/torchelastic/ "
              "(per-rank files and error files) and LOG_DIR/<host>/launch.json. Read them with `mldebug logs LOG_DIR`.")

@@ -19,6 +19,7 @@ import gzip
 import json
 import os
 import sys
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
@@ -32,15 +33,47 @@ NEEDLES = (b"Traceback", b"rror", b"NCCL", b"Killed", b"Segmentation fault")
 TAIL_BYTES = 64 << 10
 
 
+class Gunzip:
+    """A gzip file's data up to where it is damaged: a truncated or corrupt file (a copy cut short, a job
+    killed while compressing) keeps what came before, and ``src.cut`` says why the rest is missing.
+
+    ``GzipFile.read`` drops what it decompressed in a call that then meets the cut; ``read1`` returns each
+    piece as soon as it is decompressed, so only the damaged end is lost."""
+
+    def __init__(self, f: gzip.GzipFile, src: Source) -> None:
+        self._f = f
+        self._src = src
+        self._pos = 0
+
+    def read(self, size: int = -1) -> bytes:
+        parts: list[bytes] = []
+        want = size if size >= 0 else sys.maxsize
+        got = 0
+        while got < want and self._src.cut is None:
+            try:
+                piece = self._f.read1(min(want - got, BLOCK))
+            except (EOFError, OSError, zlib.error) as e:
+                self._src.cut = (f"truncated or damaged gzip file: only its first {self._pos + got} B "
+                                 f"(decompressed) were read ({type(e).__name__}: {e})")
+                break
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+        self._pos += got
+        return b"".join(parts)
+
+
 @contextmanager
 def opened(src: Source) -> Iterator[IO[bytes]]:
-    """The source as a binary stream (gzip decompressed; standard input for ``-``)."""
+    """The source as a binary stream (gzip decompressed, up to any damage; standard input for ``-``)."""
     if src.stdin:
         yield sys.stdin.buffer
         return
     if src.gz:
+        src.cut = None
         with gzip.open(src.path, "rb") as f:
-            yield f  # type: ignore[misc]
+            yield Gunzip(f, src)  # type: ignore[misc]
         return
     with open(src.path, "rb", buffering=0) as f:  # whole blocks are read: no second buffer
         yield f

@@ -14,8 +14,8 @@ Shapes:
   torchrun ``--tee``), or to an unknown rank.
 
 A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for log-like
-files: ``*.log *.out *.err *.txt``, ``error*.json``, ``*.jsonl`` and their ``.gz``. A glob is expanded;
-``-`` is standard input.
+files: ``*.log *.out *.err *.txt``, ``error*.json``, ``*.jsonl`` and their ``.gz``; what is skipped, and a
+subdirectory that cannot be listed, is reported as not read. A glob is expanded; ``-`` is standard input.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class Source:
     size: int = 0
     day: _dt.date = field(default_factory=_dt.date.today)
     """The date to give time stamps that carry none (the file's modification day)."""
-    note: str | None = None
+    cut: str | None = None
+    """Why the source's end could not be read (a damaged gzip file): what came before it was."""
 
     @property
     def labelled(self) -> bool:
@@ -164,7 +165,10 @@ def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
 
 
 def _walk(root: str, out: Expanded, add: _Add) -> None:
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    def unreadable(e: OSError) -> None:  # a directory that cannot be listed may hold the failure: say so
+        out.skipped.append({"path": str(e.filename or root), "reason": e.strerror or str(e)})
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
         man = _manifest(dirpath)
         if man is not None:

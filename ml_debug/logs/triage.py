@@ -44,7 +44,7 @@ def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None
         info = SourceInfo(path=src.path, shape=src.shape, who=src.who)
         try:
             got = feed_source(src, i, collector)
-        except (OSError, EOFError) as e:  # unreadable, or a truncated gzip file
+        except OSError as e:  # unreadable
             info.error = f"{type(e).__name__}: {e}"
             skipped.append({"path": src.path, "reason": info.error})
         else:
@@ -53,6 +53,9 @@ def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None
                 metrics.append(got["progress"])
             if got.get("last_line"):
                 info.note = f"last line: {got['last_line']}"
+            if src.cut:  # read up to its damaged end: the failure may be in what is missing
+                info.error = src.cut
+                skipped.append({"path": src.path, "reason": src.cut})
         info.events = len(collector.events) - before
         infos.append(info)
         if on_source is not None:

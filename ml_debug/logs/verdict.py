@@ -182,12 +182,11 @@ def _cause(events: list[Event]) -> Event | None:
     return None
 
 
-def _earliest(cands: list[Event]) -> tuple[Event, str]:
+def _earliest(cands: list[Event], what: str = "primary failure") -> tuple[Event, str]:
     """The earliest candidate, and how that was decided."""
     if len(cands) == 1:
         ev = cands[0]
-        return ev, "the only primary failure" + (f" (time from {_BASIS[ev.time_source]})" if ev.time is not None
-                                                 else "")
+        return ev, f"the only {what}" + (f" (time from {_BASIS[ev.time_source]})" if ev.time is not None else "")
     if all(e.time is not None for e in cands):
         ev = min(cands, key=lambda e: (e.time, e.order_key()))
         sources = {e.time_source for e in cands}
@@ -246,10 +245,11 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
             silent = compress(missing)
     blamed_text = compress(set(blamed)) if blamed else None
     if not strong and not weak:
-        first, basis = _earliest(list(causes.values()))
+        first, basis = _earliest(list(causes.values()), "failure")
         counts = _label_counts(causes.values())
-        ranks = compress(failed_ranks) or "unknown"
-        summary = (f"no primary failure found: ranks {ranks} failed only as a consequence of a peer "
+        ranks = compress(failed_ranks)
+        who = f"ranks {ranks}" if ranks else ", ".join(sorted({c.who.label() for c in causes.values()}))
+        summary = (f"no primary failure found: {who} failed only as a consequence of a peer "
                    f"({', '.join(f'{n} x {_quoted(lbl)}' for lbl, n in counts)})")
         hint = None
         if silent:
