@@ -95,6 +95,28 @@ def _kill_tree(proc: subprocess.Popen[str]) -> None:
         pass
 
 
+def _printed(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """What a stopped step printed until it was stopped (its stderr says where it was stuck)."""
+    try:
+        return proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired as e:  # a process that escaped the kill holds the pipes open
+        out, err = (b.decode(errors="replace") if isinstance(b, bytes) else b or "" for b in (e.stdout, e.stderr))
+        return out, err
+
+
+def _keep(out_dir: Path | None, step: Step, stdout: str, stderr: str) -> None:
+    """Write a step's stdout (its JSON document) and stderr to --out-dir as the step ends."""
+    if out_dir is None:
+        return
+    from ml_debug.core.output import warn
+    from ml_debug.core.safefs import write_out
+
+    for name, text in ((f"check.{step.name}.json", stdout), (f"check.{step.name}.stderr", stderr)):
+        note = write_out(out_dir, name, text)
+        if note:
+            warn(f"--out-dir: {note}")
+
+
 def run_step(step: Step, timeout_s: float | None = None, out_dir: Path | None = None) -> StepResult:
     """Run ``mldebug <step> --json`` with a timeout and read its verdict."""
     argv = [sys.executable, "-m", "ml_debug", *step.argv, "--json"]
@@ -109,18 +131,12 @@ def run_step(step: Step, timeout_s: float | None = None, out_dir: Path | None = 
         stdout, stderr = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
+        _keep(out_dir, step, *_printed(proc))
         return StepResult(step.name, shown, TIMEOUT, None, round(time.monotonic() - t0, 2),
                           f"no answer within {limit:g} s; stopped it")
     seconds = round(time.monotonic() - t0, 2)
     rc = proc.returncode
-    if out_dir is not None:
-        from ml_debug.core.output import warn
-        from ml_debug.core.safefs import write_out
-
-        for name, text in ((f"check.{step.name}.json", stdout), (f"check.{step.name}.stderr", stderr)):
-            note = write_out(out_dir, name, text)
-            if note:
-                warn(f"--out-dir: {note}")
+    _keep(out_dir, step, stdout, stderr)
     doc = None
     try:
         doc = json.loads(stdout) if stdout.strip() else None

@@ -120,6 +120,20 @@ def test_bad_usage_exits_2() -> None:
         assert proc.stderr.startswith("mldebug: error:"), proc.stderr
 
 
+@pytest.mark.parametrize(("args", "words"), [
+    (["--path", ""], "--path is empty"),
+    (["--out-dir", ""], "--out-dir is empty"),
+    (["--level", "2", "--out-dir", "/proc/nonexist/x"], "--out-dir /proc/nonexist/x"),
+])
+def test_an_empty_or_unusable_path_is_said_before_any_check(args: list[str], words: str, tmp_path: Path) -> None:
+    from tests.fakes.held_checks import hook_env
+
+    proc = mldebug("health", *args, env=hook_env(tmp_path), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and words in proc.stderr.splitlines()[0], proc.stderr
+    assert proc.stderr.splitlines()[1].startswith("hint:")
+    assert list(tmp_path.iterdir()) == []  # no check started (the hook marks it), nothing written here
+
+
 def test_nofile_limit_below_threshold_fails_in_a_real_process() -> None:
     # The real check in a child whose soft limit is 1024, as on a stock Debian login.
     code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit("

@@ -241,6 +241,23 @@ def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None
     assert r["nodes"][2]["error"] == "no answer within 3 s (--interval + --timeout)"
 
 
+def test_a_snapshot_says_ok_only_when_every_node_answered_and_nothing_stands_out() -> None:
+    from ml_debug.core.output import document
+    from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.top.model import SCHEMA, SCHEMA_VERSION, snapshot
+    from ml_debug.top.streams import Feed
+
+    opts = TopOptions(interval=1.0, timeout=2.0)
+    sample = {"seq": 1, "time": 1.0, "node": {"host": "a"}, "gpus": [], "ranks": [], "progress": [], "notes": []}
+    answering = Feed(Target("a"), "a", started=0.0, sample=sample, received=99.0)
+    silent = Feed(Target("b"), "b", started=0.0)
+    for feeds, ok in (([answering], True), ([answering, silent], False)):
+        r = snapshot(feeds, TargetSpec(kind="ssh", targets=[f.target for f in feeds]), opts, started=0.0,
+                     now=100.0, final=True)
+        assert r["ok"] is ok and (r["exit_code"] == 0) is ok, r["summary"]
+        validate_schema(document(SCHEMA, SCHEMA_VERSION, r, environment={}), "top")
+
+
 def test_plain_text_when_stdout_is_not_a_terminal_and_count_stops() -> None:
     proc = mldebug("top", "--local", "--count", "2", "--interval", "0.3", "--ranks", timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
@@ -310,3 +327,36 @@ def test_mldebug_commands_watching_a_job_are_not_its_ranks_but_mldebug_train_ran
     assert not is_agent("/venv/bin/python3 /venv/bin/mldebug train --steps 100", None)
     assert not is_agent("python -m ml_debug gpu-test", None)
     assert not is_agent("python train.py --top 5 --watch", {"RANK": "0"})
+
+
+# ------------------------------------------------------------------------------- every command's schema
+
+def _result_variants(schema: dict, node: dict) -> list[dict]:
+    """The shapes a document's ``result`` may take: ``$ref`` followed, ``oneOf``/``anyOf`` unfolded."""
+    if "$ref" in node:
+        return _result_variants(schema, schema["$defs"][node["$ref"].rsplit("/", 1)[-1]])
+    alternatives = node.get("oneOf") or node.get("anyOf")
+    if alternatives:
+        return [v for alt in alternatives for v in _result_variants(schema, alt)]
+    return [node]
+
+
+NO_OK_YET = {"logs.json"}
+"""Schemas whose result still lacks ``ok``/``summary`` (mldebug logs says it in ``result.verdict``):
+the gap is known and pinned here, so a new one fails and a fixed one must be taken off this list."""
+
+
+def test_every_command_schema_requires_result_ok_and_summary() -> None:
+    # docs/conventions.md: "result.ok and result.summary are always there" (train-step.json is one
+    # line of a metrics file, not a command's document: it has no result).
+    lacking, checked = set(), []
+    for path in sorted((REPO / "ml_debug" / "schemas").glob("*.json")):
+        schema = json.loads(path.read_text())
+        if "result" not in schema.get("properties", {}):
+            continue
+        for variant in _result_variants(schema, schema["properties"]["result"]):
+            if not {"ok", "summary"} <= set(variant.get("required", [])):
+                lacking.add(path.name)
+        checked.append(path.stem)
+    assert lacking == NO_OK_YET
+    assert "top" in checked and "check" in checked and "health" in checked

@@ -32,18 +32,21 @@ def register(app: typer.Typer) -> None:
 
 
 def health(opts: HealthOptions, targets: TargetOptions) -> int:
-    from ml_debug.core import output
+    import os
+
+    from ml_debug.core import output, safefs
 
     opts.validate()
+    if opts.out_dir is not None:  # an unusable --out-dir is said before the checks, not after them
+        os.close(safefs.open_out_dir(opts.out_dir))
     if not targets.remote:
         from ml_debug.health.cluster import local_result
         from ml_debug.health.runner import run_local
 
         result = local_result(run_local(opts))
         if opts.out_dir is not None:
-            from ml_debug.core.safefs import write_out
-
-            write_out(opts.out_dir, "health.json", output.dumps(output.document("mldebug.health", 1, result)) + "\n")
+            doc = output.document("mldebug.health", 1, result)
+            safefs.write_out(opts.out_dir, "health.json", output.dumps(doc) + "\n")
     else:
         result = _run_many(opts, targets)
 

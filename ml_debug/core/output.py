@@ -127,10 +127,12 @@ UNLIMITED = 10_000
 
 
 def _width(stream: Any) -> int | None:
-    """MLDEBUG_WIDTH or COLUMNS when set (golden tests), a terminal's own width, else unlimited."""
-    value = os.environ.get("MLDEBUG_WIDTH") or os.environ.get("COLUMNS")
-    if value and value.isdigit():
-        return int(value)
+    """MLDEBUG_WIDTH or COLUMNS when set (golden tests), a terminal's own width, else unlimited.
+    A width must be a positive number: 0 or garbage is ignored (a width of 0 printed nothing at all)."""
+    for name in ("MLDEBUG_WIDTH", "COLUMNS"):
+        value = os.environ.get(name, "").strip()
+        if value.isascii() and value.isdigit() and int(value) > 0:
+            return int(value)
     return None if stream.isatty() else UNLIMITED
 
 

@@ -22,6 +22,20 @@ LEVEL_DEFAULTS = {  # stress seconds, memtest fraction of free memory, copy byte
 TESTS = "Tests"
 
 
+def parse_out_dir(word: str) -> Path:
+    """--out-dir: a directory; an empty word (an unset shell variable) would write into the current one."""
+    if not word.strip():
+        raise UsageError("--out-dir is empty", "give a directory (made when missing), e.g. --out-dir results/")
+    return Path(word)
+
+
+def parse_path(word: str) -> str:
+    """--path: a directory to check; an empty word would be a check with no name."""
+    if not word.strip():
+        raise UsageError("--path is empty", "give the directory the job writes to, e.g. --path /scratch")
+    return word
+
+
 @dataclass
 class HealthOptions:
     """What to run and what passes: the options of `mldebug health`."""
@@ -32,7 +46,7 @@ class HealthOptions:
     expect_gpus: int | None = option(None, min=0, metavar="N", panel=TESTS,
                                      help="GPUs this node must have; fewer fails, none exits 3.")
     require_gpu: bool = option(False, panel=TESTS, help="Exit 3 when there is no NVIDIA GPU.")
-    paths: list[str] = option(flags=("--path",), default_factory=list, metavar="DIR", panel=TESTS,
+    paths: list[str] = option(flags=("--path",), default_factory=list, metavar="DIR", panel=TESTS, parse=parse_path,
                               help="Check free disk and inodes here (repeatable; default: the working directory "
                                    "and the temp dir).")
     stress_seconds: float | None = option(None, min=0.1, panel=TESTS,
@@ -52,9 +66,10 @@ class HealthOptions:
     corrected_ecc_max: int = option(1000, min=0, panel=TESTS,
                                     help="Warn above this many volatile corrected ECC errors.")
     brief: bool = option(False, forward=False, help="Show only the rows that are not PASS/INFO/SKIP.")
-    out_dir: Path | None = option(None, file_okay=False, forward=False,
-                                  help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
-                                       "a crash.")
+    out_dir: Path | None = option(None, metavar="DIR", forward=False, parse=parse_out_dir,
+                                  help="Also write the JSON document here: health.json when this node's checks end; "
+                                       "with --hosts/--slurm-job each node's as it arrives, so a Ctrl-C keeps the "
+                                       "nodes already done.")
     timeout: float | None = option(None, min=1, metavar="SECONDS", forward=False,
                                    help="Per node with --hosts/--slurm-job (default: 120 s at level 1, more with "
                                         "the stress time).")

@@ -103,6 +103,7 @@ def snapshot(feeds: Sequence[Any], spec: TargetSpec, opts: TopOptions, *, starte
     outliers = find_outliers(nodes)
     live = [n for n in nodes if n["status"] == OK]
     result: dict[str, Any] = {
+        "ok": False,
         "summary": "",
         "transport": spec.kind,
         "slurm_job": spec.slurm_job,
@@ -119,4 +120,5 @@ def snapshot(feeds: Sequence[Any], spec: TargetSpec, opts: TopOptions, *, starte
     }
     result["summary"] = summary(result)
     result["exit_code"] = exit_code(result)
+    result["ok"] = result["exit_code"] == ExitCode.OK  # every node answered and nothing stands out
     return result

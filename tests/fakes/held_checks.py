@@ -1,0 +1,33 @@
+"""A health step that starts and then holds, as a stuck step would.
+
+Loaded through ``MLDEBUG_TEST_HOOKS=tests.fakes.held_checks``: its NVML hook, which `mldebug health`
+calls first thing, leaves a mark that the checks started and, when asked, prints a line on stdout and
+stderr and then holds the process (tests/test_check_options.py, tests/test_health_host.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from tests.fakes import hooks_env
+
+HOOK = "tests.fakes.held_checks"
+MARK = "MLDEBUG_TEST_CHECKS_STARTED"
+"""A file the hook creates when the checks start."""
+HOLD = "MLDEBUG_TEST_HOLD"
+"""Set: the hook prints, then holds the process for good."""
+
+
+def nvml_backend() -> None:
+    Path(os.environ[MARK]).touch()
+    if os.environ.get(HOLD):
+        print("printed before the hold", flush=True)
+        print("stuck at the NVML hook", file=sys.stderr, flush=True)
+        time.sleep(3600)
+
+
+def hook_env(tmp_path: Path, hold: bool = False) -> dict[str, str]:
+    """The environment that loads this hook; the hook marks ``tmp_path / "started"``."""
+    return hooks_env(HOOK, {MARK: str(tmp_path / "started"), **({HOLD: "1"} if hold else {})})
