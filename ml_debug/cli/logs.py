@@ -81,11 +81,16 @@ def _demux(opts: LogsOptions) -> int:
 
     got = demux(list(opts.paths), rank=opts.rank, node=opts.node, emit=emit)
     if not got["lines"]:
-        who = " ".join(x for x in (f"rank {opts.rank}" if opts.rank is not None else "",
-                                   f"node {opts.node}" if opts.node else "") if x)
-        raise UsageError(f"no line of {who} in {' '.join(opts.paths)}",
+        raise UsageError(f"no line of {who_of(opts)} in {' '.join(opts.paths)}",
                          f"ranks seen: {got['ranks_seen'] or 'none'}; nodes: {', '.join(got['nodes']) or 'none'}")
     if output.MODE.json:
-        output.emit(SCHEMA, SCHEMA_VERSION, {"demux": {**got, "text": lines}})
+        output.emit(SCHEMA, SCHEMA_VERSION, {"ok": True, "summary": f"{len(lines)} line(s) of {who_of(opts)}",
+                                             "demux": {**got, "text": lines}})
     sys.stdout.flush()
     return 0
+
+
+def who_of(opts: LogsOptions) -> str:
+    """'rank 3', 'node n1', or both: the writer --rank/--node picks."""
+    return " ".join(x for x in (f"rank {opts.rank}" if opts.rank is not None else "",
+                                f"node {opts.node}" if opts.node else "") if x)

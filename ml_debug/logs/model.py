@@ -159,3 +159,5 @@ class LogsReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
     dropped_events: int = 0
     demux: dict[str, Any] | None = None
+    ok: bool = False  # no failure found and every source read (exit 0)
+    summary: str = ""  # the verdict's sentence, and what could not be read

@@ -103,7 +103,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     return LogsReport(verdict=verdict, sources=infos, events=events, tracebacks=collapse_tracebacks(events),
                       timeline=timeline(events), ranks_seen=compress(ranks), world_size=world, nodes=nodes,
                       progress=progress(collector, metrics), nccl=nccl, skipped=skipped,
-                      dropped_events=collector.dropped)
+                      dropped_events=collector.dropped, ok=verdict.status == "none" and not skipped,
+                      summary=verdict.summary + (f"; {len(skipped)} source(s) not read" if skipped else ""))
 
 
 def demux(paths: list[str], *, rank: int | None, node: str | None,
