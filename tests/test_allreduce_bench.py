@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from ml_debug.bench import bandwidth as bw
-from tests.conftest import REPO, require
+from tests.conftest import REPO, require, reserved_port
 from tests.fakes import faults
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "allreduce-bench.json").read_text())
@@ -181,6 +181,13 @@ def test_faults_corrupt_and_straggler_are_named_in_every_collective(tmp_path: Pa
     (["-f", "1"], "step factor"),
     (["--op", "avg", "-d", "int32"], "floating-point"),
     (["extra"], "unexpected extra argument"),
+    # Paths and rank counts are checked before any rank starts, not after the sweep.
+    (["--csv", "/nonexistent/x.csv"], "--csv /nonexistent/x.csv: directory /nonexistent does not exist"),
+    (["--csv", "/"], "--csv / is a directory"),
+    (["--csv", "x" * 300], "File name too long"),
+    (["--plot", "/nonexistent/x.png"], "--plot /nonexistent/x.png: directory /nonexistent does not exist"),
+    (["--pairwise", "--nproc-per-node", "1"], "--pairwise measures pairs of ranks, and this run has 1"),
+    (["--root", "2", "--nproc-per-node", "2"], "--root 2 is outside the 2 ranks"),
 ])
 def test_bad_options_exit_2_with_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     # In-process: options are checked before any rank starts or torch is imported.
@@ -192,6 +199,19 @@ def test_bad_options_exit_2_with_one_line(args: list[str], message: str, capsys:
     assert lines[0].startswith("mldebug: error: ") and message in lines[0]
     assert len(lines) == 2 and lines[1].startswith("hint: ")
     assert out == ""
+
+
+def test_a_file_that_fails_to_write_at_the_end_loses_no_result() -> None:
+    # One rank under a launcher's environment (no multi-rank job): /dev/full passes the up-front check
+    # (an existing writable file) and fails the write with ENOSPC, as a disk that filled during the run.
+    with reserved_port() as port:
+        env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        proc = _run([sys.executable, "-m", "ml_debug", "--json", "allreduce-bench", "-b", "1K", "-e", "2K", "-n", "1",
+                     "-w", "0", "--csv", "/dev/full"], env, timeout=120)
+    assert proc.returncode == 4, proc.stderr
+    assert _json(proc)["result"]["ok"] is True
+    assert "mldebug: error: the result above is complete, but /dev/full could not be written" in proc.stderr
 
 
 def test_missing_matplotlib_is_an_environment_problem() -> None:

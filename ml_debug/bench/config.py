@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ml_debug.bench import bandwidth as bw
 from ml_debug.core.errors import UsageError
-from ml_debug.core.options import option
+from ml_debug.core.options import option, output_file
 from ml_debug.dist.options import backend_option, device_option
 
 # Default sweeps: a meaningful curve in seconds on 2 CPU ranks; up to 1G on GPUs (nccl-tests users
@@ -97,6 +97,17 @@ class BenchConfig:
             require_matplotlib()
             if self.plot.suffix.lower() != ".png":
                 raise UsageError(f"--plot {self.plot} must end in .png", "e.g. --plot busbw.png")
+            output_file("--plot", self.plot)
+        if self.csv not in (None, "-"):
+            output_file("--csv", self.csv)
+
+    def check_world(self, world_size: int) -> None:
+        """Checks that need the number of ranks: before launching them when it is known, else on each rank."""
+        if self.pairwise and world_size < 2:
+            raise UsageError(f"--pairwise measures pairs of ranks, and this run has {world_size}",
+                             "use --nproc-per-node 2 or more (or several nodes)")
+        if not 0 <= self.root < world_size:
+            raise UsageError(f"--root {self.root} is outside the {world_size} ranks", "use 0 .. world size - 1")
 
     def resolved(self, on_gpu: bool) -> BenchConfig:
         """Fill sizes/iterations from the defaults for this device; explicit values win."""

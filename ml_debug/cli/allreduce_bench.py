@@ -10,7 +10,10 @@ from ml_debug.bench.config import BenchConfig
 from ml_debug.dist.options import LaunchOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ml_debug.bench.sweep import BenchResult
+    from ml_debug.core.errors import PartialResult
 
 HELP = """Measure collective bandwidth (algbw, busbw) over a size sweep, with nccl-tests' definitions.
 
@@ -46,7 +49,8 @@ def allreduce_bench(cfg: BenchConfig, launch: LaunchOptions) -> int:
         return _run_rank(cfg)
     from ml_debug.cli.launching import default_nproc, self_launch
 
-    _, gpus = default_nproc(cfg.backend, cfg.device)
+    nproc, gpus = default_nproc(cfg.backend, cfg.device)
+    cfg.check_world((launch.nproc_per_node or nproc) * launch.nnodes)
     return self_launch("allreduce-bench", [cfg], launch, gpus=gpus, rdzv_timeout_s=max(cfg.timeout, 30.0),
                        linger_s=min(cfg.timeout, 30.0) + 10)
 
@@ -57,14 +61,13 @@ def _run_rank(cfg: BenchConfig) -> int:
     Rank 0 reports before the group's closing barrier: torchrun stops every rank as soon as one exits
     non-zero, so no rank may leave with the verdict before the verdict is printed.
     """
-    from ml_debug.core.errors import PartialResult, UsageError, first_line
+    from ml_debug.core.errors import PartialResult, first_line
     from ml_debug.dist.device import choose_device
     from ml_debug.dist.group import distributed, is_collective_error
     from ml_debug.dist.world import detect_world
 
     world = detect_world()
-    if not 0 <= cfg.root < world.world_size:
-        raise UsageError(f"--root {cfg.root} is outside the {world.world_size} ranks", "use 0 .. world size - 1")
+    cfg.check_world(world.world_size)
     choice = choose_device(world, cfg.device, cfg.backend)
     with distributed(world, choice, cfg.timeout):
         try:
@@ -82,12 +85,18 @@ def _run_rank(cfg: BenchConfig) -> int:
             raise PartialResult(f"rank {world.rank}: a collective failed: {first_line(e)}",
                                 "another rank is hung, slow or gone: `mldebug dump-stacks --local` (or --slurm-job) "
                                 "names it") from e
-        if world.rank == 0:
-            _report(cfg, result)
+        failed_write = _report(cfg, result) if world.rank == 0 else None
+    if failed_write is not None:  # raised after the closing barrier, which the other ranks need to leave cleanly
+        raise failed_write
     return 0 if result.ok else 1
 
 
-def _report(cfg: BenchConfig, result: BenchResult) -> None:
+def _report(cfg: BenchConfig, result: BenchResult) -> PartialResult | None:
+    """Print the result, then write --plot and --csv; a write that failed, for the caller to raise.
+
+    Files come last: a write that fails at the end (disk full, the directory gone) must not lose the
+    numbers, which took the whole sweep. The paths were checked before any rank started.
+    """
     import sys
     from pathlib import Path
 
@@ -95,20 +104,29 @@ def _report(cfg: BenchConfig, result: BenchResult) -> None:
     from ml_debug.bench.sweep import SCHEMA, SCHEMA_VERSION
     from ml_debug.core import output
     from ml_debug.core.environment import summary
+    from ml_debug.core.errors import PartialResult
 
     env = summary()
+    writes: list[tuple[str, Callable[[], object]]] = []
     if cfg.plot is not None:
         from ml_debug.bench.plot import plot as draw
 
-        draw(result, cfg.plot)
-        result.notes.append(f"plot written to {cfg.plot}")
-    if cfg.csv is not None:
-        text = to_csv(result)
-        if cfg.csv == "-":
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        else:
-            Path(cfg.csv).write_text(text)
-            result.notes.append(f"CSV written to {cfg.csv}")
-    if cfg.csv != "-":
+        plot = cfg.plot
+        writes.append((str(plot), lambda: draw(result, plot)))
+        result.notes.append(f"plot: {plot}")
+    if cfg.csv == "-":
+        sys.stdout.write(to_csv(result))
+        sys.stdout.flush()
+    else:
+        if cfg.csv is not None:
+            csv = Path(cfg.csv)
+            writes.append((str(csv), lambda: csv.write_text(to_csv(result))))
+            result.notes.append(f"CSV: {csv}")
         output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: render(result, env, console), environment=env)
+    for path, write in writes:
+        try:
+            write()
+        except OSError as e:
+            return PartialResult(f"the result above is complete, but {path} could not be written: {e.strerror or e}",
+                                 "free space or fix the path, and run again")
+    return None

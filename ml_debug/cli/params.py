@@ -13,6 +13,7 @@ examples + docs epilog everywhere. The function returns an exit code.
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING
@@ -45,6 +46,14 @@ def _typer_type(cf: CliField) -> Any:
     return (base | None) if optional or cf.is_list else base
 
 
+def _finite(value: float | None) -> float | None:
+    """Every float option's check: Typer's ranges let inf through (and nan, where there is no minimum),
+    and no timeout, rate or threshold means anything infinite: it only fails later, deep in a run."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
 def _parameter(cf: CliField) -> inspect.Parameter:
     o = cf.opt
     extra: dict[str, Any] = {}
@@ -53,6 +62,8 @@ def _parameter(cf: CliField) -> inspect.Parameter:
     if o.max is not None:
         extra["max"] = o.max
     tp = _typer_type(cf)
+    if strip_optional(tp) is float:
+        extra["callback"] = _finite
     if Path in (tp, *typing.get_args(tp)):
         extra.update(file_okay=o.file_okay, dir_okay=o.dir_okay)
     if o.argument:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ml_debug.dist.options import LaunchOptions
+from ml_debug.dist.options import LaunchOptions, OptInLaunchOptions
 from ml_debug.train.config import TrainConfig
 
 HELP = """Train a small Llama-style model with FSDP2, on CPU (gloo) or GPUs (NCCL), and break it on purpose.
@@ -27,7 +27,7 @@ EXAMPLES = (
 def register(app: typer.Typer) -> None:
     from ml_debug.cli.params import command
 
-    command(app, "train", train, help=HELP, examples=EXAMPLES, cfg=TrainConfig, launch=LaunchOptions)
+    command(app, "train", train, help=HELP, examples=EXAMPLES, cfg=TrainConfig, launch=OptInLaunchOptions)
 
 
 def train(cfg: TrainConfig, launch: LaunchOptions) -> int:

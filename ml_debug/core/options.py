@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 
@@ -173,3 +174,52 @@ def strip_optional(tp: Any) -> Any:
     if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
         return args[0]
     return tp
+
+
+# ---- path values: checked before any rank starts, since a path that fails after a run loses the run ----
+
+def output_file(flag: str, path: str | os.PathLike[str]) -> None:
+    """A file the command will write: not a directory; the file writable, or its directory where it is new."""
+    from ml_debug.core.errors import UsageError
+
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise UsageError(f"{flag} {target} is a directory", "name a file inside it")
+        if target.exists():
+            writable = os.access(target, os.W_OK)
+        elif target.parent.is_dir():
+            writable = os.access(target.parent, os.W_OK | os.X_OK)
+        else:
+            raise UsageError(f"{flag} {target}: directory {target.parent} does not exist",
+                             "create it first, or choose another path")
+    except OSError as e:  # a name too long, a loop of links
+        raise UsageError(f"{flag} {target}: {e.strerror}", "choose another path") from None
+    if not writable:
+        raise UsageError(f"{flag} {target}: not writable by this user", "choose a path you can write")
+
+
+def output_dir(flag: str, path: str | os.PathLike[str]) -> None:
+    """A directory the command will write in: made now (``mkdir -p``) when missing, and writable."""
+    from ml_debug.core.errors import UsageError
+
+    target = Path(path)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {target}: cannot create {e.filename or target}: {e.strerror}",
+                         "choose a directory you can create or write") from None
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {target}: not writable by this user", "choose a directory you can write")
+
+
+def input_file(flag: str, path: str | os.PathLike[str]) -> None:
+    """A file the command will read: it exists, is a file, and we may read it."""
+    from ml_debug.core.errors import UsageError
+
+    target = Path(path)
+    if not target.is_file():
+        what = "is a directory" if target.is_dir() else "does not exist"
+        raise UsageError(f"{flag} {target} {what}", "give the path of an existing file")
+    if not os.access(target, os.R_OK):
+        raise UsageError(f"{flag} {target}: not readable by this user", "check its permissions")

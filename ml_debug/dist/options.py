@@ -16,14 +16,18 @@ from ml_debug.core.options import option
 PANEL = "Launch"
 
 
+def _nproc_per_node(default: str) -> Any:
+    """The ``--nproc-per-node`` field; ``default`` says what the command does without it."""
+    return option(None, min=1, envvar="MLDEBUG_NPROC_PER_NODE", panel=PANEL, forward=False,
+                  help=f"Self-launch this many local ranks (default: {default}). "
+                       "Ignored when torchrun, srun or mpirun already launched us.")
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     """How to self-launch ranks when no launcher (torchrun, srun, mpirun) started us."""
 
-    nproc_per_node: int | None = option(
-        None, min=1, envvar="MLDEBUG_NPROC_PER_NODE", panel=PANEL, forward=False,
-        help="Self-launch this many local ranks (default: one per visible GPU, or 2 CPU ranks). "
-             "Ignored when torchrun, srun or mpirun already launched us.")
+    nproc_per_node: int | None = _nproc_per_node("one per visible GPU, or 2 CPU ranks")
     nnodes: int = option(1, min=1, panel=PANEL, forward=False,
                          help="Nodes in a self-launched multi-node run (run the same command on each node "
                               "with its --node-rank).")
@@ -34,6 +38,13 @@ class LaunchOptions:
     master_port: int | None = option(None, min=1, max=65535, panel=PANEL, forward=False,
                                      help="Rendezvous port on the master (default: a free port on one node, "
                                           "29500 across nodes).")
+
+
+@dataclass(frozen=True)
+class OptInLaunchOptions(LaunchOptions):
+    """The launch options of a command that runs in this one process unless asked for ranks (train)."""
+
+    nproc_per_node: int | None = _nproc_per_node("none: one plain process, no ranks")
 
 
 def backend_option() -> Any:

@@ -6,11 +6,12 @@ Torch-free, so the CLI can validate options before importing torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from ml_debug.core.errors import UsageError
-from ml_debug.core.options import option
+from ml_debug.core.options import input_file, option, output_dir
 from ml_debug.dist.options import backend_option, device_option
 
 NUMERICS = ("fp32", "bf16", "fp8", "mx")
@@ -107,8 +108,9 @@ def parse_fault(text: str) -> FaultSpec:
     if values:
         raise UsageError(f"--inject {text!r}: unknown key(s) {', '.join(sorted(values))}",
                          "keys: step, rank, factor (straggler), code (exit), where (nan: loss|grad)")
-    if step < 1 or rank < 0 or factor < 1 or where not in ("loss", "grad"):
-        raise UsageError(f"--inject {text!r}: need step >= 1, rank >= 0, factor >= 1, where loss|grad", hint)
+    if step < 1 or rank < 0 or not 1 <= factor < math.inf or where not in ("loss", "grad"):
+        raise UsageError(f"--inject {text!r}: need step >= 1, rank >= 0, a finite factor >= 1, where loss|grad",
+                         hint)
     return FaultSpec(kind, step, rank, factor, code, where)
 
 
@@ -259,3 +261,10 @@ class TrainConfig:
             if fault.rank >= world_size:
                 bad(f"--inject {fault.describe()}: rank {fault.rank} does not exist in a world of {world_size}",
                     f"use a rank below {world_size}")
+        # Paths last, as the directories are made here: a run must not train for hours and then fail to save.
+        if self.init_from is not None:
+            input_file("--init-from", self.init_from)
+        for flag, path in (("--checkpoint-dir", self.checkpoint_dir), ("--metrics-dir", self.metrics_dir),
+                           ("--profile-dir", self.profile_dir if self.profile_steps else None)):
+            if path is not None:
+                output_dir(flag, path)
