@@ -41,6 +41,11 @@ def test_every_float_option_wants_a_finite_number(argv: list[str], capsys: pytes
     assert f"Invalid value for '{argv[1]}'" in line and "is not a finite number" in line
 
 
+def test_a_number_too_large_for_a_clock_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpu-test --timeout 1e12 died of OverflowError in the launcher's wait."""
+    assert "1e+12 is more than 1e+09" in _usage_error(capsys, "gpu-test", "--timeout", "1e12")
+
+
 def test_minus_inf_is_refused_too(capsys: pytest.CaptureFixture[str]) -> None:
     assert "'--lr'" in _usage_error(capsys, "train", "--lr", "-inf")
     assert "'--timeout'" in _usage_error(capsys, "dump-stacks", "--timeout", "-inf")

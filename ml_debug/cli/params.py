@@ -46,11 +46,18 @@ def _typer_type(cf: CliField) -> Any:
     return (base | None) if optional or cf.is_list else base
 
 
+LARGEST = 1e9
+"""The largest number a float option takes (about 31 years in seconds): no timeout, rate or threshold
+means more, and a larger timeout overflows the clock in a wait (OverflowError deep in a run)."""
+
+
 def _finite(value: float | None) -> float | None:
     """Every float option's check: Typer's ranges let inf through (and nan, where there is no minimum),
     and no timeout, rate or threshold means anything infinite: it only fails later, deep in a run."""
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number")
+    if value is not None and abs(value) > LARGEST:
+        raise typer.BadParameter(f"{value:g} is more than {LARGEST:g}, the most a number option takes")
     return value
 
 
