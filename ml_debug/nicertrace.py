@@ -257,7 +257,7 @@ class NicerTrace(trace.Trace):
         self._open_outputs()
         forking.track(self)
         self._signals.install()
-        if self._watchdog.wanted(self._sink.file is not None):
+        if self._watchdog.wanted(self._sink.buffered):
             self._watchdog.start()
 
     def _deactivate(self, reason: str) -> None:
@@ -289,14 +289,15 @@ class NicerTrace(trace.Trace):
 
     def _after_fork_child(self) -> None:
         """A forked child gets its own file and ring, and its own watchdog."""
-        self._threads.after_fork_child()
+        # The tracer's own work below is not the program's: the stream records none of it until
+        # resume(), and the thread table empties the ring of it.
         self._sink.forget_file()
         self._watchdog.forget()
         self._open_outputs(extra=f" forked_from={os.getppid()}")
-        # Also in stream mode: a child that hangs, or ends with os._exit (multiprocessing's forked
-        # workers do), has only what the flusher wrote.
-        if self._watchdog.wanted(self._sink.file is not None):
+        if self._watchdog.wanted(self._sink.buffered):  # ring dumps (a stream child writes each line)
             self._watchdog.start()
+        self._threads.after_fork_child()
+        self._sink.resume()
 
     def _before_fork(self) -> None:
         self._sink.flush_file()

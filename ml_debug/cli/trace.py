@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ml_debug.core.options import argument, option
+from ml_debug.tracing.options import MAX_RING
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -68,7 +69,7 @@ class TraceOptions:
                                           "(slow, big).")
     out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), envvar="MLDEBUG_TRACE_DIR", file_okay=False,
                            help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child).")
-    ring: int | None = option(None, min=1, metavar="N",
+    ring: int | None = option(None, min=1, max=MAX_RING, metavar="N",
                               help="Keep only the last N events per thread in memory; write them at exit, on "
                                    "--dump-signal and after --idle-dump seconds of quiet.")
     idle_dump: float | None = option(None, metavar="SECONDS", min=0.01,

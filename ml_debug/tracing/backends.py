@@ -13,7 +13,6 @@ Standard library only: :mod:`ml_debug.nicertrace` imports it into user programs.
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +50,7 @@ class SettraceBackend:
 
     def __init__(self, text: EventText, threads: ThreadTable) -> None:
         heads_get, decide = text.heads.get, text.head
-        states_get, new_state, get_ident = threads.states.get, threads.new, threading.get_ident
+        local, new_state = threads.local, threads.new
 
         def globaltrace(frame: Any, why: str, arg: Any) -> Any:
             # Called for every new frame: the excluded path is one dict lookup and `return None`,
@@ -62,10 +61,10 @@ class SettraceBackend:
                 head = decide(code, frame.f_globals)
             if head is None:
                 return None
-            ident = get_ident()
-            st = states_get(ident)
-            if st is None:
-                st = new_state(ident)
+            try:
+                st = local.st
+            except AttributeError:  # the thread's first traced call
+                st = new_state()
             emit = st.emit_call
             if emit is not None:
                 emit(head)
@@ -90,7 +89,7 @@ class MonitoringBackend:
                  counting: bool) -> None:
         self._text, self._threads, self._counts, self._counting = text, threads, counts, counting
         # The hot paths read these directly (one attribute lookup, not two).
-        self._heads, self._bodies, self._states = text.heads, text.bodies, threads.states
+        self._heads, self._bodies, self._local = text.heads, text.bodies, threads.local
         self._tool: int | None = None
         self._codes: list[Any] = []
         self._jump_lines: dict[tuple[Any, int], int] = {}
@@ -139,19 +138,19 @@ class MonitoringBackend:
                 self._codes.append(code)
         if head is None:
             return sys.monitoring.DISABLE  # type: ignore[attr-defined]  # never again for this code
-        ident = threading.get_ident()
-        st = self._states.get(ident)
-        if st is None:
-            st = self._threads.new(ident)
+        try:
+            st = self._local.st
+        except AttributeError:  # the thread's first traced call
+            st = self._threads.new()
         if st.emit_call is not None:
             st.emit_call(head)
         return None
 
     def _line(self, code: Any, line: int) -> Any:
-        ident = threading.get_ident()
-        st = self._states.get(ident)
-        if st is None:
-            st = self._threads.new(ident)
+        try:
+            st = self._local.st
+        except AttributeError:
+            st = self._threads.new()
         if st is MUTED:
             return None
         key = (code.co_filename, line)

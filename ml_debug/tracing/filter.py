@@ -42,10 +42,12 @@ def python_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def own_code() -> tuple[frozenset[str], tuple[str, ...]]:
-    """Files of the tracer itself: never traced (its dump code must not record itself)."""
+    """Files of the tracer itself: never traced (its dump code must not record itself), nor the
+    helpers it calls inside the traced program (the rank lookup, at start and at each fork)."""
     tracing = os.path.dirname(real(__file__))
     package = os.path.dirname(tracing)
-    files = frozenset({os.path.join(package, "nicertrace.py"), os.path.join(package, "cli", "trace.py")})
+    files = frozenset({os.path.join(package, "nicertrace.py"), os.path.join(package, "cli", "trace.py"),
+                       os.path.join(package, "core", "rankvars.py")})
     return files, (tracing + os.sep,)
 
 

@@ -20,13 +20,17 @@ class ForkAware(Protocol):
     def _atexit(self) -> None: ...
 
 
-ACTIVE: weakref.WeakSet[ForkAware] = weakref.WeakSet()
+# id(tracer) -> a weak reference to it. Not a WeakSet: the hooks run inside the traced program,
+# and iterating a WeakSet runs standard-library Python code the tracer would record.
+ACTIVE: dict[int, weakref.ref[ForkAware]] = {}
 _HOOKS: list[bool] = []
 
 
 def track(tracer: ForkAware) -> None:
     """Call the tracer's hooks at fork and exit until :func:`untrack`."""
-    ACTIVE.add(tracer)
+    for key in [k for k, ref in ACTIVE.items() if ref() is None]:
+        ACTIVE.pop(key, None)
+    ACTIVE[id(tracer)] = weakref.ref(tracer)
     if _HOOKS:
         return
     _HOOKS.append(True)
@@ -36,19 +40,23 @@ def track(tracer: ForkAware) -> None:
 
 
 def untrack(tracer: ForkAware) -> None:
-    ACTIVE.discard(tracer)
+    ACTIVE.pop(id(tracer), None)
+
+
+def _tracked() -> list[ForkAware]:
+    return [t for t in (ref() for ref in list(ACTIVE.values())) if t is not None]
 
 
 def _at_exit() -> None:
-    for tracer in list(ACTIVE):
+    for tracer in _tracked():
         tracer._atexit()
 
 
 def _before_fork() -> None:
-    for tracer in list(ACTIVE):
+    for tracer in _tracked():
         tracer._before_fork()
 
 
 def _after_fork_child() -> None:
-    for tracer in list(ACTIVE):
+    for tracer in _tracked():
         tracer._after_fork_child()

@@ -14,6 +14,7 @@ from typing import Any
 
 BACKENDS = ("auto", "settrace", "monitoring")
 LINE_FORMATS = ("nicer", "seed")
+MAX_RING = 10_000_000  # events per thread: about 1 GB of memory per traced thread at the most
 
 
 def _normalise_packages(packages: Any) -> tuple[str, ...] | None:
@@ -82,7 +83,7 @@ class TraceOptions:
     echo: bool = False
     """Stream mode with ``out_dir``: also copy every line to stdout."""
     ring: int | None = None
-    """Keep only the last N events per thread in memory and write them on dumps."""
+    """Keep only the last N events per thread (1 to :data:`MAX_RING`) in memory and write them on dumps."""
     idle_dump: float | None = None
     """Ring mode: dump when no new event arrived for this many seconds."""
     dump_signals: tuple[signal.Signals, ...] | None | str = "default"
@@ -100,8 +101,8 @@ class TraceOptions:
         set_(self, "ignoredirs", tuple(os.path.normpath(d) for d in _as_tuple(self.ignoredirs)))
         set_(self, "packages_to_include", _normalise_packages(self.packages_to_include))
         ring, trace_ = self.ring, self.trace
-        if ring is not None and (not isinstance(ring, int) or ring < 1):
-            raise ValueError(f"ring must be a positive number of events, got {ring!r}")
+        if ring is not None and (not isinstance(ring, int) or not 1 <= ring <= MAX_RING):
+            raise ValueError(f"ring must be 1 to {MAX_RING} events per thread, got {ring!r}")
         if ring is not None and not trace_:
             raise ValueError("ring needs trace=1: it keeps the last traced events")
         if self.idle_dump is not None and (ring is None or self.idle_dump <= 0):

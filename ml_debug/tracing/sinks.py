@@ -20,70 +20,152 @@ from ml_debug.tracing.formats import LineFormat, Prefix, Write
 from ml_debug.tracing.identity import format_elapsed
 from ml_debug.tracing.threads import ThreadState
 
+BATCH = 512  # lines collected before a write in the parent (a forked child writes each line)
+
+
+def _discard(s: str) -> None:
+    """The writer while no file is open for this process."""
+
 
 class StreamSink:
-    """Every event written as it happens: to the per-process file (the watchdog flushes it), or to
-    stdout as ``trace.Trace`` does."""
+    """Every event written as it happens: to the per-process file, or to stdout as ``trace.Trace``
+    does.
+
+    File lines collect in one list that every traced thread appends to, and reach the file through
+    :meth:`flush_file` (a full batch, the watchdog's flush, a fork, the end): one writer at a time
+    under a lock, with ``os.write`` on an ``O_APPEND`` descriptor, so lines stay whole, in order
+    and each with its own thread's tag. A forked child drops the parent's unwritten lines (the
+    parent writes them) and writes each of its own lines at once, with one ``os.write``:
+    multiprocessing's workers end with ``os._exit``, which flushes nothing.
+    """
 
     def __init__(self, fmt: LineFormat, clock: Callable[[], float], t0: float, timing: bool,
                  echo: bool) -> None:
         self.fmt = fmt
         self.out: Write = [sys.stdout.write]
         self.pfx: Prefix = [""]
-        self.file: Any = None
+        self.fd: int | None = None
         self._clock, self._t0, self._timing, self._echo = clock, t0, timing, echo
+        self._pending: list[str] = []
+        self._lock = threading.RLock()  # re-entered by a signal dump that interrupts a flush
+        self._flushing = False
+        self._direct = False  # each line written at once (a forked child)
+        self._paused = False
+        self._writer: Callable[[str], Any] = _discard
+        self._pid = 0  # the process that opened the file
+
+    @property
+    def buffered(self) -> bool:
+        """Lines wait in memory: the watchdog must flush them (not in a forked child)."""
+        return self.fd is not None and not self._direct
 
     def attach(self, st: ThreadState) -> None:
         st.emit_call, st.emit_line = self.fmt.stream_emitters(self.out, self.pfx, self._clock, self._t0,
                                                               self._timing, st)
 
     def to_stdout(self) -> None:
-        self.out[0] = lambda s: sys.stdout.write(s)  # the current stdout, as trace.Trace prints
+        self._install(lambda s: sys.stdout.write(s))  # the current stdout, as trace.Trace prints
+
+    def _install(self, writer: Callable[[str], Any]) -> None:
+        self._writer = writer
+        if not self._paused:
+            self.out[0] = writer
 
     def open(self, path: str, header: str) -> None:
         # never through a link planted at the trace file's name (the directory may be shared)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        f = open(fd, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
-        f.write(header)
-        f.flush()
-        self.file = f
+        fd = self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        self._pid = os.getpid()
+        pending = self._pending = [header]
+        self.flush_file()
+        write: Callable[[str], None]
+        if self._direct:
+            def write(s: str) -> None:
+                try:
+                    os.write(fd, s.encode("utf-8", "replace"))  # one line, whole (O_APPEND)
+                except OSError:
+                    pass
+        else:
+            append, flush = pending.append, self.flush_file
+
+            def write(s: str) -> None:
+                append(s)
+                if len(pending) >= BATCH:
+                    flush()
+
         if self._echo:
-            def tee(s: str, _w: Callable[[str], Any] = f.write) -> None:
-                _w(s)
+            def tee(s: str) -> None:
+                write(s)
                 sys.stdout.write(s)
 
-            self.out[0] = tee
+            self._install(tee)
         else:
-            self.out[0] = f.write
+            self._install(write)
 
     def flush(self) -> None:
+        if self.fd is not None:
+            self.flush_file()
+            return
         try:
-            if self.file is not None:
-                self.file.flush()
-            else:
-                sys.stdout.flush()
+            sys.stdout.flush()
         except (OSError, ValueError):
             pass
 
     def flush_file(self) -> None:
-        if self.file is not None:
-            try:
-                self.file.flush()
-            except (OSError, ValueError):
-                pass
+        """Write the collected lines (from any thread; a re-entered call leaves it to the outer one).
 
-    def close(self) -> None:
-        if self.file is not None:
+        Not in a forked child before its own file is open: fork hooks that run before the tracer's
+        may already record, and those lines must not reach the parent's file.
+        """
+        fd = self.fd
+        if fd is None or self._pid != os.getpid():
+            return
+        with self._lock:
+            if self._flushing:
+                return
+            self._flushing = True
             try:
-                self.file.close()
+                pending = self._pending
+                n = len(pending)  # threads may append meanwhile: take these n, in order
+                data = "".join(pending[:n]).encode("utf-8", "replace")
+                del pending[:n]
+                while data:
+                    data = data[os.write(fd, data):]
             except OSError:
                 pass
-            self.file = None
-            self.out[0] = sys.stdout.write
+            finally:
+                self._flushing = False
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self.flush_file()
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+            self._install(_discard)  # threads still running after the end write nothing
 
     def forget_file(self) -> None:
-        """In a forked child: the parent's file object is the parent's (flushed before the fork)."""
-        self.file = None
+        """In a forked child: the descriptor and the unwritten lines are the parent's (it writes
+        them). Nothing is recorded until :meth:`resume` (the tracer's own set-up is not the
+        program's), and then every line is written at once."""
+        self._install(_discard)
+        self._paused = True
+        self._lock = threading.RLock()  # a parent thread may have held it at the fork
+        self._flushing = False
+        self._pending = []
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+        self._direct = True
+
+    def resume(self) -> None:
+        """Record again, after a fork's set-up."""
+        self._paused = False
+        self.out[0] = self._writer
 
 
 class RingSink:
@@ -95,7 +177,8 @@ class RingSink:
         self.size = size
         self.fmt = fmt
         self.pfx: Prefix = [""]
-        self.file = None  # never a stream file
+        self.fd = None  # never a stream file
+        self.buffered = False
         self._clock, self._t0, self._timing = clock, t0, timing
         self._lock = threading.RLock()
         self._dumps = 0
@@ -124,8 +207,13 @@ class RingSink:
         """Nothing is streamed in ring mode."""
 
     def forget_file(self) -> None:
-        """In a forked child: number the child's own dumps from 1."""
+        """In a forked child: number the child's own dumps from 1 (and a parent thread may have
+        held the lock at the fork)."""
         self._dumps = 0
+        self._lock = threading.RLock()
+
+    def resume(self) -> None:
+        """Nothing to resume: the fork's set-up is recorded, then the ring is emptied."""
 
     def dump(self, path: str, header: str, reason: str, states: list[ThreadState],
              main_ident: int | None) -> str | None:

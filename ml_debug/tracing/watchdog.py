@@ -106,9 +106,10 @@ class Watchdog:
         self._wakeup = -1
         self._ready = threading.Event()
 
-    def wanted(self, stream_file: bool) -> bool:
+    def wanted(self, buffered_stream: bool) -> bool:
+        """Needed for ring dumps, or to flush a stream whose lines wait in memory."""
         return bool(self._ring and (self._idle_dump or self._signals.signals)) or bool(
-            stream_file and self._flush_interval)
+            buffered_stream and self._flush_interval)
 
     def start(self) -> None:
         r, w = os.pipe()
