@@ -29,9 +29,10 @@ class StepStatus(Word):
     PARTIAL = "partial"
     SKIPPED = "skipped"
     ERROR = "error"
+    INTERRUPTED = "interrupted"
 
 
-PASS, FAIL, TIMEOUT, PARTIAL, SKIPPED, ERROR = StepStatus
+PASS, FAIL, TIMEOUT, PARTIAL, SKIPPED, ERROR, INTERRUPTED = StepStatus
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,11 @@ def run_step(step: Step, timeout_s: float | None = None, out_dir: Path | None = 
         _keep(out_dir, step, *_printed(proc))
         return StepResult(step.name, shown, TIMEOUT, None, round(time.monotonic() - t0, 2),
                           f"no answer within {limit:g} s; stopped it")
+    except KeyboardInterrupt:  # Ctrl-C: the step and its ranks go; what it printed is kept
+        _kill_tree(proc)
+        _keep(out_dir, step, *_printed(proc))
+        return StepResult(step.name, shown, INTERRUPTED, None, round(time.monotonic() - t0, 2),
+                          "interrupted (Ctrl-C); stopped it")
     seconds = round(time.monotonic() - t0, 2)
     rc = proc.returncode
     _keep(out_dir, step, stdout, stderr)
@@ -176,17 +182,22 @@ def run_check(steps: Sequence[Step] = DEFAULT_STEPS, skip: Sequence[str] = (), t
             else:
                 bar.advance(0, description=f"check: {step.name}")
                 results.append(run_step(step, timeout_s, out_dir))
+                if results[-1].status == INTERRUPTED:  # the steps done are reported, the rest not run
+                    break
             bar.advance(1)
     return judge(results, socket.gethostname())
 
 
 def judge(results: list[StepResult], host: str) -> CheckResult:
-    """0 all ran steps passed; 1 a step found a problem; 4 a step timed out or was partial."""
+    """0 all ran steps passed; 1 a step found a problem; 4 a step timed out or was partial; 130 Ctrl-C
+    (the steps done are reported)."""
     bad = [r for r in results if r.status in (FAIL, ERROR)]
-    late = [r for r in results if r.status in (TIMEOUT, PARTIAL)]
+    late = [r for r in results if r.status in (TIMEOUT, PARTIAL, INTERRUPTED)]
     ran = [r for r in results if r.status != SKIPPED]
     passed = [r for r in ran if r.status == PASS]
-    if bad:
+    if any(r.status == INTERRUPTED for r in results):
+        code = ExitCode.INTERRUPTED
+    elif bad:
         code = ExitCode.PROBLEM
     elif late:
         code = ExitCode.PARTIAL
@@ -205,7 +216,7 @@ def render(result: CheckResult, console: object) -> None:
     from rich.table import Table
 
     style = {PASS: "green", FAIL: "bold red", ERROR: "bold red", TIMEOUT: "bold red", PARTIAL: "yellow",
-             SKIPPED: "dim"}
+             SKIPPED: "dim", INTERRUPTED: "yellow"}
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for col in ("step", "status", "time", "summary"):
         table.add_column(col, no_wrap=col != "summary")

@@ -49,6 +49,7 @@ def test_judge_exit_codes() -> None:
     assert judge([s(PASS), s(SKIPPED)], "h").summary == "1/1 steps passed on h"
     assert judge([s(PASS), s(StepStatus.FAIL), s(TIMEOUT)], "h").exit_code == 1
     assert judge([s(PASS), s(StepStatus.PARTIAL)], "h").exit_code == 4
+    assert judge([s(PASS), s(StepStatus.FAIL), s(StepStatus.INTERRUPTED)], "h").exit_code == 130
 
 
 def test_bad_skip_is_usage_error() -> None:

@@ -50,3 +50,38 @@ def test_a_timed_out_step_keeps_what_it_printed_in_out_dir(tmp_path: Path) -> No
             break
     assert (out / "check.health.stderr").read_text().splitlines()[-1] == "stuck at the NVML hook"
     assert (out / "check.health.json").read_text() == "printed before the hold\n"
+
+
+def test_ctrl_c_reports_the_steps_done_and_keeps_the_running_ones_output(tmp_path: Path) -> None:
+    """Ctrl-C while the health step is held: exit 130 with env's verdict and health 'interrupted' in the
+    report (before, only "interrupted"), what health printed in --out-dir, and no process left."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from tests.conftest import pids_with_env, validate_schema, wait_until
+
+    token = uuid.uuid4().hex
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLDEBUG_CHECK_TEST": token, **hook_env(tmp_path, hold=True)}
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "check", "--json", "--skip", "gpu-test,allreduce-bench",
+                             "--out-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        wait_until(lambda: (tmp_path / "started").exists(), 120, "the health step to reach its hold")
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    doc = json.loads(stdout)
+    validate_schema(doc, "check")
+    steps = {s["name"]: s["status"] for s in doc["result"]["steps"]}
+    assert steps == {"env": "pass", "gpu-test": "skipped", "health": "interrupted"}, steps
+    assert not doc["result"]["ok"] and doc["result"]["exit_code"] == 130
+    assert (out / "check.env.json").exists() and (out / "check.health.json").read_text() == "printed before the hold\n"
+    wait_until(lambda: not pids_with_env("MLDEBUG_CHECK_TEST", token), 10, "the check's processes to be gone")

@@ -49,6 +49,7 @@ def test_a_bad_nnodes_is_refused(word: str) -> None:
     ("--log-dir", ""),
     ("--log-dir", "/proc/nope"),
     ("--trace", "--log-dir", "L0", "--", "python", "-c", "print(1)"),
+    ("--json", "--log-dir", "L0"),  # accepted and ignored: the job ran, no document came
 ])
 def test_bad_input_is_one_usage_line_and_creates_nothing(tmp_path: Path, args: tuple[str, ...]) -> None:
     (tmp_path / "ok.py").write_text("print('ok')\n")

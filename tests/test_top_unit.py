@@ -299,7 +299,8 @@ def test_the_live_view_keys_toggle_rows_cycle_sorting_and_select() -> None:
 
 @pytest.mark.parametrize("args,words", [(["--pattern", "("], "--pattern '(' is not a valid regular expression"),
                                         (["--sort", "size"], "--sort 'size' is not a sort key"),
-                                        (["--env", "NOEQUALS"], "--env 'NOEQUALS' is not KEY=VALUE")])
+                                        (["--env", "NOEQUALS"], "--env 'NOEQUALS' is not KEY=VALUE"),
+                                        (["--count", "3"], "--once and --count 3 both say how many")])
 def test_bad_options_exit_2_with_a_one_line_error_and_a_hint(args: list[str], words: str) -> None:
     proc = mldebug("top", "--local", "--once", *args, timeout=60)
     assert proc.returncode == 2, proc.stderr

@@ -38,8 +38,12 @@ def register(app: typer.Typer) -> None:
 
 def launch(opts: LaunchJobOptions) -> int:
     from ml_debug.core import output
+    from ml_debug.core.errors import UsageError
     from ml_debug.logs.launch import CONSOLE, plan, prepare, run
 
+    if output.MODE.json:  # accepted like every command's --json, it was ignored: say so before the job runs
+        raise UsageError("mldebug launch prints no JSON document: its stdout is the ranks' own output",
+                         "run the job without --json, then read it as JSON: mldebug logs --json LOG_DIR")
     p = plan(opts)
     prepare(p)
     output.log(f"mldebug launch: logs in {p.node_dir} (console: {p.node_dir / CONSOLE})")

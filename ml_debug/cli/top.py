@@ -43,8 +43,12 @@ def top(opts: TopOptions, targets: TargetOptions) -> int:
         from ml_debug.top.agent import run_agent
 
         return run_agent(opts)
+    from ml_debug.core.errors import UsageError
     from ml_debug.top.run import run_top
 
+    if opts.once and opts.count:
+        raise UsageError(f"--once and --count {opts.count} both say how many snapshots to print",
+                         "give one of them (--once is --count 1)")
     spec = targets.resolve()
     return run_top(spec, opts, dump=dump_stacks_callback(spec, opts))
 

@@ -199,8 +199,8 @@ def _scan_tree(root: Path, add: Callable[[Path, os.stat_result], None], notes: l
                         too_deep |= depth >= MAX_SCAN_DEPTH
                         if depth < MAX_SCAN_DEPTH:
                             stack.append((Path(e.path), depth + 1))
-                    elif e.is_file(follow_symlinks=False):
-                        _add_if_core(Path(e.path), add, notes)
+                    elif e.is_file(follow_symlinks=False) or e.name.startswith("core"):
+                        _add_if_core(Path(e.path), add, notes)  # a link or a FIFO named core: why it is not read
         except OSError as e:
             if d == root:
                 raise UsageError(f"cannot read directory {d}: {e.strerror or e}",

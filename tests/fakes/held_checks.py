@@ -2,7 +2,8 @@
 
 Loaded through ``MLDEBUG_TEST_HOOKS=tests.fakes.held_checks``: its NVML hook, which `mldebug health`
 calls first thing, leaves a mark that the checks started and, when asked, prints a line on stdout and
-stderr and then holds the process (tests/test_check_options.py, tests/test_health_host.py)."""
+stderr and then holds the process (tests/test_check_options.py, tests/test_health_host.py). Only in
+`mldebug health`: the other steps that read NVML run as usual."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ HOLD = "MLDEBUG_TEST_HOLD"
 
 
 def nvml_backend() -> None:
+    if "health" not in sys.argv[1:]:  # `mldebug env` reads NVML too: only the health step is marked and held
+        return
     Path(os.environ[MARK]).touch()
     if os.environ.get(HOLD):
         print("printed before the hold", flush=True)
