@@ -195,6 +195,17 @@ def run_mldebug():
     return mldebug
 
 
+def import_from_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> ModuleType:
+    """``text`` imported as module ``name`` from a folder outside site-packages and the standard library
+    (user code, as NicerTrace sees it); the caller drops it from sys.modules when done."""
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    (src / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(src))
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
 def validate_schema(doc: dict, name: str) -> None:
     """Validate a command's JSON document against its pinned schema in ml_debug/schemas/."""
     import jsonschema

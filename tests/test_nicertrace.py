@@ -17,7 +17,7 @@ import pytest
 
 from ml_debug import nicertrace
 from ml_debug.nicertrace import NicerTrace, detect_rank, format_elapsed, trace_file_name
-from tests.conftest import require, require_module
+from tests.conftest import import_from_source, require, require_module
 
 STAMP = r"\d+:\d\d:\d\d\.\d{3}"
 CALL = re.compile(rf"^(?P<ts>{STAMP} )?(?P<pid>\[pid \d+\] )?(?P<thr>\{{[^}}]+\}} )?--> (?P<mod>\S+):(?P<first>\d+) (?P<fn>\S+)$")
@@ -47,14 +47,7 @@ def work():
 @pytest.fixture
 def usermod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A module outside site-packages and the stdlib that calls into both."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "nt_usermod.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(src))
-    sys.modules.pop("nt_usermod", None)
-    import nt_usermod
-
-    yield nt_usermod
+    yield import_from_source(tmp_path, monkeypatch, "nt_usermod", USER_MODULE)
     sys.modules.pop("nt_usermod", None)
 
 

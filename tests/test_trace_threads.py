@@ -16,7 +16,7 @@ from ml_debug.nicertrace import NicerTrace
 from ml_debug.tracing.filter import TraceFilter
 from ml_debug.tracing.options import MAX_RING, TraceOptions
 from ml_debug.tracing.threads import KEEP_FINISHED
-from tests.conftest import mldebug
+from tests.conftest import import_from_source, mldebug
 
 CALLS = 1000  # per thread
 
@@ -45,14 +45,7 @@ EVENT = re.compile(r"^\d+:\d\d:\d\d\.\d{3} (\{w[01]\} )?(--> \S+:\d+ \S+|    \S+
 
 @pytest.fixture
 def workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "nt_workers.py").write_text(WORKERS)
-    monkeypatch.syspath_prepend(str(src))
-    sys.modules.pop("nt_workers", None)
-    import nt_workers
-
-    yield nt_workers
+    yield import_from_source(tmp_path, monkeypatch, "nt_workers", WORKERS)
     sys.modules.pop("nt_workers", None)
 
 
