@@ -181,3 +181,13 @@ def test_no_job_found_says_nothing_about_nvml_unless_gpu_was_asked() -> None:
 
     if not open_gateway().open().available:
         assert any(n.startswith("--gpu: ") for n in asked.notes), asked.notes
+
+
+def test_a_user_this_node_does_not_have_is_said() -> None:
+    """--user with a typo looked like "no job here" (top: exit 0, 0 ranks, not a word)."""
+    assert find_targets(user="no_such_user_zq").notes[-1] == f"--user no_such_user_zq: no such user on {os.uname()[1]}"
+    assert not [n for n in find_targets(user="root").notes if "no such user" in n]
+    top = mldebug("top", "--once", "--user", "no_such_user_zq", timeout=60)
+    assert "~ " in top.stdout and "--user no_such_user_zq: no such user on " in top.stdout, top.stdout
+    stacks = mldebug("dump-stacks", "--user", "no_such_user_zq", timeout=60)
+    assert stacks.returncode == 3 and "--user no_such_user_zq: no such user on " in stacks.stdout, stacks.stdout

@@ -327,6 +327,8 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
                 keep.append(t)
         targets = keep
     if user is not None:
+        if not user.isdigit() and not _user_exists(user):  # a typo would look like "no job here"
+            out.notes.append(f"--user {user}: no such user on {host}")
         keep = [t for t in targets if t.user == user or str(_uid_of(t.pid)) == user]
         for t in targets:
             if t not in keep:
@@ -335,6 +337,16 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     targets.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.pid))
     out.targets = targets
     return out
+
+
+def _user_exists(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _uid_of(pid: int) -> int | None:

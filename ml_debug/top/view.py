@@ -262,6 +262,7 @@ def outlier_lines(result: dict[str, Any], limit: int = MAX_OUTLIER_LINES) -> lis
             lines.append(f"x {n['target']}: {n['status']}" + (f": {n['error']}" if n["error"] else ""))
         elif n.get("note"):
             lines.append(f"~ {n['note']}")
+        lines += [f"~ {n['target']}: {note}" for note in (n.get("notes") or [])[:2]]  # e.g. a --user no node has
     return lines
 
 
