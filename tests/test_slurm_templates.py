@@ -52,14 +52,23 @@ def test_gpu_test_template_reports_every_rank(rig_slurm, tmp_path: Path):  # typ
 
 
 def test_health_template_writes_one_json_per_node(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
-    rc, job, log = _sbatch(rig_slurm, "health.sbatch", tmp_path, env={"MLDEBUG_LEVEL": "1"})
+    """Level 2 logs its stress on stderr: that goes to <node>.log, never into <node>.json (which then did
+    not parse); the failing nodes are listed right (grep -L's exit status said "none" the wrong way round)."""
+    rc, job, log = _sbatch(rig_slurm, "health.sbatch", tmp_path,
+                           env={"MLDEBUG_LEVEL": "2", "MLDEBUG_ARGS": "--stress-seconds 0.1"})
     assert rc == 0, log
-    per_node = sorted((tmp_path / f"mldebug-health-{job}").glob("*.json"))
+    out = tmp_path / f"mldebug-health-{job}"
+    per_node = sorted(out.glob("*.json"))
     assert [p.stem for p in per_node] == rig_slurm.nodes[:2]
+    failing = []
     for path in per_node:
         doc = json.loads(path.read_text())
         assert doc["schema"] == "mldebug.health"
-    assert "failing nodes" in log
+        assert "matmul stress" in (out / f"{path.stem}.log").read_text()
+        if not doc["result"]["ok"]:
+            failing.append(str(path))
+    listed = log.split("failing nodes:\n", 1)[1].splitlines()
+    assert listed == (failing or ["  none"]), log
 
 
 def test_allreduce_bench_template_saves_the_json(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
