@@ -196,14 +196,26 @@ def printflock(
     if prefix if prefix is not None else os.environ.get(ENV_PREFIX, "") not in ("", "0"):
         label = rank_label() + " "
         text = "".join(label + line for line in text.splitlines(keepends=True))
-    timeout = float(os.environ.get(ENV_TIMEOUT, "60"))
-    with _LOCK.held(lock_path or default_lock_path(), timeout):
+    with _LOCK.held(lock_path or default_lock_path(), _timeout()):
         write(text)
         # The flush inside the lock is what keeps a buffered file from letting this text out
         # after another process's. print needs only write(): a missing flush() is an error only
         # when flush=True asks for it, and then, as in print, after the text is written.
         if flush or hasattr(out, "flush"):
             cast(Any, out).flush()
+
+
+DEFAULT_TIMEOUT = 60.0
+
+
+def _timeout() -> float:
+    """MLDEBUG_PRINTFLOCK_TIMEOUT, or the default when it is not a number of seconds (a print must not
+    raise over a setting: the job would fail at its first print)."""
+    try:
+        value = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if 0 <= value < float("inf") else DEFAULT_TIMEOUT
 
 
 class _CallableModule(types.ModuleType):

@@ -269,3 +269,15 @@ def test_lost_sys_stdout_as_print(monkeypatch: pytest.MonkeyPatch) -> None:
     for fn in (print, printflock):
         with pytest.raises(RuntimeError, match="lost sys.stdout"):
             fn("x")
+
+
+@pytest.mark.parametrize("value", ["abc", "", "nan", "-5", "inf"])
+def test_a_bad_timeout_setting_never_fails_a_print(value: str, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """MLDEBUG_PRINTFLOCK_TIMEOUT=abc raised ValueError at every print: the job died at its first one."""
+    from ml_debug.printflock import printflock
+
+    monkeypatch.setenv("MLDEBUG_PRINTFLOCK_TIMEOUT", value)
+    monkeypatch.setenv("MLDEBUG_PRINTFLOCK_PATH", str(tmp_path / "lock"))
+    printflock("hello", 1)
+    assert capsys.readouterr().out == "hello 1\n"
