@@ -191,3 +191,26 @@ def test_a_user_this_node_does_not_have_is_said() -> None:
     assert "~ " in top.stdout and "--user no_such_user_zq: no such user on " in top.stdout, top.stdout
     stacks = mldebug("dump-stacks", "--user", "no_such_user_zq", timeout=60)
     assert stacks.returncode == 3 and "--user no_such_user_zq: no such user on " in stacks.stdout, stacks.stdout
+
+
+def test_env_picks_a_rank_without_launcher_beside_another_launched_job(tmp_path: Path) -> None:
+    """`--env` names the job: a launched job's ranks on the same node hid a rank whose launcher is gone
+    (it was found only when no launcher had ranks at all)."""
+    script = tmp_path / "torchrun"
+    script.write_text(LAUNCHER.format(python=sys.executable))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    other, mine = f"job{os.getpid()}a", f"job{os.getpid()}b"
+    launched = subprocess.Popen([sys.executable, str(script), other], stdout=subprocess.PIPE, start_new_session=True)
+    alone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                             env={**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MYJOB": mine})
+    try:
+        assert launched.stdout is not None and launched.stdout.readline().strip() == b"ready"
+        wait_until(lambda: len(_sleeping_pythons(other)) == 3 and _sleeping_pythons(mine), 30, "both jobs to start")
+        found = find_targets(env={"MYJOB": mine})
+        assert [(t.pid, t.rank, t.found_by) for t in found.targets] == [(alone.pid, 1, "rank env")], found
+        assert {t.rank for t in find_targets(env={"MYJOB": other}).targets} == {0, 1}  # the launched one still
+    finally:
+        os.killpg(launched.pid, 9)
+        alone.kill()
+        launched.wait()
+        alone.wait()

@@ -296,11 +296,24 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
             if pid in table.procs:
                 add(_make_target(table.procs[pid], host, "gpu"))
 
+    def in_env(t: Target) -> bool:
+        return not env or all((read_environ(t.pid) or {}).get(k) == v for k, v in env.items())
+
+    def owned(t: Target) -> bool:
+        return t.user == user or str(_uid_of(t.pid)) == user
+
+    def wanted(t: Target) -> bool:
+        """Kept by --env and --user."""
+        return in_env(t) and (user is None or owned(t))
+
+    def none_wanted() -> bool:  # another job's ranks under a launcher must not hide the one --env names
+        return not any(wanted(t) for t in chosen.values())
+
     if not pids and regex is None and not gpu:
         for pid in sorted(launchers):
             if not any(a in launchers for a in table.ancestors(pid)):
                 expand_launcher(pid)
-        if not chosen:
+        if none_wanted():
             # Ranks whose launcher is gone (or started by hand): a rank variable in their environment.
             for pid, info in sorted(table.procs.items()):
                 if pid in excluded or pid in launchers or not is_python(info):
@@ -311,7 +324,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
                             labels_from_environ(read_environ(parent.pid)).rank is not None:
                         continue  # a rank's own child (data loader worker) inherits RANK
                     add(_make_target(info, host, "rank env"))
-        if not chosen:
+        if none_wanted():
             # Last resort: the GPU holders. That NVML is absent here is not news: --gpu was not asked.
             holders, _ = gpu_holder_pids()
             for pid in holders:
@@ -319,21 +332,14 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
                     add(_make_target(table.procs[pid], host, "gpu"))
 
     targets = list(chosen.values())
-    if env:
-        keep = []
-        for t in targets:
-            penv = read_environ(t.pid) or {}
-            if all(penv.get(k) == v for k, v in env.items()):
-                keep.append(t)
-        targets = keep
+    targets = [t for t in targets if in_env(t)]
     if user is not None:
         if not user.isdigit() and not _user_exists(user):  # a typo would look like "no job here"
             out.notes.append(f"--user {user}: no such user on {host}")
-        keep = [t for t in targets if t.user == user or str(_uid_of(t.pid)) == user]
         for t in targets:
-            if t not in keep:
+            if not owned(t):
                 out.skipped.append({"pid": t.pid, "cmdline": t.cmdline, "reason": f"not owned by {user}"})
-        targets = keep
+        targets = [t for t in targets if owned(t)]
     targets.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.pid))
     out.targets = targets
     return out
