@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from tests.conftest import REPO, check_golden, mldebug, require, wait_until
 
@@ -235,3 +236,18 @@ def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_s
     assert json.loads((out_dir / "merged.json").read_text())["result"]["verdict"] == ssh_result["verdict"]
     assert {p["rank_source"] for p in slurm_result["processes"]} == {"SLURM_PROCID"}
     assert all(p["found_by"].startswith("slurmstepd pid ") for p in slurm_result["processes"])
+
+
+@pytest.mark.parametrize(("pid", "code", "words"), [
+    ("0", 2, "mldebug: error: Invalid value for '--pid'"),
+    ("-1", 2, "mldebug: error: Invalid value for '--pid'"),
+    ("99999999", 3, "no processes to dump on "),  # and why: not "no rank under a launcher"
+])
+def test_a_pid_that_cannot_be_dumped_says_why(pid: str, code: int, words: str) -> None:
+    proc = mldebug("dump-stacks", "--pid", pid, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert words in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    if code == 3:
+        assert f"pid {pid}: no such process on this node" in proc.stdout, proc.stdout
+    one = mldebug("dump-stacks", "--pid", "1", timeout=60)  # an ancestor of mldebug: said, not dropped
+    assert one.returncode == 3 and "pid 1: mldebug itself or one of its parent processes" in one.stdout, one.stdout

@@ -21,8 +21,9 @@ tree with rank ranges and prints a verdict such as
   mldebug dump-stacks --slurm-job 12345      # inside a Slurm job's allocation
   mldebug dump-stacks --samples 3            # stuck or still moving?
 
-Exit codes: 0 no suspect; 1 a suspect named; 3 nothing could be attached (no py-spy, no ptrace
-permission, no process found); 4 some processes or nodes were not dumped."""
+Exit codes: 0 no suspect; 1 a suspect named; 2 bad options; 3 nothing could be attached (no py-spy,
+no ptrace permission, no process found: the summary says why); 4 some processes or nodes were not
+dumped."""
 
 EXAMPLES = (
     "mldebug dump-stacks                        # this node",

@@ -274,6 +274,9 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
         for pid in pids:
             if pid not in table.procs:
                 out.skipped.append({"pid": pid, "cmdline": "", "reason": "no such process on this node"})
+            elif pid in excluded:
+                out.skipped.append({"pid": pid, "cmdline": " ".join(table.procs[pid].cmdline),
+                                    "reason": "mldebug itself or one of its parent processes"})
             elif pid in launchers:
                 expand_launcher(pid)
             else:

@@ -246,6 +246,10 @@ def _summary_and_hint(analysis: Analysis, code: ExitCode, nodes: list[NodeSummar
     failed = [n for n in nodes if n.error]
     if not processes and not failed:
         where = ", ".join(n.host for n in nodes)
+        passed_over = [f"pid {s['pid']}: {s['reason']}" for n in nodes for s in n.skipped]
+        if passed_over:  # what was named or matched, and why it is not dumped (a --pid that does not exist)
+            more = f"; and {len(passed_over) - 3} more" if len(passed_over) > 3 else ""
+            return f"no processes to dump on {where}: " + "; ".join(passed_over[:3]) + more, NO_TARGETS_HINT
         launchers = " (torchrun, deepspeed, accelerate, srun, mpirun)" if local else ""
         return (f"no processes to dump on {where}: no rank under a launcher{launchers} and no Python process "
                 "with a rank in its environment"), NO_TARGETS_HINT

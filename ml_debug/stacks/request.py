@@ -16,7 +16,7 @@ HOW = "How to dump"
 class DumpRequest:
     """Which processes to dump and how: the options of `mldebug dump-stacks`."""
 
-    pids: list[int] = option(flags=("--pid",), default_factory=list, metavar="PID", panel=SEL,
+    pids: list[int] = option(flags=("--pid",), default_factory=list, min=1, metavar="PID", panel=SEL,
                              help="Dump this process (repeatable); a launcher's pid means its ranks.")
     pattern: str | None = pattern_option(SEL, "Dump", instead=False)
     user: str | None = user_option(SEL)

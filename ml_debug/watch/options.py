@@ -31,7 +31,7 @@ def incident_argv(text: str) -> list[str]:
 class WatchOptions:
     """What `mldebug watch` watches, when it calls a rank stalled or a straggler, and what it does then."""
 
-    pids: list[int] = option(flags=("--pid",), default_factory=list, metavar="PID", panel=WHICH,
+    pids: list[int] = option(flags=("--pid",), default_factory=list, min=1, metavar="PID", panel=WHICH,
                              help="Watch this process (repeatable; a launcher's pid means its ranks). This node "
                                   "only: on many nodes pick the job with --env or --pattern.")
     pattern: str | None = pattern_option(WHICH, "Watch")
