@@ -122,6 +122,12 @@ def test_two_equal_groups_give_no_single_suspect() -> None:
     ms = [member(r, odd("forward", 10)) for r in range(2)] + [member(r, odd("backward", 40)) for r in (2, 3)]
     a = analyse(ms)
     assert not a.suspects and a.verdict.startswith("no single suspect: 2 groups")
+    assert a.verdict.endswith("use --samples to tell moving ranks from stuck ones")
+    # sampled: the states are known, and the advice to sample is not given again
+    twice = [member(r, odd("forward", 10), odd("forward", 10)) for r in range(2)] + \
+        [member(r, odd("backward", 40), odd("backward", 40)) for r in (2, 3)]
+    a = analyse(twice)
+    assert a.verdict.endswith("across 2 samples: 2 ranks stuck, 2 ranks stuck"), a.verdict
 
 
 def test_duplicate_ranks_fall_back_to_pids() -> None:

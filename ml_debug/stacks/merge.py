@@ -368,6 +368,9 @@ def _verdict(groups: list[Group], suspects: list[Suspect], not_dumped: list[Memb
                    "(look below Python: network/NCCL, or a peer outside this job)" + tail
         where = g.location.where(brief=True) if g.location else "?"
         return f"no suspect: all {_count(g.size)} are in {where} with the same stack" + tail
+    sampled = max(len(m.samples) for g in groups for m in g.members)
+    advice = "use --samples to tell moving ranks from stuck ones" if sampled < 2 else \
+        f"across {sampled} samples: " + ", ".join(f"{_count(g.size)} {g.state}" for g in groups)
     return f"no single suspect: {len(groups)} groups of ranks with different stacks (largest: " \
            f"{_count(groups[0].size)} in {groups[0].location.where(brief=True) if groups[0].location else '?'}); " \
-           "use --samples to tell moving ranks from stuck ones" + tail
+           + advice + tail
