@@ -251,3 +251,41 @@ def test_a_pid_that_cannot_be_dumped_says_why(pid: str, code: int, words: str) -
         assert f"pid {pid}: no such process on this node" in proc.stdout, proc.stdout
     one = mldebug("dump-stacks", "--pid", "1", timeout=60)  # an ancestor of mldebug: said, not dropped
     assert one.returncode == 3 and "pid 1: mldebug itself or one of its parent processes" in one.stdout, one.stdout
+
+
+def test_ctrl_c_during_samples_keeps_the_rounds_taken_in_out_dir(tmp_path: Path) -> None:
+    """--samples 20 and Ctrl-C after a few: exit 130, and the rounds taken are the result, on stdout and in
+    --out-dir (which its help promises; it was left empty)."""
+    import signal
+    import uuid
+
+    _tools()
+    mark = f"ctrlc_{uuid.uuid4().hex[:10]}"
+    target = subprocess.Popen([sys.executable, "-c", f"import time  # {mark}\ntime.sleep(120)"])
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "dump-stacks", "--pattern", mark, "--samples", "20",
+                             "--interval", "0.5", "--json", "--out-dir", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        err = ""
+        assert proc.stderr is not None
+        while "sample 2/20 taken" not in err:  # two rounds done: interrupt the rest
+            line = proc.stderr.readline()
+            assert line, f"dump-stacks ended early: {err}"
+            err += line
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        target.kill()
+        target.wait()
+    assert proc.returncode == 130, err + rest
+    for text in (stdout, (out / f"{os.uname()[1]}.json").read_text()):
+        doc = json.loads(text)
+        jsonschema.validate(doc, SCHEMA)
+        result = doc["result"]
+        assert result["interrupted"] and result["exit_code"] == 130 and not result["ok"]
+        (p,) = result["processes"]
+        assert 2 <= len(p["samples"]) < 20, p
+        assert "(interrupted after " in result["summary"], result["summary"]

@@ -23,7 +23,7 @@ tree with rank ranges and prints a verdict such as
 
 Exit codes: 0 no suspect; 1 a suspect named; 2 bad options; 3 nothing could be attached (no py-spy,
 no ptrace permission, no process found: the summary says why); 4 some processes or nodes were not
-dumped."""
+dumped; 130 Ctrl-C (during --samples on this node, the rounds taken are printed and kept in --out-dir)."""
 
 EXAMPLES = (
     "mldebug dump-stacks                        # this node",

@@ -31,6 +31,8 @@ class NodeResult:
     notes: list[str] = field(default_factory=list)
     ptrace: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    rounds: int = 0  # sample rounds completed
+    interrupted: bool = False  # Ctrl-C came during the samples: the rounds completed are kept
 
 
 def _uid(pid: int) -> int | None:
@@ -50,6 +52,21 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
                       notes=list(found.notes), ptrace=asdict(check))
     node.samples = {t.pid: [] for t in found.targets}
     uids = {t.pid: _uid(t.pid) for t in found.targets}
+    try:
+        _sample(node, found, tools, opts, check, uids, samples, interval)
+    except KeyboardInterrupt:  # keep the rounds completed (--out-dir's promise); none: a plain Ctrl-C
+        if node.rounds == 0:
+            raise
+        for dumps in node.samples.values():
+            del dumps[node.rounds:]  # the round cut short
+        node.interrupted = True
+        node.notes.append(f"interrupted (Ctrl-C) after {node.rounds} of {samples} samples: those are kept")
+    node.seconds = round(time.monotonic() - t0, 3)
+    return node
+
+
+def _sample(node: NodeResult, found: TargetSet, tools: Tools, opts: DumpOptions, check: PtraceCheck,
+            uids: dict[int, int | None], samples: int, interval: float) -> None:
     gone: set[int] = set()
     workers = max(1, min(MAX_PARALLEL, len(found.targets)))
     with ThreadPoolExecutor(max_workers=workers) as pool, \
@@ -69,8 +86,7 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
                 bar.advance()
                 if not dump.ok and dump.error and "exited" in dump.error:
                     gone.add(pid)  # no point asking a dead process again
+            node.rounds = k + 1
             if samples > 1:
                 ok = sum(1 for pid in futures if node.samples[pid][-1].ok)
                 log(f"dump-stacks: {found.host}: sample {k + 1}/{samples} taken ({ok}/{len(futures)} dumped)")
-    node.seconds = round(time.monotonic() - t0, 3)
-    return node

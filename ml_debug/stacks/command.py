@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug.core import output
+from ml_debug.core.errors import ExitCode
 from ml_debug.core.options import to_argv
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.stacks.report import (
@@ -59,12 +60,17 @@ def local_report(req: DumpRequest) -> DumpStacksResult:
                        dumper=req.dumper)
     node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval)
     fr_records: list[dict[str, Any]] = []
-    if req.flight_recorder:
+    if req.flight_recorder and not node.interrupted:
         from ml_debug.stacks.flight import gather
 
         fr_records = gather(found.targets, found.host, req.fr_timeout)
-    return build_report([node_summary(node)], node_processes(node), _options(req), req.world_size,
-                        fr_records=fr_records, local=True)
+    result = build_report([node_summary(node)], node_processes(node), _options(req), req.world_size,
+                          fr_records=fr_records, local=True)
+    if node.interrupted:  # what was taken is the result (and goes to --out-dir); the exit code says Ctrl-C
+        result = dataclasses.replace(result, ok=False, exit_code=ExitCode.INTERRUPTED, interrupted=True,
+                                     summary=f"{result.summary} (interrupted after {node.rounds} of {req.samples} "
+                                             "samples)")
+    return result
 
 
 def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None = None) -> DumpStacksResult:

@@ -156,6 +156,7 @@ class DumpStacksResult:
     not_dumped: list[NotDumped]
     flight_recorder: dict[str, Any] | None = None
     hint: str | None = None
+    interrupted: bool = False  # Ctrl-C during --samples: the samples completed are the result
 
 
 ProcessSamples = tuple[Target, list[ProcessDump]]
