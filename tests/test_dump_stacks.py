@@ -289,3 +289,21 @@ def test_ctrl_c_during_samples_keeps_the_rounds_taken_in_out_dir(tmp_path: Path)
         (p,) = result["processes"]
         assert 2 <= len(p["samples"]) < 20, p
         assert "(interrupted after " in result["summary"], result["summary"]
+
+
+def test_pid_of_one_rank_does_not_call_the_others_missing() -> None:
+    """`--pid` of rank 0 of a 2-rank job: rank 1 was named "missing" and the suspect (exit 1); it was not
+    asked for. --world-size 2 still says so."""
+    _tools()
+    rank0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             env={**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    try:
+        wait_until(lambda: "<module> (<string>:1)" in mldebug("dump-stacks", "--pid", str(rank0.pid), timeout=60).stdout,
+                   30, "the rank to be in its sleep")
+        alone = _json(mldebug("dump-stacks", "--pid", str(rank0.pid), "--json", timeout=60))["result"]
+        assert alone["missing_ranks"] == [] and alone["exit_code"] == 0, alone["summary"]
+        told = _json(mldebug("dump-stacks", "--pid", str(rank0.pid), "--world-size", "2", "--json", timeout=60))
+        assert told["result"]["missing_ranks"] == [1] and told["result"]["exit_code"] == 1
+    finally:
+        rank0.kill()
+        rank0.wait()

@@ -210,8 +210,9 @@ def build_tree(groups: list[Group], unique_ranks: bool) -> list[dict[str, Any]]:
     return [finish(r) for r in roots]
 
 
-def analyse(members: list[Member], expected_world: int | None = None) -> Analysis:
-    """Group, find suspects, and write the verdict line."""
+def analyse(members: list[Member], expected_world: int | None = None, infer_world: bool = True) -> Analysis:
+    """Group, find suspects, and write the verdict line. Ranks of the world (``expected_world``, else the
+    ranks' WORLD_SIZE when ``infer_world``) that no member is are missing."""
     unique = _ids_unique_ranks(members)
     dumped = [m for m in members if m.last_ok() is not None]
     not_dumped = [m for m in members if m.last_ok() is None]
@@ -230,7 +231,8 @@ def analyse(members: list[Member], expected_world: int | None = None) -> Analysi
         groups.append(Group(id=_group_id(i), members=ms, frames=frames, collective=collective_frame(frames),
                             location=location_frame(frames), state=state))
 
-    world = expected_world or max((m.world_size or 0 for m in members), default=0) or None
+    inferred = max((m.world_size or 0 for m in members), default=0) if infer_world else 0
+    world = expected_world or inferred or None
     seen_ranks = {m.rank for m in members if m.rank is not None}
     missing = sorted(set(range(world)) - seen_ranks) if world and unique else []
 

@@ -278,7 +278,9 @@ def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], opti
     no process could be dumped."""
     members = [Member(host=t.host, pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size,
                       samples=samples) for t, samples in processes]
-    analysis = analyse(members, expected_world)
+    # --pid of single ranks picks some of a job on purpose: the others are not "missing" (unless --world-size)
+    picked = bool(processes) and all(t.found_by == "pid" for t, _ in processes)
+    analysis = analyse(members, expected_world, infer_world=not picked)
     group_of = {m.id: g.id for g in analysis.groups for m in g.members}
     dumped: list[DumpedProcess] = []
     for (t, samples), m in zip(processes, members, strict=True):

@@ -25,8 +25,9 @@ class DumpRequest:
     env: list[tuple[str, str]] = env_option(SEL, " to pick one job among several.")
     include_launcher: bool = option(False, panel=SEL, help="Dump the launchers (torchrun, ...) too.")
     world_size: int | None = option(None, min=1, metavar="N", panel=SEL,
-                                    help="Expected number of ranks (default: WORLD_SIZE from the ranks' environment); "
-                                         "ranks not found are reported missing.")
+                                    help="Expected number of ranks (default: WORLD_SIZE from the ranks' environment, "
+                                         "except when --pid names single ranks); ranks not found are reported "
+                                         "missing.")
     samples: int = option(1, min=1, max=100, metavar="K", panel=HOW,
                           help="Dump K times to tell stuck ranks (same stack) from moving ones.")
     interval: float = option(1.0, min=0.0, max=600.0, metavar="S", panel=HOW,
