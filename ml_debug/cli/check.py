@@ -8,8 +8,7 @@ from pathlib import Path
 import typer
 
 from ml_debug.core.errors import UsageError
-from ml_debug.core.options import option
-from ml_debug.health.options import parse_out_dir
+from ml_debug.core.options import option, parse_out_dir
 
 SCHEMA = "mldebug.check"
 
@@ -60,14 +59,13 @@ def register(app: typer.Typer) -> None:
 
 
 def check(opts: CheckOptions) -> int:
-    import os
 
     from ml_debug import checkup
     from ml_debug.core import output, safefs
 
     skipped = opts.skipped()
     if opts.out_dir is not None:  # an unusable --out-dir is said before the steps, not after them
-        os.close(safefs.open_out_dir(opts.out_dir))
+        safefs.make_out_dir(opts.out_dir)
     result = checkup.run_check(skip=skipped, timeout_s=opts.step_timeout, out_dir=opts.out_dir)
     output.emit(SCHEMA, 1, result, lambda console: checkup.render(result, console))
     return result.exit_code

@@ -52,11 +52,9 @@ def gpu_test(cfg: GpuTestConfig, launch: LaunchOptions) -> int:
     gpus = 0 if wants_cpu else visible_gpus()
     choose_device(detect_world(), cfg.device, cfg.backend, gpu_count=gpus)  # bad options fail here, not in N ranks
     if cfg.out_dir is not None:  # likewise a --out-dir that cannot be made (and checked to be ours)
-        import os
-
         from ml_debug.core import safefs
 
-        os.close(safefs.open_out_dir(cfg.out_dir))
+        safefs.make_out_dir(cfg.out_dir)
     run_timeout = cfg.init_timeout * 2 + (cfg.timeout_s + 5) * 8 + 60
     rdzv = max(30.0, cfg.init_timeout)
     if cfg.isolate:

@@ -32,13 +32,12 @@ def register(app: typer.Typer) -> None:
 
 
 def health(opts: HealthOptions, targets: TargetOptions) -> int:
-    import os
 
     from ml_debug.core import output, safefs
 
     opts.validate()
     if opts.out_dir is not None:  # an unusable --out-dir is said before the checks, not after them
-        os.close(safefs.open_out_dir(opts.out_dir))
+        safefs.make_out_dir(opts.out_dir)
     if not targets.remote:
         from ml_debug.health.cluster import local_result
         from ml_debug.health.runner import run_local

@@ -178,6 +178,15 @@ def strip_optional(tp: Any) -> Any:
 
 # ---- path values: checked before any rank starts, since a path that fails after a run loses the run ----
 
+def parse_out_dir(word: str) -> Path:
+    """--out-dir: a directory; an empty word (an unset shell variable) would write into the current one."""
+    if not word.strip():
+        from ml_debug.core.errors import UsageError
+
+        raise UsageError("--out-dir is empty", "give a directory (made when missing), e.g. --out-dir results/")
+    return Path(word)
+
+
 def output_file(flag: str, path: str | os.PathLike[str]) -> None:
     """A file the command will write: not a directory; the file writable, or its directory where it is new."""
     from ml_debug.core.errors import UsageError

@@ -339,6 +339,12 @@ def open_out_dir(path: str | os.PathLike[str]) -> int:
     return fd
 
 
+def make_out_dir(path: str | os.PathLike[str]) -> None:
+    """An output directory made and checked (:func:`open_out_dir`) before the work, so an unusable one
+    is said up front, not after the work is done."""
+    os.close(open_out_dir(path))
+
+
 def replace_in(dir_fd: int, name: str, data: bytes, mode: int = 0o666) -> str | None:
     """Write `name` in a directory atomically, never through a link planted at that name.
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ml_debug.core.errors import UsageError
-from ml_debug.core.options import option
+from ml_debug.core.options import option, parse_out_dir
 
 if TYPE_CHECKING:
     from ml_debug.health.gpu_checks import Thresholds
@@ -20,13 +20,6 @@ LEVEL_DEFAULTS = {  # stress seconds, memtest fraction of free memory, copy byte
 
 
 TESTS = "Tests"
-
-
-def parse_out_dir(word: str) -> Path:
-    """--out-dir: a directory; an empty word (an unset shell variable) would write into the current one."""
-    if not word.strip():
-        raise UsageError("--out-dir is empty", "give a directory (made when missing), e.g. --out-dir results/")
-    return Path(word)
 
 
 def parse_path(word: str) -> str:

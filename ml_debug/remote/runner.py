@@ -14,7 +14,6 @@ stderr) and ``<host>.json`` the moment it arrives, so Ctrl-C keeps what was gath
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import sys
@@ -75,9 +74,9 @@ def run_everywhere(
     connect_timeout_s = spec.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
     max_parallel = spec.max_parallel if max_parallel is None else max_parallel
     if out_dir is not None:
-        from ml_debug.core.safefs import open_out_dir
+        from ml_debug.core.safefs import make_out_dir
 
-        os.close(open_out_dir(out_dir))  # made, and checked to be ours, before any node answers
+        make_out_dir(out_dir)  # before any node answers
     results: dict[str, NodeResult] = {}
     lock = threading.Lock()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import socket
 from dataclasses import asdict
 from pathlib import Path
@@ -78,7 +77,7 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
     from ml_debug.core import safefs
 
     if out_dir is not None:  # an unusable --out-dir is said before the work, not after it
-        os.close(safefs.open_out_dir(out_dir))
+        safefs.make_out_dir(out_dir)
     if spec.kind == "local":
         result = local_report(req)
         if out_dir is not None:
