@@ -124,8 +124,8 @@ def test_a_failing_command_is_exit_1(rig_ssh: SshRig) -> None:
                            "--", "sh", "-c", "echo out; echo err >&2; exit 3")
     assert code == 1
     node = doc["result"]["nodes"][0]
-    assert (node["exit_code"], node["stdout"], node["stderr"], node["failure"]) == (3, "out\n", "err\n",
-                                                                                    "command failed")
+    assert (node["exit_code"], node["stdout"], node["failure"]) == (3, "out\n", "command failed")
+    assert node["stderr"].endswith("err\n")  # after whatever the node's shell start-up printed
 
 
 def test_metacharacters_reach_the_remote_side_literally(rig_ssh: SshRig, tmp_path: Path, capsys) -> None:
@@ -154,8 +154,13 @@ def test_out_dir_gets_one_file_per_node(rig_ssh: SshRig, tmp_path: Path) -> None
                    "--out-dir", str(out), "--", "echo", "hello", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["p2222.json", "p2222.out", "p2223.json", "p2223.out"]
-    assert (out / "p2222.out").read_text() == "hello\n"
-    assert json.loads((out / "p2223.json").read_text())["exit_code"] == 0
+    # The .out file is the node's stdout, then its stderr. A node's shell start-up may write to stderr
+    # (CI's root runs `pyenv init` in .bashrc, and two of them at once print rehash errors), so
+    # stdout is checked exactly and stderr only for where it goes.
+    for name in ("p2222", "p2223"):
+        node = json.loads((out / f"{name}.json").read_text())
+        assert (node["exit_code"], node["stdout"]) == (0, "hello\n")
+        assert (out / f"{name}.out").read_text() == node["stdout"] + node["stderr"]
 
 
 def _spec(rig: SshRig, *targets: Target, **kw) -> TargetSpec:
