@@ -213,6 +213,14 @@ def test_agent_pattern_parses_each_nodes_json(rig_ssh: SshRig, tmp_path: Path) -
                                      add_local=False)
         assert r.error is None, r
         assert r.document["schema"] == "mldebug.env" and r.node.host == host.label
+    # A node whose shell start-up prints a banner (a .bashrc's `echo`, `module load` chatter) still
+    # answers: the version line is looked for past it.
+    banner = f"echo 'Welcome to {hosts[0].label}'; echo '{{ module: cuda/12 }}'; echo 'mldebug rocks' >&2"
+    [chatty] = run_mldebug_everywhere(_spec(rig_ssh, hosts[0], remote_python=venv_python,
+                                            remote_prefix=banner), ["env", "--no-torch"], timeout_s=90,
+                                      add_local=False)
+    assert chatty.error is None, chatty
+    assert chatty.document["schema"] == "mldebug.env"
     # Another version on the far side is named as such.
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -166,7 +166,7 @@ class AgentResult:
     error: str | None
 
 
-VERSION_LINE = re.compile(r"^mldebug (\S+)\s*$")
+VERSION_LINE = re.compile(r"^mldebug (\S+)[ \t\r]*$", re.MULTILINE)
 MISSING_HINT = ("install mldebug there, or say how to start it: --remote-python /path/to/venv/bin/python "
                 "or --remote-prefix 'source /path/to/venv/bin/activate'")
 
@@ -227,17 +227,16 @@ def to_agent_result(r: NodeResult, local: bool = False) -> AgentResult:
     text = r.stdout
     version: str | None = None
     if not local:
-        first, _, rest = text.partition("\n")
-        m = VERSION_LINE.match(first)
-        if m:
-            version, text = m.group(1), rest
-        else:
+        # The probe's line comes first, after whatever the node's shell start-up printed (a banner).
+        m = VERSION_LINE.search(text)
+        if not m:
             return AgentResult(node=r, document=None, error=_missing_words(r))
+        version, text = m.group(1), text[m.end():]
     document: dict[str, Any] | None = None
     start = text.find("{")
     if start >= 0:
         try:
-            parsed = json.loads(text[start:])
+            parsed, _ = json.JSONDecoder().raw_decode(text, start)
             document = parsed if isinstance(parsed, dict) else None
         except json.JSONDecodeError:
             document = None
