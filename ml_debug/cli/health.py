@@ -56,9 +56,9 @@ def health(opts: HealthOptions, targets: TargetOptions) -> int:
 
 
 def _run_many(opts: HealthOptions, targets: TargetOptions) -> HealthResult:
-    from ml_debug.cli.launching import on_every_node
     from ml_debug.core.output import log
     from ml_debug.health.cluster import merge
+    from ml_debug.remote.runner import on_every_node
 
     spec = targets.resolve()
     level = opts.level

@@ -1,13 +1,13 @@
-"""The one way a command starts its own ranks, and the one way it reaches other nodes.
+"""The one way a command starts its own ranks.
 
-Both hand the command's configuration over as command-line words (:func:`ml_debug.core.options.to_argv`):
-a rank or a node runs ``mldebug <command> <words>`` and rebuilds the same configuration from them.
+It hands the command's configuration over as command-line words (:func:`ml_debug.core.options.to_argv`):
+a rank runs ``mldebug <command> <words>`` and rebuilds the same configuration from them. Other nodes
+are reached the same way, by :func:`ml_debug.remote.runner.on_every_node`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from ml_debug.core import output
@@ -68,12 +68,3 @@ def self_launch(command: str, configs: Sequence[Any], launch: LaunchOptions, *, 
         output.warn(f"rank 0 finished but other ranks failed: {bad}")
         code = ExitCode.PROBLEM
     return int(code)
-
-
-def on_every_node(command: str, config: Any, targets: Any, *, timeout_s: float, out_dir: Path | None = None,
-                  extra: Sequence[str] = (), on_result: Callable[[Any], None] | None = None) -> list[Any]:
-    """Run ``mldebug --json <command> <config> --local`` on every target node; each node's result."""
-    from ml_debug.remote.runner import run_mldebug_everywhere
-
-    argv = [command, *to_argv(config), *extra]
-    return run_mldebug_everywhere(targets, argv, timeout_s=timeout_s, out_dir=out_dir, on_result=on_result)

@@ -220,6 +220,20 @@ def run_mldebug_everywhere(
     return [to_agent_result(r, local=spec.kind == "local") for r in results]
 
 
+def on_every_node(command: str, config: Any, spec: TargetSpec, *, timeout_s: float, out_dir: Path | None = None,
+                  extra: Sequence[str] = (), on_result: Callable[[AgentResult], None] | None = None
+                  ) -> list[AgentResult]:
+    """Run ``mldebug --json <command> <config> --local`` on every target node; each node's result.
+
+    ``config`` is the command's options dataclass: :func:`ml_debug.core.options.to_argv` turns it
+    back into the words that rebuild it there (the one way a configuration travels to a node).
+    """
+    from ml_debug.core.options import to_argv
+
+    return run_mldebug_everywhere(spec, [command, *to_argv(config), *extra], timeout_s=timeout_s,
+                                  out_dir=out_dir, on_result=on_result)
+
+
 def to_agent_result(r: NodeResult, local: bool = False) -> AgentResult:
     """Parse one node's output: the version line (unless local), then one JSON document."""
     if r.failure in NOT_REACHED:

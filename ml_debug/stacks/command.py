@@ -15,7 +15,6 @@ from typing import Any
 
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
-from ml_debug.core.options import to_argv
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.stacks.report import (
     SCHEMA,
@@ -88,18 +87,16 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
             safefs.write_out(out_dir, name, output.dumps(output.document(SCHEMA, SCHEMA_VERSION, result)) + "\n")
         return result
 
-    from ml_debug.remote.runner import AgentResult, run_mldebug_everywhere
+    from ml_debug.remote.runner import AgentResult, on_every_node
 
     if spec.kind == "slurm" and spec.slurm_job and "SLURM_JOB_ID" not in req.env_filter:
         # srun --overlap lands beside the job's tasks: keep only that job's processes on each node
         req = dataclasses.replace(req, env=[*req.env, ("SLURM_JOB_ID", spec.slurm_job)])
-    args = ["dump-stacks", *to_argv(req)]
-
     def arrived(r: AgentResult) -> None:
         output.log(f"dump-stacks: {r.node.host}: " + (r.error or f"answered in {r.node.duration_s:.1f} s"))
 
     budget = req.node_budget()
-    results = run_mldebug_everywhere(spec, args, timeout_s=budget, out_dir=out_dir, on_result=arrived)
+    results = on_every_node("dump-stacks", req, spec, timeout_s=budget, out_dir=out_dir, on_result=arrived)
     reached = {r.node.host for r in results}
     nodes: list[NodeSummary] = []
     processes: list[ProcessSamples] = []

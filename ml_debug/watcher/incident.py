@@ -171,10 +171,10 @@ class Collector:
             doc: Any = output.document("mldebug.health", 1, local_result(run_local(opts)))
             host = self.spec.targets[0].label
         else:
-            from ml_debug.cli.launching import on_every_node
+            from ml_debug.remote.runner import on_every_node
 
-            (agent,) = on_every_node("health", opts, one_node(self.spec, label), timeout_s=PART_TIMEOUT_S - 10) or \
-                [None]
+            answers = on_every_node("health", opts, one_node(self.spec, label), timeout_s=PART_TIMEOUT_S - 10)
+            agent = answers[0] if answers else None
             if agent is None or agent.document is None:
                 raise RuntimeError(agent.error if agent is not None else f"{label}: no answer")
             doc, host = agent.document, agent.node.host

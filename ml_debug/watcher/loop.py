@@ -4,7 +4,7 @@ Samples come from ``mldebug top``'s sampler: in this process for ``--local`` (wi
 one streaming agent per node (``mldebug top --agent``, one ssh session or ``srun --overlap`` step
 each) for ``--hosts``/``--slurm-job``. Stack rounds are dump-stacks' own py-spy dumps, taken by a
 background thread every ``--stack-every`` seconds. The decisions are :class:`ml_debug.watch.model.Tracker`'s;
-the bundle is :class:`ml_debug.cli.incident.Collector`'s.
+the bundle is :class:`ml_debug.watcher.incident.Collector`'s.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class StackRounds:
                 self.tracker.add_stacks(obs, taken)
 
     def round(self) -> list[dict[str, Any]]:
-        from ml_debug.cli.incident import dump_request
+        from ml_debug.watcher.incident import dump_request
 
         req = dump_request(self.opts, self.spec, samples=1, flight_recorder=False)
         req = dataclasses.replace(req, dumper="py-spy")
@@ -147,11 +147,10 @@ class StackRounds:
             from ml_debug.stacks.command import dump_stacks_report
 
             return stack_observations(dump_stacks_report(self.spec, req))
-        from ml_debug.core.options import to_argv
-        from ml_debug.remote.runner import run_mldebug_everywhere
+        from ml_debug.remote.runner import on_every_node
 
         obs: list[dict[str, Any]] = []
-        for r in run_mldebug_everywhere(self.spec, ["dump-stacks", *to_argv(req)], timeout_s=req.node_budget()):
+        for r in on_every_node("dump-stacks", req, self.spec, timeout_s=req.node_budget()):
             body = (r.document or {}).get("result")
             if isinstance(body, dict):
                 obs += stack_observations(body)
@@ -208,7 +207,7 @@ class Watch:
         return self.opts.out_dir / f"incident-{self.incidents}" if self.opts.keep_watching else self.opts.out_dir
 
     def incident(self, inc: Incident, stacks: StackRounds) -> dict[str, Any]:
-        from ml_debug.cli.incident import Collector
+        from ml_debug.watcher.incident import Collector
 
         self.incidents += 1
         path = self._bundle_dir(inc.time)
