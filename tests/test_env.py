@@ -137,7 +137,7 @@ def test_fake_nvml_data_is_marked_in_the_table_and_the_json(tmp_path: Path) -> N
     assert "GPUs (FAKE NVML: test data, not this node's hardware)" in human.stdout
 
 
-def test_a_table_written_to_a_pipe_keeps_every_cell_whole() -> None:
+def test_a_table_written_to_a_pipe_keeps_every_cell_whole_and_no_padding() -> None:
     """Tables were cut to 80 columns when stdout was a pipe or a file (gpu-test's headers read `ho… ┃ ra…`):
     with no terminal and no width asked for, nothing is cut; MLDEBUG_WIDTH=80 cuts, which shows the check can fail."""
     value = "/scratch/" + "x" * 150 + "/nccl-%h-%p.log"
@@ -149,9 +149,13 @@ def test_a_table_written_to_a_pipe_keeps_every_cell_whole() -> None:
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
-    (row,) = [line for line in shown({}).splitlines() if line.startswith("NCCL_DEBUG_FILE")]
+    whole = shown({})
+    (row,) = [line for line in whole.splitlines() if line.startswith("NCCL_DEBUG_FILE")]
     assert row.split("│")[1].strip() == value
     assert value not in shown({"MLDEBUG_WIDTH": "80"})
+    # ... and no line is padded with spaces to the table's width (rich pads cells and titles), which
+    # made every `diff` of two saved reports and every `grep 'x$'` miss.
+    assert "┃" in whole and [line for line in whole.splitlines() if line.endswith(" ")] == []
 
 
 def test_a_tool_wrapper_that_hangs_is_stopped_with_its_children(tmp_path: Path) -> None:

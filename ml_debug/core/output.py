@@ -17,6 +17,7 @@ import enum
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -136,6 +137,9 @@ def _width(stream: Any) -> int | None:
     return None if stream.isatty() else UNLIMITED
 
 
+_TRAILING_SPACES = re.compile(r" +$", re.MULTILINE)
+
+
 def stdout_console() -> Console:
     if "out" not in _consoles:
         from rich.console import Console
@@ -144,6 +148,10 @@ def stdout_console() -> Console:
             def on_broken_pipe(self) -> None:  # rich's own exits 1, which reads as "a problem was found"
                 self.quiet = True
                 reader_gone()
+
+            def _render_buffer(self, buffer: Any) -> str:  # rich pads table cells and titles to the width
+                text: str = super()._render_buffer(buffer)
+                return text if self.is_terminal else _TRAILING_SPACES.sub("", text)  # kept out of files and diffs
 
         _consoles["out"] = StdoutConsole(file=sys.stdout, width=_width(sys.stdout), highlight=False, soft_wrap=False)
     return _consoles["out"]
