@@ -143,23 +143,33 @@ def test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keep
     assert summary["on_incident"]["exit_code"] == 0
     assert not pids_with_env(TOKEN_VAR, token)
 
-    # Ctrl-C while a bundle is being collected: exit 130, and what was written says it was cut short
-    out2 = tmp_path / "cut"
+    # Ctrl-C while a bundle is being collected, after 2 of 8 stack samples: exit 130, what was written
+    # says it was cut short, and the samples taken are in it (they were lost with dump-stacks' thread)
+    out2, err2 = tmp_path / "cut", tmp_path / "cut.err"
     token2 = uuid.uuid4().hex[:12]
-    w2 = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "watch", "--pid", str(job.pid), "--now",
-                           "--samples", "8", "--out-dir", str(out2)], env=_env(token2), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    with open(err2, "w") as err_file:
+        w2 = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "watch", "--pid", str(job.pid), "--now",
+                               "--samples", "8", "--out-dir", str(out2)], env=_env(token2), stdout=subprocess.PIPE,
+                              stderr=err_file, text=True, stdin=subprocess.DEVNULL)
     try:
-        wait_until(lambda: (out2 / "watch.json").exists() and w2.poll() is None, 120, "the bundle to be under way")
+        wait_until(lambda: "sample 2/8 taken" in err2.read_text() and w2.poll() is None, 120,
+                   "two stack samples of the bundle")
         w2.send_signal(signal.SIGINT)
-        stdout, stderr = w2.communicate(timeout=60)
+        stdout, _ = w2.communicate(timeout=60)
     finally:
         if w2.poll() is None:
             w2.kill()
+    stderr = err2.read_text()
     assert w2.returncode == 130, stderr[-3000:]
     cut = bundle_summary(out2)
     assert cut["status"] == "interrupted" and cut["incident"]["kind"] == "requested"
     assert json.loads(stdout)["result"]["status"] == "interrupted"
+    parts = {p["name"]: p for p in cut["parts"]}
+    assert parts["dump-stacks"]["status"] == "interrupted" and "dump-stacks.json" in parts["dump-stacks"]["files"]
+    stacks = json.loads((out2 / "dump-stacks.json").read_text())["result"]
+    assert stacks["interrupted"] is True
+    assert {len(p["samples"]) for p in stacks["processes"]} in ({2}, {3}), stacks["summary"]
+    assert cut["culprit"]["rank"] == 1, cut["summary"]
     wait_until(lambda: not pids_with_env(TOKEN_VAR, token2), 30, "the interrupted watch's processes to be gone")
 
     # Ctrl-C in the hung job's terminal (its process group): `mldebug train` exits 130 without a traceback

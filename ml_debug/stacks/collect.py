@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -43,8 +44,12 @@ def _uid(pid: int) -> int | None:
 
 
 def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int = 1,
-                 interval: float = 1.0) -> NodeResult:
-    """`py-spy dump --pid P` for every target at once, `samples` times, `interval` seconds apart."""
+                 interval: float = 1.0, stop: threading.Event | None = None) -> NodeResult:
+    """`py-spy dump --pid P` for every target at once, `samples` times, `interval` seconds apart.
+
+    Ctrl-C, or `stop` set by another thread (watch's bundle on Ctrl-C), ends the samples after the
+    rounds completed, which are kept; with none completed, Ctrl-C propagates.
+    """
     t0 = time.monotonic()
     check: PtraceCheck = check_ptrace()
     node = NodeResult(host=found.host, ok=True, targets=found.targets,
@@ -53,7 +58,9 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
     node.samples = {t.pid: [] for t in found.targets}
     uids = {t.pid: _uid(t.pid) for t in found.targets}
     try:
-        _sample(node, found, tools, opts, check, uids, samples, interval)
+        _sample(node, found, tools, opts, check, uids, samples, interval, stop or threading.Event())
+        if node.rounds < samples:  # `stop` was set
+            raise KeyboardInterrupt
     except KeyboardInterrupt:  # keep the rounds completed (--out-dir's promise); none: a plain Ctrl-C
         if node.rounds == 0:
             raise
@@ -66,7 +73,7 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
 
 
 def _sample(node: NodeResult, found: TargetSet, tools: Tools, opts: DumpOptions, check: PtraceCheck,
-            uids: dict[int, int | None], samples: int, interval: float) -> None:
+            uids: dict[int, int | None], samples: int, interval: float, stop: threading.Event) -> None:
     gone: set[int] = set()
     workers = max(1, min(MAX_PARALLEL, len(found.targets)))
     with ThreadPoolExecutor(max_workers=workers) as pool, \
@@ -76,8 +83,8 @@ def _sample(node: NodeResult, found: TargetSet, tools: Tools, opts: DumpOptions,
             # a fixed-rate schedule (not "interval after the last round ended"): dump rounds that take
             # a while do not stretch the spacing into a multiple of a looping rank's period
             delay = start + k * interval - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            if stop.wait(max(0.0, delay)) and k > 0:
+                return
             todo = [t for t in found.targets if t.pid not in gone]
             futures = {t.pid: pool.submit(dump_process, t.pid, tools, opts, check, uids[t.pid]) for t in todo}
             for pid, fut in futures.items():

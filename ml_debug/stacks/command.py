@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,9 @@ def _options(req: DumpRequest) -> dict[str, Any]:
     return d
 
 
-def local_report(req: DumpRequest) -> DumpStacksResult:
-    """Find and dump the targets on this node; the result for this node alone."""
+def local_report(req: DumpRequest, stop: threading.Event | None = None) -> DumpStacksResult:
+    """Find and dump the targets on this node; the result for this node alone (`stop`: see
+    :func:`ml_debug.stacks.collect.dump_targets`)."""
     from ml_debug.procs import find_targets
     from ml_debug.stacks.collect import NodeResult, dump_targets
     from ml_debug.stacks.dumpers import DumpOptions, resolve_tools
@@ -56,7 +58,7 @@ def local_report(req: DumpRequest) -> DumpStacksResult:
         return build_report([node_summary(node)], [], _options(req), req.world_size, local=True)
     opts = DumpOptions(timeout=req.timeout, gdb_timeout=req.gdb_timeout, native=req.native, locals=req.locals,
                        dumper=req.dumper)
-    node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval)
+    node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval, stop=stop)
     fr_records: list[dict[str, Any]] = []
     if req.flight_recorder and not node.interrupted:
         from ml_debug.stacks.flight import gather
@@ -71,14 +73,18 @@ def local_report(req: DumpRequest) -> DumpStacksResult:
     return result
 
 
-def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None = None) -> DumpStacksResult:
-    """The merged result for the targets of `spec` (this node, --hosts, or --slurm-job)."""
+def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None = None,
+                       stop: threading.Event | None = None) -> DumpStacksResult:
+    """The merged result for the targets of `spec` (this node, --hosts, or --slurm-job).
+
+    `stop`, set from another thread, ends the samples early and keeps those taken (on this node;
+    a run over --hosts or --slurm-job stops on Ctrl-C only)."""
     from ml_debug.core import safefs
 
     if out_dir is not None:  # an unusable --out-dir is said before the work, not after it
         safefs.make_out_dir(out_dir)
     if spec.kind == "local":
-        result = local_report(req)
+        result = local_report(req, stop)
         if out_dir is not None:
             name = f"{socket.gethostname()}.json"
             note = safefs.planted(out_dir, name)

@@ -70,7 +70,7 @@ class Part:
     name: str
     what: str
     files: list[str] = field(default_factory=list)
-    status: str = "pending"  # pending | ok | failed | timed-out | skipped
+    status: str = "pending"  # pending | ok | failed | timed-out | skipped | interrupted
     seconds: float = 0.0
     error: str | None = None
 

@@ -80,6 +80,8 @@ class Collector:
         self.status = "collecting"
         self.on_incident: dict[str, Any] | None = None
         self._lock = threading.RLock()
+        self._stop = threading.Event()  # Ctrl-C: the parts still running end with what they have
+        self._stacks_done = threading.Event()
 
     # -- the summary, rewritten after every part --------------------------------------------------
     def result(self) -> dict[str, Any]:
@@ -98,6 +100,18 @@ class Collector:
             self.bundle.write("summary.json", output.dumps(doc) + "\n")
             self.bundle.write("summary.md", markdown(res))
             return res
+
+    def interrupt(self, wait_s: float = 15.0) -> dict[str, Any]:
+        """Ctrl-C during the bundle: the stack samples taken so far are kept (dump-stacks stops
+        after its current round, waited for up to `wait_s`); the summary says `interrupted`."""
+        self._stop.set()
+        if any(p.name == "dump-stacks" for p in self.bundle.parts):
+            self._stacks_done.wait(wait_s)
+        for p in self.bundle.parts:
+            if p.status == "pending":
+                p.status, p.error = "interrupted", p.error or "Ctrl-C before it finished"
+        self.status = "interrupted"
+        return self.write_summary()
 
     # -- the parts --------------------------------------------------------------------------------
     def collect(self) -> dict[str, Any]:
@@ -136,13 +150,21 @@ class Collector:
         return self.incident.nodes[0] if self.incident.nodes else None
 
     def _dump_stacks(self, part: Part) -> None:
+        try:
+            self._write_stacks(part)
+        finally:
+            self._stacks_done.set()
+
+    def _write_stacks(self, part: Part) -> None:
         from ml_debug.stacks.command import dump_stacks_result
         from ml_debug.stacks.render import render
         from ml_debug.stacks.report import SCHEMA as STACKS_SCHEMA
         from ml_debug.stacks.report import SCHEMA_VERSION as STACKS_VERSION
 
         req = dump_request(self.opts, self.spec, samples=self.opts.samples, flight_recorder=True)
-        result = dump_stacks_result(self.spec, req)
+        result = dump_stacks_result(self.spec, req, stop=self._stop)
+        if result.interrupted:
+            part.status, part.error = "interrupted", "Ctrl-C: the samples taken before it are kept"
         data = output.to_jsonable(result)
         self.stacks = data
         part.files.append(self.bundle.write("dump-stacks.json",

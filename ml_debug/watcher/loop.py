@@ -288,8 +288,7 @@ class Watch:
         except KeyboardInterrupt:
             output.log("watch: interrupted")
             if self.collector is not None:  # the bundle so far is kept, and says it was cut short
-                self.collector.status = "interrupted"
-                final = self.collector.write_summary()
+                final = self.collector.interrupt()
             elif final is None:
                 final = self._nothing("interrupted before any incident")
             final.update(exit_code=int(ExitCode.INTERRUPTED), status="interrupted")
