@@ -193,7 +193,7 @@ def printflock(
         raise TypeError("sep and end must be None or a string")
     write = out.write  # looked up before any str(), as print does: AttributeError for a bad file
     text = (" " if sep is None else sep).join(str(a) for a in args) + ("\n" if end is None else end)
-    if prefix if prefix is not None else os.environ.get(ENV_PREFIX, "") not in ("", "0"):
+    if prefix if prefix is not None else _env_prefix():
         label = rank_label() + " "
         text = "".join(label + line for line in text.splitlines(keepends=True))
     with _LOCK.held(lock_path or default_lock_path(), _timeout()):
@@ -206,6 +206,12 @@ def printflock(
 
 
 DEFAULT_TIMEOUT = 60.0
+_TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")  # what `--json`'s MLDEBUG_JSON reads as on (click's words)
+
+
+def _env_prefix() -> bool:
+    """MLDEBUG_PRINTFLOCK_PREFIX read as mldebug reads its other switches: `false`, `no`, `off` are off."""
+    return os.environ.get(ENV_PREFIX, "").strip().lower() in _TRUE_WORDS
 
 
 def _timeout() -> float:

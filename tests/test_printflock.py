@@ -104,6 +104,13 @@ def test_prefix_labels_every_line(capsys: pytest.CaptureFixture[str], monkeypatc
     monkeypatch.setenv("MLDEBUG_PRINTFLOCK_PREFIX", "1")
     printflock("three")
     assert capsys.readouterr().out.endswith(":7] three\n")
+    # the words MLDEBUG_JSON takes: `false`/`no`/`off` are off (they turned the prefix on)
+    for word, on in (("true", True), ("Yes", True), ("on", True), ("false", False), ("no", False),
+                     ("OFF", False), ("0", False), ("", False)):
+        monkeypatch.setenv("MLDEBUG_PRINTFLOCK_PREFIX", word)
+        printflock("four")
+        out = capsys.readouterr().out
+        assert (out.endswith(":7] four\n") if on else out == "four\n"), (word, out)
 
 
 def test_module_is_callable_and_imports_nothing_heavy():
