@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -154,6 +155,8 @@ def test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keep
     try:
         wait_until(lambda: "sample 2/8 taken" in err2.read_text() and w2.poll() is None, 120,
                    "two stack samples of the bundle")
+        w2.send_signal(signal.SIGINT)
+        time.sleep(0.01)  # a second SIGINT 10 ms later, as `timeout -s INT` sends to the group: not a sync
         w2.send_signal(signal.SIGINT)
         stdout, _ = w2.communicate(timeout=60)
     finally:

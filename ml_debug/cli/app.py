@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from typing import Annotated
@@ -153,4 +154,9 @@ def run(argv: list[str] | None = None) -> int:
 def main() -> None:
     from ml_debug.cli.worker import exit_cli
 
-    exit_cli(run())
+    code = run()
+    if code == ExitCode.INTERRUPTED:
+        # Ctrl-C has been answered; a second one (`timeout -s INT` signals the process and its group)
+        # must not break Python's exit, which joins worker threads, into a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_cli(code)
