@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ml_debug.core.options import argument, option
+from ml_debug.core.options import argument, option, parse_out_dir
 from ml_debug.remote.options import TargetOptions
 
 HELP = """Run a command on every target and show each node's output, prefixed [host].
@@ -34,7 +34,7 @@ class ExecOptions:
     group: bool = option(False, flags=("--group", "-g"),
                          help="Group nodes with identical output (like dshbak -c) instead of printing lines as they "
                               "arrive.")
-    out_dir: Path | None = option(None, file_okay=False,
+    out_dir: Path | None = option(None, parse=parse_out_dir,
                                   help="Also write each node's output here as it arrives.")
 
 

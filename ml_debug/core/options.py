@@ -180,11 +180,14 @@ def strip_optional(tp: Any) -> Any:
 
 def parse_out_dir(word: str) -> Path:
     """--out-dir: a directory; an empty word (an unset shell variable) would write into the current one."""
-    if not word.strip():
-        from ml_debug.core.errors import UsageError
+    from ml_debug.core.errors import UsageError
 
+    if not word.strip():
         raise UsageError("--out-dir is empty", "give a directory (made when missing), e.g. --out-dir results/")
-    return Path(word)
+    path = Path(word)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out-dir {word} is not a directory", "name a directory (made when missing)")
+    return path
 
 
 def output_file(flag: str, path: str | os.PathLike[str]) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ml_debug.core.errors import UsageError
-from ml_debug.core.options import option
+from ml_debug.core.options import option, parse_out_dir
 
 SLURM = "Slurm"
 
@@ -36,7 +36,7 @@ class DrillOptions:
     seed: int | None = option(None, metavar="S",
                               help="Seed for the injected rank and step of each drill (default: a random seed, "
                                    "printed so that a run can be repeated).")
-    out_dir: Path | None = option(None, file_okay=False, metavar="DIR",
+    out_dir: Path | None = option(None, parse=parse_out_dir, metavar="DIR",
                                   help="Where each drill keeps its evidence (job logs, the diagnosis' JSON) "
                                        "(default: ./mldebug-drill-<time>/).")
     slurm_partition: str | None = option(None, metavar="P", panel=SLURM,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ml_debug.core.options import option
+from ml_debug.core.options import option, parse_out_dir
 from ml_debug.dist.options import backend_option, device_option
 
 
@@ -23,7 +23,7 @@ class GpuTestConfig:
                                 "or link (CPU: the same over rank slots).")
     backend: str = backend_option()
     device: str = device_option()
-    out_dir: Path | None = option(None, file_okay=False,
+    out_dir: Path | None = option(None, parse=parse_out_dir,
                                   help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
                                        "a crash.")
     report_to: Path | None = option(None, hidden=True, forward=False,

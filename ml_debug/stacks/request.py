@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ml_debug.core.options import option
+from ml_debug.core.options import option, parse_out_dir
 from ml_debug.procs.selectors import env_option, pattern_option, user_option
 
 SEL = "Which processes"
@@ -51,7 +51,7 @@ class DumpRequest:
                                                          "not only the main thread.")
     full: bool = option(False, forward=False,
                         help="Show every frame in the tree (long chains are shortened otherwise).")
-    out_dir: Path | None = option(None, file_okay=False, forward=False,
+    out_dir: Path | None = option(None, parse=parse_out_dir, forward=False,
                                   help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
                                        "a crash.")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ml_debug.core.errors import UsageError
-from ml_debug.core.options import option
+from ml_debug.core.options import option, parse_out_dir
 from ml_debug.procs.selectors import env_option, pattern_option, user_option
 
 WHICH = "Which job"
@@ -61,7 +61,7 @@ class WatchOptions:
         help="Run CMD after each incident's bundle is complete (split into words like a shell would, but not run "
              "by one), with MLDEBUG_INCIDENT=<bundle directory> in its environment: scancel, requeue, page.")
     out_dir: Path | None = option(
-        None, file_okay=False, panel=ACT,
+        None, parse=parse_out_dir, panel=ACT,
         help="Where the incident bundle goes (default: ./mldebug-incident-<job>-<time>/; with --keep-watching, "
              "one numbered subdirectory per incident).")
     samples: int = option(3, min=1, max=20, metavar="K", panel=ACT,
