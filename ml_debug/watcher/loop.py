@@ -302,8 +302,17 @@ class Watch:
     def _quiet(self, now: float) -> dict[str, Any]:
         silent = [n for n in self.tracker.nodes.values() if not n.answering]
         live = [r for r in self.tracker.ranks.values() if r.status != "exited"]
-        text = (f"no incident: {len(live)} rank(s) on {len({r.node for r in live})} node(s) made progress during "
-                f"{seconds(now - self.tracker.started)} of watching")
+        watched, where = now - self.tracker.started, f"{len(live)} rank(s) on {len({r.node for r in live})} node(s)"
+        idle = [r for r in live if r.last_progress <= r.first_seen]  # nothing seen move since it was found
+        if watched < self.tracker.grace:  # nobody was judged: say so, do not vouch for progress
+            text = (f"no verdict: {where} watched for {seconds(watched)}, inside the first {seconds(self.tracker.grace)} "
+                    "(--grace), when no rank is judged")
+        elif idle:
+            text = (f"no incident in {seconds(watched)} of watching {where}, but {len(idle)} showed no progress yet "
+                    f"({', '.join(r.label for r in idle[:8])}{', ...' if len(idle) > 8 else ''}), for less than "
+                    f"--stall {seconds(self.tracker.stall)}")
+        else:
+            text = f"no incident: {where} made progress during {seconds(watched)} of watching"
         if silent:
             text = (f"no incident, but {len(silent)} node(s) did not answer: "
                     + ", ".join(f"{n.label} ({n.error or 'silent'})" for n in silent))
