@@ -36,6 +36,7 @@ class Run:
     proc: subprocess.Popen[bytes]
     token: str
     stderr: Path
+    stdout: Path
 
     def processes(self) -> list[int]:
         """Every live process of this run (mldebug, its ranks, their children, remote agents)."""
@@ -71,15 +72,14 @@ def start(tmp_path: Path) -> Iterator:
 
     def _start(*args: str, env: dict[str, str] | None = None) -> Run:
         token = uuid.uuid4().hex[:12]
-        err = tmp_path / f"stderr-{token}"
+        err, out = tmp_path / f"stderr-{token}", tmp_path / f"stdout-{token}"
         full = {**os.environ, "OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160", **(env or {}), TOKEN_VAR: token}
         for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
             full.pop(var, None)
-        with open(err, "wb") as f:
+        with open(err, "wb") as f, open(out, "wb") as o:
             proc = subprocess.Popen([sys.executable, "-m", "ml_debug", *args], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=f, env=full, cwd=tmp_path,
-                                    start_new_session=True)
-        runs.append(Run(proc, token, err))
+                                    stdout=o, stderr=f, env=full, cwd=tmp_path, start_new_session=True)
+        runs.append(Run(proc, token, err, out))
         return runs[-1]
 
     yield _start
@@ -194,3 +194,31 @@ def test_exec_over_ssh_stops_the_remote_command_and_its_children(start, rig_ssh)
             wait_until(lambda: not remote(), 10, f"the remote commands to stop (left: {remote()})")
     finally:
         kill_pids(remote())
+
+
+@pytest.mark.rig
+@pytest.mark.parametrize("where", ["ssh", "local"])
+def test_exec_ctrl_c_keeps_what_each_node_printed(start, rig_ssh, tmp_path: Path, where: str) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C ends the command on every node, and the report (here --json) still holds what each one
+    printed until then, marked `interrupted`, exit 130. It printed nothing at all (--json, --group, --local)."""
+    import json
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hosts = ["--local"] if where == "local" else \
+        ["--hosts", f"{rig_ssh.hosts[0].name},{rig_ssh.hosts[1].name}", "--ssh-config", str(rig_ssh.ssh_config)]
+    seconds = f"900.{uuid.uuid4().int % 10**9:09d}"
+    run = start("--json", "exec", *hosts, "--timeout", "600", "--",
+                "sh", "-c", f'echo "out of $0"; echo "err of $0" >&2; mktemp -p {marks} >/dev/null; sleep {seconds}', "x")
+    wait_until(lambda: len(list(marks.iterdir())) == (1 if where == "local" else 2), 60, "every node to print")
+    run.ctrl_c()
+    _interrupted_cleanly(run)
+    result = json.loads(run.stdout.read_text())["result"]
+    assert not result["ok"] and result["counts"]["interrupted"] == len(result["nodes"]) >= 1, result
+    for node in result["nodes"]:
+        assert node["failure"] == "interrupted" and node["detail"].startswith("stopped by Ctrl-C"), node
+        assert node["stdout"] == "out of x\n" and node["stderr"].endswith("err of x\n"), node
+    left = lambda: [p for p in Path("/proc").iterdir()  # noqa: E731
+                    if p.name.isdigit() and _cmdline(int(p.name)) == f"sleep\0{seconds}\0".encode()]
+    if left():
+        wait_until(lambda: not left(), 10, "the commands to stop on every node")

@@ -151,9 +151,29 @@ def run(argv: list[str] | None = None) -> int:
         return ExitCode.PROBLEM
 
 
+SAME_CTRL_C_S = 1.0
+
+
+def _ctrl_c_once(_signum: int, _frame: object) -> None:
+    """Ctrl-C raises KeyboardInterrupt; a SIGINT within SAME_CTRL_C_S of it is the same Ctrl-C delivered
+    twice (`timeout -s INT` signals the process, then its group) and must not cut the answer to the
+    first one short (the partial report, the bundle's summary). A later Ctrl-C interrupts again."""
+    import time
+
+    now = time.monotonic()
+    last, _ctrl_c_last[0] = _ctrl_c_last[0], now
+    if now - last >= SAME_CTRL_C_S:
+        raise KeyboardInterrupt
+
+
+_ctrl_c_last = [-SAME_CTRL_C_S]
+
+
 def main() -> None:
     from ml_debug.cli.worker import exit_cli
 
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
+        signal.signal(signal.SIGINT, _ctrl_c_once)
     code = run()
     if code == ExitCode.INTERRUPTED:
         # Ctrl-C has been answered; a second one (`timeout -s INT` signals the process and its group)

@@ -48,6 +48,7 @@ def exec_command(opts: ExecOptions, targets: TargetOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
     from ml_debug.remote import execview
+    from ml_debug.remote.result import Interrupted
     from ml_debug.remote.runner import run_everywhere
 
     if not opts.command:
@@ -55,7 +56,10 @@ def exec_command(opts: ExecOptions, targets: TargetOptions) -> int:
     spec = targets.resolve()
     as_json = output.MODE.json
     stream = None if (as_json or opts.group) else execview.print_prefixed
-    results = run_everywhere(spec, opts.command, timeout_s=opts.timeout, out_dir=opts.out_dir, on_result=stream)
+    try:
+        results = run_everywhere(spec, opts.command, timeout_s=opts.timeout, out_dir=opts.out_dir, on_result=stream)
+    except Interrupted as e:  # Ctrl-C: the report of what each node did and printed until then
+        results = e.results
     report = execview.build_report(spec, opts.command, results)
     if as_json:
         output.emit("mldebug.exec", 1, report)

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from ml_debug.core.errors import ExitCode
 from ml_debug.remote.hostlist import compress_hostlist
-from ml_debug.remote.result import NOT_REACHED, NodeResult
+from ml_debug.remote.result import INTERRUPTED, NOT_REACHED, NodeResult
 from ml_debug.remote.targets import TargetSpec
 
-REASONS = ("command failed", "unreachable", "auth failed", "host key mismatch", "timed out")
+REASONS = ("command failed", "unreachable", "auth failed", "host key mismatch", "timed out", "interrupted")
 
 
 @dataclass
@@ -51,7 +51,9 @@ def build_report(spec: TargetSpec, command: Sequence[str], results: Sequence[Nod
 
 
 def exit_code(results: Sequence[NodeResult]) -> int:
-    """4 when some node never answered, else 1 when a command failed, else 0."""
+    """130 after Ctrl-C, else 4 when some node never answered, else 1 when a command failed, else 0."""
+    if any(r.failure == INTERRUPTED for r in results):
+        return ExitCode.INTERRUPTED
     if any(r.failure in NOT_REACHED for r in results):
         return ExitCode.PARTIAL
     return ExitCode.PROBLEM if any(r.failure for r in results) else ExitCode.OK

@@ -8,7 +8,16 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from ml_debug.remote.result import TIMED_OUT, UNREACHABLE, NodeResult, decode, failed, finished
+from ml_debug.remote.result import (
+    INTERRUPTED,
+    TIMED_OUT,
+    UNREACHABLE,
+    Interrupted,
+    NodeResult,
+    decode,
+    failed,
+    finished,
+)
 from ml_debug.remote.targets import Target
 
 
@@ -36,6 +45,14 @@ def run_process(label: str, argv: list[str], timeout_s: float,
         out, err = proc.communicate()
         return failed(label, TIMED_OUT, f"still running after {timeout_s:g} s; killed",
                       time.monotonic() - t0, stdout=decode(out), stderr=decode(err))
+    except KeyboardInterrupt:  # stop it, and keep what it printed
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=5)  # what the pipes still hold (a process outside the group may hold them)
+        except subprocess.TimeoutExpired as e:
+            out, err = e.output or b"", e.stderr or b""
+        raise Interrupted([failed(label, INTERRUPTED, "stopped by Ctrl-C", time.monotonic() - t0,
+                                  stdout=decode(out), stderr=decode(err))]) from None
     except BaseException:
         _kill_group(proc)
         proc.wait()

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Failure = Literal["unreachable", "auth failed", "host key mismatch", "timed out", "command failed"]
+Failure = Literal["unreachable", "auth failed", "host key mismatch", "timed out", "command failed", "interrupted"]
 
 UNREACHABLE: Failure = "unreachable"
 AUTH_FAILED: Failure = "auth failed"
 HOST_KEY_MISMATCH: Failure = "host key mismatch"
 TIMED_OUT: Failure = "timed out"
 COMMAND_FAILED: Failure = "command failed"
+INTERRUPTED: Failure = "interrupted"  # Ctrl-C here while it ran: what it printed until then is kept
 
 # Failures that mean "this node never answered": they make a run partial (exit 4).
 NOT_REACHED: frozenset[str] = frozenset({UNREACHABLE, AUTH_FAILED, HOST_KEY_MISMATCH, TIMED_OUT})
@@ -45,6 +48,23 @@ def failed(host: str, failure: Failure, detail: str, duration_s: float, *,
            stdout: str = "", stderr: str = "", exit_code: int | None = None) -> NodeResult:
     return NodeResult(host=host, exit_code=exit_code, stdout=stdout, stderr=stderr,
                       duration_s=round(duration_s, 4), failure=failure, detail=detail)
+
+
+def cut_short(r: NodeResult) -> NodeResult:
+    """`r` as the result of a run that Ctrl-C ended (its output and status kept, the reason said)."""
+    if r.failure == INTERRUPTED:
+        return r
+    was = r.detail or (f"exit status {r.exit_code}" if r.exit_code is not None else "")
+    return dataclasses.replace(r, failure=INTERRUPTED, detail="stopped by Ctrl-C" + (f"; {was}" if was else ""))
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run on many nodes; ``results`` holds every target's result, in target order:
+    those that finished, and the others cut short (failure ``interrupted``, with what they printed)."""
+
+    def __init__(self, results: Sequence[NodeResult]) -> None:
+        super().__init__()
+        self.results = list(results)
 
 
 def finished(host: str, exit_code: int, stdout: str, stderr: str, duration_s: float) -> NodeResult:

@@ -27,8 +27,11 @@ from typing import Any
 from ml_debug import __version__
 from ml_debug.remote.result import (
     COMMAND_FAILED,
+    INTERRUPTED,
     NOT_REACHED,
+    Interrupted,
     NodeResult,
+    failed,
 )
 from ml_debug.remote.targets import TargetSpec
 
@@ -91,23 +94,31 @@ def run_everywhere(
                 on_result(result)
 
     targets = spec.targets
-    if spec.kind == "local":
-        from ml_debug.remote.local import run_local
+    try:
+        if spec.kind == "local":
+            from ml_debug.remote.local import run_local
 
+            for t in targets:
+                run_local(t, script, timeout_s, deliver)
+        elif spec.kind == "ssh":
+            from ml_debug.remote.ssh import run_ssh
+
+            run_ssh(targets, spec, script, timeout_s, connect_timeout_s, max_parallel, deliver, pool=pool)
+        elif spec.kind == "slurm":
+            from ml_debug.remote.slurm import run_slurm
+
+            if not spec.slurm_job:
+                raise ValueError("a slurm TargetSpec needs slurm_job")
+            run_slurm(targets, spec.slurm_job, script, timeout_s, spec.slurm_gres_gpu, deliver)
+        else:
+            raise ValueError(f"unknown target kind {spec.kind!r}")
+    except KeyboardInterrupt as e:  # Ctrl-C: every target's result so far, the running ones cut short
+        for r in getattr(e, "results", ()):
+            deliver(r)
         for t in targets:
-            run_local(t, script, timeout_s, deliver)
-    elif spec.kind == "ssh":
-        from ml_debug.remote.ssh import run_ssh
-
-        run_ssh(targets, spec, script, timeout_s, connect_timeout_s, max_parallel, deliver, pool=pool)
-    elif spec.kind == "slurm":
-        from ml_debug.remote.slurm import run_slurm
-
-        if not spec.slurm_job:
-            raise ValueError("a slurm TargetSpec needs slurm_job")
-        run_slurm(targets, spec.slurm_job, script, timeout_s, spec.slurm_gres_gpu, deliver)
-    else:
-        raise ValueError(f"unknown target kind {spec.kind!r}")
+            if t.label not in results:
+                deliver(failed(t.label, INTERRUPTED, "Ctrl-C before it started", 0.0))
+        raise Interrupted([results[t.label] for t in targets]) from None
     return [results[t.label] for t in targets if t.label in results]
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ml_debug.core import bounded
 from ml_debug.core.errors import EnvironmentProblem, UsageError
 from ml_debug.remote.hostlist import expand_hostlist
-from ml_debug.remote.result import TIMED_OUT, UNREACHABLE, NodeResult, decode, failed, finished
+from ml_debug.remote.result import INTERRUPTED, TIMED_OUT, UNREACHABLE, NodeResult, decode, failed, finished
 from ml_debug.remote.targets import Target
 
 QUERY_TIMEOUT_S = 20.0
@@ -166,11 +166,13 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
                threading.Thread(target=reader, args=(proc.stderr, True), daemon=True)]
     for r in readers:
         r.start()
-    timed_out = False
+    timed_out = interrupted = False
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
+    except KeyboardInterrupt:  # the step is cancelled below; what each task printed is kept
+        interrupted = True
     finally:
         if proc.poll() is None:
             _stop_srun(proc)
@@ -185,7 +187,10 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
                 continue
             out = _join(task.out) if task else ""
             err = _join(task.err) if task else ""
-            if timed_out:
+            if interrupted:
+                deliver(failed(node, INTERRUPTED, "stopped by Ctrl-C" if task else "Ctrl-C before it started",
+                               elapsed, stdout=out, stderr=err))
+            elif timed_out:
                 why = f"still running after {timeout_s:g} s; step cancelled"
                 if task is None and srun_errors:  # never started: say what srun was waiting for
                     why = f"the step did not start within {timeout_s:g} s: {srun_errors[-1].removeprefix('srun: ')}"
@@ -195,6 +200,8 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
                     or "; ".join(e.removeprefix("srun: error: ") for e in srun_errors[-3:]) \
                     or f"srun exited with status {proc.returncode} before this node reported"
                 deliver(failed(node, UNREACHABLE, why, elapsed, stdout=out, stderr=err))
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def _stop_srun(proc: subprocess.Popen[bytes]) -> None:

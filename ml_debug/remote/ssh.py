@@ -35,11 +35,14 @@ from typing import TYPE_CHECKING, Any
 from ml_debug.remote.result import (
     AUTH_FAILED,
     HOST_KEY_MISMATCH,
+    INTERRUPTED,
     MAX_OUTPUT_BYTES,
     TIMED_OUT,
     UNREACHABLE,
     Failure,
+    Interrupted,
     NodeResult,
+    cut_short,
     decode,
     failed,
     finished,
@@ -82,6 +85,19 @@ class Endpoint:
         return f"{self.hostname}:{self.port}"
 
 
+@dataclass
+class _Session:
+    """A command under way on one target: its channel, start and output so far."""
+
+    chan: Any
+    t0: float
+    out: bytearray
+    err: bytearray
+
+
+INTERRUPT_GRACE_S = 3.0  # after Ctrl-C: how long the far sides get to stop and send their last output
+
+
 class SshPool:
     """Connections for one run: resolve through the ssh config, connect once per endpoint."""
 
@@ -114,6 +130,7 @@ class SshPool:
         self._jump_clients: dict[tuple[Endpoint, ...], paramiko.SSHClient] = {}
         self._jump_locks: dict[tuple[Endpoint, ...], threading.Lock] = {}
         self._guard = threading.Lock()
+        self._running: dict[str, _Session] = {}  # label -> the session of a command under way
         self._user = getpass.getuser()
         _raise_fd_limit()
 
@@ -278,6 +295,24 @@ class SshPool:
                 pass
 
     # -- running ------------------------------------------------------------------------------
+    def end_sessions(self) -> None:
+        """Ctrl-C: close the stdin of every command under way; the far side stops it (remote_deadline)
+        and its last output and exit status still come back."""
+        with self._guard:
+            sessions = list(self._running.values())
+        for s in sessions:
+            try:
+                s.chan.shutdown_write()
+            except Exception:  # a session closing by itself meanwhile
+                pass
+
+    def cut_short(self) -> list[NodeResult]:
+        """The commands still under way, as results with what they printed so far."""
+        with self._guard:
+            running = list(self._running.items())
+        return [failed(label, INTERRUPTED, "stopped by Ctrl-C", time.monotonic() - s.t0,
+                       stdout=decode(bytes(s.out)), stderr=decode(bytes(s.err))) for label, s in running]
+
     def run(self, target: Target, script: str, timeout_s: float) -> NodeResult:
         """Connect (or reuse), run the script, collect output until exit or the deadline."""
         label = target.label
@@ -293,6 +328,8 @@ class SshPool:
             return failed(label, UNREACHABLE, f"{target.label}: cannot open a session: {e}", time.monotonic() - t0)
         deadline = time.monotonic() + timeout_s
         out, err = bytearray(), bytearray()
+        with self._guard:
+            self._running[label] = _Session(chan, t0, out, err)
         try:
             while True:
                 got = False
@@ -323,6 +360,8 @@ class SshPool:
                               time.monotonic() - t0, stdout=decode(bytes(out)), stderr=decode(bytes(err)))
             status = chan.recv_exit_status()
         finally:
+            with self._guard:
+                self._running.pop(label, None)
             chan.close()
         if status == -1:  # the server sent no status: the command died of a signal
             return failed(label, "command failed", "killed by a signal (no exit status)", time.monotonic() - t0,
@@ -387,23 +426,36 @@ def run_ssh(targets: list[Target], spec: TargetSpec, script: str, timeout_s: flo
             connect_timeout_s: float, max_parallel: int, deliver: Callable[[NodeResult], None],
             pool: SshPool | None = None) -> None:
     """Run on every target with at most ``max_parallel`` at once; deliver results as they come."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     own = pool is None
     pool = pool or SshPool(spec, connect_timeout_s)
     executor = ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(targets))),
                                   thread_name_prefix="mldebug-ssh")
+    stopping = threading.Event()
     try:
         def one(t: Target) -> None:
             try:
-                deliver(pool.run(t, script, timeout_s))
+                r = pool.run(t, script, timeout_s)
+                deliver(cut_short(r) if stopping.is_set() else r)
             finally:
                 if own:  # a one-off run keeps no socket open past its target: fds for 1000s of hosts
                     pool.release(t)
 
         futures = [executor.submit(one, t) for t in targets]
-        for f in futures:
-            f.result()
+        try:
+            for f in futures:
+                f.result()
+        except KeyboardInterrupt:  # the commands under way stop there; what they printed is kept
+            stopping.set()
+            for f in futures:
+                f.cancel()  # those not started yet never start
+            pool.end_sessions()
+            try:
+                wait(futures, timeout=INTERRUPT_GRACE_S)
+            except KeyboardInterrupt:  # a second Ctrl-C: no more waiting
+                pass
+            raise Interrupted(pool.cut_short()) from None
     finally:
         # On Ctrl-C: do not start what is queued; open connections are closed below, which ends
         # the sessions still running.
