@@ -109,3 +109,19 @@ def test_library_errors_become_one_line_with_their_exit_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 3
     assert out.stderr == "mldebug: error: py-spy is not installed\nhint: pip install py-spy\n"
+
+
+
+@pytest.mark.parametrize(("word", "said"), [("", "--out-dir is empty"), ("/etc/hostname", "is not a directory")])
+def test_every_out_dir_refuses_an_empty_word_and_a_file(word: str, said: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An unset shell variable (`--out-dir "$OUT"`) wrote exec's and watch's files into the current
+    directory (gpu-test's, dump-stacks' and drill's too): every command's --out-dir refuses it, before any work."""
+    taking = [c for c in _commands() if "--out-dir" in mldebug(c, "--help", timeout=60).stdout]
+    assert {"check", "health", "dump-stacks", "gpu-test", "watch", "exec", "drill", "trace"} <= set(taking), taking
+    for name in taking:
+        args = [name, "--out-dir", word] + {"exec": ["--", "true"], "trace": [__file__]}.get(name, [])
+        proc = subprocess.run([sys.executable, "-m", "ml_debug", *args], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 2, (name, proc.stderr)
+        assert proc.stderr.startswith("mldebug: error: ") and said in proc.stderr.splitlines()[0], (name, proc.stderr)
+        assert list(tmp_path.iterdir()) == [], name

@@ -353,7 +353,7 @@ def test_trace_tail_refuses_a_symlinked_or_fifo_trace_file(area: Path) -> None:
     os.chown(traces, nobody.pw_uid, nobody.pw_gid)
     script = (f"import os\n"
               f"for r in (0, 1):\n"
-              f"    open('{traces}/trace-h-%d-10%d.txt' % (r, r), 'w').write('0:00:01.000 train.py:5: step()\\n')\n"
+              f"    open('{traces}/trace-h-%d-10%d.txt' % (r, r), 'w').write('# nicertrace pid=10%d host=h rank=%d mode=stream\\n0:00:01.000 train.py:5: step()\\n' % (r, r))\n"
               f"os.symlink('{victim.path}', '{traces}/trace-h-2-102.txt')\n"
               f"os.mkfifo('{traces}/trace-h-3-103.txt')\n")
     subprocess.run([RUNUSER, "-u", "nobody", "--", SYSTEM_PYTHON, "-c", script], check=True, timeout=30)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ml_debug.core.options import argument, option
+from ml_debug.core.options import argument, option, parse_out_dir
 from ml_debug.tracing.options import MAX_RING
 
 if TYPE_CHECKING:
@@ -25,11 +25,14 @@ TRACE_HELP = """Run a program and log every call and line of your code to one fi
 When a rank stops responding and py-spy cannot attach, its trace file still says what it did
 last. Read them together with `mldebug trace-tail DIR`.
 
+Options of `mldebug trace` come first: everything after the script (or -m MODULE) goes to the
+program.
+
 Exit codes: the program's own exit code (128+N when a signal ended it); 2 bad options."""
 
 TRACE_EXAMPLES = (
     "mldebug trace -- train.py --lr 1e-3",
-    "mldebug trace -m mypkg.train --ring 10000 --idle-dump 60",
+    "mldebug trace --ring 10000 --idle-dump 60 -m mypkg.train --epochs 1",
     "torchrun --nproc-per-node 8 --no-python mldebug trace -o traces -- train.py",
 )
 
@@ -37,8 +40,11 @@ TAIL_HELP = """The last lines of every trace file, grouped by identical endings:
 
 Time stamps, pids and addresses are ignored when comparing.
 
-Exit codes: 0 every file ends the same way; 1 they differ (the odd group is named); 2 no trace file
-is found."""
+Files that are not trace files (no `# nicertrace` header, or not named trace-HOST-RANK-PID.txt) are
+skipped, with the reason.
+
+Exit codes: 0 every file ends the same way; 1 they differ (the odd group is named); 2 no usable
+trace file is found."""
 
 TAIL_EXAMPLES = (
     "mldebug trace-tail traces/",
@@ -58,8 +64,9 @@ class TraceOptions:
     """The options of `mldebug trace`."""
 
     target: list[str] = argument(
-        metavar="PROGRAM", help="The script and its arguments (or, with -m, the module and its arguments). Put -- "
-                                "before them when an argument starts with a dash.")
+        metavar="PROGRAM", help="The script and its arguments (or, with -m, the module and its arguments): "
+                                "everything from here on goes to the program, so give mldebug trace's options "
+                                "before it. Put -- before the script when its name starts with a dash.")
     module: bool = option(False, flags=("-m", "--module"), help="Run a module, like python -m.")
     include: list[str] = option(
         flags=("--include", "-i"), default_factory=list, metavar="PKG",
@@ -67,7 +74,7 @@ class TraceOptions:
              "site-packages and the standard library) is always traced.")
     everything: bool = option(False, help="Trace all code, the standard library and site-packages included "
                                           "(slow, big).")
-    out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), envvar="MLDEBUG_TRACE_DIR", file_okay=False,
+    out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), envvar="MLDEBUG_TRACE_DIR", parse=parse_out_dir,
                            help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child).")
     ring: int | None = option(None, min=1, max=MAX_RING, metavar="N",
                               help="Keep only the last N events per thread in memory; write them at exit, on "

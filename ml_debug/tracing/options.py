@@ -15,6 +15,8 @@ from typing import Any
 BACKENDS = ("auto", "settrace", "monitoring")
 LINE_FORMATS = ("nicer", "seed")
 MAX_RING = 10_000_000  # events per thread: about 1 GB of memory per traced thread at the most
+# No handler can be installed for these: as a dump signal, one would silently dump nothing.
+UNCATCHABLE = frozenset(getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n))
 
 
 def _normalise_packages(packages: Any) -> tuple[str, ...] | None:
@@ -119,6 +121,9 @@ class TraceOptions:
                 raise ValueError(f"dump_signals: expected signals, None or 'default', not {signals!r}")
             signals = (signal.SIGTERM, signal.SIGUSR1) if ring else ()
         set_(self, "dump_signals", tuple(signal.Signals(s) for s in (signals or ())))
+        for sig in self.signals:
+            if sig in UNCATCHABLE:
+                raise ValueError(f"dump_signals: {sig.name} cannot be caught, so it cannot trigger a dump")
         set_(self, "out_dir", os.fspath(self.out_dir) if self.out_dir is not None else None)
 
     @property

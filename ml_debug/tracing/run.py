@@ -22,6 +22,22 @@ class TraceRun:
     trace_file: str | None
 
 
+# NicerTrace's parameters that `mldebug trace` options set: the option to name in an error, and a hint.
+_OPTION_OF = {
+    "packages_to_include": ("--include", "give top-level package names, e.g. --include torch or -i torch,numpy"),
+    "dump_signals": ("--dump-signal", "use a signal that can be caught, e.g. TERM, USR1 or USR2"),
+}
+
+
+def _usage_error(message: str) -> UsageError:
+    """NicerTrace's error about a parameter, worded with the `mldebug trace` option that set it."""
+    param, sep, rest = message.partition(": ")
+    if sep and param in _OPTION_OF:
+        option, hint = _OPTION_OF[param]
+        return UsageError(f"{option}: {rest}", hint)
+    return UsageError(message, "see `mldebug trace --help`")
+
+
 def parse_signal(name: str) -> signal.Signals:
     """``TERM``, ``SIGTERM`` or ``15`` to a signal."""
     text = name.strip().upper()
@@ -30,7 +46,24 @@ def parse_signal(name: str) -> signal.Signals:
             return signal.Signals(int(text))
         return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
     except (KeyError, ValueError):
-        raise UsageError(f"unknown signal {name!r}", "use a name such as TERM, USR1, INT or HUP") from None
+        raise UsageError(f"--dump-signal: unknown signal {name!r}", "use a name such as TERM, USR1, INT or HUP") from None
+
+
+def _find_module(name: str) -> None:
+    """A usage error unless ``name`` can be run with ``-m``.
+
+    ``find_spec`` imports the parent packages of a dotted name and raises when one is missing
+    (or fails to import) instead of returning None."""
+    hint = "is it installed in this Python, in the current directory, or on PYTHONPATH?"
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError as e:
+        raise UsageError(f"no module named {e.name or name!r} (for -m {name})", hint) from None
+    except Exception as e:  # noqa: BLE001 (a parent package's own import error, as `python -m` reports it)
+        raise UsageError(f"cannot find module {name!r}: {type(e).__name__}: {e}",
+                         "fix the package's import error; run it with python -m to see the traceback") from None
+    if spec is None:
+        raise UsageError(f"no module named {name!r}", hint)
 
 
 def _user_traceback(exc: BaseException, skip_files: set[str]) -> None:
@@ -64,7 +97,7 @@ def run_traced(target: list[str], *, module: bool = False, include: list[str] | 
                             out_dir=out_dir, ring=ring, idle_dump=idle_dump, line_format=line_format,
                             dump_signals="default" if signals is None else signals)
     except (TypeError, ValueError) as e:
-        raise UsageError(str(e), "see `mldebug trace --help`") from None
+        raise _usage_error(str(e)) from None
 
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -76,10 +109,9 @@ def run_traced(target: list[str], *, module: bool = False, include: list[str] | 
     name, args = target[0], target[1:]
     func: Callable[..., Any]
     if module:
-        if importlib.util.find_spec(name) is None:
-            raise UsageError(f"no module named {name!r}", "is it installed in this Python, or on PYTHONPATH?")
+        sys.path.insert(0, os.getcwd())  # before the look-up, as `python -m` finds modules here first
+        _find_module(name)
         sys.argv = [name, *args]  # run_module(alter_sys=True) puts the module's file in argv[0]
-        sys.path.insert(0, os.getcwd())
         func, fargs, fkw = runpy.run_module, (name,), {"run_name": "__main__", "alter_sys": True}
     else:
         if not os.path.isfile(name):

@@ -25,8 +25,13 @@ _PREFIX_RE = re.compile(r"^(?:\d+ (?=\d+:\d\d:\d\d |\s))?(?P<ts>\d+:\d\d:\d\d(?:
 _TS_RE = re.compile(r"^(?:\d+ (?=\d+:\d\d:\d\d ))?(\d+):(\d\d):(\d\d)(?:\.(\d+))? ")
 _ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
 _ANON_THREAD_RE = re.compile(r"^\{thread-\d+\} ")
+HEADER = "# nicertrace "  # the first line of every file NicerTrace writes (stream or ring dump)
 BLOCK = 1 << 16
 MAX_SCAN = 64 << 20  # bytes read backwards looking for main-thread lines before giving up
+
+
+class NotATraceFile(ValueError):
+    """A file that NicerTrace did not write (no header line); ``str(err)`` is the reason."""
 
 
 @dataclass
@@ -101,29 +106,39 @@ def _elapsed(line: str) -> float | None:
     return int(h) * 3600 + int(mi) * 60 + int(s) + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
-def _locate(paths: Iterable[str | os.PathLike[str]]) -> dict[Path, Path]:
-    """{path as shown: path to open} for the trace files among the given files and directories.
+def _locate(paths: Iterable[str | os.PathLike[str]]) -> tuple[dict[Path, Path], list[dict[str, str]]]:
+    """{path as shown: path to open} for the trace files among the given files and directories, and
+    the files found under a directory as ``trace-*.txt`` that are not named like one (skipped).
 
     A directory named here is resolved once (the operator chose it); below it no symbolic link to a
     directory is walked, and a symbolic link named like a trace file is kept so that reading it can
     refuse it with a reason."""
     found: dict[Path, Path] = {}
-    for p in map(Path, paths):
+    skipped: list[dict[str, str]] = []
+    for name in paths:
+        if not os.fspath(name):  # Path("") would be the current directory
+            raise UsageError("empty path ''", "give trace files, or the --out-dir that `mldebug trace` wrote to "
+                                              "(. for the current directory)")
+        p = Path(name)
         if p.is_dir():
             root = Path(os.path.realpath(p))
             for f in p.rglob("trace-*.txt"):
-                if FILE_RE.match(f.name) and (f.is_symlink() or not f.is_dir()):
+                if not f.is_symlink() and f.is_dir():
+                    continue
+                if FILE_RE.match(f.name):
                     found[f] = root / f.relative_to(p)
+                else:
+                    skipped.append({"path": str(f), "reason": f"{f} is not named trace-HOST-RANK-PID.txt: not read"})
         elif os.path.lexists(p):
             found[p] = Path(os.path.realpath(p.parent)) / p.name
         else:
             raise UsageError(f"no such file or directory: {p}", "give the --out-dir that `mldebug trace` wrote to")
-    return dict(sorted(found.items()))
+    return dict(sorted(found.items())), sorted(skipped, key=lambda s: s["path"])
 
 
 def find_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """Trace files among the given files and directories (searched recursively, like the seed's find)."""
-    return list(_locate(paths))
+    return list(_locate(paths)[0])
 
 
 def open_trace_file(path: Path, shown: Path | None = None) -> BinaryIO:
@@ -137,12 +152,15 @@ def open_trace_file(path: Path, shown: Path | None = None) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def _header(f: BinaryIO) -> dict[str, str]:
+def _header(f: BinaryIO, shown: Path) -> dict[str, str]:
+    """The header's fields (:class:`NotATraceFile` when the file does not start with one)."""
     f.seek(0)
     head = f.read(4096).decode("utf-8", "replace").splitlines()
+    if not head or not head[0].startswith(HEADER):
+        raise NotATraceFile(f"{shown} is not a trace file: its first line is not {HEADER.strip()!r}")
     info: dict[str, str] = {}
     for line in head[:2]:
-        if line.startswith("# nicertrace ") or line.startswith("# dump "):
+        if line.startswith(HEADER) or line.startswith("# dump "):
             for token in line[2:].split(" "):
                 key, eq, value = token.partition("=")
                 if eq and key not in info:
@@ -187,12 +205,13 @@ def _grep_count(f: BinaryIO, pattern: re.Pattern[str]) -> int:
 def read_trace_file(path: Path, n: int, all_threads: bool = False,
                     grep: re.Pattern[str] | None = None, now: float | None = None, real: Path | None = None
                     ) -> TraceFile:
-    """Parse one file: name parts, header, its last n event lines (:class:`Refused` if it is not one).
+    """Parse one file: name parts, header, its last n event lines (:class:`Refused` if it is not a
+    regular file, :class:`NotATraceFile` if NicerTrace did not write it).
 
     `real` is where to open it when `path` (as shown) has been resolved already."""
     m = FILE_RE.match(path.name)
     with open_trace_file(real or path, path) as f:
-        info = _header(f)
+        info = _header(f, path)
         tail = _last_lines(f, n, all_threads)
         size = os.fstat(f.fileno()).st_size
         grep_count = _grep_count(f, grep) if grep is not None else None
@@ -245,25 +264,27 @@ def tail_traces(paths: Iterable[str | os.PathLike[str]], lines: int = 5, grep: s
         except re.error as e:
             raise UsageError(f"bad --grep pattern {grep!r}: {e}", "it is a Python regular expression") from e
     names: list[str] = [str(os.fspath(p)) for p in paths] or ["."]
-    found = _locate(names)
-    if not found:
+    found, skipped = _locate(names)
+    if not found and not skipped:
         raise UsageError(f"no trace files (trace-HOST-RANK-PID.txt) under {', '.join(names)}",
                          "run the program with `mldebug trace --out-dir DIR -- script.py`, then point "
                          "trace-tail at DIR")
     now = time.time()
     read: list[TraceFile] = []
-    skipped: list[dict[str, str]] = []
     for p, real in found.items():
         try:
             read.append(read_trace_file(p, lines, all_threads, pattern, now, real))
         except Refused as e:
             skipped.append({"path": str(p), "reason": f"refused: {e}"})
+        except NotATraceFile as e:
+            skipped.append({"path": str(p), "reason": str(e)})
         except OSError as e:
-            skipped.append({"path": str(p), "reason": f"cannot read: {e.strerror or e}"})
+            skipped.append({"path": str(p), "reason": f"cannot read {p}: {e.strerror or e}"})
     if not read:
-        why = "; ".join(f"{s['reason']}" for s in skipped[:3])
-        raise UsageError(f"no readable trace files under {', '.join(names)}: {why}",
-                         "trace-tail reads regular files only, and follows no symbolic link")
+        why = "; ".join(f"{s['reason']}" for s in skipped[:3]) + (f" (+{len(skipped) - 3} more)" if len(skipped) > 3 else "")
+        raise UsageError(f"no usable trace files under {', '.join(names)}: {why}",
+                         "give the files or the --out-dir that `mldebug trace` wrote: regular files named "
+                         "trace-HOST-RANK-PID.txt that start with a '# nicertrace' line")
     files = sorted(read, key=_rank_key)
     by_ending: dict[tuple[str, ...], list[TraceFile]] = {}
     for f in files:
