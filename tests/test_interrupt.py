@@ -12,6 +12,7 @@ of tests/test_watch.py's hung-rank test, which is already running when that test
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, kill_pids, pids_with_env, require, wait_in_function, wait_until
+from tests.conftest import (
+    REPO,
+    kill_pids,
+    main_thread_functions,
+    pids_with_env,
+    require,
+    wait_in_function,
+    wait_until,
+)
 from tests.fakes import faults
 
 TOKEN_VAR = "MLDEBUG_TEST_JOB"
@@ -161,8 +170,20 @@ def test_dump_stacks_over_ssh(start, rig_ssh, rig_nodes, tmp_path: Path) -> None
 
         wait_until(lambda: agent() or run.proc.poll() is not None, 120, "the node's dump-stacks agent to start")
         assert agent(), run.stderr.read_text()[-3000:]
+
+        def between_samples() -> bool:  # sample 1 taken, waiting for sample 2 (not inside a round: `result`)
+            stacks = [main_thread_functions(p) or [] for p in agent()]
+            return any("_sample" in s and "result" not in s for s in stacks)
+
+        wait_until(between_samples, 60, "the agent to take its first sample", interval=0.1)
         run.ctrl_c()
         _interrupted_cleanly(run)
+        # the sample the node took is in the report: the agent heard the Ctrl-C (its session closed) and
+        # printed what it had (it was lost with the session)
+        result = json.loads(run.stdout.read_text())["result"]
+        assert result["interrupted"] is True and result["exit_code"] == 130, result["summary"]
+        assert [len(p["samples"]) for p in result["processes"]] == [1], result
+        assert result["processes"][0]["host"] == node.name
         # and on the node: the agent (and whatever it started) is gone too, not left to its deadline
         if agent():
             wait_until(lambda: not agent(), 20, f"the agent on {node.name} to stop (left: {agent()})")
@@ -201,7 +222,6 @@ def test_exec_over_ssh_stops_the_remote_command_and_its_children(start, rig_ssh)
 def test_exec_ctrl_c_keeps_what_each_node_printed(start, rig_ssh, tmp_path: Path, where: str) -> None:  # type: ignore[no-untyped-def]
     """Ctrl-C ends the command on every node, and the report (here --json) still holds what each one
     printed until then, marked `interrupted`, exit 130. It printed nothing at all (--json, --group, --local)."""
-    import json
 
     marks = tmp_path / "marks"
     marks.mkdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Failure = Literal["unreachable", "auth failed", "host key mismatch", "timed out", "command failed", "interrupted"]
 
@@ -60,9 +60,10 @@ def cut_short(r: NodeResult) -> NodeResult:
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a run on many nodes; ``results`` holds every target's result, in target order:
-    those that finished, and the others cut short (failure ``interrupted``, with what they printed)."""
+    those that finished, and the others cut short (failure ``interrupted``, with what they printed).
+    (:func:`ml_debug.remote.runner.run_mldebug_everywhere` puts its parsed ``AgentResult``s there.)"""
 
-    def __init__(self, results: Sequence[NodeResult]) -> None:
+    def __init__(self, results: Sequence[Any]) -> None:
         super().__init__()
         self.results = list(results)
 

@@ -225,9 +225,12 @@ def run_mldebug_everywhere(
     else:
         script = agent_script(mldebug_args, spec, add_local)
     wrap = (lambda r: on_result(to_agent_result(r, local=spec.kind == "local"))) if on_result else None
-    results = run_everywhere(spec, [], timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
-                             max_parallel=max_parallel, out_dir=out_dir, on_result=wrap, pool=pool,
-                             _script=script)
+    try:
+        results = run_everywhere(spec, [], timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
+                                 max_parallel=max_parallel, out_dir=out_dir, on_result=wrap, pool=pool,
+                                 _script=script)
+    except Interrupted as e:  # Ctrl-C: the documents the nodes printed as they stopped (see ssh.INTERRUPT_GRACE_S)
+        raise Interrupted([to_agent_result(r, local=spec.kind == "local") for r in e.results]) from None
     return [to_agent_result(r, local=spec.kind == "local") for r in results]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,7 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
                       notes=list(found.notes), ptrace=asdict(check))
     node.samples = {t.pid: [] for t in found.targets}
     uids = {t.pid: _uid(t.pid) for t in found.targets}
+    previous = _term_as_ctrl_c()
     try:
         _sample(node, found, tools, opts, check, uids, samples, interval, stop or threading.Event())
         if node.rounds < samples:  # `stop` was set
@@ -68,8 +70,24 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
             del dumps[node.rounds:]  # the round cut short
         node.interrupted = True
         node.notes.append(f"interrupted (Ctrl-C) after {node.rounds} of {samples} samples: those are kept")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     node.seconds = round(time.monotonic() - t0, 3)
     return node
+
+
+def _term_as_ctrl_c() -> Any:
+    """SIGTERM stops the samples like Ctrl-C (the rounds taken are kept and printed): it is how an
+    agent on another node hears that the Ctrl-C came (its session closed, see remote.ssh), and how
+    `kill` ends a long --samples run. The handler it replaced, or None off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def _sample(node: NodeResult, found: TargetSet, tools: Tools, opts: DumpOptions, check: PtraceCheck,

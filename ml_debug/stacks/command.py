@@ -93,16 +93,22 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
             safefs.write_out(out_dir, name, output.dumps(output.document(SCHEMA, SCHEMA_VERSION, result)) + "\n")
         return result
 
+    from ml_debug.remote.result import Interrupted
     from ml_debug.remote.runner import AgentResult, on_every_node
 
     if spec.kind == "slurm" and spec.slurm_job and "SLURM_JOB_ID" not in req.env_filter:
         # srun --overlap lands beside the job's tasks: keep only that job's processes on each node
         req = dataclasses.replace(req, env=[*req.env, ("SLURM_JOB_ID", spec.slurm_job)])
+
     def arrived(r: AgentResult) -> None:
         output.log(f"dump-stacks: {r.node.host}: " + (r.error or f"answered in {r.node.duration_s:.1f} s"))
 
     budget = req.node_budget()
-    results = on_every_node("dump-stacks", req, spec, timeout_s=budget, out_dir=out_dir, on_result=arrived)
+    interrupted = False
+    try:
+        results = on_every_node("dump-stacks", req, spec, timeout_s=budget, out_dir=out_dir, on_result=arrived)
+    except Interrupted as e:  # Ctrl-C: each node's agent stopped and printed the samples it had taken
+        results, interrupted = e.results, True
     reached = {r.node.host for r in results}
     nodes: list[NodeSummary] = []
     processes: list[ProcessSamples] = []
@@ -125,6 +131,10 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
         if t.label not in reached:
             nodes.append(failed_node(t.label, "no result (interrupted or not started)"))
     result = build_report(nodes, processes, _options(req), req.world_size, fr_records=fr_records)
+    if interrupted:
+        result = dataclasses.replace(result, ok=False, exit_code=ExitCode.INTERRUPTED, interrupted=True,
+                                     summary=f"{result.summary} (interrupted: the samples each node took before "
+                                             "Ctrl-C)")
     if out_dir is not None:
         note = safefs.planted(out_dir, "merged.json")
         if note:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from typing import Any
 
 from ml_debug.core import safefs
 from ml_debug.core.errors import EnvironmentProblem, ExitCode, UsageError
+from ml_debug.core.output import log, progress
 from ml_debug.core.safefs import Refused
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
 from ml_debug.stacks.elfcore import executable_of, is_core_fd, read_notes_fd, truncation
@@ -251,6 +254,11 @@ def _analyse_fd(path: Path, fd: int, st: os.stat_result, t0: float, timeout: flo
     report.pid, report.signal, report.cmdline = notes.pid, notes.signal_name, notes.psargs
     # gdb and pystack read the very file checked above, through our descriptor, not by its name
     core_file = f"/proc/{os.getpid()}/fd/{fd}"
+
+    def said(output: str) -> str:
+        """A tool's error, naming the core the way the operator did, not by our descriptor."""
+        return first_error_line(output).replace(core_file, str(path))
+
     exe = executable or executable_of(notes)
     report.executable = exe
     gdb, pystack = find_tool("gdb"), find_tool("pystack")
@@ -266,7 +274,7 @@ def _analyse_fd(path: Path, fd: int, st: os.stat_result, t0: float, timeout: flo
             if m:
                 report.signal = m.group(1)
         else:
-            errors.append("gdb: " + ("timed out" if run.timed_out else first_error_line(run.stderr or run.stdout)))
+            errors.append("gdb: " + ("timed out" if run.timed_out else said(run.stderr or run.stdout)))
     crashing = report.threads[0] if report.threads else None
     if pystack and (crashing is None or not crashing.python_frames()):
         argv = [pystack, "core", core_file, *([exe] if exe else []), "--native"]
@@ -282,7 +290,7 @@ def _analyse_fd(path: Path, fd: int, st: os.stat_result, t0: float, timeout: flo
             else:
                 report.ok, report.tool, report.threads = True, "pystack", py_threads
         elif run.rc != 0:
-            errors.append("pystack: " + first_error_line(run.stderr))
+            errors.append("pystack: " + said(run.stderr))
     if not gdb and not pystack:
         raise EnvironmentProblem("neither gdb nor pystack is installed: no way to read a core file",
                                  f"{INSTALL_HINTS['gdb']}; or {INSTALL_HINTS['pystack']}")
@@ -302,6 +310,45 @@ def _analyse_fd(path: Path, fd: int, st: os.stat_result, t0: float, timeout: flo
             "executable not found (pass --exe): symbols and Python frames may be missing"
     report.seconds = round(time.monotonic() - t0, 3)
     return report
+
+
+def read_cores(paths: list[Path], timeout: float = 120.0, executable: str | None = None
+               ) -> tuple[list[CoreReport], bool]:
+    """(reports, interrupted): :func:`analyse_core` for each core in turn, a line on stderr as each
+    of several is read.
+
+    Ctrl-C ends the reading: the cores read so far are kept (the second value is then True); with
+    none read, Ctrl-C propagates, as in dump-stacks' --samples. After that first Ctrl-C SIGINT is
+    ignored: `timeout -s INT` signals the process and then its group, and the second one came while
+    the cores read were being reported, and lost them."""
+    reports: list[CoreReport] = []
+    previous = _first_ctrl_c_only()
+    with progress(len(paths), "reading cores") as bar:
+        try:
+            for i, path in enumerate(paths, 1):
+                reports.append(analyse_core(path, timeout, executable))
+                bar.advance()
+                if len(paths) > 1:
+                    log(f"core-bt: core {i}/{len(paths)} read: {path} ({reports[-1].tool or 'not read'})")
+        except KeyboardInterrupt:
+            if not reports:
+                raise
+            return reports, True
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+    return reports, False
+
+
+def _first_ctrl_c_only() -> Any:
+    """SIGINT raises KeyboardInterrupt once, and is ignored from then on; the handler it replaces
+    (None where signals cannot be handled here: not the main thread)."""
+    def once(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # before anything else: no gap for a second one
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, once)
 
 
 def _names(frames: list[Frame], n: int = 12) -> tuple[str, ...]:
@@ -333,6 +380,7 @@ class CoreBtResult:
     notes: list[str]
     groups: list[CoreGroup]  # most common crash first
     cores: list[CoreReport]
+    interrupted: bool = False  # Ctrl-C stopped the reading: the cores read are the result (exit 130)
 
 
 def group_cores(reports: list[CoreReport]) -> list[CoreGroup]:
@@ -373,16 +421,23 @@ def core_summary(reports: list[CoreReport], groups: list[CoreGroup], search: Cor
     return f"crash: {head}{tail}"
 
 
-def core_bt_result(reports: list[CoreReport], search: CoreSearch) -> CoreBtResult:
+def core_bt_result(reports: list[CoreReport], search: CoreSearch, interrupted_of: int | None = None
+                   ) -> CoreBtResult:
     """Group the cores read and say what they show: exit 0 when none was found, 1 when every one was
-    read (crash backtraces shown), 4 when some could not be read."""
+    read (crash backtraces shown), 4 when some could not be read, 130 when Ctrl-C stopped the reading
+    (`interrupted_of`: the number of cores found) with these read."""
     groups = group_cores(reports)
-    if not reports:
+    summary, notes = core_summary(reports, groups, search), list(search.notes)
+    if interrupted_of is not None:
+        code = ExitCode.INTERRUPTED
+        summary += f" (interrupted after {len(reports)} of {interrupted_of} cores read)"
+        notes.append(f"interrupted (Ctrl-C) after {len(reports)} of {interrupted_of} cores: those read are shown")
+    elif not reports:
         code = ExitCode.OK
     elif any(not r.ok for r in reports):
         code = ExitCode.PARTIAL
     else:
         code = ExitCode.PROBLEM
-    return CoreBtResult(ok=not reports, summary=core_summary(reports, groups, search), exit_code=code,
-                        core_pattern=search.core_pattern, searched=search.globs, notes=search.notes, groups=groups,
-                        cores=reports)
+    return CoreBtResult(ok=not reports and interrupted_of is None, summary=summary, exit_code=code,
+                        core_pattern=search.core_pattern, searched=search.globs, notes=notes, groups=groups,
+                        cores=reports, interrupted=interrupted_of is not None)

@@ -63,21 +63,36 @@ def run_tool(argv: list[str], timeout: float, target_pid: int | None = None) -> 
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
+    except KeyboardInterrupt:  # the tool is in a session of its own, out of the terminal's Ctrl-C: stop it
+        proc.kill()
+        proc.communicate()
+        _resume(target_pid, before)
+        raise
     seconds = time.monotonic() - t0
-    if target_pid and before not in ("T", "t"):
-        after = process_state(target_pid)
-        if after in ("T", "t"):
-            try:
-                os.kill(target_pid, signal.SIGCONT)
-            except OSError:
-                pass
+    _resume(target_pid, before)
     return ToolRun(rc=None if timed_out else proc.returncode, stdout=out or "", stderr=err or "",
                    seconds=seconds, timed_out=timed_out)
 
 
+def _resume(target_pid: int | None, before: str | None) -> None:
+    """SIGCONT to a target that a stopped tracer left in state T (it was running before)."""
+    if target_pid and before not in ("T", "t") and process_state(target_pid) in ("T", "t"):
+        try:
+            os.kill(target_pid, signal.SIGCONT)
+        except OSError:
+            pass
+
+
 def first_error_line(stderr: str) -> str:
-    """The line that says what went wrong, without Rust/Python backtraces or emoji decoration."""
-    for raw in stderr.splitlines():
+    """The line that says what went wrong, without Rust/Python backtraces or emoji decoration.
+
+    A Python traceback (pystack's) says it after its frames: the exception line (`RuntimeError: ...`),
+    the first unindented line after the last `Traceback (most recent call last):`."""
+    lines = stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if starts:
+        lines = [line for line in lines[starts[-1] + 1:] if line.strip() and not line[0].isspace()] or lines
+    for raw in lines:
         line = raw.strip().strip("💀").strip()
         if not line or line.startswith(("Stack backtrace", "Caused by", "Traceback")):
             continue
