@@ -17,7 +17,7 @@ import pytest
 
 from ml_debug.top.options import TopOptions
 from ml_debug.top.outliers import far_from_median, find_outliers
-from ml_debug.top.progress import ProgressReader, last_step, rank_of_file
+from ml_debug.top.progress import ProgressReader, Source, last_step, rank_of_file
 from tests.conftest import REPO, mldebug, validate_schema, wait_until
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import healthy_gpu
@@ -78,7 +78,7 @@ def test_progress_step_from_json_lines_rate_from_history_and_rank_from_the_name(
     f = tmp_path / "rank-3.jsonl"
     f.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(5)) + '{"step": 99')  # half a line
     reader = ProgressReader([str(tmp_path / "rank-{rank}.jsonl")])
-    assert reader.paths_for([(3, 1), (4, 0)]) == {str(f): 3}
+    assert reader.paths_for([(3, 1), (4, 0)])[0] == {str(f): Source(str(tmp_path / "rank-{rank}.jsonl"), 3)}
     p = reader.read(str(f), now=100.0)
     assert (p.kind, p.step, p.rate()) == ("step", 4, None)
     with f.open("a") as out:
@@ -95,14 +95,17 @@ def test_progress_of_a_plain_log_counts_new_lines_and_a_fifo_is_refused_without_
     fifo = tmp_path / "rank-0.log"
     os.mkfifo(fifo)  # nobody writes to it: opening it for reading would block forever
     reader = ProgressReader([str(tmp_path / "*.log")])
-    assert reader.paths_for([]) == {str(fifo): 0, str(log): None}
+    assert reader.paths_for([]) == ({str(fifo): Source(str(tmp_path / "*.log"), 0),
+                                     str(log): Source(str(tmp_path / "*.log"), None)}, {})
     assert reader.read(str(log), now=10.0).lines == 0  # lines already there are history
     with log.open("a") as out:
         out.write("step done\n" * 30)
     p = reader.read(str(log), now=13.0)
     assert (p.kind, p.lines, p.rate()) == ("lines", 30, pytest.approx(10.0))
+    reader.read(str(fifo), now=10.0)
     refused = reader.read(str(fifo), now=13.0)
     assert refused.error == f"{fifo} is a FIFO, not a regular file: not opened"
+    assert refused.as_dict(13.0)["rate"] is None  # not read: no rate, not a rank stopped at 0.00 steps/s
 
 
 # ------------------------------------------------------------------------------- the agent

@@ -254,6 +254,30 @@ def test_options_refuse_what_cannot_work() -> None:
     assert incident_argv("sh -c 'echo $MLDEBUG_INCIDENT > f'") == ["sh", "-c", "echo $MLDEBUG_INCIDENT > f"]
 
 
+def test_options_refuse_now_with_keep_watching_and_a_straggler_factor_not_above_1() -> None:
+    """--now writes one bundle and exits, so --keep-watching beside it was silently ignored; a factor
+    F <= 1 calls every rank below the median (or above it) a straggler."""
+    with pytest.raises(UsageError, match="--keep-watching would be ignored"):
+        WatchOptions(now=True, keep_watching=True).validate(remote=False)
+    for factor in (0.5, 1.0):
+        with pytest.raises(UsageError, match=f"--straggler-factor {factor:g} is not above 1"):
+            WatchOptions(straggler_factor=factor).validate(remote=False)
+    WatchOptions(straggler_factor=0.0).validate(remote=False)  # never
+    WatchOptions(straggler_factor=1.5, now=True).validate(remote=False)
+
+
+def test_a_pid_that_does_not_exist_here_is_a_usage_error_at_once() -> None:
+    """It waited --grace (60 s) and exited 3; the pid is checked before anything starts, in dump-stacks'
+    words. A pid above the kernel's pid_max can never exist."""
+    from tests.conftest import mldebug
+
+    missing = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    proc = mldebug("watch", "--pid", "1", "--pid", str(missing), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"mldebug: error: --pid {missing}: no such process on this node\nhint: ")
+    assert proc.stdout == ""
+
+
 @pytest.mark.parametrize(("argv", "kind"), [
     (["/venv/bin/python3", "/venv/bin/mldebug", "train", "--nproc-per-node", "2"], "mldebug"),
     (["python", "-m", "ml_debug", "gpu-test", "--nproc-per-node=4"], "mldebug"),

@@ -61,7 +61,7 @@ def node_entry(feed: Any, now: float, grace_s: float, final: bool = False) -> di
         "nvml": s.get("nvml"),
         "gpus": list(s.get("gpus") or []),
         "ranks": list(s.get("ranks") or []),
-        "progress": list(s.get("progress") or []),
+        "progress": [*(s.get("progress") or []), *(s.get("progress_missing") or [])],  # with the "not found"
         "notes": list(s.get("notes") or []),
     }
 

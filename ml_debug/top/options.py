@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
 from ml_debug.procs.selectors import env_option, pattern_option, user_option
+from ml_debug.top.progress import parse_pattern
 
 WHAT = "What to show"
 WHICH = "Which processes"
@@ -44,10 +45,10 @@ class TopOptions:
     sort: str = option("node", metavar="KEY", panel=WHAT, forward=False, parse=parse_sort,
                        help=f"Order of the node rows: {', '.join(SORT_KEYS)} (key s cycles through them).")
     progress_files: list[str] = option(
-        flags=("--progress-file",), default_factory=list, metavar="PATTERN", panel=WHICH,
+        flags=("--progress-file",), default_factory=list, metavar="PATTERN", panel=WHICH, parse=parse_pattern,
         help="A file whose growth is the job's progress (repeatable; a glob on each node). {rank} stands for a "
-             "rank's number, e.g. 'run/metrics/rank-{rank}.jsonl' (mldebug train --metrics-dir). The step is the "
-             "'step' field of the last JSON line, else the count of new lines; its rate is shown per rank.")
+             "rank's number ({local_rank}: its local rank), e.g. 'run/metrics/rank-{rank}.jsonl' (mldebug train "
+             "--metrics-dir). The step is the 'step' field of the last JSON line, else the count of new lines; its rate is shown per rank.")
     pattern: str | None = pattern_option(WHICH, "Show")
     user: str | None = user_option(WHICH)
     env: list[tuple[str, str]] = env_option(WHICH, ". With --slurm-job, SLURM_JOB_ID is added for you.")

@@ -4,14 +4,17 @@ The rule (``--progress-file PATTERN``, repeatable):
 
 - PATTERN is a glob on each node. ``{rank}`` stands for each rank's global rank and
   ``{local_rank}`` for its local rank, so ``run/metrics/rank-{rank}.jsonl`` (the layout of
-  ``mldebug train --metrics-dir run/metrics``) gives every rank its own file.
+  ``mldebug train --metrics-dir run/metrics``) gives every rank its own file. Any other ``{...}``
+  is refused when the option is parsed: a misspelt placeholder would match no file, silently.
 - Without ``{rank}``, every file the glob finds is read; a file whose name holds ``rank-N``,
   ``rank_N`` or ``rankN`` belongs to rank N, any other file to the node.
 - Progress is the ``step`` field of the file's last complete JSON line; a file whose lines are not
   JSON with a ``step`` (a plain log) progresses by the number of lines added since mldebug started
   reading it.
 - The rate is the progress made over the last :data:`WINDOW_S` seconds (or over the time seen so
-  far, when shorter), per second.
+  far, when shorter), per second; a file that cannot be read has none (its ``error`` says why).
+- A pattern that names no file (for a rank, or at all) is reported as ``not found``, from the glob
+  that looked for it: no extra system call.
 
 Files are opened as files a job's owner controls (:func:`ml_debug.core.safefs.open_found`): never
 through a symbolic link at the last component, never a FIFO or a device, so a root agent cannot be
@@ -28,7 +31,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from ml_debug.core.errors import UsageError
 
 WINDOW_S = 10.0
 """Seconds of history a rate is measured over."""
@@ -40,6 +45,30 @@ MAX_READ_BYTES = 4 * 1024 * 1024
 """At most this much new text is read per file and sample; beyond it only whole lines are counted."""
 
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+PLACEHOLDERS = ("{rank}", "{local_rank}")
+BRACES = re.compile(r"\{[^{}]*\}")
+
+NOT_FOUND = "not found"
+"""The error of a file a pattern names that is not there."""
+
+
+def parse_pattern(word: str) -> str:
+    """``--progress-file PATTERN``: refuse a ``{...}`` that is no placeholder (``{rnk}``, ``{a,b}``: glob
+    has no braces), which would otherwise match no file and leave no trace."""
+    unknown = [m for m in BRACES.findall(word) if m not in PLACEHOLDERS]
+    if unknown:
+        raise UsageError(f"--progress-file {word!r}: {unknown[0]} is not a placeholder",
+                         "the placeholders are {rank} (a rank's global rank) and {local_rank} (its local "
+                         "rank), e.g. 'run/metrics/rank-{rank}.jsonl'; the rest is a glob (*, ?, [...])")
+    return word
+
+
+class Source(NamedTuple):
+    """Why a file is read: the pattern that names it and the rank it belongs to (None: the node's)."""
+
+    pattern: str
+    rank: int | None
 
 
 def rank_of_file(path: str) -> int | None:
@@ -98,7 +127,7 @@ class FileProgress:
         return max(0.0, (v1 - v0) / (t1 - t0))
 
     def as_dict(self, now_wall: float) -> dict[str, Any]:
-        rate = self.rate()
+        rate = None if self.error else self.rate()  # a file not read shows no progress, not a stop
         return {"path": self.path, "kind": self.kind, "step": self.step, "lines": self.lines,
                 "rate": None if rate is None else round(rate, 3),
                 "age_s": None if self.mtime is None else round(max(0.0, now_wall - self.mtime), 1),
@@ -113,9 +142,12 @@ class ProgressReader:
         self.window_s = window_s
         self.files: dict[str, FileProgress] = {}
 
-    def paths_for(self, ranks: Iterable[tuple[int | None, int | None]]) -> dict[str, int | None]:
-        """Every file the patterns name now -> the rank it belongs to (None: the node's)."""
-        out: dict[str, int | None] = {}
+    def paths_for(self, ranks: Iterable[tuple[int | None, int | None]]
+                  ) -> tuple[dict[str, Source], dict[str, Source]]:
+        """(every file the patterns name now, every file they name that is not there: a rank's, or a
+        whole pattern that matches nothing), each path -> its :class:`Source`."""
+        found: dict[str, Source] = {}
+        missing: dict[str, Source] = {}
         ranks = list(ranks)
         for pattern in self.patterns:
             if "{rank}" in pattern or "{local_rank}" in pattern:
@@ -123,12 +155,19 @@ class ProgressReader:
                     if rank is None or ("{local_rank}" in pattern and local is None):
                         continue
                     concrete = pattern.replace("{rank}", str(rank)).replace("{local_rank}", str(local))
-                    for path in sorted(glob.glob(concrete)):
-                        out.setdefault(path, rank)
+                    self._glob(concrete, Source(pattern, rank), found, missing)
             else:
-                for path in sorted(glob.glob(pattern)):
-                    out.setdefault(path, rank_of_file(path))
-        return out
+                self._glob(pattern, Source(pattern, None), found, missing)
+        return found, missing
+
+    @staticmethod
+    def _glob(pattern: str, source: Source, found: dict[str, Source], missing: dict[str, Source]) -> None:
+        paths = sorted(glob.glob(pattern))
+        if not paths:
+            missing.setdefault(pattern, source)
+        for path in paths:
+            rank = source.rank if source.rank is not None else rank_of_file(path)
+            found.setdefault(path, Source(source.pattern, rank))
 
     def read(self, path: str, now: float | None = None) -> FileProgress:
         """Bring one file up to date (new lines, last step, rate history)."""

@@ -23,7 +23,7 @@ from ml_debug.top.procstat import (
     read_node_counters,
     read_proc_sample,
 )
-from ml_debug.top.progress import ProgressReader
+from ml_debug.top.progress import NOT_FOUND, FileProgress, ProgressReader
 
 SAMPLE_SCHEMA = "mldebug.top.sample"
 SAMPLE_VERSION = 1
@@ -85,7 +85,8 @@ class NodeSampler:
             if s is not None:
                 self.cpu.percent(s, now)
         if self.progress.patterns:
-            for path in self.progress.paths_for((t.rank, t.local_rank) for t in self.targets):
+            found, _ = self.progress.paths_for((t.rank, t.local_rank) for t in self.targets)
+            for path in found:
                 self.progress.read(path, now)
 
     # -- rank processes -------------------------------------------------------------------------
@@ -126,23 +127,30 @@ class NodeSampler:
         self.cpu.forget_except({r["pid"] for r in rows})
         return rows
 
-    def _progress(self, rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    def _progress(self, rows: list[dict[str, Any]], now: float
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(the node's files: those of no rank, or of a rank that has one already; the files the patterns
+        name that are not there). A file not there is kept apart from the others: for watch, a rank
+        with a progress file is judged by that file alone, and a missing one must not make it stall."""
         if not self.progress.patterns:
-            return []
+            return [], []
         wall = time.time()
-        paths = self.progress.paths_for((r["rank"], r["local_rank"]) for r in rows)
+        found, missing = self.progress.paths_for((r["rank"], r["local_rank"]) for r in rows)
         by_rank = {r["rank"]: r for r in rows if r["rank"] is not None}
         node_files: list[dict[str, Any]] = []
-        for path, rank in paths.items():
+        for path, (pattern, rank) in found.items():
             info = self.progress.read(path, now).as_dict(wall)
+            info["pattern"] = pattern
             row = by_rank.get(rank) if rank is not None else None
             if row is not None and row["progress"] is None:
                 row["progress"] = info
             else:
                 info["rank"] = rank
                 node_files.append(info)
-        self.progress.forget_except(paths)
-        return node_files
+        self.progress.forget_except(found)
+        absent = [{**FileProgress(path=path, error=NOT_FOUND).as_dict(wall), "pattern": pattern, "rank": rank}
+                  for path, (pattern, rank) in missing.items()]
+        return node_files, absent
 
     # -- one sample -----------------------------------------------------------------------------
     def sample(self, tick: int | None = None) -> dict[str, Any]:
@@ -156,7 +164,7 @@ class NodeSampler:
             for pid in g.get("pids") or []:
                 if pid in by_pid:
                     by_pid[pid]["gpu"] = [*(by_pid[pid]["gpu"] or []), g["index"]]
-        node_files = self._progress(rows, now)
+        node_files, absent = self._progress(rows, now)
         counters = read_node_counters()
         cpu_pct = node_cpu_percent(self._node_prev, counters)
         self._node_prev = counters
@@ -174,6 +182,7 @@ class NodeSampler:
             "gpus": gpus,
             "ranks": rows,
             "progress": node_files,
+            "progress_missing": absent,
             "notes": self.notes,
         }
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ml_debug.core.ranges import compress
 from ml_debug.top.options import SORT_KEYS
 from ml_debug.top.outliers import BADGE_WORDS, KIND_WORDS
 
@@ -263,7 +264,35 @@ def outlier_lines(result: dict[str, Any], limit: int = MAX_OUTLIER_LINES) -> lis
         elif n.get("note"):
             lines.append(f"~ {n['note']}")
         lines += [f"~ {n['target']}: {note}" for note in (n.get("notes") or [])[:2]]  # e.g. a --user no node has
-    return lines
+    return lines + progress_notes(result)
+
+
+def progress_notes(result: dict[str, Any]) -> list[str]:
+    """One line per --progress-file pattern that names a file that is not there or cannot be read (its
+    first error, and the ranks, or the nodes, it concerns): one pattern wrong for 64 ranks is one line."""
+    live = [n for n in result["nodes"] if n["status"] == "ok"]
+    bad: dict[str, tuple[str, set[int], set[str]]] = {}  # pattern -> (first error, ranks, nodes)
+    for n in live:
+        files = [(r["rank"], r["progress"]) for r in n["ranks"] if r.get("progress")]
+        files += [(f.get("rank"), f) for f in n["progress"]]
+        for rank, f in files:
+            if f.get("error"):
+                _, ranks, nodes = bad.setdefault(f.get("pattern") or f["path"], (f["error"], set(), set()))
+                nodes.add(n["target"])
+                if rank is not None:
+                    ranks.add(rank)
+    return [f"~ progress file {pattern}: {error}{_where(ranks, nodes, len(live))}"
+            for pattern, (error, ranks, nodes) in bad.items()]
+
+
+def _where(ranks: set[int], nodes: set[str], live: int) -> str:
+    """`` (ranks 0-3)``; for files of no rank, `` (on n2)`` when not every answering node has the problem."""
+    if ranks:
+        return f" (rank{'s' if len(ranks) > 1 else ''} {compress(ranks)})"
+    if len(nodes) < live:
+        names = sorted(nodes, key=_natural)
+        return f" (on {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+    return ""
 
 
 def header(result: dict[str, Any], sort: str) -> str:

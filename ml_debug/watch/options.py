@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option, parse_out_dir
 from ml_debug.procs.selectors import env_option, pattern_option, user_option
+from ml_debug.top.progress import parse_pattern
 
 WHICH = "Which job"
 WHEN = "When to act"
@@ -38,7 +40,7 @@ class WatchOptions:
     user: str | None = user_option(WHICH)
     env: list[tuple[str, str]] = env_option(WHICH, ". With --slurm-job, SLURM_JOB_ID is added for you.")
     progress_files: list[str] = option(
-        flags=("--progress-file",), default_factory=list, metavar="PATTERN", panel=WHICH,
+        flags=("--progress-file",), default_factory=list, metavar="PATTERN", panel=WHICH, parse=parse_pattern,
         help="A file whose growth is the job's progress (repeatable; a glob on each node; {rank} stands for a "
              "rank's number), e.g. 'run/metrics/rank-{rank}.jsonl' (mldebug train --metrics-dir). The step is the "
              "'step' field of the last JSON line. With it, a rank stalls when its file stops growing, whatever "
@@ -50,8 +52,8 @@ class WatchOptions:
                                "compilation, loading a checkpoint).")
     straggler_factor: float = option(
         2.0, min=0.0, metavar="F", panel=WHEN,
-        help="A rank whose step rate is below the median rate divided by F, or that computes while its peers "
-             "wait for it in collectives, is a straggler: an incident (0: never).")
+        help="A rank whose step rate is below the median rate divided by F (F > 1), or that computes while "
+             "its peers wait for it in collectives, is a straggler: an incident (0: never).")
     now: bool = option(False, panel=ACT, help="Collect the incident bundle at once, without waiting for a stall.")
     keep_watching: bool = option(False, panel=ACT,
                                  help="After an incident, keep watching (a new bundle for each new incident) instead "
@@ -88,6 +90,18 @@ class WatchOptions:
             raise UsageError("--pid names a process on this node only",
                              "on many nodes pick the job with --env KEY=VALUE or --pattern REGEX "
                              "(with --slurm-job the job's own processes are picked for you)")
+        missing = [str(pid) for pid in self.pids if not os.path.exists(f"/proc/{pid}")]
+        if missing:  # the words of dump-stacks --pid; waiting --grace for a typo helps no one
+            raise UsageError(f"--pid {', '.join(missing)}: no such process on this node",
+                             "give the pid of a rank or of its launcher on this node (pgrep -af python); "
+                             "for a job on other nodes use --hosts or --slurm-job with --env or --pattern")
+        if self.now and self.keep_watching:
+            raise UsageError("--now collects one bundle and exits: --keep-watching would be ignored",
+                             "drop --now to watch and write a bundle per incident, or drop --keep-watching")
+        if 0 < self.straggler_factor <= 1:
+            raise UsageError(f"--straggler-factor {self.straggler_factor:g} is not above 1",
+                             "a straggler's step rate is below the median rate divided by F, so F <= 1 calls half "
+                             "the ranks or more stragglers: e.g. 2 (below half the median), or 0 for never")
         if self.on_incident is not None:
             incident_argv(self.on_incident)
         if self.stack_every and self.stack_every < self.interval:
