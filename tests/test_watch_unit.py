@@ -86,6 +86,19 @@ def test_a_progress_file_decides_even_for_a_busy_rank() -> None:
     assert "/m/rank-0.jsonl grew (step 7)" in inc.detail and incs[5:] == [None, None]
 
 
+def test_an_unreadable_progress_file_leaves_the_rank_to_its_cpu() -> None:
+    """A progress file that cannot be read (a directory, a FIFO) says nothing: the rank is judged by its
+    CPU as if there were none. It was judged by that file, which never grows: stalled though busy."""
+    t = tracker()
+    bad = {"path": "/m/rank-0.jsonl", "step": None, "rate": None, "age_s": None,
+           "error": "/m/rank-0.jsonl is a directory, not a regular file: not opened"}
+    incs = [feed(t, T0 + s, [rank_row(0, 90.0, progress=bad)]) for s in range(1, 15)]
+    assert incs == [None] * 14 and t.ranks["n1:100"].status == "ok"
+    assert t.ranks["n1:100"].file == bad  # still shown
+    idle = [feed(t, T0 + s, [rank_row(0, 0.1, progress=bad)]) for s in range(15, 27)]
+    assert any(i is not None and i.kind == "stall" for i in idle)  # and an idle rank still stalls
+
+
 def test_step_rate_far_below_the_median_is_a_straggler_after_three_samples() -> None:
     t = tracker()
     rates = {0: 10.0, 1: 9.5, 2: 2.0}

@@ -262,13 +262,14 @@ class Tracker:
         own = row.get("progress")
         files = [own] if own else list(n.progress) + [f for other in self.nodes.values() if other is not n
                                                       for f in other.progress]
+        r.file = own  # shown, an unreadable one with its error
+        files = [f for f in files if not f.get("error")]  # one that cannot be read says nothing: judge by CPU/GPU
         if files:
-            r.file = own
             first = not r.by_file  # the file knows better than "first seen": it may have stopped long ago
             r.by_file = True
             for f in files:
                 age = f.get("age_s")
-                if age is None or f.get("error"):
+                if age is None:
                     continue
                 changed = received - float(age)
                 if first or changed > r.last_progress + 1e-6:
@@ -276,7 +277,7 @@ class Tracker:
                     r.last_progress = changed
                     step = f" (step {f['step']})" if f.get("step") is not None else ""
                     r.progress_why = f"{f['path']} grew{step}"
-            if own is not None:
+            if own is not None and not own.get("error"):
                 self._rate(r, own)
             return
         cpu = r.cpu_pct or 0.0
