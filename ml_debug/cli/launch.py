@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
 
 
 def launch(opts: LaunchJobOptions) -> int:
+    import shlex
+
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
     from ml_debug.logs.launch import CONSOLE, plan, prepare, run
@@ -49,7 +51,7 @@ def launch(opts: LaunchJobOptions) -> int:
     output.log(f"mldebug launch: logs in {p.node_dir} (console: {p.node_dir / CONSOLE})")
     code = run(p, timeout=opts.timeout)
     top = p.node_dir.parent
-    output.log(f"mldebug launch: exit code {code}; read the logs with: mldebug logs {top}")
+    output.log(f"mldebug launch: exit code {code}; read the logs with: mldebug logs {shlex.quote(str(top))}")
     if code != 0 and opts.verdict:
         _verdict(str(p.node_dir))
     return code

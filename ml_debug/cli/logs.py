@@ -51,7 +51,7 @@ def logs(opts: LogsOptions) -> int:
         report = triage(list(opts.paths), on_source=lambda i, n: bar.advance(1, f"reading logs ({i + 1}/{n})"))
     output.emit(SCHEMA, SCHEMA_VERSION, report,
                 lambda console: render(report, console, full=opts.full, tracebacks=opts.tracebacks))
-    if report.verdict.status != "none":
+    if report.verdict.failed:
         return ExitCode.PROBLEM
     return ExitCode.PARTIAL if report.skipped else ExitCode.OK
 
@@ -63,7 +63,7 @@ def _demux(opts: LogsOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
     from ml_debug.logs.model import SCHEMA, SCHEMA_VERSION
-    from ml_debug.logs.triage import demux
+    from ml_debug.logs.triage import MAX_DEMUX_LINES, demux
 
     lines: list[dict[str, object]] = []
     # like tail: a "==> file <==" header where the lines may come from several files
@@ -79,12 +79,20 @@ def _demux(opts: LogsOptions) -> int:
             shown.append(source)
         sys.stdout.write(text + "\n")
 
-    got = demux(list(opts.paths), rank=opts.rank, node=opts.node, emit=emit)
+    # the text view streams every line; a JSON document is built in memory, so it holds at most a bound
+    got = demux(list(opts.paths), rank=opts.rank, node=opts.node, emit=emit,
+                limit=MAX_DEMUX_LINES if output.MODE.json else None)
     if not got["lines"]:
         raise UsageError(f"no line of {who_of(opts)} in {' '.join(opts.paths)}",
                          f"ranks seen: {got['ranks_seen'] or 'none'}; nodes: {', '.join(got['nodes']) or 'none'}")
     if output.MODE.json:
-        output.emit(SCHEMA, SCHEMA_VERSION, {"ok": True, "summary": f"{len(lines)} line(s) of {who_of(opts)}",
+        summary = f"{len(lines)} line(s) of {who_of(opts)}"
+        if got["truncated"]:
+            cut = (f"only the first {len(lines)} line(s) of {who_of(opts)} are in the JSON document; "
+                   f"the text view (without --json) streams them all")
+            output.warn(cut)
+            summary += f" (TRUNCATED: {cut})"
+        output.emit(SCHEMA, SCHEMA_VERSION, {"ok": True, "summary": summary,
                                              "demux": {**got, "text": lines}})
     sys.stdout.flush()
     return 0

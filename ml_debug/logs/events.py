@@ -22,7 +22,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from ml_debug.logs.labels import Label, find_time, split_label
+from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unstamped
 from ml_debug.logs.model import (
     INFO,
     PRIMARY,
@@ -41,9 +41,10 @@ from ml_debug.logs.nccl import NcclCollector
 MAX_TRACEBACK_LINES = 400
 MAX_EVENTS_PER_STREAM = 64
 MAX_EVENTS = 100_000
+MAX_SAMPLED = 100_000  # distinct writers whose labels were sampled (see Collector.sample)
 STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
 TRAILING_LINES = 8  # message lines kept after an exception line (CUDA's "might be asynchronously reported" ...)
-MESSAGE_CHARS = 300
+MESSAGE_CHARS = 64 << 10  # the most of a message kept; the human view shows less (labels.brief)
 
 TRACEBACK = "Traceback (most recent call last):"
 CHAIN = ("The above exception was the direct cause of the following exception:",
@@ -154,6 +155,10 @@ _OOM_KILL = re.compile(r"Detected (\d+) oom[-_]kill event")
 _LAUNCH_TIMEOUT = re.compile(r"mldebug launch: error: --timeout (?P<s>\S+) s reached")
 _TOOL_ERROR = re.compile(r"(?:mldebug|python\d?(?:\.\d+)?): error: (?P<msg>.+)")
 _FATAL = re.compile(r"Fatal Python error: (?P<msg>.+)")
+# the interpreter's own errors before any code runs: "python3: can't open file 'x.py': [Errno 2] ...",
+# "/usr/bin/python3: No module named x" (no traceback follows)
+_PYTHON_START = re.compile(r"(?:^|/)(?P<exe>python[\d.]*): (?P<msg>(?P<what>can't open file|No module named|"
+                           r"Error while finding module specification) .+)")
 _SEGFAULT = re.compile(r"Segmentation fault")
 _KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
 _SUMMARY_FIELD = re.compile(r"  (time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
@@ -190,6 +195,7 @@ class _Block:
     time: float | None = None
     nearby: float | None = None
     torch_rank: bool = False
+    stamp: str = ""  # the time stamp in front of its header: its other lines have one too
     summary: _Summary | None = None
 
 
@@ -231,7 +237,9 @@ class Collector:
         self.rank_node: dict[int, str] = {}
         self.ranks_seen: set[int] = set()
         self.launch_world: int | None = None  # nnodes x nproc-per-node from `mldebug launch` manifests
+        self.launch_exit: int | None = None  # the exit code the `mldebug launch` manifests record
         self.nodes_seen: set[str] = set()
+        self.sampled: set[tuple[int, Who]] = set()  # (source index, who) of labels sampled from ordinary lines
         self.last_work: dict[int, tuple[int, int]] = {}
         self.here: tuple[bytes, int] = (b"", 0)
         """The block being scanned and where the current line starts in it (set by the scanner)."""
@@ -264,10 +272,17 @@ class Collector:
         assert self.ctx is not None
         self.line = line
         text = raw.decode("utf-8", "replace").rstrip("\r")
+        if "\x1b" in text:
+            text = strip_ansi(text)
         lab = split_label(text) if self.ctx.labelled else Label(Who(), "", text)
         who = lab.who.merged(self.ctx.who)
         self._note(lab, who)
         block = self._blocks.get(lab.key)
+        if (block.stamp if block is not None else TRACEBACK in lab.rest and not lab.rest.startswith(TRACEBACK)):
+            lab = unstamped(lab)  # kubectl logs --timestamps, docker logs -t, `| ts`: a time stamp first
+            if block is not None and block.stage in ("trailing", "chain") and not self._same_second(block, lab):
+                self._close(lab.key)  # a later second: the program's next line, not the exception's message
+                block = None
         if block is not None:
             if block.torch_rank and not lab.torch_rank:
                 # A line without torch's [rankN]: prefix is the rank's other stream (its stdout, teed
@@ -279,6 +294,24 @@ class Collector:
         if self._blocks and line % 256 == 0:
             self._expire(line)
         self._detect(lab, who, line, offset)
+
+    def sample(self, raw: bytes) -> None:
+        """An ordinary line's labels, so that a rank that never failed is still seen: the scanner hands
+        over a few lines of each block (ranks print their progress interleaved), resolved later."""
+        ctx = self.ctx
+        assert ctx is not None
+        text = raw.decode("utf-8", "replace")
+        if "\x1b" in text:
+            text = strip_ansi(text)
+        who = split_label(text).who.merged(ctx.who)
+        if who.known and len(self.sampled) < MAX_SAMPLED:
+            self.sampled.add((ctx.index, who))
+
+    def _same_second(self, block: _Block, lab: Label) -> bool:
+        """The line's time stamp is in the second of its traceback's header (Python writes it at once)."""
+        assert self.ctx is not None
+        t = find_time(lab.stamp, self.ctx.day)
+        return t is not None and block.time is not None and int(t) == int(block.time)
 
     def _note(self, lab: Label, who: Who) -> None:
         ctx = self.ctx
@@ -506,7 +539,8 @@ class Collector:
         if rest.startswith(TRACEBACK):
             self._open(lab.key, who, line, offset, rest)
             self._blocks[lab.key].torch_rank = lab.torch_rank
-            t = find_time(lab.key + rest, ctx.day)
+            self._blocks[lab.key].stamp = lab.stamp
+            t = find_time(lab.key + lab.stamp, ctx.day)
             if t is not None:
                 self._blocks[lab.key].time = t
             else:
@@ -582,6 +616,11 @@ class Collector:
             self._one("error-line" if kind == "exception" else kind, cls, clean_message(m.group("msg")),
                       label or clean_message(m.group("msg")), who, line, offset, rest)
             return
+        m = _PYTHON_START.search(rest)
+        if m:
+            self._one("exception", PRIMARY, clean_message(f"{m.group('exe')}: {m.group('msg')}"),
+                      f"python: {m.group('what')}", who, line, offset, rest)
+            return
         m = _FATAL.search(rest)
         if m:
             self._one("signal", PRIMARY, clean_message(f"Fatal Python error: {m.group('msg')}"),
@@ -651,6 +690,7 @@ class Collector:
             self.dropped += 1
             return
         self._per_stream[key] = n + 1
+        ev.label = brief(ev.label)  # a label is a message's first word(s), or the message when it has none
         self.events.append(ev)
 
     # ------------------------------------------------------------------ error files and metrics

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ml_debug.logs.model import Who
 
@@ -41,6 +41,8 @@ class Label:
     srun_task: int | None = None
     torch_rank: bool = False
     """torch's own ``[rankN]:`` was there (it prefixes every line of an exception it prints)."""
+    stamp: str = ""
+    """A time stamp taken off the front of ``rest`` by :func:`unstamped` (kubectl/docker ``-t``, ``ts``)."""
 
 
 def split_label(line: str) -> Label:
@@ -76,7 +78,31 @@ def split_label(line: str) -> Label:
     return Label(Who(rank, node, local), key, line[pos:], task, m2 is not None)
 
 
+# ANSI escape sequences (colour: Python 3.13 tracebacks, coloured loggers): CSI, OSC, and two-byte ones.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+def strip_ansi(line: str) -> str:
+    """``line`` without its colour codes (the caller only calls it on lines that hold an ESC)."""
+    return _ANSI.sub("", line)
+
+
 # ----------------------------------------------------------------------------- time stamps
+
+# A time stamp written in front of a program's own line by what collected it: kubectl logs --timestamps
+# and docker logs -t (RFC 3339), moreutils' ts (``Nov 25 04:00:00``), a logger's ``[2026-11-25 04:00:00]``.
+_STAMP_PREFIX = re.compile(r"\[?(?:\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
+                           r"|(?:" + "|".join("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()) +
+                           r") +\d{1,2} \d\d:\d\d:\d\d(?:[.,]\d{1,9})?|\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)\]?:? ")
+
+
+def unstamped(lab: Label) -> Label:
+    """``lab`` with the time stamp in front of its text (if any) moved to ``stamp``."""
+    m = _STAMP_PREFIX.match(lab.rest)
+    if not m:
+        return lab
+    return replace(lab, rest=lab.rest[m.end():], stamp=m.group(0))
+
 
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?")
 _GLOG = re.compile(r"(?<![\w])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})")
@@ -127,6 +153,15 @@ def find_time(text: str, default_day: _dt.date) -> float | None:
             return _local(default_day.year, default_day.month, default_day.day, hh, mi, min(ss, 59),
                           _fraction(m.group(4)))
     return None
+
+
+SHOWN_CHARS = 300
+
+
+def brief(message: str) -> str:
+    """``message`` as a line of the human view shows it: cut at SHOWN_CHARS, the cut marked with ``…``
+    (the whole message stays in the JSON document, and in the tracebacks that --full shows)."""
+    return message if len(message) <= SHOWN_CHARS else message[:SHOWN_CHARS - 1] + "…"
 
 
 def clock(t: float | None) -> str:

@@ -127,7 +127,9 @@ class Verdict:
     """The answer: the first failure, what followed from it, and how sure the order is."""
 
     status: str
-    """failure (a primary found), secondary-only (only consequences), none (no failure at all)."""
+    """failure (a primary found), secondary-only (only consequences), none (no failure at all);
+    interrupted (`mldebug launch` was stopped by the user) and recovered (it ended with exit code 0,
+    after a restart) for what the failure lines of such a job say."""
     summary: str
     primary: Event | None = None
     basis: str | None = None
@@ -140,6 +142,11 @@ class Verdict:
     """Ranks of a known world that left no failure behind (hung or killed without a trace?)."""
     blamed_ranks: str | None = None
     hint: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """The job failed (exit code 1 of `mldebug logs`)."""
+        return self.status in ("failure", "secondary-only")
 
 
 @dataclass

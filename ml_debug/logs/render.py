@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ml_debug.logs.labels import clock
+from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.model import PRIMARY, SECONDARY, LogsReport, TracebackGroup
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     from rich.text import Text
 
     v = r.verdict
-    style = {"failure": "bold red", "secondary-only": "bold yellow"}.get(v.status, "bold green")
+    style = {"failure": "bold red", "secondary-only": "bold yellow", "interrupted": "bold yellow"}.get(v.status, "bold green")
     console.print(Text(v.summary, style=style), soft_wrap=True)
     how = []
     if v.primary is not None:
@@ -68,7 +68,7 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
         for g in groups:
             ranks = f"ranks {g.ranks}" if g.ranks else ", ".join(g.who) or "unknown rank"
             cls = "primary" if g.cls == PRIMARY else "secondary"
-            console.print(Text(f"  {ranks} ({g.count} x, {cls}): {g.message}",
+            console.print(Text(f"  {ranks} ({g.count} x, {cls}): {g.message if full else brief(g.message)}",
                                style="bold red" if g.cls == PRIMARY else "yellow"), soft_wrap=True)
             for line in _traceback_lines(g, full):
                 console.print(Text(f"    {line}"), soft_wrap=True)
@@ -85,7 +85,7 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
             if row.last_time is not None and row.time is not None and clock(row.last_time) != when:
                 when += f"-{clock(row.last_time)}"
             mark = {PRIMARY: "primary", SECONDARY: "after"}.get(row.cls, row.cls)
-            t.add_row(when, row.ranks or row.who or "?", mark, row.message if row.count == 1 else row.label,
+            t.add_row(when, row.ranks or row.who or "?", mark, brief(row.message) if row.count == 1 else row.label,
                       str(row.count), style="red" if row.cls == PRIMARY else None)
         console.print(t)
         if len(r.timeline) > len(rows):

@@ -2,7 +2,8 @@
 
 A source is read in blocks of 1 MiB (the passes below then run in the CPU's cache). In each block,
 C-speed ``bytes.find`` looks for a handful of words that failure lines contain (``Traceback``,
-``rror`` for Error and error, ``NCCL``, ``Killed``, ``Segmentation fault``); only the lines holding
+``rror`` for Error and error, ``NCCL``, ``Killed``, ``Segmentation fault``, ``python`` for the
+interpreter's own start-up errors); only the lines holding
 one are decoded and handed to the collector. While a traceback (or torchrun's failure
 summary) is open, every following line of that source is handed over too, until it closes. A
 regular expression with the same words in one alternation is several times slower in CPython's
@@ -29,8 +30,9 @@ from ml_debug.logs.sources import Source
 
 BLOCK = 1 << 20
 MAX_LINE = 1 << 20  # a "line" longer than this is cut (a binary file, a progress bar without newlines)
-NEEDLES = (b"Traceback", b"rror", b"NCCL", b"Killed", b"Segmentation fault")
+NEEDLES = (b"Traceback", b"rror", b"NCCL", b"Killed", b"Segmentation fault", b"python")
 TAIL_BYTES = 64 << 10
+SAMPLE_BYTES = 4 << 10  # the lines at the start of each block whose labels say who writes (ranks seen)
 
 
 class Gunzip:
@@ -128,6 +130,8 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     counted = 0
     pos = 0
     cands = _candidates(block, n)
+    if collector.ctx is not None and collector.ctx.labelled:
+        _sample(block, min(n, SAMPLE_BYTES), collector)
     ci = 0
     nc = len(cands)
     feed = collector.feed
@@ -148,6 +152,14 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     lines += count(b"\n", counted, n)
     last_start = block.rfind(b"\n", 0, n - 1) + 1
     return lines, block[last_start:n - 1]
+
+
+def _sample(block: bytes, n: int, collector: Collector) -> None:
+    """Hand the whole lines of ``block[:n]`` to the collector's label sampling (a few dozen per MiB)."""
+    lines = block[:n].split(b"\n")
+    for raw in lines[:-1] if n < len(block) else lines:
+        if raw:
+            collector.sample(raw)
 
 
 def read_small(src: Source, limit: int = 16 << 20) -> bytes:

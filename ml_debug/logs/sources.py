@@ -69,6 +69,12 @@ class Expanded:
     manifests: dict[str, dict[str, object]]
 
 
+def attempt_of(path: str) -> int | None:
+    """The torchrun attempt (restart) a file of its --log-dir tree belongs to, or None."""
+    m = _TREE.search(path) or _TREE_ERROR.search(path)
+    return int(m.group(1)) if m else None
+
+
 def _is_log_name(name: str) -> bool:
     base = name[:-3] if name.endswith(".gz") else name
     if base.startswith(".") or base.startswith(("trace-", "fr-")):
@@ -158,6 +164,7 @@ def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
     man = _manifest(parent)
     if man is not None:
         node = str(man.get("node") or "") or None
+        out.manifests[parent] = man
     src = classify_path(path, node)
     if man is not None and os.path.basename(path) in ("console.log", "console.log.gz"):
         src.shape = "launch"

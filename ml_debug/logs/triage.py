@@ -9,13 +9,22 @@ from ml_debug.core import testhooks
 from ml_debug.core.errors import UsageError
 from ml_debug.core.ranges import compress
 from ml_debug.logs.events import Collector
-from ml_debug.logs.labels import split_label
-from ml_debug.logs.model import LogsReport, SourceInfo, Who
+from ml_debug.logs.labels import split_label, strip_ansi
+from ml_debug.logs.model import PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.scan import BLOCK, MAX_LINE, feed_source, opened
-from ml_debug.logs.sources import Expanded, Source, expand
-from ml_debug.logs.verdict import Identities, collapse_tracebacks, decide, dedupe, progress, timeline
+from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
+from ml_debug.logs.verdict import (
+    Identities,
+    collapse_tracebacks,
+    decide,
+    dedupe,
+    launched,
+    progress,
+    timeline,
+)
 
 MAX_DEMUX_LINES = 200_000
+"""How many lines a JSON document of one rank's lines holds (it is built in memory); the text view streams."""
 
 
 def _expand(paths: list[str]) -> Expanded:
@@ -61,6 +70,7 @@ def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None
         if on_source is not None:
             on_source(i, len(exp.sources))
     collector.launch_world = launch_world(exp.manifests)
+    collector.launch_exit = launch_exit(exp.manifests)
     return collector, infos, metrics, skipped
 
 
@@ -76,6 +86,13 @@ def launch_world(manifests: dict[str, dict[str, object]]) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def launch_exit(manifests: dict[str, dict[str, object]]) -> int | None:
+    """The exit code every `mldebug launch` manifest records (130: interrupted, Ctrl-C), when they agree."""
+    codes = {man.get("exit_code") for man in manifests.values()}
+    code = codes.pop() if len(codes) == 1 else None
+    return code if isinstance(code, int) else None
+
+
 def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[dict[str, Any]],
                  skipped: list[dict[str, str]]) -> LogsReport:
     ids = Identities(collector)
@@ -89,6 +106,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     nccl = collector.nccl.report()
     ranks = set(collector.ranks_seen) | {e.who.rank for e in events if e.who.rank is not None}
     ranks |= {s.who.rank for s in infos if s.who.rank is not None} | set(collector.nccl.rank_host)
+    sampled = [ids.resolve(who, i) for i, who in collector.sampled]
+    ranks |= {w.rank for w in sampled if w.rank is not None}
     world = None
     if nccl and nccl.get("world_size"):
         world = int(nccl["world_size"])
@@ -98,21 +117,27 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         world = max(ranks) + 1
     blamed = {r for e in events for r in e.blames}
     verdict = decide(events, world, blamed)
+    if collector.launch_exit is not None:
+        failed = {a for e in collector.events if e.cls == PRIMARY and (a := attempt_of(e.source)) is not None}
+        last = max((a for s in infos if (a := attempt_of(s.path)) is not None), default=None)
+        verdict = launched(verdict, collector.launch_exit, sorted(failed), last)
     verdict = testhooks.call(testhooks.LOGS_VERDICT, verdict=verdict) or verdict
-    nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node})
+    nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node} | {w.node for w in sampled if w.node})
     return LogsReport(verdict=verdict, sources=infos, events=events, tracebacks=collapse_tracebacks(events),
                       timeline=timeline(events), ranks_seen=compress(ranks), world_size=world, nodes=nodes,
                       progress=progress(collector, metrics), nccl=nccl, skipped=skipped,
-                      dropped_events=collector.dropped, ok=verdict.status == "none" and not skipped,
+                      dropped_events=collector.dropped, ok=not verdict.failed and not skipped,
                       summary=verdict.summary + (f"; {len(skipped)} source(s) not read" if skipped else ""))
 
 
 def demux(paths: list[str], *, rank: int | None, node: str | None,
-          emit: Callable[[str, int, str], None]) -> dict[str, Any]:
+          emit: Callable[[str, int, str], None], limit: int | None = None) -> dict[str, Any]:
     """Every line written by one rank (or one node), labels removed, in order: ``emit(source, line, text)``.
 
     A first, fast pass over the sources learns who is who (local ranks, nodes), so a line labelled
-    only with its node and local rank is still found by its global rank.
+    only with its node and local rank is still found by its global rank. Lines are streamed to
+    ``emit`` as they are read; only a caller that keeps them (JSON) gives a ``limit``, and
+    ``truncated`` then says the rest was not emitted.
     """
     if rank is None and node is None:
         raise UsageError("demux needs a rank or a node", "--rank R or --node NAME")
@@ -132,6 +157,8 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
         if src.shape in ("error-file", "train-metrics"):
             continue
         for n, text in _all_lines(src):
+            if "\x1b" in text:  # coloured lines: the labels are found (and the text written) without colour
+                text = strip_ansi(text)
             lab = split_label(text) if src.labelled else None
             who = (lab.who if lab else Who()).merged(src.who)
             who = ids.resolve(who, i)
@@ -143,12 +170,14 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
                 continue
             if node is not None and who.node != node:
                 continue
-            if count >= MAX_DEMUX_LINES:
+            if limit is not None and count >= limit:
                 truncated = True
                 break
             emit(src.path, n, lab.rest if lab else text)
             sources_used.add(src.path)
             count += 1
+        if truncated:
+            break
     return {"rank": rank, "node": node, "lines": count, "sources": sorted(sources_used), "truncated": truncated,
             "ranks_seen": compress(seen_ranks | _ranks_of(report.ranks_seen)),
             "nodes": sorted(seen_nodes | set(report.nodes))}

@@ -15,9 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
 from ml_debug.logs.events import Collector
-from ml_debug.logs.labels import clock
+from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.model import (
     INFO,
     PRIMARY,
@@ -224,6 +225,29 @@ def _quoted(label: str) -> str:
     return f'"{label}"'
 
 
+def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: int | None) -> Verdict:
+    """The verdict in the light of how `mldebug launch` ended (its manifests' ``exit_code``).
+
+    130: the launcher was interrupted (Ctrl-C, or SIGINT to torchrun): the ranks' KeyboardInterrupt and
+    SIGINT lines are that, not a failure of the job's own. 0: the job succeeded, so a failure in the logs
+    was survived: torchrun restarted the ranks (--max-restarts) and a later attempt finished."""
+    if code == ExitCode.INTERRUPTED:
+        if v.status == "failure":  # a failure of its own came first; then the user stopped what was left
+            return dataclasses.replace(v, summary=v.summary + "; then the job was stopped by the user (Ctrl-C)")
+        return dataclasses.replace(
+            v, status="interrupted", hint=None, basis=None,
+            summary="the job was stopped by the user (Ctrl-C: mldebug launch exited with code 130), not by a "
+                    "failure of its own" + (f"; the ranks' lines: {v.summary}" if v.status != "none" else ""))
+    if code == 0 and v.failed:
+        if failed_attempts and last_attempt is not None and last_attempt > max(failed_attempts):
+            what = (f"the job recovered: the failure of attempt {', '.join(map(str, failed_attempts))} was followed "
+                    f"by a successful attempt {last_attempt} (mldebug launch exited with code 0)")
+        else:
+            what = "the job succeeded (mldebug launch exited with code 0): the failure in its logs did not stop it"
+        return dataclasses.replace(v, status="recovered", hint=None, summary=f"{what}; {v.summary}")
+    return v
+
+
 def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = ()) -> Verdict:
     """The verdict over deduplicated, resolved events."""
     failures = [e for e in events if e.cls in (PRIMARY, SECONDARY)]
@@ -273,7 +297,7 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
     independent = sorted((c for c in others if c.cls == PRIMARY and c.strong), key=lambda e: e.order_key())
     after = [c for c in others if c not in independent]
     when = f" at {clock(first.time)}" if first.time is not None else ""
-    summary = f"first failure: {first.who.label()}{when}: {first.message}"
+    summary = f"first failure: {first.who.label()}{when}: {brief(first.message)}"
     tail = []
     if after:
         after_ranks = compress({c.who.rank for c in after if c.who.rank is not None})
@@ -285,7 +309,7 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
         tail.append(f"{who} failed after it: {', '.join(f'{n} x {_quoted(lbl)}' for lbl, n in counts)}")
     if independent:
         tail.append(f"{len(independent)} other rank(s) failed on their own: "
-                    + "; ".join(f"{e.who.label()}: {e.message}" for e in independent[:3])
+                    + "; ".join(f"{e.who.label()}: {brief(e.message)}" for e in independent[:3])
                     + (" ..." if len(independent) > 3 else ""))
     if same:
         tail.insert(0, f"rank{'s' if len(same) > 1 else ''} {compress({c.who.rank for c in same if c.who.rank is not None})}"
