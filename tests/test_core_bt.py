@@ -225,3 +225,83 @@ def test_a_truncated_core_is_not_fully_read(core_dir: Path, tmp_path: Path) -> N
     assert "not fully read" in result["summary"]
     human = mldebug("core-bt", str(half), timeout=120)
     assert human.returncode == 4 and f"not fully read: {half}: core file truncated" in human.stdout
+
+
+def _gdb_or_pystack_of(pid: int) -> list[int]:
+    """Live gdb/pystack processes reading a core through mldebug `pid`'s descriptor (/proc/PID/fd/N)."""
+    needle = f"/proc/{pid}/fd/".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and needle in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("fmt, sigints", [("--json", 1), ("--json", 2), ("text", 2)])
+def test_ctrl_c_while_reading_cores_shows_those_read(core_dir: Path, tmp_path: Path, fmt: str, sigints: int) -> None:
+    """Ctrl-C after the first of 6 cores is read: exit 130 and the cores read are the report (stdout was
+    empty). Two SIGINTs 10 ms apart, as `timeout -s INT` sends them (the process, then its group): the
+    second must not lose the report either; and gdb/pystack do not outlive mldebug."""
+    import signal
+    import time
+
+    require(shutil.which("gdb") or shutil.which("pystack"), "gdb or pystack")
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(6):
+        shutil.copy(_core(core_dir), many / f"core.{i}")  # copies: one file linked six times is one core
+    args = ["--json"] if fmt == "--json" else []
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "core-bt", *args, str(many)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
+                            env={**os.environ, "MLDEBUG_WIDTH": "160"})
+    try:
+        assert proc.stderr is not None
+        err = ""
+        while "core-bt: core 1/6 read: " not in err:  # one core read, the next being read
+            line = proc.stderr.readline()
+            assert line, f"core-bt ended before its first core was read: {err}"
+            err += line
+        proc.send_signal(signal.SIGINT)
+        if sigints == 2:
+            time.sleep(0.01)  # the gap `timeout` leaves between the two, not a synchronisation
+            os.killpg(proc.pid, signal.SIGINT)
+        stdout, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err += rest
+    assert proc.returncode == 130, err
+    assert "mldebug: error: interrupted" in err and "Traceback" not in err, err
+    left = _gdb_or_pystack_of(proc.pid)
+    assert left == [], f"gdb/pystack still running after mldebug exited: {left}"
+    if fmt == "--json":
+        doc = json.loads(stdout)
+        jsonschema.validate(doc, SCHEMA)
+        result = doc["result"]
+        read = len(result["cores"])
+        assert 1 <= read < 6 and result["interrupted"] and result["exit_code"] == 130 and not result["ok"], result
+        assert result["groups"][0]["count"] == read
+        assert f"interrupted (Ctrl-C) after {read} of 6 cores: those read are shown" in result["notes"]
+        assert result["summary"].endswith(f"(interrupted after {read} of 6 cores read)"), result["summary"]
+    else:
+        assert "group A: " in stdout and "crash_here (<string>:3)" in stdout, stdout
+        assert "note: interrupted (Ctrl-C) after " in stdout and " of 6 cores read)" in stdout, stdout
+
+
+def test_a_cut_core_says_the_tools_errors_about_the_file_given(core_dir: Path, tmp_path: Path) -> None:
+    """A core cut to 100 bytes: pystack's error is its traceback's last line (`RuntimeError: ...`), not a
+    `File ...` frame of it, and gdb's names the file given, not mldebug's /proc/PID/fd/N."""
+    require(find_tool("gdb") and find_tool("pystack"), "gdb and pystack")
+    cut = tmp_path / "core.100"
+    cut.write_bytes(_core(core_dir).read_bytes()[:100])
+    proc = mldebug("core-bt", "--json", str(cut), timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    (core,) = json.loads(proc.stdout)["result"]["cores"]
+    gdb, pystack = core["error"].split("; ")[:2]
+    assert gdb.startswith("gdb: ") and str(cut) in gdb, core["error"]
+    assert pystack.startswith("pystack: RuntimeError: ") and str(cut) in pystack, core["error"]
+    assert "/proc/" not in core["error"] and 'File "' not in core["error"], core["error"]

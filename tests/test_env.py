@@ -178,3 +178,31 @@ def test_a_tool_wrapper_that_hangs_is_stopped_with_its_children(tmp_path: Path) 
     (gdb,) = [t for t in json.loads(proc.stdout)["result"]["tools"] if t["name"] == "gdb"]
     assert gdb["path"] == str(shim) and gdb["version"] is None
     wait_until(lambda: not pids_with_env("MLDEBUG_ENV_TEST_MARK", mark), 5, "the shim's children to be gone")
+
+
+def test_no_torch_does_not_count_cuda_devices() -> None:
+    """--no-torch: the device count row said 0 (read as "no GPU") although torch was never asked."""
+    human = mldebug("env", "--no-torch")
+    assert human.returncode == 0, human.stderr
+    (row,) = [line for line in human.stdout.splitlines() if line.startswith("CUDA devices (torch)")]
+    assert row.split("│")[1].strip() == "not imported (--no-torch)", row
+
+
+def test_a_value_that_is_not_utf8_is_shown_escaped() -> None:
+    """NCCL_DEBUG=$'\\xff\\xfe': the raw bytes went to the terminal, and the JSON held lone surrogates
+    (\\udcff), which strict JSON parsers refuse; both now show \\xff\\xfe."""
+    env = {**os.environ, "NCCL_DEBUG": os.fsdecode(b"\xff\xfe"), "RANK": os.fsdecode(b"7\xff")}
+    text = subprocess.run([sys.executable, "-m", "ml_debug", "env", "--no-torch"], capture_output=True, timeout=60,
+                          env=env)
+    assert text.returncode == 0, text.stderr
+    assert b"\xff" not in text.stdout
+    (row,) = [line for line in text.stdout.decode().splitlines() if line.startswith("NCCL_DEBUG ")]
+    assert row.split("│")[1].strip() == "\\xff\\xfe", row
+    out = subprocess.run([sys.executable, "-m", "ml_debug", "env", "--no-torch", "--json"], capture_output=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout.decode("utf-8"))
+    validate_schema(doc, "env")
+    for block in (doc["result"], doc["environment"]):
+        assert block["settings"]["NCCL_DEBUG"] == "\\xff\\xfe" and block["world"]["RANK"] == "7\\xff", block
+    json.dumps(doc, ensure_ascii=False).encode("utf-8")  # no lone surrogate left anywhere

@@ -171,9 +171,15 @@ def test_dump_stacks_over_ssh(start, rig_ssh, rig_nodes, tmp_path: Path) -> None
         wait_until(lambda: agent() or run.proc.poll() is not None, 120, "the node's dump-stacks agent to start")
         assert agent(), run.stderr.read_text()[-3000:]
 
-        def between_samples() -> bool:  # sample 1 taken, waiting for sample 2 (not inside a round: `result`)
+        seen = [0]
+
+        def between_samples() -> bool:
+            """Sample 1 taken, waiting for sample 2: `_sample` calls Event.wait (in a round it calls
+            Future.result, or submit while a worker thread starts); twice in a row, so not stop.wait(0)."""
             stacks = [main_thread_functions(p) or [] for p in agent()]
-            return any("_sample" in s and "result" not in s for s in stacks)
+            waiting = any("_sample" in s[1:] and s[s.index("_sample") - 1] == "Event.wait" for s in stacks)
+            seen[0] = seen[0] + 1 if waiting else 0
+            return seen[0] >= 2
 
         wait_until(between_samples, 60, "the agent to take its first sample", interval=0.1)
         run.ctrl_c()
@@ -182,7 +188,7 @@ def test_dump_stacks_over_ssh(start, rig_ssh, rig_nodes, tmp_path: Path) -> None
         # printed what it had (it was lost with the session)
         result = json.loads(run.stdout.read_text())["result"]
         assert result["interrupted"] is True and result["exit_code"] == 130, result["summary"]
-        assert [len(p["samples"]) for p in result["processes"]] == [1], result
+        assert [len(p["samples"]) for p in result["processes"]] == [1], (result["nodes"], run.stderr.read_text())
         assert result["processes"][0]["host"] == node.name
         # and on the node: the agent (and whatever it started) is gone too, not left to its deadline
         if agent():

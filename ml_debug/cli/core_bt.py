@@ -33,7 +33,7 @@ same crash are grouped.
 
 Exit codes: 0 no core found; 1 crash backtraces shown; 2 a bad path (missing, empty, not a core,
 --exe not an executable); 3 neither gdb nor pystack installed; 4 some cores could not be (fully)
-read, e.g. a truncated core."""
+read, e.g. a truncated core; 130 interrupted (Ctrl-C): the cores read before it are shown."""
 
 EXAMPLES = (
     "mldebug core-bt                     # cores in this directory (per core_pattern)",
@@ -84,15 +84,11 @@ def register(app: typer.Typer) -> None:
 
 def core_bt(opts: CoreBtOptions) -> int:
     from ml_debug.core import output
-    from ml_debug.stacks.cores import analyse_core, core_bt_result, find_cores
+    from ml_debug.stacks.cores import core_bt_result, find_cores, read_cores
 
     found, search = find_cores(list(opts.cores), list(opts.dirs) or None, opts.newest)
-    reports = []
-    with output.progress(len(found), "reading cores") as bar:
-        for path in found:
-            reports.append(analyse_core(path, opts.timeout, opts.exe))
-            bar.advance()
-    result = core_bt_result(reports, search)
+    reports, interrupted = read_cores(found, opts.timeout, opts.exe)
+    result = core_bt_result(reports, search, len(found) if interrupted else None)
     output.emit("mldebug.core-bt", 1, result, lambda console: _human(console, result, opts.all_threads))
     return result.exit_code
 

@@ -64,8 +64,9 @@ def render(console: Console, r: EnvReport) -> None:
     versions.add_row("CUDA (torch build)", t.cuda or (t.error or "none (CPU build)"))
     versions.add_row("NCCL", t.nccl or "n/a")
     versions.add_row("cuDNN", t.cudnn or "n/a")
-    versions.add_row("CUDA devices (torch)", f"{t.device_count}" + (f"; arch list {' '.join(t.arch_list)}"
-                                                                   if t.arch_list else ""))
+    counted = f"{t.device_count}" + (f"; arch list {' '.join(t.arch_list)}" if t.arch_list else "")
+    # no torch imported (--no-torch, missing, broken): no count, rather than a 0 that reads as "no GPU"
+    versions.add_row("CUDA devices (torch)", t.error if t.error and not t.cuda else counted)
     console.print(versions)
 
     gpus = r.gpus.get("gpus", [])

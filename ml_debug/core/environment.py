@@ -35,17 +35,24 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def shown(text: str) -> str:
+    """An environment string as reported: bytes that are not UTF-8 (Python holds them as lone
+    surrogates) become \\xNN escapes. Raw, they reached the terminal as they were, and the JSON carried
+    them as lone \\udcNN surrogates, which strict JSON parsers refuse."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def world_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Launcher and world variables that are set (torchrun, Slurm, OpenMPI, PMI)."""
+    """Launcher and world variables that are set (torchrun, Slurm, OpenMPI, PMI), as :func:`shown`."""
     env = os.environ if environ is None else environ
     keys = [k for k in env if k in TORCHRUN_VARS or k.startswith(LAUNCHER_PREFIXES)]
-    return {k: env[k] for k in sorted(keys)}
+    return {shown(k): shown(env[k]) for k in sorted(keys)}
 
 
 def setting_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every NCCL_*, TORCH_*, CUDA_*, PYTORCH_* variable that is set."""
+    """Every NCCL_*, TORCH_*, CUDA_*, PYTORCH_* variable that is set, as :func:`shown`."""
     env = os.environ if environ is None else environ
-    return {k: env[k] for k in sorted(env) if k.startswith(SETTING_PREFIXES)}
+    return {shown(k): shown(env[k]) for k in sorted(env) if k.startswith(SETTING_PREFIXES)}
 
 
 def summary() -> dict[str, Any]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -318,11 +316,9 @@ def read_cores(paths: list[Path], timeout: float = 120.0, executable: str | None
     of several is read.
 
     Ctrl-C ends the reading: the cores read so far are kept (the second value is then True); with
-    none read, Ctrl-C propagates, as in dump-stacks' --samples. After that first Ctrl-C SIGINT is
-    ignored: `timeout -s INT` signals the process and then its group, and the second one came while
-    the cores read were being reported, and lost them."""
+    none read, Ctrl-C propagates, as in dump-stacks' --samples. (A second SIGINT right after, as
+    `timeout -s INT` sends, is the same Ctrl-C: see ml_debug.cli.app.main.)"""
     reports: list[CoreReport] = []
-    previous = _first_ctrl_c_only()
     with progress(len(paths), "reading cores") as bar:
         try:
             for i, path in enumerate(paths, 1):
@@ -334,21 +330,7 @@ def read_cores(paths: list[Path], timeout: float = 120.0, executable: str | None
             if not reports:
                 raise
             return reports, True
-    if previous is not None:
-        signal.signal(signal.SIGINT, previous)
     return reports, False
-
-
-def _first_ctrl_c_only() -> Any:
-    """SIGINT raises KeyboardInterrupt once, and is ignored from then on; the handler it replaces
-    (None where signals cannot be handled here: not the main thread)."""
-    def once(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # before anything else: no gap for a second one
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGINT, once)
 
 
 def _names(frames: list[Frame], n: int = 12) -> tuple[str, ...]:
