@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
-from ml_debug.procs.selectors import env_option, pattern_option, user_option
-from ml_debug.top.progress import parse_pattern
+from ml_debug.procs.selectors import env_option, parse_pattern, pattern_option, user_option
 
 WHAT = "What to show"
 WHICH = "Which processes"

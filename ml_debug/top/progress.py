@@ -33,8 +33,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ml_debug.core.errors import UsageError
-
 WINDOW_S = 10.0
 """Seconds of history a rate is measured over."""
 
@@ -46,22 +44,8 @@ MAX_READ_BYTES = 4 * 1024 * 1024
 
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
-PLACEHOLDERS = ("{rank}", "{local_rank}")
-BRACES = re.compile(r"\{[^{}]*\}")
-
 NOT_FOUND = "not found"
 """The error of a file a pattern names that is not there."""
-
-
-def parse_pattern(word: str) -> str:
-    """``--progress-file PATTERN``: refuse a ``{...}`` that is no placeholder (``{rnk}``, ``{a,b}``: glob
-    has no braces), which would otherwise match no file and leave no trace."""
-    unknown = [m for m in BRACES.findall(word) if m not in PLACEHOLDERS]
-    if unknown:
-        raise UsageError(f"--progress-file {word!r}: {unknown[0]} is not a placeholder",
-                         "the placeholders are {rank} (a rank's global rank) and {local_rank} (its local "
-                         "rank), e.g. 'run/metrics/rank-{rank}.jsonl'; the rest is a glob (*, ?, [...])")
-    return word
 
 
 class Source(NamedTuple):

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option, parse_out_dir
-from ml_debug.procs.selectors import env_option, pattern_option, user_option
-from ml_debug.top.progress import parse_pattern
+from ml_debug.procs.selectors import env_option, parse_pattern, pattern_option, user_option
 
 WHICH = "Which job"
 WHEN = "When to act"
