@@ -98,6 +98,18 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
+def stderr_until(proc: subprocess.Popen[str], marker: str, what: str) -> str:
+    """Read `proc`'s stderr line by line until a line holds `marker` (what was read); the test fails
+    if the stream ends first (`what` names the wait). pytest-timeout bounds a process that stays silent."""
+    assert proc.stderr is not None
+    err = ""
+    while marker not in err:
+        line = proc.stderr.readline()
+        assert line, f"{what}: the process ended first: {err[-3000:]}"
+        err += line
+    return err
+
+
 @contextlib.contextmanager
 def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
     """A TCP port the OS picked, held bound (so nobody else can take it) but never listening:

@@ -17,7 +17,7 @@ from ml_debug.stacks.cores import pattern_globs
 from ml_debug.stacks.elfcore import is_core, read_notes
 from ml_debug.stacks.parsers import parse_pystack
 from ml_debug.stacks.tools import find_tool
-from tests.conftest import REPO, mldebug, require
+from tests.conftest import REPO, mldebug, require, stderr_until
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "core-bt.json").read_text())
 CRASH = "import ctypes\ndef crash_here():\n    ctypes.string_at(0)\ncrash_here()\n"
@@ -259,11 +259,7 @@ def test_ctrl_c_while_reading_cores_shows_those_read(core_dir: Path, tmp_path: P
                             env={**os.environ, "MLDEBUG_WIDTH": "160"})
     try:
         assert proc.stderr is not None
-        err = ""
-        while "core-bt: core 1/6 read: " not in err:  # one core read, the next being read
-            line = proc.stderr.readline()
-            assert line, f"core-bt ended before its first core was read: {err}"
-            err += line
+        err = stderr_until(proc, "core-bt: core 1/6 read: ", "one core read, the next being read")
         proc.send_signal(signal.SIGINT)
         if sigints == 2:
             time.sleep(0.01)  # the gap `timeout` leaves between the two, not a synchronisation

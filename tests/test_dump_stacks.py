@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.conftest import REPO, check_golden, mldebug, require, wait_until
+from tests.conftest import REPO, check_golden, mldebug, require, stderr_until, wait_until
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "dump-stacks.json").read_text())
 GOLDEN = REPO / "tests" / "golden" / "dump_stacks_local.txt"
@@ -267,12 +267,7 @@ def test_ctrl_c_during_samples_keeps_the_rounds_taken_in_out_dir(tmp_path: Path)
                              "--interval", "0.5", "--json", "--out-dir", str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        err = ""
-        assert proc.stderr is not None
-        while "sample 2/20 taken" not in err:  # two rounds done: interrupt the rest
-            line = proc.stderr.readline()
-            assert line, f"dump-stacks ended early: {err}"
-            err += line
+        err = stderr_until(proc, "sample 2/20 taken", "two rounds done: interrupt the rest")
         os.killpg(proc.pid, signal.SIGINT)
         stdout, rest = proc.communicate(timeout=60)
     finally:
