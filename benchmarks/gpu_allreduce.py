@@ -105,9 +105,13 @@ def side_by_side(report: Report, gpus: int, timeout: float) -> None:
         n, mib = row["n"], row["size"] >> 20
         on = "busbw" if n > 1 else "algbw"
         ratio = row[f"tool_{on}"] / row[f"bare_{on}"]
-        why = "" if n > 1 else " (1 rank: bus factor 0, busbw 0 on both sides as in nccl-tests; compared on algbw)"
+        # One rank: NCCL's all_reduce moves no data (28 us for 1 GiB on an H100), so the ratio compares two
+        # launch overheads of a few microseconds; it is shown, not judged.
+        why = "" if n > 1 else (" (1 rank: NCCL moves no data, bus factor 0 as in nccl-tests; algbw shown, "
+                                "not judged: the 5% goal needs 2+ GPUs)")
+        met = 0.95 <= ratio <= 1.05 if n > 1 else None
         report.add(Figure(f"allreduce-bench {on} / bare all_reduce loop, {mib}M, {n} GPU(s)", ratio, "x",
-                          shell(argv[:-1]) + " --worker", "within 5% (0.95..1.05)", 0.95 <= ratio <= 1.05,
+                          shell(argv[:-1]) + " --worker", "within 5% (0.95..1.05)" if n > 1 else "", met,
                           f"mldebug {row[f'tool_{on}']:.1f} vs bare {row[f'bare_{on}']:.1f} GB/s "
                           f"({row['tool_s'] * 1e6:.0f} vs {row['bare_s'] * 1e6:.0f} us per op), median of {REPEAT} "
                           f"interleaved, spread {row['spread_tool']:.0%} / {row['spread_bare']:.0%}{why}"))

@@ -54,6 +54,15 @@ def test_125m_trains_on_one_gpu_and_reports_mfu(numerics: str) -> None:
     _check_throughput(r, numerics)
 
 
+def test_compiled_blocks_train_fp8_on_one_gpu() -> None:
+    """--compile: torch.compile per block under torchao float8 (the combination fp8 needs to pay off)."""
+    need_gpus(1)
+    need_module("torchao", "float8 training (mldebug[train])")
+    r = _train("--preset", "125m", "--numerics", "fp8", "--compile", "--steps", "8", "--batch-size", "4",
+               "--seq-len", "512")
+    _check_throughput(r, "fp8")
+
+
 def test_1b_bf16_trains_on_one_gpu_and_reports_mfu() -> None:
     need_gpus(1)
     r = _train("--preset", "1b", "--numerics", "bf16", "--steps", "6", "--batch-size", "2", "--seq-len", "2048",

@@ -34,6 +34,24 @@ def test_profile_steps_and_validation() -> None:
         TrainConfig(preset="huge").validate()
 
 
+def test_compile_reaches_the_ranks_and_compiles_every_block() -> None:
+    """`--compile` travels to self-launched ranks (to_argv), and compile_blocks wraps each block in place
+    (the real torch.compile run is the gpu-marked test_compiled_blocks_train_fp8_on_one_gpu: on 2 CPU
+    cores inductor takes minutes)."""
+    from ml_debug.core.options import to_argv
+    from ml_debug.train.model import Transformer
+    from ml_debug.train.parallel import compile_blocks
+
+    assert "--compile" in to_argv(TrainConfig(compile_blocks=True))
+    assert "--compile" not in to_argv(TrainConfig())
+    with torch.device("meta"):
+        model = Transformer(PRESETS["tiny"])
+    blocks = list(model.layers.values())
+    assert compile_blocks(model) == len(blocks) > 0
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in blocks)
+    assert list(model.layers.values()) == blocks  # compiled in place: FSDP2 still wraps the same modules
+
+
 def test_presets_fit_mx_blocks() -> None:
     for cfg in PRESETS.values():
         assert cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0 and cfg.dim % cfg.n_heads == 0

@@ -45,8 +45,11 @@ class DumpRequest:
         help="Where a rank's environment allows it (MLDEBUG_FR_DIR with ml_debug.flight_recorder.enable(), or "
              "TORCH_NCCL_DEBUG_INFO_PIPE_FILE), trigger a PyTorch Flight Recorder dump and report each rank's "
              "last completed/enqueued collective.")
-    fr_timeout: float = option(5.0, min=0.1, metavar="S", panel=HOW,
-                               help="Seconds to wait for the Flight Recorder dumps.")
+    # 15, not 5: on an H100 (torch 2.11) the first dump through NCCL's pipe of a job arrived after about 5 s
+    # (later ones in 0.6 s), so a 5 s wait could miss it; the wait ends as soon as every dump is read.
+    fr_timeout: float = option(15.0, min=0.1, metavar="S", panel=HOW,
+                               help="Seconds to wait for the Flight Recorder dumps (the first dump through "
+                                    "NCCL's pipe can take about 5 s).")
     all_threads: bool = option(False, forward=False, help="Also list every thread (watchdog, data loader, ...), "
                                                          "not only the main thread.")
     full: bool = option(False, forward=False,

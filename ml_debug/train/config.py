@@ -180,6 +180,10 @@ class TrainConfig:
                                         help="Recompute activations in backward: none, full (every block) or "
                                              "selective (every --ac-every-th block).")
     ac_every: int = option(2, min=1, panel=MODEL, help="selective: checkpoint one block in N.")
+    compile_blocks: bool = option(False, flags=("--compile/--no-compile",), panel=MODEL,
+                                  help="torch.compile each transformer block (torchtitan's way). fp8 needs it: "
+                                       "eager torchao float8 is slower than bf16. The first steps pay the "
+                                       "compile time (not counted in the median step time).")
     cpu_offload: bool = option(False, flags=("--cpu-offload/--no-cpu-offload",), panel=MODEL,
                                help="FSDP2 CPU offload of params/grads/optimizer state.")
     reshard_after_forward: bool = option(True, flags=("--reshard-after-forward/--no-reshard-after-forward",),

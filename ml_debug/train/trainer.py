@@ -36,6 +36,7 @@ from ml_debug.train.parallel import (
     apply_activation_checkpointing,
     build_optimizer,
     clip_grads,
+    compile_blocks,
     grad_sq_norm,
     local_grads,
     lr_at,
@@ -117,6 +118,8 @@ class Trainer:
             emulate = device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
             numerics.apply_fp8(model, emulate=emulate)
         apply_activation_checkpointing(model, cfg.activation_checkpoint, cfg.ac_every)
+        if cfg.compile_blocks:
+            compile_blocks(model)
         if self.mesh is not None:
             shard_model(model, cfg, self.mesh)
         offload = cfg.cpu_offload and self.sharded
@@ -141,6 +144,7 @@ class Trainer:
         return (f"{cfg.model.name}: {n_all / 1e6:.2f}M params ({self.n_params / 1e6:.2f}M non-embedding), "
                 f"{self.world_size} rank(s) on {self.device.type}/{self.backend}, numerics {_numerics(cfg)}, "
                 f"fsdp {'on' if self.sharded else 'off'}, ac {cfg.activation_checkpoint}, "
+                f"{'compiled blocks, ' if cfg.compile_blocks else ''}"
                 f"global batch {self.tokens_per_step * self.world_size} tokens")
 
     # -- the loop ---------------------------------------------------------------------------------
