@@ -221,28 +221,50 @@ def look(pid: int, interval_s: float = 0.5, looks: int = 5) -> KernelView:
 
     Several looks tell a rank that spins (in user space at every look) from one that merely
     computes between calls, whatever the node's load."""
-    view = KernelView(pid)
-    seen: list[tuple[str, list[int]] | None] = []
+    return look_many([pid], interval_s, looks)[pid]
+
+
+def look_many(pids: list[int], interval_s: float = 0.5, looks: int = 5) -> dict[int, KernelView]:
+    """:func:`look` at every pid together: the whole node's ranks in ``interval_s``, not one after another."""
+    views = {pid: KernelView(pid) for pid in pids}
+    seen: dict[int, list[tuple[str, list[int]] | None]] = {pid: [] for pid in pids}
+    ticks0: dict[int, int] = {}
+    t0 = time.monotonic()
+    for pid in pids:
+        try:
+            ticks0[pid] = _cpu_ticks(pid)
+        except OSError:
+            pass
+    for i in range(looks):
+        if i:
+            time.sleep(interval_s / max(1, looks - 1))
+        for pid in ticks0:
+            try:
+                seen[pid].append(_syscall_or_none(pid, views[pid]))
+            except FileNotFoundError:
+                pass
+    elapsed = max(time.monotonic() - t0, 1e-6)
+    for pid, view in views.items():
+        _finish(view, seen[pid], ticks0.get(pid), elapsed)
+    return views
+
+
+def _finish(view: KernelView, seen: list[tuple[str, list[int]] | None], ticks0: int | None, elapsed: float) -> None:
+    pid = view.pid
     try:
-        ticks0, t0 = _cpu_ticks(pid), time.monotonic()
-        for i in range(looks):
-            if i:
-                time.sleep(interval_s / max(1, looks - 1))
-            seen.append(_syscall_or_none(pid, view))
-        ticks1, t1 = _cpu_ticks(pid), time.monotonic()
+        if ticks0 is None:
+            raise FileNotFoundError(pid)
+        view.cpu_share = (_cpu_ticks(pid) - ticks0) / os.sysconf("SC_CLK_TCK") / elapsed
         view.state = _state(pid)
         view.state_words = STATES.get(view.state, view.state)
         wchan = _read(f"/proc/{pid}/wchan").strip()
         view.wchan = wchan if wchan and wchan != "0" else None
     except FileNotFoundError:
-        view.error = "the process ended"
-        view.verdict = "ended"
-        return view
+        view.error, view.verdict = "the process ended", "ended"
+        return
     except OSError as e:
         view.error = f"cannot read /proc/{pid}: {e.strerror}"
-    else:
-        view.cpu_share = (ticks1 - ticks0) / os.sysconf("SC_CLK_TCK") / max(t1 - t0, 1e-6)
-    calls = [s for s in seen if s is not None]
+    calls = [c for c in seen if c is not None]
     if calls:
         view.syscall, view.syscall_args = calls[-1]
         view.looks = len(calls)
@@ -252,12 +274,13 @@ def look(pid: int, interval_s: float = 0.5, looks: int = 5) -> KernelView:
         elif view.syscall in PATH_ARG and len(view.syscall_args) > PATH_ARG[view.syscall]:
             view.path = path_argument(pid, view.syscall_args[PATH_ARG[view.syscall]])
     view.verdict = verdict(view)
-    return view
 
 
 def _syscall_or_none(pid: int, view: KernelView) -> tuple[str, list[int]] | None:
     try:
         return _syscall(pid)
+    except FileNotFoundError:
+        raise
     except PermissionError:
         view.error = "no permission to read /proc/PID/syscall (it needs ptrace rights: root or the same user)"
     except OSError as e:
