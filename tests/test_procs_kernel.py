@@ -3,6 +3,7 @@ handbook's strace section): the call, the file or peer behind its descriptor, th
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ml_debug.procs.kernel import KernelView, look, verdict
-from tests.conftest import wait_until
+from tests.conftest import mldebug, wait_until
 
 
 @pytest.fixture
@@ -51,6 +52,32 @@ def test_a_rank_blocked_reading_a_fifo_names_the_fifo(tmp_path: Path, spawn) -> 
         assert v.state == "S" and v.wchan, v
     finally:
         os.close(writer)
+
+
+def test_dump_stacks_says_a_rank_is_blocked_reading_a_fifo(tmp_path: Path, spawn) -> None:
+    """The issue's hidden job: a rank (RANK in its environment) stuck reading a FIFO nobody writes to.
+    dump-stacks' JSON, summary and table name the call and the FIFO's path."""
+    fifo = tmp_path / "labels"
+    os.mkfifo(fifo)
+    rank = subprocess.Popen([sys.executable, "-c", f"import os, time\nfd = os.open({str(fifo)!r}, os.O_RDONLY)\n"
+                             "def load_labels():\n    return os.read(fd, 10)\nload_labels()"],
+                            env={**os.environ, "RANK": "3", "WORLD_SIZE": "4"})
+    writer = os.open(fifo, os.O_WRONLY)
+    try:
+        _settled(rank.pid, "read")
+        proc = mldebug("dump-stacks", "--pid", str(rank.pid), "--json", timeout=120)
+        doc = json.loads(proc.stdout)["result"]
+        (p,) = doc["processes"]
+        assert p["kernel"]["verdict"].startswith(f"blocked in read() on {fifo} (fd "), p["kernel"]
+        assert "below Python: rank 3 (" in doc["summary"] and f"blocked in read() on {fifo}" in doc["summary"]
+        human = mldebug("dump-stacks", "--pid", str(rank.pid), timeout=120).stdout
+        assert "below Python (what the kernel says" in human and f"blocked in read() on {fifo}" in human, human
+        off = json.loads(mldebug("dump-stacks", "--pid", str(rank.pid), "--json", "--no-kernel", timeout=120).stdout)
+        assert off["result"]["processes"][0]["kernel"] is None and "below Python" not in off["result"]["summary"]
+    finally:
+        os.close(writer)
+        rank.kill()
+        rank.wait(timeout=10)
 
 
 def test_an_open_waiting_for_a_fifos_writer_names_the_path(tmp_path: Path, spawn) -> None:

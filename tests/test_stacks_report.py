@@ -92,7 +92,7 @@ def test_the_result_is_typed_frozen_and_its_json_validates() -> None:
     assert got["processes"][3]["samples"][0]["threads"][0]["frames"][0]["locals"] == {"i": "3"}
     # a process's keys: the target's own, then its samples and what the analysis made of it
     assert list(got["processes"][0]) == [f.name for f in dataclasses.fields(Target)] + [
-        "samples", "group", "state", "error", "fix"]
+        "samples", "group", "state", "error", "fix", "kernel"]
 
 
 def test_a_node_document_reads_back_into_the_same_result() -> None:

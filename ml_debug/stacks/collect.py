@@ -35,6 +35,7 @@ class NodeResult:
     seconds: float = 0.0
     rounds: int = 0  # sample rounds completed
     interrupted: bool = False  # Ctrl-C came during the samples: the rounds completed are kept
+    kernel: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> procs.kernel.KernelView, as JSON
 
 
 def _uid(pid: int) -> int | None:
@@ -45,7 +46,7 @@ def _uid(pid: int) -> int | None:
 
 
 def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int = 1,
-                 interval: float = 1.0, stop: threading.Event | None = None) -> NodeResult:
+                 interval: float = 1.0, stop: threading.Event | None = None, kernel: bool = False) -> NodeResult:
     """`py-spy dump --pid P` for every target at once, `samples` times, `interval` seconds apart.
 
     Ctrl-C, or `stop` set by another thread (watch's bundle on Ctrl-C), ends the samples after the
@@ -58,6 +59,10 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
                       notes=list(found.notes), ptrace=asdict(check))
     node.samples = {t.pid: [] for t in found.targets}
     uids = {t.pid: _uid(t.pid) for t in found.targets}
+    if kernel:  # before the dumpers attach: py-spy and gdb stop the process, which changes what the kernel shows
+        from ml_debug.procs.kernel import look_many
+
+        node.kernel = {pid: asdict(v) for pid, v in look_many([t.pid for t in found.targets]).items()}
     previous = _term_as_ctrl_c()
     try:
         _sample(node, found, tools, opts, check, uids, samples, interval, stop or threading.Event())

@@ -25,6 +25,7 @@ from ml_debug.stacks.report import (
     ProcessSamples,
     build_report,
     failed_node,
+    node_kernel,
     node_processes,
     node_summary,
     read_node_document,
@@ -58,14 +59,14 @@ def local_report(req: DumpRequest, stop: threading.Event | None = None) -> DumpS
         return build_report([node_summary(node)], [], _options(req), req.world_size, local=True)
     opts = DumpOptions(timeout=req.timeout, gdb_timeout=req.gdb_timeout, native=req.native, locals=req.locals,
                        dumper=req.dumper)
-    node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval, stop=stop)
+    node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval, stop=stop, kernel=req.kernel)
     fr_records: list[dict[str, Any]] = []
     if req.flight_recorder and not node.interrupted:
         from ml_debug.stacks.flight import gather
 
         fr_records = gather(found.targets, found.host, req.fr_timeout)
     result = build_report([node_summary(node)], node_processes(node), _options(req), req.world_size,
-                          fr_records=fr_records, local=True)
+                          fr_records=fr_records, local=True, kernel=node_kernel(node))
     if node.interrupted:  # what was taken is the result (and goes to --out-dir); the exit code says Ctrl-C
         result = dataclasses.replace(result, ok=False, exit_code=ExitCode.INTERRUPTED, interrupted=True,
                                      summary=f"{result.summary} (interrupted after {node.rounds} of {req.samples} "
@@ -113,6 +114,7 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
     nodes: list[NodeSummary] = []
     processes: list[ProcessSamples] = []
     fr_records: list[dict[str, Any]] = []
+    kernel: dict[str, dict[str, Any]] = {}
     for r in results:
         doc = r.document
         body = doc.get("result") if isinstance(doc, dict) else None
@@ -127,10 +129,11 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
         nodes.extend(part.nodes)
         processes.extend(part.processes)
         fr_records.extend(part.fr_records)
+        kernel.update(part.kernel)
     for t in spec.targets:
         if t.label not in reached:
             nodes.append(failed_node(t.label, "no result (interrupted or not started)"))
-    result = build_report(nodes, processes, _options(req), req.world_size, fr_records=fr_records)
+    result = build_report(nodes, processes, _options(req), req.world_size, fr_records=fr_records, kernel=kernel)
     if interrupted:
         result = dataclasses.replace(result, ok=False, exit_code=ExitCode.INTERRUPTED, interrupted=True,
                                      summary=f"{result.summary} (interrupted: the samples each node took before "

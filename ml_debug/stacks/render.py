@@ -125,12 +125,34 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
 
         console.print(Text(f"missing ranks (no process found): {compress(result.missing_ranks)}", style="red"))
 
+    if any(p.kernel for p in procs):
+        _below_python(result, console)
+
     if result.flight_recorder:
         _flight_recorder(result.flight_recorder, console)
 
     console.print()
     style = "bold green" if result.ok else "bold red"
     console.print(Text(result.summary, style=style), soft_wrap=True)  # one line, whatever the width
+
+
+def _below_python(result: DumpStacksResult, console: Console) -> None:
+    """Processes grouped by what the kernel said of them (the call and its file, state, spinning)."""
+    from rich.table import Table
+
+    by_verdict: dict[str, list[Any]] = {}
+    for p in result.processes:
+        if p.kernel and p.kernel.get("verdict"):
+            by_verdict.setdefault(str(p.kernel["verdict"]), []).append(p)
+    console.print()
+    table = Table(title="below Python (what the kernel says: /proc/PID/syscall, wchan, fd)", title_justify="left",
+                  show_edge=False)
+    for col in ("ranks", "procs", "hosts", "kernel"):
+        table.add_column(col)
+    for verdict, ps in sorted(by_verdict.items(), key=lambda kv: len(kv[1])):
+        table.add_row(_ranks_cell([p.rank for p in ps], [f"{p.host}:{p.pid}" for p in ps]), str(len(ps)),
+                      ",".join(sorted({p.host for p in ps})), verdict)
+    console.print(table)
 
 
 def _threads(result: DumpStacksResult, console: Console) -> None:

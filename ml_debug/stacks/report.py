@@ -10,6 +10,7 @@ constructs the result. The JSON document is ``to_jsonable`` of the result, field
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -121,6 +122,7 @@ class DumpedProcess(Target):
     state: ProcessState
     error: str | None  # why its last sample failed (None when it was dumped)
     fix: str | None  # what to do about that error, when there is something to do
+    kernel: dict[str, Any] | None = None  # procs.kernel.KernelView as JSON: the call, file or peer, state
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,12 @@ ProcessSamples = tuple[Target, list[ProcessDump]]
 
 def node_processes(node: NodeResult) -> list[ProcessSamples]:
     return [(t, node.samples.get(t.pid, [])) for t in node.targets]
+
+
+def node_kernel(node: NodeResult) -> dict[str, dict[str, Any]]:
+    """What the kernel said of each process of the node, by member id (host:pid)."""
+    hosts = {t.pid: t.host for t in node.targets}
+    return {f"{hosts[pid]}:{pid}": view for pid, view in node.kernel.items() if pid in hosts}
 
 
 def node_summary(node: NodeResult) -> NodeSummary:
@@ -216,6 +224,7 @@ class NodeDocument:
     nodes: list[NodeSummary]
     processes: list[ProcessSamples]
     fr_records: list[dict[str, Any]]
+    kernel: dict[str, dict[str, Any]] = field(default_factory=dict)  # host:pid -> the kernel's view
 
 
 def read_node_document(body: dict[str, Any], target: str, note: str | None = None) -> NodeDocument:
@@ -226,7 +235,8 @@ def read_node_document(body: dict[str, Any], target: str, note: str | None = Non
     nodes = [_node_from_json(n, target, note) for n in body.get("nodes") or []]
     processes = [_process_from_json(p) for p in body["processes"]]
     fr = body.get("flight_recorder") or {}
-    return NodeDocument(nodes=nodes, processes=processes, fr_records=list(fr.get("ranks") or []))
+    kernel = {f"{p['host']}:{p['pid']}": p["kernel"] for p in body["processes"] if isinstance(p.get("kernel"), dict)}
+    return NodeDocument(nodes=nodes, processes=processes, fr_records=list(fr.get("ranks") or []), kernel=kernel)
 
 
 # ---- the analysis ------------------------------------------------------------------------------
@@ -268,14 +278,46 @@ def _summary_and_hint(analysis: Analysis, code: ExitCode, nodes: list[NodeSummar
     return summary, None
 
 
+TELLING = ("blocked in", "spinning", "in uninterruptible", "stopped", "a zombie")
+
+
+def _kind(verdict: str) -> str:
+    """``blocked in read()`` of ``blocked in read() on /x (fd 3), wait channel ...``: what ranks share."""
+    return verdict.split(" on ", 1)[0].split(",", 1)[0].split(":", 1)[0]
+
+
+def below_python(suspects: list[Suspect], processes: list[DumpedProcess]) -> str:
+    """What the kernel says of the suspects (``rank 3 (node2): blocked in read() on /data/x (fd 17)``);
+    with no suspect, of the one process whose call differs from all the others' (or of one or two
+    processes dumped alone); "" when it adds nothing."""
+    seen = [p for p in processes if (p.kernel or {}).get("verdict")]
+    if suspects:
+        ids = {m for s in suspects for m in s.members}
+        named = [p for p in seen if f"{p.host}:{p.pid}" in ids]
+    elif len(seen) <= 2:
+        named = seen
+    else:
+        kinds = Counter(_kind(p.kernel["verdict"]) for p in seen if p.kernel)
+        odd = [p for p in seen if p.kernel and kinds[_kind(p.kernel["verdict"])] == 1]
+        named = odd if len(odd) == 1 else []
+    parts = []
+    for p in named[:4]:
+        said = str((p.kernel or {}).get("verdict"))
+        if said.startswith(TELLING) and not (suspects and said.startswith("blocked in futex")):
+            who = f"rank {p.rank}" if p.rank is not None else f"pid {p.pid}"
+            parts.append(f"{who} ({p.host}): {said.split(', wait channel', 1)[0]}")  # the table has the rest
+    return "; ".join(parts)
+
+
 def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], options: dict[str, Any],
                  expected_world: int | None = None, *, fr_records: list[dict[str, Any]] | None = None,
-                 local: bool = False) -> DumpStacksResult:
+                 local: bool = False, kernel: dict[str, dict[str, Any]] | None = None) -> DumpStacksResult:
     """Analyse all processes of all nodes into the result (the human view draws from it).
 
     `fr_records`: the Flight Recorder records of every rank (ranks it finds behind are added to the
     summary's evidence); `local`: the result of this node alone, whose summary names the reasons when
-    no process could be dumped."""
+    no process could be dumped; `kernel`: what the kernel said of each process (host:pid -> view)."""
+    kernel = kernel or {}
     members = [Member(host=t.host, pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size,
                       samples=samples) for t, samples in processes]
     # --pid of single ranks picks some of a job on purpose: the others are not "missing" (unless --world-size)
@@ -289,7 +331,7 @@ def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], opti
         dumped.append(DumpedProcess(**asdict(t), samples=samples, group=group_of.get(m.id),
                                     state=ProcessState(member_state(m)) if ok else ProcessState.NOT_DUMPED,
                                     error=None if ok else m.error(),
-                                    fix=None if ok or not fixes else fixes[-1]))
+                                    fix=None if ok or not fixes else fixes[-1], kernel=kernel.get(m.id)))
     fix_of = {f"{p.host}:{p.pid}": p.fix for p in dumped}
     groups = [StackGroup(id=g.id, size=g.size, state=GroupState(g.state), ranks=[m.rank for m in g.members],
                          members=[m.id for m in g.members], hosts=sorted({m.host for m in g.members}),
@@ -300,6 +342,9 @@ def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], opti
     code = _exit_code(analysis, failed_nodes)
     flight_recorder = section(fr_records or [])
     summary, hint = _summary_and_hint(analysis, code, nodes, dumped, flight_recorder, local)
+    below = below_python(analysis.suspects, dumped)
+    if below and hint is None:
+        summary += "; below Python: " + below
     return DumpStacksResult(
         ok=code == ExitCode.OK,
         summary=summary,

@@ -33,6 +33,10 @@ class DumpRequest:
     interval: float = option(1.0, min=0.0, max=600.0, metavar="S", panel=HOW,
                              help="Seconds from the start of one sample to the start of the next.")
     native: bool = option(False, panel=HOW, help="Include C/C++ frames (py-spy --native; slower).")
+    kernel: bool = option(True, flags=("--kernel/--no-kernel",), panel=HOW,
+                          help="Also say what the kernel sees below each Python stack: the system call and the "
+                               "file, FIFO, lock or socket peer it waits on, the state, spinning (cat "
+                               "/proc/PID/syscall, ls -l /proc/PID/fd; half a second per node).")
     locals: bool = option(False, panel=HOW, help="Include local variables (py-spy --locals).")
     dumper: str = option("auto", metavar="NAME", panel=HOW,
                          help="auto (py-spy, then py-spy --nonblocking, pystack, gdb), py-spy, pystack or gdb.")
