@@ -140,6 +140,11 @@ def test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keep
     assert {"summary.md", "summary.json", "watch.json", "dump-stacks.json", "dump-stacks.txt", "env.json"} <= \
         {p.name for p in out.iterdir()}
     assert (out / "summary.md").read_text().splitlines()[2] == f"**{summary['summary']}**"
+    # below Python, in the bundle too: the hung rank sleeps in the kernel (issue: the kernel's view in watch)
+    stacks = json.loads((out / "dump-stacks.json").read_text())["result"]
+    kernel = {p["rank"]: p["kernel"]["verdict"] for p in stacks["processes"]}
+    assert kernel[1].startswith("blocked in clock_nanosleep()"), kernel
+    assert "below Python (what the kernel says" in (out / "dump-stacks.txt").read_text()
     assert marker.read_text() == str(out.resolve())
     assert summary["on_incident"]["exit_code"] == 0
     assert not pids_with_env(TOKEN_VAR, token)
