@@ -34,6 +34,7 @@ COMMANDS = {
     "top": "top",
     "watch": "watch",
     "drill": "drill",
+    "history": "history",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
@@ -47,7 +48,8 @@ Start with `mldebug check` (this node), `mldebug env` (what is installed and set
 then the command for the symptom: gpu-test / allreduce-bench (ranks cannot talk or are slow),
 health (hardware), dump-stacks / core-bt (hung or crashed job), trace (a process went silent),
 logs (which rank failed first), top / watch (a running job: what each rank does; notice a stall),
-drill (rehearse: inject each failure and check that the diagnosis names the rank).
+drill (rehearse: inject each failure and check that the diagnosis names the rank),
+history (each node's checks, drains and resumes, and the failed jobs that named it).
 
 Exit codes: 0 all good; 1 a problem was found; 2 bad usage or input; 3 the environment
 lacks something (GPU, py-spy, ptrace permission); 4 partial result (some ranks/nodes never
