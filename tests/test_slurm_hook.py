@@ -137,6 +137,19 @@ def test_slurm_health_check_drains_and_resumes_only_its_own_drains() -> None:
         wait_until(lambda: len(_log(base, "hook", "node2")) >= seen + 1, 60, "another health check on node2")
         assert state("node2") == ("drained", "admin: fan swap")  # still: never resumed by mldebug
 
+        # a user who may not update nodes (scontrol run as nobody; slurmctld refuses it): exit 3, said clearly
+        bin_dir = base / "nobody-bin"
+        bin_dir.mkdir()
+        (bin_dir / "scontrol").write_text(f"#!/bin/sh\nexec setpriv --reuid=nobody --regid=nogroup --clear-groups "
+                                          f"{shutil.which('scontrol')} \"$@\"\n")
+        (bin_dir / "scontrol").chmod(0o755)
+        denied = mldebug("health", "--slurm-check", "--node", "node1", "--path", str(base / "missing"),
+                         "--no-record", env={"SLURM_CONF": slurm_env["SLURM_CONF"],
+                                             "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+        assert denied.returncode == 3, denied.stdout + denied.stderr
+        assert "may not update Slurm nodes" in denied.stderr and "hint:" in denied.stderr
+        assert state("node1")[0] == "idle"
+
         # the Epilog runs the hook after a job, and says where it ran from
         job = sh("sbatch", "--parsable", "-w", "node1", "-o", "/dev/null", "--wrap", "true")
         assert job.returncode == 0, job.stderr
