@@ -42,6 +42,10 @@ def health(opts: HealthOptions, targets: TargetOptions, slurm: SlurmCheckOptions
     from ml_debug.core import output, safefs
 
     opts.validate()
+    if opts.level >= 2 and not targets.remote:
+        from ml_debug.core.extras import require_torch
+
+        require_torch(f"mldebug health --level {opts.level} (the stress tests)")
     if slurm.slurm_check or slurm.dry_run or slurm.node or slurm.exit_zero:
         return _slurm_check(opts, targets, slurm)
     if opts.out_dir is not None:  # an unusable --out-dir is said before the checks, not after them
