@@ -96,7 +96,7 @@ def _draw(console: Console, r: HistoryResult) -> None:
         for col in ("node", "check", "since", "runs", "value"):
             t.add_column(col, overflow="fold")
         for f in r.failing:
-            label = f.check if f.target in ("host", "node") else f"{f.target} {f.check}"
+            label = f.check if f.target in ("host", "node") else f"{f.target} {f.check.split('.', 1)[-1]}"
             t.add_row(f.node, label, _when(f.since), str(f.runs), f.value)
         console.print(t)
     if r.recurring:
