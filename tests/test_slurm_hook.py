@@ -156,6 +156,18 @@ def test_slurm_health_check_drains_and_resumes_only_its_own_drains() -> None:
         wait_until(lambda: _log(base, "epilog", "node1"), 60, "the Epilog on node1")
         assert "rc=0" in _log(base, "epilog", "node1")[0]
 
+        # a reason full of shell characters (a --path that is gone) reaches Slurm as text, through no shell;
+        # it is still mldebug's drain, so the next health check (without that path) resumes it
+        marker = base / "pwned"
+        odd = f"{base}/gone;touch {marker};$(touch {marker})`touch {marker}`"
+        manual = mldebug("health", "--slurm-check", "--node", "node1", "--path", odd, "--no-record",
+                         env={"SLURM_CONF": slurm_env["SLURM_CONF"]})
+        assert manual.returncode == 1, manual.stdout + manual.stderr
+        ctld_log = base / "slurm" / "log" / "slurmctld.log"  # the health check may resume it before we look
+        assert f"node node1 reason set to: mldebug: {odd} disk not accessible\n" in ctld_log.read_text()
+        assert not marker.exists()
+        wait_until(lambda: state("node1")[0] == "idle", 60, "node1 resumed after the manual drain")
+
         # everything is in the history: the drain and the resume, node1's failures, the Epilog's run
         db = base / "hist" / "history.db"
         with sqlite3.connect(db) as con:

@@ -39,6 +39,8 @@ class HookResult:
     state_before: str | None
     reason_before: str | None
     failed: list[Check]
+    gpus: int               # GPUs NVML answered for
+    nvml: str               # where NVML came from ("nvml", or "fake:<scenario>" in tests)
     exit_code: int
     duration_s: float
     history: str | None = None   # the database written, or why not
@@ -111,7 +113,8 @@ def run_hook(health: HealthOptions, opts: SlurmCheckOptions) -> HookResult:
     summary = _line(node, action, opts.dry_run, reason, state, report)
     code = int(ExitCode.PROBLEM) if failed and not opts.exit_zero else int(ExitCode.OK)
     result = HookResult(not failed, summary, node, action, opts.dry_run, reason,
-                        state.state if state else None, state.reason if state else None, failed, code,
+                        state.state if state else None, state.reason if state else None, failed,
+                        len(report.gpu.gpus), report.gpu.nvml_source, code,
                         round(time.perf_counter() - t0, 3), notes=notes)
     if opts.record:
         result.history = _record(opts, result, report)
