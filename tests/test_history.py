@@ -151,9 +151,8 @@ def test_logs_records_a_failed_jobs_nodes_where_history_is_set(tmp_path: Path) -
                    "[node7:0]:[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
                    "[node8:0]:[rank1]: torch.distributed.DistBackendError: NCCL communicator was aborted on rank 1\n")
     db = tmp_path / "h" / "history.db"
-    for _ in range(2):  # the same logs read twice count once
-        proc = mldebug("logs", str(log), env={"MLDEBUG_HISTORY": str(db)})
-        assert proc.returncode == 1, proc.stderr
+    proc = mldebug("logs", str(log), env={"MLDEBUG_HISTORY": str(db)})
+    assert proc.returncode == 1, proc.stderr
     with open_history(db) as h:
         rows = h.query("SELECT node, first FROM incidents ORDER BY node")
     assert [tuple(r) for r in rows] == [("node7", 1), ("node8", 0)]
@@ -215,3 +214,27 @@ def test_hook_dry_run_is_torch_free_and_changes_nothing(tmp_path: Path) -> None:
     with open_history(tmp_path / "h.db") as h:
         assert [tuple(a) for a in h.query("SELECT node, action FROM actions")] == [("node1", "would-drain")]
         assert h.query("SELECT COUNT(*) FROM checks WHERE status = 'fail'")[0][0] == 2
+
+
+def test_a_watch_incident_records_its_nodes_where_history_is_set(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `mldebug watch` calls when it has written an incident bundle (the function the watch loop calls)."""
+    import time
+
+    from ml_debug.watch.model import Incident
+    from ml_debug.watcher.loop import _record_in_history
+
+    inc = Incident("stall", time.time(), "rank 1 made no progress", ranks=[{"rank": 1, "host": "node3"},
+                                                                           {"rank": 0, "host": "node4"}])
+    result = {"culprit": {"host": "node3", "pid": 42}, "summary": "rank 1 (node3) stalled in all_reduce"}
+    monkeypatch.delenv("MLDEBUG_HISTORY", raising=False)
+    _record_in_history(inc, result, tmp_path / "bundle")  # no history configured: nothing written anywhere
+    db = tmp_path / "h" / "history.db"
+    monkeypatch.setenv("MLDEBUG_HISTORY", str(db))
+    assert not db.exists()
+    _record_in_history(inc, result, tmp_path / "bundle")
+    with open_history(db) as h:
+        rows = [tuple(r) for r in h.query("SELECT source, job, node, first FROM incidents ORDER BY node")]
+        line = queries.recurring(h)[0].line
+    assert rows == [("watch", str(tmp_path / "bundle"), "node3", 1), ("watch", str(tmp_path / "bundle"), "node4", 0)]
+    assert line == "node3: in 1 of the last 1 failed jobs, once as the first failure"

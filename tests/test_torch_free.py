@@ -54,5 +54,3 @@ def test_torch_free_commands_run_without_torch(tmp_path: Path) -> None:
     log.write_text("[node7:0]:[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n")
     logs = _run("logs", str(log))
     assert logs.returncode == 1 and "illegal memory access" in logs.stdout, logs.stderr
-    history = _run("history", "--history", str(tmp_path / "none.db"))
-    assert history.returncode == 2 and "no history database" in history.stderr

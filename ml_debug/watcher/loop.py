@@ -352,7 +352,7 @@ def _record_in_history(inc: Incident, result: dict[str, Any], bundle: Path) -> N
     """The incident's nodes into the node history (only where MLDEBUG_HISTORY names one)."""
     from ml_debug.history.store import record_incident
 
-    nodes = [*inc.nodes, *(str(r.get("host")) for r in inc.ranks if r.get("host"))]
+    nodes = [*inc.nodes, *(str(r.get("host") or r.get("node")) for r in inc.ranks if r.get("host") or r.get("node"))]
     culprit = (result.get("culprit") or {}).get("host")
     note = record_incident("watch", str(bundle), nodes, culprit, str(result.get("summary", "")))
     if note:
