@@ -181,8 +181,6 @@ def test_hook_dry_run_is_torch_free_and_changes_nothing(tmp_path: Path) -> None:
     env = _shared_slurm_env()
     unknown = mldebug("health", "--slurm-check", "--dry-run", "--node", "nosuch", "--no-record", env=env)
     assert unknown.returncode == 2 and "Slurm knows no node 'nosuch'" in unknown.stderr, unknown.stderr
-    bad_name = mldebug("health", "--slurm-check", "--node", "node1;reboot", "--no-record", env=env)
-    assert bad_name.returncode == 2 and "not a Slurm node name" in bad_name.stderr
 
     state_before = subprocess.run(["sinfo", "-h", "-N", "-n", "node1", "-o", "%T|%E"], capture_output=True,
                                   text=True, timeout=30, env={**os.environ, **env}).stdout
