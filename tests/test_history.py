@@ -10,13 +10,14 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from ml_debug.core.errors import EnvironmentProblem, UsageError
 from ml_debug.history import queries
-from ml_debug.history.store import SCHEMA_VERSION, CheckRow, open_history
+from ml_debug.history.store import MIGRATIONS, SCHEMA_VERSION, CheckRow, open_history
 from tests.conftest import mldebug, require, validate_schema
 from tests.fakes import REPO
 from tests.fakes.nvml import env as nvml_env
@@ -115,14 +116,44 @@ def test_a_corrupt_or_newer_database_is_a_clear_error_and_left_as_it_is(tmp_path
     with pytest.raises(EnvironmentProblem, match="newer mldebug|schema version"):
         open_history(newer)
     proc = mldebug("history", "--history", str(newer))
-    assert proc.returncode == 3 and "schema version 2" in proc.stderr, proc.stderr
+    assert proc.returncode == 3 and f"schema version {SCHEMA_VERSION + 1}" in proc.stderr, proc.stderr
     assert newer.read_bytes() == before
+
+    # a version 1 file (before old results were pruned) is migrated in place, its rows kept
+    v1 = tmp_path / "v1.db"
+    with sqlite3.connect(v1) as con:
+        con.executescript(MIGRATIONS[1] + "; PRAGMA user_version = 1;")
+        con.execute("INSERT INTO runs(ts, node, source, ok, summary) VALUES (1, 'node1', 'slurm-check', 1, 'ok')")
+    con.close()
+    with open_history(v1) as h:
+        assert h.version == SCHEMA_VERSION == 2 and queries.counts(h)["runs"] == 1
+        indexes = {r[0] for r in h.query("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"checks_by_ts", "runs_by_ts"} <= indexes
 
     # version 0 (an empty file) is migrated to the current schema
     empty = tmp_path / "empty.db"
     empty.touch()
     with open_history(empty) as h:
         assert h.version == SCHEMA_VERSION and queries.counts(h)["runs"] == 0
+
+
+def test_old_results_are_pruned_drains_and_incidents_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ml_debug.history.store as store
+
+    monkeypatch.setattr(store, "PRUNE_EVERY", 4)  # the 4th run prunes
+    monkeypatch.setenv(store.DAYS_ENV, "1")
+    old = time.time() - 3 * 86400
+    row = [CheckRow("host.shm", "host", "fail", "missing", "")]
+    with open_history(tmp_path / "h.db") as h:
+        h.record_run("node1", "slurm-check", False, "x", row, ts=old)
+        h.record_action("node1", "drain", "mldebug: host.shm missing", "root", ts=old)
+        h.record_incident("logs", "job1", ["node1"], "node1", "boom", ts=old)
+        for _ in range(3):
+            h.record_run("node1", "slurm-check", False, "x", row)
+        assert queries.counts(h) == {"runs": 3, "checks": 3, "actions": 1, "incidents": 1}
+    monkeypatch.setenv(store.DAYS_ENV, "soon")
+    with pytest.raises(UsageError, match="not a number of days"):
+        store.keep_days()
 
 
 def test_bad_history_paths_are_refused(tmp_path: Path) -> None:

@@ -27,8 +27,11 @@ from typing import Any
 from ml_debug.core.errors import EnvironmentProblem, UsageError
 
 ENV = "MLDEBUG_HISTORY"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another one before giving up
+DAYS_ENV = "MLDEBUG_HISTORY_DAYS"
+DEFAULT_DAYS = 90  # check results and runs older than this are pruned; drains and incidents are kept
+PRUNE_EVERY = 500  # runs between two prunes (a prune is one indexed DELETE)
 
 # version -> the SQL that takes a file from version-1 to version. Never edit a step once released:
 # add the next one.
@@ -77,7 +80,23 @@ MIGRATIONS: dict[int, str] = {
     CREATE INDEX incidents_by_job ON incidents(job, ts);
     CREATE INDEX incidents_by_node ON incidents(node, ts);
     """,
+    # 2: old check results and runs are pruned by time
+    2: """
+    CREATE INDEX checks_by_ts ON checks(ts);
+    CREATE INDEX runs_by_ts ON runs(ts);
+    """,
 }
+
+
+def keep_days() -> float:
+    """``$MLDEBUG_HISTORY_DAYS`` (default 90; 0 keeps everything)."""
+    word = os.environ.get(DAYS_ENV, "").strip()
+    try:
+        days = float(word) if word else DEFAULT_DAYS
+    except ValueError:
+        raise UsageError(f"{DAYS_ENV}={word!r} is not a number of days",
+                         f"e.g. {DAYS_ENV}=90, or 0 to keep every result") from None
+    return max(days, 0.0)
 
 
 def default_path() -> Path:
@@ -241,7 +260,19 @@ class History:
             db.executemany("INSERT INTO checks(run_id, ts, node, check_id, target, status, value, hint) "
                            "VALUES (?,?,?,?,?,?,?,?)",
                            [(run_id, ts, node, c.check_id, c.target, c.status, c.value, c.hint) for c in checks])
+        if run_id % PRUNE_EVERY == 0:
+            days = keep_days()
+            if days:
+                self.prune(time.time() - days * 86400)
         return run_id
+
+    def prune(self, before: float) -> int:
+        """Delete check results and runs older than `before` (unix time); drains, resumes and incidents
+        stay. The number of check results deleted."""
+        with self._transaction() as db:
+            n = db.execute("DELETE FROM checks WHERE ts < ?", (before,)).rowcount
+            db.execute("DELETE FROM runs WHERE ts < ?", (before,))
+        return int(n)
 
     def record_action(self, node: str, action: str, reason: str, actor: str, ts: float | None = None) -> None:
         with self._transaction() as db:
