@@ -143,10 +143,13 @@ def test_slurm_health_check_drains_and_resumes_only_its_own_drains() -> None:
                                           f"{shutil.which('scontrol')} \"$@\"\n")
         (bin_dir / "scontrol").chmod(0o755)
         denied = mldebug("health", "--slurm-check", "--node", "node1", "--path", str(base / "missing"),
-                         "--no-record", env={"SLURM_CONF": slurm_env["SLURM_CONF"],
-                                             "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+                         "--history", str(base / "denied.db"), env={"SLURM_CONF": slurm_env["SLURM_CONF"],
+                                                                    "PATH": f"{bin_dir}:{os.environ['PATH']}"})
         assert denied.returncode == 3, denied.stdout + denied.stderr
         assert "may not update Slurm nodes" in denied.stderr and "hint:" in denied.stderr
+        with sqlite3.connect(base / "denied.db") as con:  # the checks are kept all the same; no drain recorded
+            assert con.execute("SELECT COUNT(*) FROM checks WHERE status = 'fail'").fetchone()[0] >= 1
+            assert con.execute("SELECT COUNT(*) FROM actions").fetchone()[0] == 0
         assert "drain" not in state("node1")[0]  # idle, or running the Epilog's job
 
         # the Epilog ran the hook after the job, and said where it ran from

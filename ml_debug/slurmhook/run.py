@@ -104,18 +104,24 @@ def run_hook(health: HealthOptions, opts: SlurmCheckOptions) -> HookResult:
         failed = [Check("gpu.count", "node", Status.FAIL, "0 GPUs", "", report.summary, "NVML")]
     action = decide(failed, state)
     reason = reason_for(failed) if failed else None
-    if action == "keep" and state is not None and state.reason != reason and not opts.dry_run:
-        scontrol.drain(node, reason or PREFIX)  # still ours: say what fails now
-    elif action == "drain" and not opts.dry_run:
-        scontrol.drain(node, reason or PREFIX)
-    elif action == "resume" and not opts.dry_run:
-        scontrol.resume(node)
     summary = _line(node, action, opts.dry_run, reason, state, report)
     code = int(ExitCode.PROBLEM) if failed and not opts.exit_zero else int(ExitCode.OK)
     result = HookResult(not failed, summary, node, action, opts.dry_run, reason,
                         state.state if state else None, state.reason if state else None, failed,
                         len(report.gpu.gpus), report.gpu.nvml_source, code,
                         round(time.perf_counter() - t0, 3), notes=notes)
+    try:
+        if action == "keep" and state is not None and state.reason != reason and not opts.dry_run:
+            scontrol.drain(node, reason or PREFIX)  # still ours: say what fails now
+        elif action == "drain" and not opts.dry_run:
+            scontrol.drain(node, reason or PREFIX)
+        elif action == "resume" and not opts.dry_run:
+            scontrol.resume(node)
+    except MLDebugError:
+        if opts.record:  # the checks are kept even when Slurm refused the change
+            result.action = "none"
+            _record(opts, result, report)
+        raise
     if opts.record:
         result.history = _record(opts, result, report)
     return result
