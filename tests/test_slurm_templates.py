@@ -79,3 +79,46 @@ def test_allreduce_bench_template_saves_the_json(rig_slurm, tmp_path: Path):  # 
     assert doc["schema"] == "mldebug.allreduce-bench"
     assert doc["result"]["ok"] is True, doc["result"]["summary"]
     assert "2 ranks on 2 node" in doc["result"]["summary"]
+
+
+def test_sweep_template_resubmits_once_and_stops_on_its_stop_file(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """slurm/sweep.sbatch on one node: a run queues exactly one next run (--begin=now+1hour); a second
+    run while that one waits queues none; with the stop file the waiting run starts, does nothing and
+    queues nothing. Dry-run hook on the shared rig: it reads node states and changes none."""
+    name = f"mldebug-sweep-t{os.getpid()}"
+    bindir = str(Path(sys.executable).parent)
+    env = {**rig_slurm.env, "PATH": f"{bindir}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+           "MLDEBUG_LEVEL": "1", "MLDEBUG_ARGS": f"--dry-run --history {tmp_path}/h/history.db"}
+
+    def submit() -> str:
+        out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", f"--job-name={name}", "--nodes=1",
+                              "--cpus-per-task=1", "--time=00:05:00", str(REPO / "slurm" / "sweep.sbatch")],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().split(";")[0]
+
+    def pending() -> list[str]:
+        return rig_slurm.run(["squeue", "-h", "-n", name, "-t", "PENDING", "-o", "%i"]).stdout.split()
+
+    try:
+        first = submit()
+        assert rig_slurm.wait_end(first, timeout=120) == 0, (tmp_path / f"{name}-{first}.out").read_text()
+        log = (tmp_path / f"{name}-{first}.out").read_text()
+        queued = pending()
+        assert len(queued) == 1 and f"next run is job {queued[0]} (begins now+1hour)" in log, log
+        assert "would" not in log and ": healthy" in log  # the hook ran on the node, healthy, changed nothing
+        begin = rig_slurm.run(["squeue", "-h", "-j", queued[0], "-o", "%r"]).stdout.strip()
+        assert begin == "BeginTime", begin
+
+        second = submit()  # by hand, while the next run waits: no second pending copy
+        assert rig_slurm.wait_end(second, timeout=120) == 0
+        assert "next run already queued" in (tmp_path / f"{name}-{second}.out").read_text()
+        assert pending() == queued
+
+        (tmp_path / "mldebug-sweep.stop").touch()
+        assert rig_slurm.run(["scontrol", "update", f"jobid={queued[0]}", "StartTime=now"]).returncode == 0
+        assert rig_slurm.wait_end(queued[0], timeout=120) == 0
+        assert "not resubmitting" in (tmp_path / f"{name}-{queued[0]}.out").read_text()
+        assert pending() == []
+    finally:
+        rig_slurm.run(["scancel", "-n", name])

@@ -41,6 +41,9 @@ def register(app: typer.Typer) -> None:
 
 
 def allreduce_bench(cfg: BenchConfig, launch: LaunchOptions) -> int:
+    from ml_debug.core.extras import require_torch
+
+    require_torch("mldebug allreduce-bench")
     from ml_debug.core import output
     from ml_debug.dist.world import is_launched
 

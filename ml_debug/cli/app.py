@@ -35,6 +35,7 @@ COMMANDS = {
     "watch": "watch",
     "drill": "drill",
     "tflops": "tflops",
+    "history": "history",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
@@ -48,7 +49,8 @@ Start with `mldebug check` (this node), `mldebug env` (what is installed and set
 then the command for the symptom: gpu-test / allreduce-bench (ranks cannot talk or are slow),
 health (hardware), dump-stacks / core-bt (hung or crashed job), trace (a process went silent),
 logs (which rank failed first), top / watch (a running job: what each rank does; notice a stall),
-drill (rehearse: inject each failure and check that the diagnosis names the rank).
+drill (rehearse: inject each failure and check that the diagnosis names the rank),
+history (each node's checks, drains and resumes, and the failed jobs that named it).
 
 Exit codes: 0 all good; 1 a problem was found; 2 bad usage or input; 3 the environment
 lacks something (GPU, py-spy, ptrace permission); 4 partial result (some ranks/nodes never
@@ -116,6 +118,12 @@ def run(argv: list[str] | None = None) -> int:
     if invoked in COMMANDS and invoked not in TAKES_COMMAND and "--" in argv:
         argv.remove("--")
     try:
+        if invoked == "health":  # Slurm's health hook, every few minutes on every node: no Typer build
+            from ml_debug.cli.fastpath import slurm_check
+
+            fast = slurm_check(argv)
+            if fast is not None:
+                return fast
         rv = build_app(argv)(args=argv, prog_name="mldebug", standalone_mode=False)
         if rv == ExitCode.INTERRUPTED:  # Typer turns a Ctrl-C inside a command into Exit(130)
             _fail("interrupted", None)

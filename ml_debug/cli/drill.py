@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
 
 
 def drill(opts: DrillOptions, targets: TargetOptions) -> int:
+    from ml_debug.core.extras import require_torch
+
+    require_torch("mldebug drill")
     from ml_debug.core import output
     from ml_debug.core.errors import ExitCode
     from ml_debug.drill.model import SCHEMA, SCHEMA_VERSION

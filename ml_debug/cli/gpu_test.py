@@ -38,6 +38,9 @@ def register(app: typer.Typer) -> None:
 
 
 def gpu_test(cfg: GpuTestConfig, launch: LaunchOptions) -> int:
+    from ml_debug.core.extras import require_torch
+
+    require_torch("mldebug gpu-test")
     from ml_debug.core.errors import UsageError
     from ml_debug.dist.world import detect_world, is_launched
 

@@ -52,6 +52,9 @@ def logs(opts: LogsOptions) -> int:
     output.emit(SCHEMA, SCHEMA_VERSION, report,
                 lambda console: render(report, console, full=opts.full, tracebacks=opts.tracebacks))
     if report.verdict.failed:
+        from ml_debug.cli.history import record_logs_incident
+
+        record_logs_incident(report, list(opts.paths))
         return ExitCode.PROBLEM
     return ExitCode.PARTIAL if report.skipped else ExitCode.OK
 

@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
 
 
 def train(cfg: TrainConfig, launch: LaunchOptions) -> int:
+    from ml_debug.core.extras import require_torch
+
+    require_torch("mldebug train")
     from ml_debug.dist.world import is_launched
 
     # Every option is checked before any rank starts (ranks are checked again, knowing the world).

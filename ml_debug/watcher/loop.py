@@ -224,6 +224,7 @@ class Watch:
         self.collector = None
         output.log(f"watch: {result['summary']}")
         output.log(f"watch: bundle complete: {path}/summary.md")
+        _record_in_history(inc, result, path)
         self.last = result
         return result
 
@@ -345,6 +346,17 @@ def render(console: Any, result: dict[str, Any]) -> None:
         console.print(f"  next: {cmd}", soft_wrap=True)
     if result.get("bundle"):
         console.print(f"  bundle: {result['bundle']} ({result['status']})", soft_wrap=True)
+
+
+def _record_in_history(inc: Incident, result: dict[str, Any], bundle: Path) -> None:
+    """The incident's nodes into the node history (only where MLDEBUG_HISTORY names one)."""
+    from ml_debug.history.store import record_incident
+
+    nodes = [*inc.nodes, *(str(r.get("host") or r.get("node")) for r in inc.ranks if r.get("host") or r.get("node"))]
+    culprit = (result.get("culprit") or {}).get("host")
+    note = record_incident("watch", str(bundle), nodes, culprit, str(result.get("summary", "")))
+    if note:
+        output.warn(f"watch: {note}")
 
 
 def run_watch(spec: TargetSpec, opts: WatchOptions) -> int:

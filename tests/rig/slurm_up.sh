@@ -11,7 +11,9 @@
 # each slurmd listens inside its node's network namespace, whose only interfaces are lo and eth0.
 # Env: RIG_BASE, SLURMCTLD_PORT (6817), SLURMD_PORT (6818, inside each node), SLURM_CPUS (8 per node;
 #      more than the real cores, thanks to SlurmdParameters=config_overrides), SLURM_MEM_MB (4000),
-#      SLURM_GPUS (2), SLURM_WAIT_SCHED (1: also wait until slurmctld's scheduler runs, ~3 s)
+#      SLURM_GPUS (2), SLURM_WAIT_SCHED (1: also wait until slurmctld's scheduler runs, ~3 s),
+#      SLURM_EXTRA_CONF (a file whose lines are added to slurm.conf: a second rig's HealthCheckProgram,
+#      Epilog; tests/test_slurm_hook.py)
 # Afterwards:  source $RIG_BASE/slurm/env   (exports SLURM_CONF) ; sinfo ; srun -N3 hostname
 # Idempotent: if the same config is up and every node answers, nothing is restarted.
 set -euo pipefail
@@ -93,6 +95,9 @@ KillWait=2
 # start batch jobs right away (default batch_sched_delay=3 s)
 SchedulerParameters=batch_sched_delay=0
 EOF
+if [ -n "${SLURM_EXTRA_CONF:-}" ]; then
+  { echo "# from SLURM_EXTRA_CONF=$SLURM_EXTRA_CONF"; cat "$SLURM_EXTRA_CONF"; } >> "$CONF.new"
+fi
 GRES=""
 : > "$S/etc/gres.conf.new"
 if [ "$GPUS" -gt 0 ]; then
