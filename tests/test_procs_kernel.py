@@ -120,6 +120,27 @@ def test_a_busy_loop_is_spinning_and_a_sleeper_is_not(spawn) -> None:
     assert not s.spinning and s.verdict.startswith("blocked in clock_nanosleep()"), s.verdict
 
 
+def test_strace_tells_a_spin_from_a_loop_that_sleeps(spawn) -> None:
+    """--strace S: `strace -c -p PID` of every rank at once, for S seconds (strace from Debian's package)."""
+    from tests.conftest import require
+
+    require(__import__("shutil").which("strace"), "strace (apt-get install strace)")
+    from ml_debug.procs.kernel import look_many
+
+    spinner = spawn("while True: pass")
+    napper = spawn("import time\nwhile True: time.sleep(0.01)")
+    wait_until(lambda: look(napper.pid, 0.05, 1).syscall == "clock_nanosleep", 30, "the napper to start")
+    views = look_many([spinner.pid, napper.pid], interval_s=0.3, strace_s=1.0)
+    spin, nap = views[spinner.pid], views[napper.pid]
+    assert spin.strace is not None and spin.strace.calls == {} and spin.strace.error is None, spin.strace
+    if spin.spinning:
+        assert spin.verdict.endswith("no system call in 1 s"), spin.verdict
+    else:  # a loaded node may not have run it at every look; strace's count is the fact
+        assert spin.verdict.endswith("no system call completed in 1 s (strace)"), spin.verdict
+    assert nap.strace is not None and nap.strace.calls.get("clock_nanosleep", 0) >= 10, nap.strace
+    assert "system call(s) in 1 s (strace): clock_nanosleep " in nap.verdict, nap.verdict
+
+
 def test_stopped_ended_and_unknown_states(spawn) -> None:
     p = spawn("import time; time.sleep(600)")
     _settled(p.pid, "clock_nanosleep")

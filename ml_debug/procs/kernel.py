@@ -74,6 +74,73 @@ class Descriptor:
 
 
 @dataclass
+class StraceSample:
+    """The main thread's system calls over a few seconds: ``strace -c -p PID`` (its other threads, such
+    as NCCL's watchdog, are left out: they poll whatever the main thread does)."""
+
+    seconds: float
+    calls: dict[str, int] = field(default_factory=dict)
+    """Calls completed per system call name, most first."""
+    error: str | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+    def describe(self) -> str:
+        if self.error:
+            return f"strace: {self.error}"
+        if not self.calls:
+            return f"no system call completed in {self.seconds:g} s (strace)"
+        top = ", ".join(f"{name} {n}" for name, n in list(self.calls.items())[:4])
+        return f"{self.total} system call(s) in {self.seconds:g} s (strace): {top}"
+
+
+def parse_strace_summary(text: str) -> dict[str, int]:
+    """``strace -c``'s table -> {syscall: calls}, most calls first (the total row left out)."""
+    calls: dict[str, int] = {}
+    for line in text.splitlines():
+        cols = line.split()
+        if len(cols) >= 5 and cols[0][:1].isdigit() and cols[-1] != "total":
+            try:
+                calls[cols[-1]] = int(cols[3])
+            except ValueError:
+                continue
+    return dict(sorted(calls.items(), key=lambda kv: -kv[1]))
+
+
+def strace_sample(pid: int, seconds: float) -> StraceSample:
+    """``timeout -s INT S strace -c -p PID``: strace prints its table when interrupted, and detaches.
+
+    Bounded twice: strace is interrupted after ``seconds``, and killed with its process group 10 s
+    later (core.bounded) should it not stop."""
+    import shutil
+    import subprocess
+
+    from ml_debug.core import bounded
+
+    sample = StraceSample(seconds)
+    exe = shutil.which("strace")
+    if exe is None:
+        sample.error = "not installed (apt-get install strace)"
+        return sample
+    try:
+        proc = bounded.run(["timeout", "-s", "INT", f"{seconds:g}", exe, "-c", "-p", str(pid)], timeout=seconds + 10)
+    except subprocess.TimeoutExpired:
+        sample.error = f"did not stop within {seconds + 10:g} s"
+        return sample
+    except OSError as e:
+        sample.error = f"could not run: {e.strerror}"
+        return sample
+    if "attached" not in proc.stderr:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        sample.error = last.removeprefix("strace: ")[:200]
+        return sample
+    sample.calls = parse_strace_summary(proc.stderr)
+    return sample
+
+
+@dataclass
 class KernelView:
     """One process at one moment (two looks, ``interval_s`` apart, for the CPU share)."""
 
@@ -94,6 +161,7 @@ class KernelView:
     in_user_space_throughout: bool | None = None
     error: str | None = None
     """Why part of the view is missing (no permission, the process ended)."""
+    strace: StraceSample | None = None
     verdict: str = ""
 
     @property
@@ -224,8 +292,10 @@ def look(pid: int, interval_s: float = 0.5, looks: int = 5) -> KernelView:
     return look_many([pid], interval_s, looks)[pid]
 
 
-def look_many(pids: list[int], interval_s: float = 0.5, looks: int = 5) -> dict[int, KernelView]:
-    """:func:`look` at every pid together: the whole node's ranks in ``interval_s``, not one after another."""
+def look_many(pids: list[int], interval_s: float = 0.5, looks: int = 5, strace_s: float = 0.0
+              ) -> dict[int, KernelView]:
+    """:func:`look` at every pid together: the whole node's ranks in ``interval_s``, not one after another;
+    with ``strace_s``, then an strace sample of every pid at once."""
     views = {pid: KernelView(pid) for pid in pids}
     seen: dict[int, list[tuple[str, list[int]] | None]] = {pid: [] for pid in pids}
     ticks0: dict[int, int] = {}
@@ -246,6 +316,14 @@ def look_many(pids: list[int], interval_s: float = 0.5, looks: int = 5) -> dict[
     elapsed = max(time.monotonic() - t0, 1e-6)
     for pid, view in views.items():
         _finish(view, seen[pid], ticks0.get(pid), elapsed)
+    if strace_s > 0:
+        from concurrent.futures import ThreadPoolExecutor
+
+        live = [v for v in views.values() if v.state is not None]
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(live)))) as pool:
+            for v, sample in zip(live, pool.map(lambda v: strace_sample(v.pid, strace_s), live), strict=True):
+                v.strace = sample
+                v.verdict = verdict(v)
     return views
 
 
@@ -300,7 +378,16 @@ def verdict(v: KernelView) -> str:
             ": waiting on the disk, a network file system or a driver"
     if v.state in ("T", "t"):
         return "stopped (SIGSTOP, or a debugger holds it)"
+    said = _said(v)
+    if v.strace and not said.endswith(f"no system call in {v.strace.seconds:g} s"):
+        said += f"; {v.strace.describe()}"
+    return said
+
+
+def _said(v: KernelView) -> str:
     if v.spinning:
+        if v.strace and not v.strace.error and not v.strace.calls:
+            return f"spinning: {v.cpu_share:.0%} CPU, no system call in {v.strace.seconds:g} s"
         return f"spinning: {v.cpu_share:.0%} CPU, in user space at all {v.looks} looks (no system call)"
     if v.syscall and v.syscall not in ("running", "not in a system call"):
         on = f" on {v.descriptor.describe()} (fd {v.descriptor.fd})" if v.descriptor else \

@@ -46,7 +46,8 @@ def _uid(pid: int) -> int | None:
 
 
 def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int = 1,
-                 interval: float = 1.0, stop: threading.Event | None = None, kernel: bool = False) -> NodeResult:
+                 interval: float = 1.0, stop: threading.Event | None = None, kernel: bool = False,
+                 strace_s: float = 0.0) -> NodeResult:
     """`py-spy dump --pid P` for every target at once, `samples` times, `interval` seconds apart.
 
     Ctrl-C, or `stop` set by another thread (watch's bundle on Ctrl-C), ends the samples after the
@@ -62,7 +63,8 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
     if kernel:  # before the dumpers attach: py-spy and gdb stop the process, which changes what the kernel shows
         from ml_debug.procs.kernel import look_many
 
-        node.kernel = {pid: asdict(v) for pid, v in look_many([t.pid for t in found.targets]).items()}
+        views = look_many([t.pid for t in found.targets], strace_s=strace_s)
+        node.kernel = {pid: asdict(v) for pid, v in views.items()}
     previous = _term_as_ctrl_c()
     try:
         _sample(node, found, tools, opts, check, uids, samples, interval, stop or threading.Event())

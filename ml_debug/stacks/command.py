@@ -59,7 +59,8 @@ def local_report(req: DumpRequest, stop: threading.Event | None = None) -> DumpS
         return build_report([node_summary(node)], [], _options(req), req.world_size, local=True)
     opts = DumpOptions(timeout=req.timeout, gdb_timeout=req.gdb_timeout, native=req.native, locals=req.locals,
                        dumper=req.dumper)
-    node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval, stop=stop, kernel=req.kernel)
+    node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval, stop=stop, kernel=req.kernel,
+                        strace_s=req.strace)
     fr_records: list[dict[str, Any]] = []
     if req.flight_recorder and not node.interrupted:
         from ml_debug.stacks.flight import gather

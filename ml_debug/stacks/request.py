@@ -37,6 +37,10 @@ class DumpRequest:
                           help="Also say what the kernel sees below each Python stack: the system call and the "
                                "file, FIFO, lock or socket peer it waits on, the state, spinning (cat "
                                "/proc/PID/syscall, ls -l /proc/PID/fd; half a second per node).")
+    strace: float = option(0.0, min=0.0, max=60.0, metavar="S", panel=HOW,
+                           help="Also count each rank's system calls for S seconds (strace -c -p PID, main thread; "
+                                "every rank at once): 'no system call completed in 2 s' tells a spin from a "
+                                "slow loop. Needs strace and ptrace rights.")
     locals: bool = option(False, panel=HOW, help="Include local variables (py-spy --locals).")
     dumper: str = option("auto", metavar="NAME", panel=HOW,
                          help="auto (py-spy, then py-spy --nonblocking, pystack, gdb), py-spy, pystack or gdb.")
@@ -70,4 +74,5 @@ class DumpRequest:
         """How long one node may take before the remote layer gives up on it."""
         per_sample = self.timeout * 2 + self.timeout + (self.gdb_timeout if self.dumper in ("auto", "gdb") else 0)
         fr = self.fr_timeout + 2 if self.flight_recorder else 0
-        return 30.0 + self.samples * self.interval + self.samples * per_sample + fr
+        below = (1.0 + (self.strace + 10 if self.strace else 0)) if self.kernel else 0
+        return 30.0 + self.samples * self.interval + self.samples * per_sample + fr + below
