@@ -127,6 +127,9 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
 
     if any(p.kernel for p in procs):
         _below_python(result, console)
+    if result.loop_order:
+        console.print()
+        console.print(Text(f"loop order (--locals): {result.loop_order['text']}", style="yellow"))
 
     if result.flight_recorder:
         _flight_recorder(result.flight_recorder, console)

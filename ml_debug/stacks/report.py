@@ -19,6 +19,7 @@ from ml_debug.core.errors import ExitCode
 from ml_debug.procs.find import Target
 from ml_debug.stacks.collect import NodeResult
 from ml_debug.stacks.flight import section
+from ml_debug.stacks.loop_order import LoopOrder, RankFrames, loop_order
 from ml_debug.stacks.merge import Analysis, Member, Suspect, analyse, member_state
 from ml_debug.stacks.model import Frame, ProcessDump, dump_from_json
 
@@ -158,7 +159,8 @@ class DumpStacksResult:
     not_dumped: list[NotDumped]
     flight_recorder: dict[str, Any] | None = None
     hint: str | None = None
-    interrupted: bool = False  # Ctrl-C during --samples: the samples completed are the result
+    interrupted: bool = False
+    loop_order: dict[str, Any] | None = None  # stacks.loop_order.LoopOrder: who is an iteration behind (--locals)  # Ctrl-C during --samples: the samples completed are the result
 
 
 ProcessSamples = tuple[Target, list[ProcessDump]]
@@ -278,6 +280,17 @@ def _summary_and_hint(analysis: Analysis, code: ExitCode, nodes: list[NodeSummar
     return summary, None
 
 
+def _loop_order(processes: list[DumpedProcess]) -> LoopOrder | None:
+    """Loop counters of the ranks' last main-thread stacks (with --locals), compared where all ranks share a frame."""
+    ranks = []
+    for p in processes:
+        dump = next((s for s in reversed(p.samples) if s.ok), None)
+        main = dump.main_thread() if dump else None
+        if p.rank is not None and main is not None and any(f.locals for f in main.frames):
+            ranks.append(RankFrames(p.rank, list(reversed(main.python_frames()))))
+    return loop_order(ranks)
+
+
 TELLING = ("blocked in", "spinning", "in uninterruptible", "stopped", "a zombie")
 
 
@@ -345,6 +358,9 @@ def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], opti
     below = below_python(analysis.suspects, dumped)
     if below and hint is None:
         summary += "; below Python: " + below
+    order = _loop_order(dumped)
+    if order is not None:
+        summary += "; loop order: " + order.text
     return DumpStacksResult(
         ok=code == ExitCode.OK,
         summary=summary,
@@ -361,4 +377,5 @@ def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], opti
                     for m in analysis.not_dumped],
         flight_recorder=flight_recorder,
         hint=hint,
+        loop_order=asdict(order) if order is not None else None,
     )
