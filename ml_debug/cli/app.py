@@ -34,6 +34,7 @@ COMMANDS = {
     "top": "top",
     "watch": "watch",
     "drill": "drill",
+    "exporter": "exporter",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
