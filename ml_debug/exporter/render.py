@@ -103,10 +103,20 @@ METRICS: tuple[Metric, ...] = (
 )
 BY_NAME = {m.name: m for m in METRICS}
 
+PROCESS_METRICS: tuple[Metric, ...] = tuple(
+    Metric(f"mldebug_exporter_process_{name}", kind, (), f"{what} of the exporter process (prometheus_client's "
+           "process collector; the server only, not --once).")
+    for name, kind, what in (("cpu_seconds_total", COUNTER, "CPU time (user + system)"),
+                             ("resident_memory_bytes", GAUGE, "Resident memory"),
+                             ("virtual_memory_bytes", GAUGE, "Virtual memory"),
+                             ("start_time_seconds", GAUGE, "Start time (Unix time)"),
+                             ("open_fds", GAUGE, "Open file descriptors"),
+                             ("max_fds", GAUGE, "The open file descriptor limit")))
+
 
 def served_names() -> set[str]:
     """Every metric name a scrape may show, counters with their ``_total``."""
-    return set(BY_NAME)
+    return set(BY_NAME) | {m.name for m in PROCESS_METRICS}
 
 
 class Families:

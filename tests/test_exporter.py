@@ -1,0 +1,388 @@
+"""`mldebug exporter` with real parts: a real Prometheus (Debian's package) scrapes it on loopback while
+a real 2-rank gloo `mldebug train` hangs (one job for the whole module), promtool checks and unit-tests
+the shipped alert rules, a health run held by a test hook, garbage progress files, bad --listen.
+Every process a test starts carries MLDEBUG_TEST_JOB=<token> in its environment (ranks inherit it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, kill_pids, mldebug, pids_with_env, require, reserved_port, validate_schema, \
+    wait_until
+from tests.fakes import pythonpath
+
+TOKEN_VAR = "MLDEBUG_TEST_JOB"
+RULES = REPO / "deploy" / "prometheus" / "mldebug-rules.yml"
+RULE_TESTS = REPO / "tests" / "prometheus" / "mldebug-rules.test.yml"
+DASHBOARD = REPO / "deploy" / "grafana" / "mldebug-dashboard.json"
+DOCS = REPO / "docs" / "commands" / "exporter.md"
+METRIC = re.compile(r"\bmldebug_[a-z0-9_]+")
+
+
+def _env(token: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", TOKEN_VAR: token, **(extra or {})}
+    env["PYTHONPATH"] = pythonpath(env)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    return env
+
+
+def _get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback, a test's own server
+        return str(r.read().decode())
+
+
+def _samples(text: str) -> dict[str, float]:
+    """The sample lines of a scrape: ``name{labels}`` -> value."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def _value(text: str, name: str, **labels: str) -> float | None:
+    for key, v in _samples(text).items():
+        if key.split("{")[0] == name and all(f'{k}="{val}"' in key for k, val in labels.items()):
+            return v
+    return None
+
+
+def _exporter(token: str, port: int, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "ml_debug", "exporter", "--listen", f"127.0.0.1:{port}", *args],
+                            env=_env(token, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate(timeout=10)
+
+
+def _serving(proc: subprocess.Popen[str], port: int) -> str | None:
+    assert proc.poll() is None, f"the exporter exited {proc.returncode}: {proc.communicate()[1][-3000:]}"
+    try:
+        return _get(f"http://127.0.0.1:{port}/metrics")
+    except OSError:
+        return None
+
+
+# -- the shipped rules, dashboard and docs -----------------------------------------------------------------
+def test_promtool_checks_the_shipped_rules_and_their_unit_tests_pass() -> None:
+    promtool = shutil.which("promtool")
+    require(promtool, "promtool (Debian package prometheus)")
+    assert promtool is not None
+    check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "SUCCESS: 5 rules found" in check.stdout, check.stdout + check.stderr
+    unit = subprocess.run([promtool, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, timeout=60)
+    assert unit.returncode == 0 and "SUCCESS" in unit.stdout, unit.stdout + unit.stderr
+    config = subprocess.run([promtool, "check", "config", str(REPO / "deploy" / "prometheus" / "prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert config.returncode == 0, config.stdout + config.stderr
+
+
+def test_every_query_of_the_dashboard_and_the_rules_names_a_served_metric() -> None:
+    from ml_debug.exporter.render import served_names
+
+    served = served_names()
+    dash = json.loads(DASHBOARD.read_text())
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    assert all(p["targets"] for p in panels) and len(exprs) >= 20
+    exprs += [v["query"]["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    for expr in exprs:
+        names = METRIC.findall(expr)
+        assert names, f"a query without an mldebug metric: {expr}"
+        assert set(names) <= served, f"{expr}: not served: {set(names) - served}"
+    in_rules = set(METRIC.findall(RULES.read_text()))
+    assert in_rules and in_rules <= served, in_rules - served
+
+
+def test_the_docs_page_lists_every_metric_with_its_labels() -> None:
+    from ml_debug.exporter.render import METRICS, PROCESS_METRICS
+
+    rows = {line.split("|")[1].strip(" `"): line for line in DOCS.read_text().splitlines()
+            if line.startswith("| `mldebug_")}
+    for m in (*METRICS, *PROCESS_METRICS):
+        assert m.name in rows, f"{m.name} is not in {DOCS.name}"
+        for label in m.labels:
+            assert f"`{label}`" in rows[m.name], f"{m.name}: label {label} not documented"
+        assert m.kind in rows[m.name], f"{m.name}: type {m.kind} not documented"
+    assert set(rows) == {m.name for m in (*METRICS, *PROCESS_METRICS)}, "a documented metric that is not served"
+
+
+# -- stall decisions: watch's Tracker, the exporter's grace per rank ----------------------------------------
+def test_the_exporter_states_the_trackers_stall_decision_with_a_grace_per_rank() -> None:
+    from ml_debug.exporter.model import rank_values
+    from ml_debug.exporter.options import ExporterOptions
+    from ml_debug.exporter.sources import is_exited, make_tracker
+
+    tracker = make_tracker(ExporterOptions(stall=10, grace=30, interval=1))
+
+    def sample(*rows: tuple[int, int, float]) -> dict[str, Any]:
+        return {"node": {"host": "n1"}, "gpus": [], "progress": [],
+                "ranks": [{"pid": pid, "rank": rank, "local_rank": rank, "world_size": 2, "state": "S",
+                           "cpu_pct": cpu, "rss_bytes": 1 << 20, "gpu": None, "progress": None}
+                          for pid, rank, cpu in rows]}
+
+    t0 = time.time()  # the Tracker counts from its own start
+    s = sample((11, 0, 90.0), (12, 1, 90.0))
+    tracker.add_node("local", s, t0)
+    tracker.evaluate(t0)
+    for t in range(1, 41):  # rank 1 goes idle at once, rank 0 keeps working
+        s = sample((11, 0, 90.0), (12, 1, 0.0))
+        tracker.add_node("local", s, t0 + t)
+        tracker.evaluate(t0 + t)
+        ranks = {r.rank: r for r in rank_values(tracker, [], s, t0 + t, grace=30, job="j", is_exited=is_exited)}
+        track = next(r for r in tracker.ranks.values() if r.rank == 1)
+        assert ranks["1"].stalled == (track.status == "stalled" and t >= 30), t
+        assert not ranks["0"].stalled
+    assert ranks["1"].stalled and ranks["1"].seconds_since_progress == 40.0 and ranks["1"].job_id == "j"
+    # the rank ends: its series go at once
+    s = sample((11, 0, 90.0))
+    tracker.add_node("local", s, t0 + 41)
+    tracker.evaluate(t0 + 41)
+    assert [r.rank for r in rank_values(tracker, [], s, t0 + 41, grace=30, job="j", is_exited=is_exited)] == ["0"]
+
+
+# -- bad --listen ---------------------------------------------------------------------------------------------
+def test_a_listen_that_is_not_an_address_or_whose_port_is_taken_exits_2_with_a_hint() -> None:
+    proc = mldebug("exporter", "--listen", "nonsense", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--listen 'nonsense' is not HOST:PORT" in proc.stderr and "hint: give HOST:PORT" in proc.stderr
+    proc = mldebug("exporter", "--listen", "node7:9477", timeout=60)
+    assert proc.returncode == 2 and "'node7' is not an IP address" in proc.stderr, proc.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = mldebug("exporter", "--listen", f"127.0.0.1:{port}", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"port {port} is already in use" in proc.stderr and f"--listen 127.0.0.1:{port + 1}" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# -- a held health run, garbage progress files ----------------------------------------------------------------
+def test_a_scrape_during_a_hung_health_run_answers_and_garbage_progress_files_are_counted(tmp_path: Path) -> None:
+    from tests.fakes.held_checks import hook_env
+
+    garbage = tmp_path / "progress"
+    garbage.mkdir()
+    (garbage / "junk.jsonl").write_bytes(bytes(range(256)) * 8)
+    os.mkfifo(garbage / "fifo.jsonl")
+    (garbage / "dir.jsonl").mkdir()
+    (garbage / "link.jsonl").symlink_to("/etc/passwd")
+    token = uuid.uuid4().hex[:12]
+    with reserved_port() as port:
+        proc = _exporter(token, port, "--interval", "0.5", "--health-interval", "1", "--health-timeout", "1",
+                         "--env", f"{TOKEN_VAR}=nobody-{token}", "--progress-file", str(garbage / "*.jsonl"),
+                         "--progress-file", str(tmp_path / "absent" / "rank-{rank}.jsonl"),
+                         "--progress-file", str(tmp_path / "absent" / "*.jsonl"),
+                         env=hook_env(tmp_path, hold=True))
+        try:
+            wait_until(lambda: _serving(proc, port) is not None and (tmp_path / "started").exists(), 60,
+                       "the health run to start (and hold)")
+            text = wait_until(lambda: (t := _serving(proc, port)) and _value(t, "mldebug_health_hung") == 1.0 and t,
+                              30, "the held health run to be reported hung")
+            # the health thread sleeps in the hook for good: the scrape still answers, and again
+            later = wait_until(lambda: (t := _serving(proc, port)) and
+                               (_value(t, "mldebug_health_running_seconds") or 0) >
+                               (_value(text, "mldebug_health_running_seconds") or 0) and t, 30,
+                               "a second scrape while the run is still held")
+            assert _value(later, "mldebug_health_hung") == 1.0
+            assert _value(later, "mldebug_exporter_samples_total", source="health") == 0.0
+            assert (_value(later, "mldebug_exporter_samples_total", source="ranks") or 0) >= 1
+            files = {s: _value(later, "mldebug_exporter_progress_files", state=s) for s in ("ok", "unreadable",
+                                                                                             "missing")}
+            assert files == {"ok": 1.0, "unreadable": 3.0, "missing": 1.0}, files  # junk is read as lines
+            assert not [k for k in _samples(later) if k.startswith("mldebug_rank_")]
+        finally:
+            out, err = _stop(proc)
+    assert proc.returncode == 0, err[-3000:]
+    assert "the health checks have not returned for 1 s: reported hung" in err
+    assert "stopped (SIGTERM)" in err and "Traceback" not in err
+
+
+# -- the real job ---------------------------------------------------------------------------------------------
+def _prometheus_rules(tmp_path: Path) -> Path:
+    """The shipped rules with every `for:` at 2 s, so the test waits seconds, not minutes."""
+    text = re.sub(r"(?m)^(\s+for:) \S+$", r"\1 2s", RULES.read_text())
+    path = tmp_path / "rules.yml"
+    path.write_text(text)
+    return path
+
+
+def _query(prom: str, expr: str) -> list[dict[str, Any]]:
+    doc = json.loads(_get(f"{prom}/api/v1/query?query={urllib.parse.quote(expr)}"))
+    assert doc["status"] == "success", doc
+    return list(doc["data"]["result"])
+
+
+def _alerts(prom: str) -> list[dict[str, Any]]:
+    return list(json.loads(_get(f"{prom}/api/v1/alerts"))["data"]["alerts"])
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """A real Prometheus on loopback (its own config and data dir; 1 s scrape and evaluation intervals);
+    yields (its URL, a function that sets the one target it scrapes)."""
+    binary = shutil.which("prometheus")
+    require(binary, "prometheus (Debian package prometheus)")
+    assert binary is not None
+    config = tmp_path / "prometheus.yml"
+    rules = _prometheus_rules(tmp_path)
+
+    def scrape(port: int) -> None:
+        config.write_text(
+            f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [{rules}]\n"
+            f"scrape_configs:\n  - job_name: mldebug\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
+
+    with reserved_port() as port:
+        scrape(1)
+        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
+            try:
+                return "Ready" in _get(f"{url}/-/ready")
+            except OSError:
+                return False
+
+        def target(exporter_port: int) -> None:
+            scrape(exporter_port)
+            req = urllib.request.Request(f"{url}/-/reload", method="POST")
+            with urllib.request.urlopen(req, timeout=10):  # noqa: S310 - the test's own Prometheus
+                pass
+
+        try:
+            wait_until(ready, 60, "Prometheus to be ready")
+            yield url, target
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            log.close()
+
+
+def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_and_its_end_drops_the_series(
+        prometheus: tuple[str, Any], tmp_path: Path) -> None:
+    """One real job: `mldebug train` on 2 gloo ranks, rank 1 hangs at step 6. The exporter and `mldebug watch
+    --on-incident` look at it side by side; Prometheus scrapes the exporter every second."""
+    prom, target = prometheus
+    token, observer = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
+    metrics = tmp_path / "metrics"
+    progress = str(metrics / "rank-{rank}.jsonl")
+    judge = ["--stall", "3", "--grace", "0", "--interval", "1", "--progress-file", progress,
+             "--env", f"{TOKEN_VAR}={token}"]
+    log = tmp_path / "train.log"
+    with open(log, "wb") as out:
+        job = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--timeout", "300",
+                                "--steps", "1000", "--metrics-dir", str(metrics), "--inject", "hang@step=6,rank=1"],
+                               env=_env(token), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True, cwd=tmp_path)
+    marker, bundle = tmp_path / "on-incident", tmp_path / "bundle"
+    hook = f"{sys.executable} -c 'import os, sys; open(sys.argv[1], \"w\").write(os.environ[\"MLDEBUG_INCIDENT\"])' " \
+           f"{marker}"
+    watch = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "watch", *judge, "--stack-every", "0",
+                              "--out-dir", str(bundle), "--on-incident", hook], env=_env(observer),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    with reserved_port() as port:
+        exporter = _exporter(observer, port, *judge, "--health-interval", "30")
+        try:
+            wait_until(lambda: _serving(exporter, port), 60, "the exporter to serve")
+            target(port)
+
+            def stepping() -> bool:
+                assert job.poll() is None, log.read_text(errors="replace")[-3000:]
+                return any(float(r["value"][1]) >= 3 for r in _query(prom, 'mldebug_rank_step{rank="1"}'))
+
+            wait_until(stepping, 180, "Prometheus to see rank 1 past step 3")
+            wait_until(lambda: "injected hang at step 6" in log.read_text(errors="replace"), 120,
+                       "rank 1 to reach its hang")
+            stalled = wait_until(lambda: _query(prom, "mldebug_rank_stalled == 1"), 60,
+                                 "Prometheus to hold a stalled series")
+            assert "1" in {r["metric"]["rank"] for r in stalled}, stalled
+
+            def firing() -> list[dict[str, Any]]:
+                return [a for a in _alerts(prom) if a["labels"]["alertname"] == "MldebugRankStalled"
+                        and a["labels"]["rank"] == "1" and a["state"] == "firing"]
+
+            alert = wait_until(firing, 30, "MldebugRankStalled to fire for rank 1")[0]
+            assert alert["labels"]["severity"] == "critical" and alert["labels"]["job"] == "mldebug"
+            assert alert["annotations"]["summary"].startswith(f"Rank 1 of job {alert['labels']['job_id']} on ")
+            info = _query(prom, f'mldebug_rank_info{{rank="1",job_id="{alert["labels"]["job_id"]}"}}')
+            assert len(info) == 1 and info[0]["metric"]["world_size"] == "2"
+
+            # mldebug watch --on-incident, beside it, tells the same story
+            w_out, w_err = watch.communicate(timeout=180)
+            assert watch.returncode == 1, w_err[-3000:]
+            doc = json.loads(w_out)
+            validate_schema(doc, "watch")
+            incident = doc["result"]["incident"]
+            assert incident["kind"] == "stall" and marker.read_text() == str(bundle.resolve())
+            named = {str(r["rank"]) for r in incident["ranks"]}
+            scraped = _get(f"http://127.0.0.1:{port}/metrics")
+            exported = {r for r in ("0", "1") if _value(scraped, "mldebug_rank_stalled", rank=r) == 1.0}
+            assert "1" in named and named <= exported, (named, exported)
+            assert _value(scraped, "mldebug_exporter_sample_errors_total", source="ranks") == 0.0
+
+            # the job ends: its series go
+            kill_pids([job.pid, *pids_with_env(TOKEN_VAR, token)])
+            job.wait(timeout=30)
+            wait_until(lambda: not pids_with_env(TOKEN_VAR, token), 30, "the job to be gone")
+            gone = wait_until(lambda: (t := _serving(exporter, port)) and
+                              not [k for k in _samples(t) if k.startswith(("mldebug_rank_", "mldebug_job_"))] and t,
+                              30, "the ended job's series to be dropped")
+            assert _value(gone, "mldebug_exporter_info") == 1.0
+        finally:
+            for proc in (watch, exporter):
+                _stop(proc)
+            if job.poll() is None:
+                kill_pids([job.pid, *pids_with_env(TOKEN_VAR, token)])
+                job.wait(timeout=30)
+    assert exporter.returncode == 0
+    wait_until(lambda: not pids_with_env(TOKEN_VAR, token) and not pids_with_env(TOKEN_VAR, observer), 30,
+               "every process of the test to be gone")
+
+
+def test_once_prints_the_metrics_and_its_json_follows_the_schema() -> None:
+    token = uuid.uuid4().hex[:12]
+    proc = mldebug("exporter", "--once", "--interval", "0.2", "--env", f"{TOKEN_VAR}=nobody-{token}", timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    names = {line.split("{")[0].split(" ")[0] for line in proc.stdout.splitlines() if not line.startswith("#")}
+    assert {"mldebug_exporter_info", "mldebug_health_check", "mldebug_health_hung"} <= names, proc.stdout
+    proc = mldebug("--json", "exporter", "--once", "--interval", "0.2", "--env", f"{TOKEN_VAR}=nobody-{token}",
+                   timeout=120)
+    doc = json.loads(proc.stdout)
+    validate_schema(doc, "exporter")
+    result = doc["result"]
+    assert result["ranks"] == [] and result["exporter"]["health"]["samples"] == 1
+    assert result["exit_code"] == proc.returncode == (1 if any(c["status"] == "fail" for c in result["checks"]) else 0)
