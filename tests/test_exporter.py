@@ -22,8 +22,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, kill_pids, mldebug, pids_with_env, require, reserved_port, validate_schema, \
-    wait_until
+from tests.conftest import (
+    REPO,
+    kill_pids,
+    mldebug,
+    pids_with_env,
+    require,
+    reserved_port,
+    validate_schema,
+    wait_until,
+)
 from tests.fakes import pythonpath
 
 TOKEN_VAR = "MLDEBUG_TEST_JOB"
@@ -300,7 +308,7 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
     token, observer = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
     metrics = tmp_path / "metrics"
     progress = str(metrics / "rank-{rank}.jsonl")
-    judge = ["--stall", "3", "--grace", "0", "--interval", "1", "--progress-file", progress,
+    judge = ["--stall", "4", "--grace", "0", "--interval", "1", "--progress-file", progress,
              "--env", f"{TOKEN_VAR}={token}"]
     log = tmp_path / "train.log"
     with open(log, "wb") as out:
@@ -386,3 +394,58 @@ def test_once_prints_the_metrics_and_its_json_follows_the_schema() -> None:
     result = doc["result"]
     assert result["ranks"] == [] and result["exporter"]["health"]["samples"] == 1
     assert result["exit_code"] == proc.returncode == (1 if any(c["status"] == "fail" for c in result["checks"]) else 0)
+
+
+# -- GPU series: the NVML fake here, a real GPU in the gpu-marked test below -----------------------------------
+def _gpu_series(stdout: str) -> dict[str, float]:
+    return {k: v for k, v in _samples(stdout).items() if k.startswith("mldebug_gpu_")}
+
+
+def test_gpu_counters_and_checks_from_the_nvml_fake(tmp_path: Path) -> None:
+    from tests.fakes.nvml import env, healthy_gpu
+
+    sick = healthy_gpu(1)
+    sick.update(remapped_rows=[3, 1, 1, 0], clock_event_reasons=0x8 | 0x4, pcie=[4, 5, 8, 16],
+                nvlink_states=[1] * 17 + [0], nvlink_errors={"2": {"replay": 5}},
+                ecc={"corrected_volatile": 7, "uncorrected_volatile": 2, "corrected_aggregate": 9,
+                     "uncorrected_aggregate": 2})
+    scenario = tmp_path / "gpus.json"
+    scenario.write_text(json.dumps({"gpus": [healthy_gpu(0), sick]}))
+    token = uuid.uuid4().hex[:12]
+    proc = mldebug("exporter", "--once", "--interval", "0.2", "--env", f"{TOKEN_VAR}=nobody-{token}",
+                   "--expect-gpus", "2", env=env(scenario), timeout=120)
+    assert proc.returncode == 1, proc.stderr  # gpu1's pending remap and hw slowdown fail their checks
+    out = proc.stdout
+
+    def gpu1(name: str, **labels: str) -> float | None:
+        return _value(out, name, gpu="1", **labels)
+
+    assert gpu1("mldebug_gpu_remap_pending") == 1.0 and _value(out, "mldebug_gpu_remap_pending", gpu="0") == 0.0
+    assert gpu1("mldebug_gpu_remapped_rows_total", cause="uncorrectable") == 1.0
+    assert gpu1("mldebug_gpu_ecc_errors_total", error="uncorrected", scope="volatile") == 2.0
+    assert gpu1("mldebug_gpu_clock_event_active", reason="hw_slowdown") == 1.0
+    assert gpu1("mldebug_gpu_clock_event_active", reason="hw_thermal_slowdown") == 0.0
+    assert gpu1("mldebug_gpu_pcie_link_width_lanes") == 8.0 and gpu1("mldebug_gpu_pcie_link_width_max_lanes") == 16.0
+    assert gpu1("mldebug_gpu_nvlink_links_active") == 17.0 and gpu1("mldebug_gpu_nvlink_links") == 18.0
+    assert gpu1("mldebug_gpu_nvlink_errors_total", kind="replay") == 5.0
+    fails = {k for k, v in _samples(proc.stdout).items() if k.startswith("mldebug_health_check{") and
+             'status="fail"' in k}
+    assert {re.search(r'check="([^"]+)"', k).group(1) for k in fails if 'gpu="1"' in k} >= {  # type: ignore[union-attr]
+        "gpu.row_remap", "gpu.clock_events", "gpu.nvlink", "gpu.ecc_uncorrected_volatile"}, fails
+    assert not [k for k in fails if 'gpu="0"' in k], fails
+    assert "FAKE NVML" in proc.stderr  # the summary says the values are a fake's
+
+
+@pytest.mark.gpu
+def test_gpu_series_of_a_real_gpu() -> None:
+    from tests.gpu_support import need_gpus
+
+    need_gpus(1)
+    proc = mldebug("exporter", "--once", "--interval", "0.5", "--env", "MLDEBUG_TEST_JOB=nobody", timeout=180)
+    assert proc.returncode in (0, 1), proc.stderr
+    got = _gpu_series(proc.stdout)
+    assert (_value(proc.stdout, "mldebug_gpu_pcie_link_width_max_lanes", gpu="0") or 0) >= 1
+    assert _value(proc.stdout, "mldebug_gpu_temperature_celsius", gpu="0") is not None
+    assert any(k.startswith("mldebug_gpu_clock_event_active{") for k in got)
+    checks = [k for k in _samples(proc.stdout) if k.startswith("mldebug_health_check{") and 'gpu="0"' in k]
+    assert any('check="gpu.ecc_mode"' in k for k in checks) and any('check="gpu.xid"' in k for k in checks), checks

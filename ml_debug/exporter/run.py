@@ -23,8 +23,15 @@ from ml_debug import __version__
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode, UsageError, first_line
 from ml_debug.exporter import sources
-from ml_debug.exporter.model import HEALTH, RANKS, SourceHealth, Snapshot, health_values, progress_file_counts, \
-    rank_values
+from ml_debug.exporter.model import (
+    HEALTH,
+    RANKS,
+    Snapshot,
+    SourceHealth,
+    health_values,
+    progress_file_counts,
+    rank_values,
+)
 from ml_debug.exporter.options import LISTEN_HINT, ExporterOptions
 
 SCHEMA = "mldebug.exporter"
@@ -184,6 +191,8 @@ class Exporter:
             parts.append("failing checks: " + ", ".join(f"{c.target} {c.check}" for c in fails[:4]))
         elif snap.sources[HEALTH].samples:
             parts.append(f"{len(snap.checks)} health checks, none failing")
+        if snap.health_summary and "FAKE NVML" in snap.health_summary:  # test data never reads as hardware
+            parts.append("GPU values from FAKE NVML (a test hook)")
         code = ExitCode.PARTIAL if hung else ExitCode.PROBLEM if (stalled or stragglers or fails) else ExitCode.OK
         return {"ok": code == ExitCode.OK, "summary": "; ".join(parts), "exit_code": int(code), "status": status,
                 "listen": self.opts.listen, **snap.as_dict(now)}
