@@ -302,7 +302,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, Any]]:
 
 def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_and_its_end_drops_the_series(
         prometheus: tuple[str, Any], tmp_path: Path) -> None:
-    """One real job: `mldebug train` on 2 gloo ranks, rank 1 hangs at step 6. The exporter and `mldebug watch
+    """One real job: `mldebug train` on 2 gloo ranks, rank 1 hangs at step 4. The exporter and `mldebug watch
     --on-incident` look at it side by side; Prometheus scrapes the exporter every second."""
     prom, target = prometheus
     token, observer = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
@@ -313,7 +313,7 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
     log = tmp_path / "train.log"
     with open(log, "wb") as out:
         job = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--timeout", "300",
-                                "--steps", "1000", "--metrics-dir", str(metrics), "--inject", "hang@step=6,rank=1"],
+                                "--steps", "1000", "--metrics-dir", str(metrics), "--inject", "hang@step=4,rank=1"],
                                env=_env(token), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True, cwd=tmp_path)
     marker, bundle = tmp_path / "on-incident", tmp_path / "bundle"
@@ -330,10 +330,10 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
 
             def stepping() -> bool:
                 assert job.poll() is None, log.read_text(errors="replace")[-3000:]
-                return any(float(r["value"][1]) >= 3 for r in _query(prom, 'mldebug_rank_step{rank="1"}'))
+                return any(float(r["value"][1]) >= 2 for r in _query(prom, 'mldebug_rank_step{rank="1"}'))
 
-            wait_until(stepping, 180, "Prometheus to see rank 1 past step 3")
-            wait_until(lambda: "injected hang at step 6" in log.read_text(errors="replace"), 120,
+            wait_until(stepping, 180, "Prometheus to see rank 1 at step 2")
+            wait_until(lambda: "injected hang at step 4" in log.read_text(errors="replace"), 120,
                        "rank 1 to reach its hang")
             stalled = wait_until(lambda: _query(prom, "mldebug_rank_stalled == 1"), 60,
                                  "Prometheus to hold a stalled series")
@@ -381,12 +381,9 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
                "every process of the test to be gone")
 
 
-def test_once_prints_the_metrics_and_its_json_follows_the_schema() -> None:
+def test_once_json_follows_the_schema() -> None:
+    """(--once's Prometheus text is read by the NVML fake's test below.)"""
     token = uuid.uuid4().hex[:12]
-    proc = mldebug("exporter", "--once", "--interval", "0.2", "--env", f"{TOKEN_VAR}=nobody-{token}", timeout=120)
-    assert proc.returncode in (0, 1), proc.stderr
-    names = {line.split("{")[0].split(" ")[0] for line in proc.stdout.splitlines() if not line.startswith("#")}
-    assert {"mldebug_exporter_info", "mldebug_health_check", "mldebug_health_hung"} <= names, proc.stdout
     proc = mldebug("--json", "exporter", "--once", "--interval", "0.2", "--env", f"{TOKEN_VAR}=nobody-{token}",
                    timeout=120)
     doc = json.loads(proc.stdout)
@@ -449,3 +446,66 @@ def test_gpu_series_of_a_real_gpu() -> None:
     assert any(k.startswith("mldebug_gpu_clock_event_active{") for k in got)
     checks = [k for k in _samples(proc.stdout) if k.startswith("mldebug_health_check{") and 'gpu="0"' in k]
     assert any('check="gpu.ecc_mode"' in k for k in checks) and any('check="gpu.xid"' in k for k in checks), checks
+
+
+# -- the Slurm template ---------------------------------------------------------------------------------------
+FAKE_TRAIN = """import os, sys, time
+# a "rank" that writes a step a second until the test says it is done (or 90 s pass)
+done, metrics = sys.argv[1], sys.argv[2]
+deadline = time.time() + 90
+step = 0
+while not os.path.exists(done) and time.time() < deadline:
+    step += 1
+    with open(os.path.join(metrics, f"rank-{os.environ['SLURM_PROCID']}.jsonl"), "a") as f:
+        f.write('{"step": %d}\\n' % step)
+    time.sleep(0.5)
+"""
+
+
+def test_the_slurm_template_runs_one_exporter_per_node_for_the_length_of_the_job(rig_slurm, tmp_path: Path
+                                                                                  ) -> None:  # type: ignore[no-untyped-def]
+    script, done, metrics, sd = tmp_path / "fake_train.py", tmp_path / "done", tmp_path / "metrics", tmp_path / "sd"
+    script.write_text(FAKE_TRAIN)
+    metrics.mkdir()
+    sd.mkdir()
+    port = 20000 + int(uuid.uuid4().int % 20000)  # inside the nodes' own network namespaces
+    bindir = str(Path(sys.executable).parent)
+    env = {**rig_slurm.env, "PATH": f"{bindir}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": pythonpath(), "MLDEBUG_EXPORTER_PORT": str(port), "MLDEBUG_SD_DIR": str(sd),
+           "MLDEBUG_TRAIN": f"{sys.executable} {script} {done} {metrics}",
+           "MLDEBUG_ARGS": f"--interval 0.5 --health-interval 600 --progress-file {metrics}/rank-{{rank}}.jsonl"}
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", "--nodes=2", "--gpus-per-node=0",
+                          "--cpus-per-task=1", "--time=00:05:00", str(REPO / "slurm" / "exporter.sbatch")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    try:
+        targets = json.loads(wait_until(lambda: (f := sd / f"mldebug-{job}.json").exists() and f.read_text(), 60,
+                                        "the job's Prometheus target file"))
+        assert targets[0]["labels"] == {"slurm_job": job} and len(targets[0]["targets"]) == 2
+        hosts = [t.rsplit(":", 1)[0] for t in targets[0]["targets"]]
+        assert all(t.endswith(f":{port}") for t in targets[0]["targets"]) and set(hosts) <= set(rig_slurm.nodes)
+
+        def exported(host: str) -> str | None:
+            try:
+                text = _get(f"http://{rig_slurm.node_ips[host]}:{port}/metrics")
+            except OSError:
+                return None
+            return text if (_value(text, "mldebug_rank_step", job_id=job) or 0) >= 1 else None
+
+        for host in hosts:  # each node's exporter: its own rank, labelled with the job, its steps
+            text = wait_until(lambda host=host: exported(host), 60, f"the exporter on {host} to show its rank")
+            ranks = [k for k in _samples(text) if k.startswith("mldebug_rank_info{")]
+            assert len(ranks) == 1 and f'node="{host}"' in ranks[0] and 'world_size="2"' in ranks[0], ranks
+        done.touch()
+        assert rig_slurm.wait_end(job, timeout=60) == 0
+    finally:
+        done.touch()
+        if rig_slurm.run(["squeue", "-h", "-j", job, "-o", "%i"]).stdout.strip():
+            rig_slurm.cancel(job)
+    log = next(tmp_path.glob(f"*-{job}.out")).read_text()
+    assert "stopped (SIGTERM)" in log and "Traceback" not in log, log[-3000:]
+    assert not (sd / f"mldebug-{job}.json").exists()  # the target file goes with the job
+    for host in hosts:
+        with pytest.raises(OSError):
+            _get(f"http://{rig_slurm.node_ips[host]}:{port}/metrics", timeout=2)
