@@ -319,9 +319,7 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
     marker, bundle = tmp_path / "on-incident", tmp_path / "bundle"
     hook = f"{sys.executable} -c 'import os, sys; open(sys.argv[1], \"w\").write(os.environ[\"MLDEBUG_INCIDENT\"])' " \
            f"{marker}"
-    watch = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "watch", *judge, "--stack-every", "0",
-                              "--out-dir", str(bundle), "--on-incident", hook], env=_env(observer),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    watch: subprocess.Popen[str] | None = None
     with reserved_port() as port:
         exporter = _exporter(observer, port, *judge, "--health-interval", "30")
         try:
@@ -335,6 +333,13 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
             wait_until(stepping, 180, "Prometheus to see rank 1 at step 2")
             wait_until(lambda: "injected hang at step 4" in log.read_text(errors="replace"), 120,
                        "rank 1 to reach its hang")
+            # watch starts now, past the job's start-up (its first step is slow, longer than --stall on a loaded
+            # machine): it judges by the progress files' age, as the exporter does
+            watch = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "watch", *judge, "--stack-every",
+                                      "0", "--samples", "1", "--out-dir", str(bundle), "--on-incident", hook],
+                                     env=_env(observer),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdin=subprocess.DEVNULL)
             stalled = wait_until(lambda: _query(prom, "mldebug_rank_stalled == 1"), 60,
                                  "Prometheus to hold a stalled series")
             assert "1" in {r["metric"]["rank"] for r in stalled}, stalled
@@ -372,7 +377,8 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
             assert _value(gone, "mldebug_exporter_info") == 1.0
         finally:
             for proc in (watch, exporter):
-                _stop(proc)
+                if proc is not None:
+                    _stop(proc)
             if job.poll() is None:
                 kill_pids([job.pid, *pids_with_env(TOKEN_VAR, token)])
                 job.wait(timeout=30)
