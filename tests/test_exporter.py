@@ -162,7 +162,7 @@ def test_the_exporter_states_the_trackers_stall_decision_with_a_grace_per_rank()
         s = sample((11, 0, 90.0), (12, 1, 0.0))
         tracker.add_node("local", s, t0 + t)
         tracker.evaluate(t0 + t)
-        ranks = {r.rank: r for r in rank_values(tracker, [], s, t0 + t, grace=30, job="j", is_exited=is_exited)}
+        ranks = {r.rank: r for r in rank_values(tracker, s, t0 + t, job_id="j", grace=30, is_exited=is_exited)}
         track = next(r for r in tracker.ranks.values() if r.rank == 1)
         assert ranks["1"].stalled == (track.status == "stalled" and t >= 30), t
         assert not ranks["0"].stalled
@@ -171,7 +171,27 @@ def test_the_exporter_states_the_trackers_stall_decision_with_a_grace_per_rank()
     s = sample((11, 0, 90.0))
     tracker.add_node("local", s, t0 + 41)
     tracker.evaluate(t0 + 41)
-    assert [r.rank for r in rank_values(tracker, [], s, t0 + 41, grace=30, job="j", is_exited=is_exited)] == ["0"]
+    assert [r.rank for r in rank_values(tracker, s, t0 + 41, job_id="j", grace=30, is_exited=is_exited)] == ["0"]
+
+
+def test_each_job_on_a_node_is_judged_apart_and_labelled_by_its_own_id() -> None:
+    """Two jobs on one node: their ranks are split by job before the exporter gives each job its own Tracker
+    (so a slow job's ranks are never stragglers beside a fast job's), with the job_id from --job, SLURM_JOB_ID,
+    TORCHELASTIC_RUN_ID or the launcher."""
+    from types import SimpleNamespace
+
+    from ml_debug.exporter.model import job_id_of, split_by_job
+
+    targets = [SimpleNamespace(pid=1, env={"SLURM_JOB_ID": "77", "TORCHELASTIC_RUN_ID": "x"}, launcher_pid=9),
+               SimpleNamespace(pid=2, env={"TORCHELASTIC_RUN_ID": "run-a"}, launcher_pid=9),
+               SimpleNamespace(pid=3, env={"TORCHELASTIC_RUN_ID": "none"}, launcher_pid=8),
+               SimpleNamespace(pid=4, env={}, launcher_pid=None)]
+    sample = {"node": {}, "gpus": [], "ranks": [{"pid": p} for p in (1, 2, 3, 4, 5)]}
+    jobs = split_by_job(sample, targets, None)
+    assert {j: [r["pid"] for r in s["ranks"]] for j, s in jobs.items()} == {"77": [1], "run-a": [2], "pid8": [3],
+                                                                            "": [4, 5]}
+    assert list(split_by_job(sample, targets, "mine")) == ["mine"]
+    assert job_id_of({"SLURM_JOB_ID": "5"}, 3, "over") == "over"
 
 
 # -- bad --listen ---------------------------------------------------------------------------------------------

@@ -140,20 +140,28 @@ def _ratio(pct: Any) -> float | None:
     return None if pct is None else round(float(pct) / 100.0, 4)
 
 
-def rank_values(tracker: Any, targets: list[Any], sample: dict[str, Any], now: float, *, grace: float,
-                job: str | None, is_exited: Callable[[str], bool]) -> list[RankValues]:
-    """The live ranks of the Tracker (after ``evaluate``) as series values. ``targets``: the sampler's
-    (pid -> the launcher variables, for the job id); ``sample``: the node sample the Tracker was given.
-    A rank in its first ``grace`` seconds is never stalled or a straggler; ``is_exited``: whether a
-    Tracker status is one of a rank without a process (its series are dropped)."""
+def split_by_job(sample: dict[str, Any], targets: list[Any], override: str | None) -> dict[str, dict[str, Any]]:
+    """One node sample per job: the same sample with only that job's rank rows. Each job is judged on its
+    own (its median step rate is its own ranks', as when watch looks at one job)."""
     by_pid = {t.pid: t for t in targets}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for row in sample.get("ranks") or []:
+        t = by_pid.get(row["pid"])
+        job_id = job_id_of(getattr(t, "env", None), getattr(t, "launcher_pid", None), override)
+        rows.setdefault(job_id, []).append(row)
+    return {job_id: {**sample, "ranks": r} for job_id, r in rows.items()}
+
+
+def rank_values(tracker: Any, sample: dict[str, Any], now: float, *, job_id: str, grace: float,
+                is_exited: Callable[[str], bool]) -> list[RankValues]:
+    """The live ranks of one job's Tracker (after ``evaluate``) as series values; ``sample``: the job's
+    sample the Tracker was given. A rank in its first ``grace`` seconds is never stalled or a straggler;
+    ``is_exited``: whether a Tracker status is one of a rank without a process (its series are dropped)."""
     rows = {row["pid"]: row for row in sample.get("ranks") or []}
-    out: dict[tuple[str, str], RankValues] = {}
+    out: dict[str, RankValues] = {}
     for r in tracker.ranks.values():
         if is_exited(r.status) or r.pid not in rows:
             continue
-        t = by_pid.get(r.pid)
-        job_id = job_id_of(getattr(t, "env", None), getattr(t, "launcher_pid", None), job)
         label = str(r.rank) if r.rank is not None else f"pid{r.pid}"
         judged = now - r.first_seen >= grace
         f = r.file or {}
@@ -163,11 +171,11 @@ def rank_values(tracker: Any, targets: list[Any], sample: dict[str, Any], now: f
                        straggler=judged and r.status == "straggler", judged=judged,
                        seconds_since_progress=max(0.0, now - r.last_progress), last_progress=r.last_progress,
                        progress_why=r.progress_why, step=f.get("step"), steps_per_second=f.get("rate"),
-                       progress_file_error=f.get("error"), cpu_ratio=_ratio(r.cpu_pct), rss_bytes=rows[r.pid].get("rss_bytes"), gpus=gpus)
-        key = (job_id, label)
-        if key not in out or out[key].pid < v.pid:  # two processes with one rank: the newer (a restart) wins
-            out[key] = v
-    return sorted(out.values(), key=lambda v: (v.job_id, len(v.rank), v.rank))
+                       progress_file_error=f.get("error"), cpu_ratio=_ratio(r.cpu_pct),
+                       rss_bytes=rows[r.pid].get("rss_bytes"), gpus=gpus)
+        if label not in out or out[label].pid < v.pid:  # two processes with one rank: the newer (a restart) wins
+            out[label] = v
+    return sorted(out.values(), key=lambda v: (len(v.rank), v.rank))
 
 
 def progress_file_counts(sample: dict[str, Any]) -> dict[str, int]:

@@ -26,11 +26,13 @@ from ml_debug.exporter import sources
 from ml_debug.exporter.model import (
     HEALTH,
     RANKS,
+    RankValues,
     Snapshot,
     SourceHealth,
     health_values,
     progress_file_counts,
     rank_values,
+    split_by_job,
 )
 from ml_debug.exporter.options import LISTEN_HINT, ExporterOptions
 
@@ -51,7 +53,7 @@ class Exporter:
         self.lock = threading.Lock()  # only between the two writers; a scrape reads self.snapshot unlocked
         self.stop = threading.Event()
         self.sampler: Any = None
-        self.tracker = sources.make_tracker(opts)
+        self.trackers: dict[str, Any] = {}  # job id -> watch's Tracker for that job's ranks
         self.threads: list[threading.Thread] = []
 
     def current(self) -> Snapshot:
@@ -69,7 +71,7 @@ class Exporter:
 
     # -- ranks ------------------------------------------------------------------------------------------
     def sample_ranks(self) -> None:
-        """One sample of this node's ranks, judged, into the snapshot."""
+        """One sample of this node's ranks, each job judged by its own Tracker, into the snapshot."""
         t0 = time.perf_counter()
         before = self.snapshot.sources[RANKS]
         try:
@@ -77,13 +79,21 @@ class Exporter:
                 self.sampler = sources.make_sampler(self.opts)
             sample = self.sampler.sample()
             now = time.time()
-            self.tracker.add_node(sources.NODE_LABEL, sample, now)
-            self.tracker.evaluate(now)
-            for line in self.tracker.take_events():
-                output.log(f"mldebug exporter: {line}")
+            jobs = split_by_job(sample, list(self.sampler.targets), self.opts.job)
+            for job_id in self.trackers.keys() - jobs.keys():  # no rank of it left: its ranks exit
+                jobs[job_id] = {**sample, "ranks": []}
+            ranks: list[RankValues] = []
+            for job_id, job_sample in sorted(jobs.items()):
+                tracker = self.trackers.get(job_id)
+                if tracker is None:
+                    tracker = self.trackers[job_id] = sources.make_tracker(self.opts)
+                tracker.add_node(sources.NODE_LABEL, job_sample, now)
+                tracker.evaluate(now)
+                for line in tracker.take_events():
+                    output.log(f"mldebug exporter: {line}" + (f" [job {job_id}]" if len(jobs) > 1 else ""))
+                ranks += rank_values(tracker, job_sample, now, job_id=job_id, grace=self.opts.grace,
+                                     is_exited=sources.is_exited)
             self._forget_exited(now)
-            ranks = rank_values(self.tracker, list(self.sampler.targets), sample, now, grace=self.opts.grace,
-                                job=self.opts.job, is_exited=sources.is_exited)
             self.sampler.maintain()
         except Exception as e:  # one failed sample is an error counted and said, not a dead exporter
             self._source(RANKS, errors=before.errors + 1, last_error=first_line(e))
@@ -96,13 +106,14 @@ class Exporter:
                                     ).with_source(RANKS, health)
 
     def _forget_exited(self, now: float) -> None:
-        """Ranks that exited long ago leave the Tracker, so a node that runs job after job keeps a bounded
-        memory (their series went when they exited)."""
-        for key, r in list(self.tracker.ranks.items()):
-            if sources.is_exited(r.status) and now - r.last_seen > max(EXITED_KEEP_S, self.opts.stall):
-                del self.tracker.ranks[key]
-        self.tracker.reported = {(kind, key) for kind, key in self.tracker.reported
-                                 if key in self.tracker.ranks or key in self.tracker.nodes}
+        """Ranks that exited long ago leave their Tracker, and a Tracker with no rank left goes, so a node
+        that runs job after job keeps a bounded memory (their series went when they exited)."""
+        for job_id, tracker in list(self.trackers.items()):
+            for key, r in list(tracker.ranks.items()):
+                if sources.is_exited(r.status) and now - r.last_seen > max(EXITED_KEEP_S, self.opts.stall):
+                    del tracker.ranks[key]
+            if not tracker.ranks:
+                del self.trackers[job_id]
 
     def _ranks_loop(self) -> None:
         tick = time.monotonic()
