@@ -5,6 +5,7 @@ Every process a test starts carries MLDEBUG_TEST_JOB=<token> in its environment 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -535,3 +536,20 @@ def test_the_slurm_template_runs_one_exporter_per_node_for_the_length_of_the_job
     for host in hosts:
         with pytest.raises(OSError):
             _get(f"http://{rig_slurm.node_ips[host]}:{port}/metrics", timeout=2)
+
+
+def test_the_systemd_unit_verifies_and_runs_the_exporter_without_a_shell(tmp_path: Path) -> None:
+    from ml_debug.exporter.options import ExporterOptions
+
+    analyze = shutil.which("systemd-analyze")
+    require(analyze, "systemd-analyze (Debian package systemd)")
+    assert analyze is not None
+    text = (REPO / "deploy" / "systemd" / "mldebug-exporter.service").read_text()
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    assert exec_start == "ExecStart=/usr/local/bin/mldebug exporter $MLDEBUG_EXPORTER_ARGS"  # words, no shell
+    envvar = dataclasses.fields(ExporterOptions)[0].metadata["cli"].envvar
+    assert f"Environment={envvar}=127.0.0.1:9477" in text  # loopback unless the operator says otherwise
+    unit = tmp_path / "mldebug-exporter.service"
+    unit.write_text(text.replace("/usr/local/bin/mldebug", str(Path(sys.executable).parent / "mldebug")))
+    proc = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
