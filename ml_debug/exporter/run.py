@@ -59,10 +59,6 @@ class Exporter:
     def current(self) -> Snapshot:
         return self.snapshot
 
-    def _update(self, **changes: Any) -> None:
-        with self.lock:
-            self.snapshot = replace(self.snapshot, **changes)
-
     def _source(self, name: str, **changes: Any) -> SourceHealth:
         with self.lock:
             health = replace(self.snapshot.sources[name], **changes)
