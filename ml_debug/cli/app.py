@@ -36,6 +36,7 @@ COMMANDS = {
     "drill": "drill",
     "tflops": "tflops",
     "history": "history",
+    "exporter": "exporter",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).

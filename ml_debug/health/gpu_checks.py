@@ -313,7 +313,11 @@ def check_xids(gpu: GpuInfo, events: list[XidEvent] | None, reason: str) -> Chec
     xids = sorted({e.xid for e in mine})
     worst = next((e for e in mine if e.severity in ("hardware", "reset", "unknown")), None)
     value = ",".join(str(x) for x in xids) + f" ({len(mine)} events)"
-    data = {"events": [{"xid": e.xid, "detail": e.detail, "meaning": e.meaning} for e in mine[-20:]]}
+    counts: dict[int, int] = {}
+    for e in mine:  # every event, not only the 20 kept: `mldebug exporter` serves them as counts
+        counts[e.xid] = counts.get(e.xid, 0) + 1
+    data = {"events": [{"xid": e.xid, "detail": e.detail, "meaning": e.meaning} for e in mine[-20:]],
+            "counts": counts}
     if worst is not None:
         return Check("gpu.xid", t, Status.FAIL, value, "no Xid since boot",
                      f"Xid {worst.xid} {worst.meaning}: {worst.action}", src, data)

@@ -3,12 +3,13 @@
 Loaded through ``MLDEBUG_TEST_HOOKS=tests.fakes.held_checks``: its NVML hook, which `mldebug health`
 calls first thing, leaves a mark that the checks started and, when asked, prints a line on stdout and
 stderr and then holds the process (tests/test_check_options.py, tests/test_health_host.py). Only in
-`mldebug health`: the other steps that read NVML run as usual."""
+`mldebug health` and in the health runs of `mldebug exporter`: the other steps that read NVML run as usual."""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,8 +22,17 @@ HOLD = "MLDEBUG_TEST_HOLD"
 """Set: the hook prints, then holds the process for good."""
 
 
+EXPORTER_HEALTH_THREAD = "mldebug-exporter-health"
+"""`mldebug exporter` runs its health checks in threads named so; its rank sampler reads NVML too, and
+is left alone (tests/test_exporter.py)."""
+
+
 def nvml_backend() -> None:
-    if "health" not in sys.argv[1:]:  # `mldebug env` reads NVML too: only the health step is marked and held
+    args = sys.argv[1:]
+    if "exporter" in args:
+        if not threading.current_thread().name.startswith(EXPORTER_HEALTH_THREAD):
+            return
+    elif "health" not in args:  # `mldebug env` reads NVML too: only the health step is marked and held
         return
     Path(os.environ[MARK]).touch()
     if os.environ.get(HOLD):

@@ -141,4 +141,5 @@ need() {
 }
 SSH_PKGS=(/usr/sbin/sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client pgrep:procps ps:procps)
 NETNS_PKGS=(ip:iproute2 nsenter:util-linux unshare:util-linux setsid:util-linux)
+PROM_PKGS=(prometheus:prometheus promtool:prometheus systemd-analyze:systemd)
 SLURM_PKGS=(slurmctld:slurmctld slurmd:slurmd srun:slurm-client sinfo:slurm-client munged:munge)

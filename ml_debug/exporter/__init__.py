@@ -1,0 +1,1 @@
+"""`mldebug exporter`: node health and job progress as Prometheus metrics."""
