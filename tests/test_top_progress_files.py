@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ml_debug.core.errors import UsageError
-from ml_debug.procs.selectors import parse_pattern
-from ml_debug.top.progress import ProgressReader, Source
+from ml_debug.sampling.options import parse_pattern
+from ml_debug.sampling.progress import ProgressReader, Source
 from ml_debug.top.view import outlier_lines
 from tests.conftest import mldebug, validate_schema
 

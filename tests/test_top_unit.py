@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ml_debug.sampling.progress import ProgressReader, Source, last_step, rank_of_file
+from ml_debug.sampling.sample import SAMPLE_SCHEMA, SAMPLE_VERSION, NodeInfo, NodeSample, SampleError
 from ml_debug.top.options import TopOptions
 from ml_debug.top.outliers import far_from_median, find_outliers
-from ml_debug.top.progress import ProgressReader, Source, last_step, rank_of_file
 from tests.conftest import REPO, mldebug, validate_schema, wait_until
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import healthy_gpu
@@ -105,7 +106,7 @@ def test_progress_of_a_plain_log_counts_new_lines_and_a_fifo_is_refused_without_
     reader.read(str(fifo), now=10.0)
     refused = reader.read(str(fifo), now=13.0)
     assert refused.error == f"{fifo} is a FIFO, not a regular file: not opened"
-    assert refused.as_dict(13.0)["rate"] is None  # not read: no rate, not a rank stopped at 0.00 steps/s
+    assert refused.as_sample(13.0, Source(str(fifo), None)).rate is None  # not read: no rate, not a rank stopped at 0.00 steps/s
 
 
 # ------------------------------------------------------------------------------- the agent
@@ -226,14 +227,15 @@ def test_cpu_only_node_shows_gpus_as_not_available() -> None:
 
 def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None:
     from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.sampling.streams import Feed
     from ml_debug.top.model import snapshot
-    from ml_debug.top.streams import Feed
 
     opts = TopOptions(interval=1.0, timeout=2.0)
     spec = TargetSpec(kind="ssh", targets=[Target("a"), Target("b"), Target("c")])
-    sample = {"seq": 7, "time": 1.0, "node": {"host": "a"}, "gpus": [], "ranks": [], "progress": [], "notes": []}
+    sample = NodeSample(seq=7, time=1.0, node=NodeInfo(host="a"))
     feeds = [Feed(Target("a"), "a", started=0.0, sample=sample, received=99.0),
-             Feed(Target("b"), "b", started=0.0, sample=dict(sample, node={"host": "b"}), received=96.5),
+             Feed(Target("b"), "b", started=0.0, sample=NodeSample(seq=7, time=1.0, node=NodeInfo(host="b")),
+                  received=96.5),
              Feed(Target("c"), "c", started=98.0)]
     r = snapshot(feeds, spec, opts, started=0.0, now=100.0)
     assert [(n["target"], n["status"], n["age_s"]) for n in r["nodes"]] == \
@@ -247,11 +249,11 @@ def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None
 def test_a_snapshot_says_ok_only_when_every_node_answered_and_nothing_stands_out() -> None:
     from ml_debug.core.output import document
     from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.sampling.streams import Feed
     from ml_debug.top.model import SCHEMA, SCHEMA_VERSION, snapshot
-    from ml_debug.top.streams import Feed
 
     opts = TopOptions(interval=1.0, timeout=2.0)
-    sample = {"seq": 1, "time": 1.0, "node": {"host": "a"}, "gpus": [], "ranks": [], "progress": [], "notes": []}
+    sample = NodeSample(seq=1, time=1.0, node=NodeInfo(host="a"))
     answering = Feed(Target("a"), "a", started=0.0, sample=sample, received=99.0)
     silent = Feed(Target("b"), "b", started=0.0)
     for feeds, ok in (([answering], True), ([answering, silent], False)):
@@ -312,17 +314,19 @@ def test_bad_options_exit_2_with_a_one_line_error_and_a_hint(args: list[str], wo
 
 
 def test_a_sample_another_version_could_send_is_refused_not_drawn() -> None:
-    from ml_debug.top.streams import valid_sample
-
-    good = {"node": {}, "gpus": [{"index": 0}], "ranks": [{"pid": 1, "label": "rank 0"}]}
-    assert valid_sample(good)
-    for bad in ({"node": {}}, {"node": {}, "gpus": [{"index": "0"}], "ranks": []},
-                {"node": {}, "gpus": [], "ranks": [{"pid": 1}]}, [], {"node": "x", "gpus": [], "ranks": []}):
-        assert not valid_sample(bad), bad
+    good = {"schema": SAMPLE_SCHEMA, "v": SAMPLE_VERSION, "node": {}, "gpus": [{"index": 0}],
+            "ranks": [{"pid": 1, "label": "rank 0"}]}
+    assert NodeSample.from_json(good).ranks[0].label == "rank 0"
+    for bad in ({**good, "node": None}, {**good, "gpus": [{"index": "0"}]}, {**good, "ranks": [{"pid": 1}]}, [],
+                {**good, "node": "x"}, {**good, "schema": "mldebug.top"}, {**good, "gpus": None}):
+        with pytest.raises(SampleError):
+            NodeSample.from_json(bad)
+    with pytest.raises(SampleError, match=r"sample format 2 from mldebug 9\.9; this is mldebug .*install the same"):
+        NodeSample.from_json({**good, "v": 2, "mldebug_version": "9.9"})
 
 
 def test_mldebug_commands_watching_a_job_are_not_its_ranks_but_mldebug_train_ranks_are() -> None:
-    from ml_debug.top.sampler import is_agent
+    from ml_debug.sampling.sampler import is_agent
 
     assert is_agent("/venv/bin/python3 /venv/bin/mldebug watch --slurm-job 56", None)
     assert is_agent("python -m ml_debug --json top --agent --interval 1.0", None)

@@ -20,6 +20,8 @@ from typing import Any
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
 from ml_debug.remote.targets import TargetSpec
+from ml_debug.sampling.options import SamplerOptions
+from ml_debug.sampling.sample import NodeSample
 from ml_debug.watch.bundle import SCHEMA, SCHEMA_VERSION, default_dir
 from ml_debug.watch.model import Incident, Tracker, seconds
 from ml_debug.watch.options import WatchOptions
@@ -28,13 +30,13 @@ NO_TARGETS_HINT = ("name the job: --pid PID (a launcher's pid means its ranks), 
                    "or watch the nodes it runs on (--hosts / --slurm-job)")
 STATUS_EVERY_S = 60.0
 
+Reading = tuple[str, NodeSample | None, float | None, str | None]
+"""(node label, its last sample, when it arrived (wall time), why there is none)."""
 
-def _top_options(opts: WatchOptions, spec: TargetSpec) -> Any:
-    from ml_debug.top.options import TopOptions
 
-    env = list(opts.env)
-    return TopOptions(interval=opts.interval, timeout=opts.node_timeout, progress_files=list(opts.progress_files),
-                      pattern=opts.pattern, user=opts.user, env=env)
+def _sampler_options(opts: WatchOptions) -> SamplerOptions:
+    return SamplerOptions(interval=opts.interval, progress_files=list(opts.progress_files), pattern=opts.pattern,
+                          user=opts.user, env=list(opts.env))
 
 
 class LocalSource:
@@ -43,7 +45,7 @@ class LocalSource:
     def __init__(self, opts: WatchOptions, spec: TargetSpec) -> None:
         from ml_debug.procs import find_targets
         from ml_debug.procs.labels import read_environ
-        from ml_debug.top.sampler import NodeSampler, is_agent
+        from ml_debug.sampling.sampler import NodeSampler, is_agent
 
         pids = list(opts.pids)
 
@@ -56,10 +58,10 @@ class LocalSource:
                 self._found_at = time.monotonic()
 
         self.label = spec.targets[0].label
-        self.sampler = Sampler(_top_options(opts, spec))
+        self.sampler = Sampler(_sampler_options(opts))
 
-    def poll(self) -> list[tuple[str, dict[str, Any] | None, float | None, str | None]]:
-        out: list[tuple[str, dict[str, Any] | None, float | None, str | None]] = [
+    def poll(self) -> list[Reading]:
+        out: list[Reading] = [
             (self.label, self.sampler.sample(), time.time(), None)]
         self.sampler.maintain()  # between samples: look for the job's ranks again when it is time
         return out
@@ -72,9 +74,9 @@ class StreamSource:
     """One streaming ``mldebug top --agent`` per node; each poll reads what every node said last."""
 
     def __init__(self, opts: WatchOptions, spec: TargetSpec) -> None:
-        from ml_debug.top.streams import Client
+        from ml_debug.sampling.streams import Client
 
-        self.client = Client(spec, _top_options(opts, spec), retry=True)
+        self.client = Client(spec, _sampler_options(opts), retry=True)
         self.client.start()
         try:
             self.client.wait(self.client.all_first, time.monotonic() + opts.interval + opts.node_timeout)
@@ -82,9 +84,9 @@ class StreamSource:
             self.client.close()
             raise
 
-    def poll(self) -> list[tuple[str, dict[str, Any] | None, float | None, str | None]]:
+    def poll(self) -> list[Reading]:
         now_wall, now_mono = time.time(), time.monotonic()
-        out: list[tuple[str, dict[str, Any] | None, float | None, str | None]] = []
+        out: list[Reading] = []
         with self.client.lock:
             for f in self.client.feeds:
                 received = None if f.received is None else now_wall - (now_mono - f.received)

@@ -31,7 +31,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from ml_debug.sampling.sample import ProgressFile
 
 WINDOW_S = 10.0
 """Seconds of history a rate is measured over."""
@@ -110,12 +112,13 @@ class FileProgress:
             return None
         return max(0.0, (v1 - v0) / (t1 - t0))
 
-    def as_dict(self, now_wall: float) -> dict[str, Any]:
+    def as_sample(self, now_wall: float, source: Source, *, has_rank: bool = True) -> ProgressFile:
+        """What a node sample says of this file (``has_rank``: the wire form names its rank)."""
         rate = None if self.error else self.rate()  # a file not read shows no progress, not a stop
-        return {"path": self.path, "kind": self.kind, "step": self.step, "lines": self.lines,
-                "rate": None if rate is None else round(rate, 3),
-                "age_s": None if self.mtime is None else round(max(0.0, now_wall - self.mtime), 1),
-                "error": self.error}
+        return ProgressFile(path=self.path, kind=self.kind, step=self.step, lines=self.lines,
+                            rate=None if rate is None else round(rate, 3),
+                            age_s=None if self.mtime is None else round(max(0.0, now_wall - self.mtime), 1),
+                            error=self.error, pattern=source.pattern, rank=source.rank, has_rank=has_rank)
 
 
 class ProgressReader:
