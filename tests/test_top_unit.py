@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ml_debug.sampling.progress import ProgressReader, Source, last_step, rank_of_file
+from ml_debug.sampling.progress import FileSource, ProgressReader, last_step, rank_of_file
 from ml_debug.sampling.sample import SAMPLE_SCHEMA, SAMPLE_VERSION, NodeInfo, NodeSample, SampleError
 from ml_debug.top.options import TopOptions
 from ml_debug.top.outliers import far_from_median, find_outliers
@@ -79,7 +79,7 @@ def test_progress_step_from_json_lines_rate_from_history_and_rank_from_the_name(
     f = tmp_path / "rank-3.jsonl"
     f.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(5)) + '{"step": 99')  # half a line
     reader = ProgressReader([str(tmp_path / "rank-{rank}.jsonl")])
-    assert reader.paths_for([(3, 1), (4, 0)])[0] == {str(f): Source(str(tmp_path / "rank-{rank}.jsonl"), 3)}
+    assert reader.paths_for([(3, 1), (4, 0)])[0] == {str(f): FileSource(str(tmp_path / "rank-{rank}.jsonl"), 3)}
     p = reader.read(str(f), now=100.0)
     assert (p.kind, p.step, p.rate()) == ("step", 4, None)
     with f.open("a") as out:
@@ -96,8 +96,8 @@ def test_progress_of_a_plain_log_counts_new_lines_and_a_fifo_is_refused_without_
     fifo = tmp_path / "rank-0.log"
     os.mkfifo(fifo)  # nobody writes to it: opening it for reading would block forever
     reader = ProgressReader([str(tmp_path / "*.log")])
-    assert reader.paths_for([]) == ({str(fifo): Source(str(tmp_path / "*.log"), 0),
-                                     str(log): Source(str(tmp_path / "*.log"), None)}, {})
+    assert reader.paths_for([]) == ({str(fifo): FileSource(str(tmp_path / "*.log"), 0),
+                                     str(log): FileSource(str(tmp_path / "*.log"), None)}, {})
     assert reader.read(str(log), now=10.0).lines == 0  # lines already there are history
     with log.open("a") as out:
         out.write("step done\n" * 30)
@@ -106,7 +106,7 @@ def test_progress_of_a_plain_log_counts_new_lines_and_a_fifo_is_refused_without_
     reader.read(str(fifo), now=10.0)
     refused = reader.read(str(fifo), now=13.0)
     assert refused.error == f"{fifo} is a FIFO, not a regular file: not opened"
-    assert refused.as_sample(13.0, Source(str(fifo), None)).rate is None  # not read: no rate, not a rank stopped at 0.00 steps/s
+    assert refused.as_sample(13.0, FileSource(str(fifo), None)).rate is None  # not read: no rate, not a rank stopped at 0.00 steps/s
 
 
 # ------------------------------------------------------------------------------- the agent

@@ -40,7 +40,7 @@ class CheckOptions:
 
     def skipped(self) -> list[str]:
         """The steps --skip names; an unknown name, or no step left to run, is a usage error."""
-        from ml_debug.checkup import DEFAULT_STEPS
+        from ml_debug.compose.check import DEFAULT_STEPS
 
         names = [s.name for s in DEFAULT_STEPS]
         skipped = [n.strip() for word in self.skip for n in word.split(",") if n.strip()]
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
 
 def check(opts: CheckOptions) -> int:
 
-    from ml_debug import checkup
+    from ml_debug.compose import check as checkup
     from ml_debug.core import output, safefs
 
     skipped = opts.skipped()

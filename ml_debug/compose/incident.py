@@ -66,7 +66,7 @@ def target_words(spec: TargetSpec) -> list[str]:
     return []
 
 
-class Collector:
+class IncidentCollector:
     """Writes one incident's bundle."""
 
     def __init__(self, spec: TargetSpec, opts: WatchOptions, tracker: Tracker, incident: Incident, path: Path,

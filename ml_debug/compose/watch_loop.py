@@ -4,7 +4,7 @@ Samples come from ``mldebug top``'s sampler: in this process for ``--local`` (wi
 one streaming agent per node (``mldebug top --agent``, one ssh session or ``srun --overlap`` step
 each) for ``--hosts``/``--slurm-job``. Stack rounds are dump-stacks' own py-spy dumps, taken by a
 background thread every ``--stack-every`` seconds. The decisions are :class:`ml_debug.watch.model.Tracker`'s;
-the bundle is :class:`ml_debug.watcher.incident.Collector`'s.
+the bundle is :class:`ml_debug.compose.incident.IncidentCollector`'s.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class StackRounds:
                 self.tracker.add_stacks(obs, taken)
 
     def round(self) -> list[dict[str, Any]]:
-        from ml_debug.watcher.incident import dump_request
+        from ml_debug.compose.incident import dump_request
 
         req = dump_request(self.opts, self.spec, samples=1, flight_recorder=False)
         req = dataclasses.replace(req, dumper="py-spy")
@@ -209,7 +209,7 @@ class Watch:
         return self.opts.out_dir / f"incident-{self.incidents}" if self.opts.keep_watching else self.opts.out_dir
 
     def incident(self, inc: Incident, stacks: StackRounds) -> dict[str, Any]:
-        from ml_debug.watcher.incident import Collector
+        from ml_debug.compose.incident import IncidentCollector
 
         self.incidents += 1
         path = self._bundle_dir(inc.time)
@@ -217,7 +217,7 @@ class Watch:
         output.log(f"watch: collecting the bundle in {path}")
         stacks.paused.set()  # its dump-stacks agents would show up as processes of the job
         try:
-            self.collector = Collector(self.spec, self.opts, self.tracker, inc, path, self.job, self.base_result)
+            self.collector = IncidentCollector(self.spec, self.opts, self.tracker, inc, path, self.job, self.base_result)
             result = self.collector.collect()
             self.collector.run_on_incident()
             result = self.collector.result()
