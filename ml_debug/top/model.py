@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.sampling.sample import NodeInfo, NodeSample
@@ -20,13 +21,20 @@ from ml_debug.top.outliers import find_outliers
 SCHEMA = "mldebug.top"
 SCHEMA_VERSION = 1
 
-OK = "ok"
-CONNECTING = "connecting"
-NOT_ANSWERING = "not answering"
-FAILED = "failed"
+class NodeStatus(Word):
+    """Whether a node still answers: its last sample is fresh, it is still connecting, it has been silent
+    longer than --interval + --timeout, or its stream ended."""
+
+    OK = "ok"
+    CONNECTING = "connecting"
+    NOT_ANSWERING = "not answering"
+    FAILED = "failed"
 
 
-def node_status(feed: Any, now: float, grace_s: float, final: bool = False) -> tuple[str, float | None]:
+OK, CONNECTING, NOT_ANSWERING, FAILED = NodeStatus.OK, NodeStatus.CONNECTING, NodeStatus.NOT_ANSWERING, NodeStatus.FAILED
+
+
+def node_status(feed: Any, now: float, grace_s: float, final: bool = False) -> tuple[NodeStatus, float | None]:
     """(status, age of the last values in seconds) of one node; ``final``: no more waiting (--once)."""
     age = None if feed.received is None else max(0.0, now - feed.received)
     if feed.ended:
