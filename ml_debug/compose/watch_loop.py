@@ -1,6 +1,6 @@
 """The watch loop: samples in, decisions out, a bundle per incident.
 
-Samples come from ``mldebug top``'s sampler: in this process for ``--local`` (with ``--pid``), or
+Samples come from the sampling service (:mod:`ml_debug.sampling`): in this process for ``--local`` (with ``--pid``), or
 one streaming agent per node (``mldebug top --agent``, one ssh session or ``srun --overlap`` step
 each) for ``--hosts``/``--slurm-job``. Stack rounds are dump-stacks' own py-spy dumps, taken by a
 background thread every ``--stack-every`` seconds. The decisions are :class:`ml_debug.watch.model.Tracker`'s;

@@ -1,4 +1,4 @@
-"""The client side of `mldebug top`: one persistent agent stream per node, read by one thread.
+"""The client side of node sampling (top, watch): one persistent agent stream per node, read by one thread.
 
 Each node runs ``mldebug top --agent`` once, for as long as the view is open:
 
