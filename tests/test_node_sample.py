@@ -89,3 +89,24 @@ def test_a_sample_of_another_wire_version_is_refused_with_both_versions_named() 
     with pytest.raises(SampleError, match=r"pid is '4101', not a whole number \(mldebug 0\.1\.0 there"):
         NodeSample.from_json(broken)
     assert SAMPLE_SCHEMA == _golden()["schema"]
+
+
+def test_the_client_keeps_a_good_line_and_notes_one_of_another_format() -> None:
+    from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.sampling.streams import Client
+
+    client = Client(TargetSpec(kind="local", targets=[Target("here")]), SamplerOptions())
+    try:
+        (feed,) = client.feeds
+        good = _golden()
+        feed.buf += b"a login banner\n" + json.dumps(good).encode() + b"\n"
+        client._lines(feed)
+        assert feed.sample is not None and feed.sample.node.host == "node1" and feed.samples == 1
+        newer = {**good, "v": 2, "mldebug_version": "9.9.9", "seq": 43}
+        feed.buf += json.dumps(newer).encode() + b"\n"
+        client._lines(feed)
+        assert feed.sample.seq == 42 and feed.samples == 1  # the other format is not drawn
+        assert feed.note is not None and feed.note.startswith(
+            "here sent a sample this mldebug cannot read: sample format 2 from mldebug 9.9.9")
+    finally:
+        client.close()

@@ -267,7 +267,8 @@ class Client:
         with self.lock:
             self._stopping = True
         self._wake()
-        self._reader.join(timeout=2)  # before the streams go: it must not read a closed one
+        if self._reader.ident is not None:  # started (a client closed unstarted has no reader)
+            self._reader.join(timeout=2)  # before the streams go: it must not read a closed one
         with self.lock:
             streams = [f.stream for f in self.feeds if f.stream is not None]
         for s in streams:
