@@ -2,7 +2,7 @@
 
 Targets are the rig's sshd daemons (4 loopback ports + 3 netns nodes) repeated under distinct
 ssh_config aliases, as in bench_remote.py: every target is its own ssh connection running its own
-agent. The client is the library itself (:class:`ml_debug.top.streams.Client`), and every round it
+agent. The client is the library itself (:class:`ml_debug.sampling.streams.Client`), and every round it
 also builds the snapshot and draws the live view's screen (50 lines) into a string.
 
     python benchmarks/run.py top
@@ -39,9 +39,9 @@ def measure(cfg: Path, names: list[str]) -> dict[str, float]:
     from rich.console import Console
 
     from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.sampling.streams import Client, Feed
     from ml_debug.top.model import snapshot
     from ml_debug.top.options import TopOptions
-    from ml_debug.top.streams import Client, Feed
     from ml_debug.top.view import LiveView
 
     n = len(names)
@@ -56,10 +56,10 @@ def measure(cfg: Path, names: list[str]) -> dict[str, float]:
 
     def on_sample(feed: Feed) -> None:
         assert feed.sample is not None
-        arrivals.setdefault(int(feed.sample["tick"]), {})[feed.label] = time.time()
+        arrivals.setdefault(feed.sample.tick or 0, {})[feed.label] = time.time()
 
     t0 = time.perf_counter()
-    with Client(spec, opts, on_sample=on_sample) as client:
+    with Client(spec, opts.sampler(), on_sample=on_sample) as client:
         if not client.wait(client.all_first, time.monotonic() + 180):
             raise RuntimeError(f"{n} nodes: not all answered within 180 s")
         startup = time.perf_counter() - t0
@@ -87,7 +87,7 @@ def measure(cfg: Path, names: list[str]) -> dict[str, float]:
         wall = time.perf_counter() - w0
         cpu = time.process_time() - c0
         with client.lock:
-            agent = [float(f.sample["node"]["agent_cpu_pct"]) for f in client.feeds if f.sample]
+            agent = [f.sample.node.agent_cpu_pct or 0.0 for f in client.feeds if f.sample]
     return {"round_s": statistics.median(rounds), "round_max_s": max(rounds), "startup_s": startup,
             "period_s": (done_at[-1] - done_at[0]) / (ROUNDS - 1), "client_pct": 100.0 * cpu / wall,
             "draw_ms": 1000.0 * draw_cpu / ROUNDS,

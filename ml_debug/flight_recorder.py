@@ -23,9 +23,10 @@ import secrets
 import threading
 import time
 
+from ml_debug.core.frfiles import DIR_VAR, dump_name, trigger_name
 from ml_debug.core.rankvars import rank_from_env
 
-ENV_DIR = "MLDEBUG_FR_DIR"
+ENV_DIR = DIR_VAR
 POLL_S = 0.2
 
 _started: threading.Thread | None = None
@@ -52,7 +53,7 @@ def write_dump(dump_dir: str, rank: int) -> str:
     (``O_EXCL | O_NOFOLLOW``, mode 0600: only this user and root read it), renamed over the final
     name, so nothing another user planted there is written through.
     """
-    path = os.path.join(dump_dir, f"fr-{rank}.json")
+    path = os.path.join(dump_dir, dump_name(rank))
     try:
         text = dump_json()
     except Exception as e:  # noqa: BLE001 - a diagnostics helper must never kill the job
@@ -77,7 +78,7 @@ def write_dump(dump_dir: str, rank: int) -> str:
 
 
 def _watch(dump_dir: str, rank: int) -> None:
-    trigger = os.path.join(dump_dir, f"trigger-{rank}")
+    trigger = os.path.join(dump_dir, trigger_name(rank))
     while True:
         try:
             if os.path.exists(trigger):

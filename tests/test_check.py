@@ -6,9 +6,9 @@ import json
 
 import jsonschema
 
-from ml_debug import checkup
-from ml_debug.checkup import PASS, SKIPPED, TIMEOUT, StepResult, StepStatus, judge
 from ml_debug.cli.app import COMMANDS
+from ml_debug.compose import check as checkup
+from ml_debug.compose.check import PASS, SKIPPED, TIMEOUT, StepResult, StepStatus, judge
 from tests.conftest import REPO, mldebug
 from tests.fakes import faults
 

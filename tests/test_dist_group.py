@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ml_debug.core.errors import UsageError
-from ml_debug.dist.launch import LaunchResult, LaunchSpec, launch
+from ml_debug.dist.spawn import SpawnResult, SpawnSpec, spawn
 from tests.conftest import require, reserved_port
 
 RANK_SCRIPT = """
@@ -75,31 +75,31 @@ def test_init_times_out_when_a_rank_never_joins() -> None:
 
 
 def test_launch_result_code() -> None:
-    assert LaunchResult({0: 1, 1: 0}).code == 1
-    assert LaunchResult({0: -9, 1: 0}).code == 4
-    assert LaunchResult({2: 0, 3: 0}).code == 0
-    assert LaunchResult({2: 0, 3: -15}).code == 4
-    assert LaunchResult({0: 0}, timed_out=True).code == 4
+    assert SpawnResult({0: 1, 1: 0}).code == 1
+    assert SpawnResult({0: -9, 1: 0}).code == 4
+    assert SpawnResult({2: 0, 3: 0}).code == 0
+    assert SpawnResult({2: 0, 3: -15}).code == 4
+    assert SpawnResult({0: 0}, timed_out=True).code == 4
 
 
-@pytest.mark.parametrize("spec", [LaunchSpec(0), LaunchSpec(2, nnodes=2), LaunchSpec(2, nnodes=2, node_rank=2,
+@pytest.mark.parametrize("spec", [SpawnSpec(0), SpawnSpec(2, nnodes=2), SpawnSpec(2, nnodes=2, node_rank=2,
                                                                                      master_addr="h")])
-def test_bad_launch_specs(spec: LaunchSpec) -> None:
+def test_bad_launch_specs(spec: SpawnSpec) -> None:
     with pytest.raises(UsageError):
-        launch(["--help"], spec)
+        spawn(["--help"], spec)
 
 
 def test_self_launch_two_ranks_reports_each_exit_code() -> None:
     # `mldebug --version` exits 0 on every rank; an unknown command exits 2 on every rank and no rank
     # is killed early by the agent (the worker wrapper reports codes instead of failing).
-    ok = launch(["--version"], LaunchSpec(2, rdzv_timeout_s=30))
+    ok = spawn(["--version"], SpawnSpec(2, rdzv_timeout_s=30))
     assert ok.exit_codes == {0: 0, 1: 0} and ok.code == 0
-    bad = launch(["no-such-command"], LaunchSpec(2, rdzv_timeout_s=30))
+    bad = spawn(["no-such-command"], SpawnSpec(2, rdzv_timeout_s=30))
     assert bad.exit_codes == {0: 2, 1: 2} and bad.code == 2
 
 
 def test_a_launch_removes_the_folders_of_launchers_killed_before_they_could(tmp_path: Path, monkeypatch) -> None:
-    from ml_debug.dist import launch as launch_mod
+    from ml_debug.dist import spawn as launch_mod
 
     require(os.geteuid() == 0, "root (to leave a folder of another user)")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

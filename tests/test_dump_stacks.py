@@ -308,3 +308,34 @@ def test_pid_of_one_rank_does_not_call_the_others_missing() -> None:
     finally:
         rank0.kill()
         rank0.wait()
+
+
+def test_a_mistyped_dumper_with_hosts_is_exit_2_before_any_node_is_reached() -> None:
+    """--dumper is a choice, refused when the command line is read: a node listening on a real socket
+    sees no connection (it was found on every node, after connecting, when it was a plain string)."""
+    import socket
+
+    with socket.socket() as node:
+        node.bind(("127.0.0.1", 0))
+        node.listen(8)
+        port = node.getsockname()[1]
+        proc = mldebug("dump-stacks", "--hosts", f"127.0.0.1:{port}", "--dumper", "pyspy", timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("mldebug: error: Invalid value for '--dumper'"), proc.stderr
+        assert "'auto', 'py-spy', 'pystack', 'gdb'" in proc.stderr and "\nhint: " in proc.stderr
+        assert proc.stdout == ""
+        node.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nothing in the listen queue: no node was reached
+            node.accept()
+        # the same command line with a valid dumper does connect, so the socket above would have seen it
+        reached = subprocess.Popen([sys.executable, "-m", "ml_debug", "dump-stacks", "--hosts", f"127.0.0.1:{port}",
+                                    "--dumper", "py-spy", "--connect-timeout", "3"], cwd=REPO,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            node.setblocking(True)
+            node.settimeout(60)
+            conn, _ = node.accept()
+            conn.close()
+        finally:
+            reached.kill()
+            reached.wait()

@@ -149,11 +149,12 @@ def test_the_exporter_states_the_trackers_stall_decision_with_a_grace_per_rank()
 
     tracker = make_tracker(ExporterOptions(stall=10, grace=30, interval=1))
 
-    def sample(*rows: tuple[int, int, float]) -> dict[str, Any]:
-        return {"node": {"host": "n1"}, "gpus": [], "progress": [],
-                "ranks": [{"pid": pid, "rank": rank, "local_rank": rank, "world_size": 2, "state": "S",
-                           "cpu_pct": cpu, "rss_bytes": 1 << 20, "gpu": None, "progress": None}
-                          for pid, rank, cpu in rows]}
+    from ml_debug.sampling.sample import NodeInfo, NodeSample, RankSample
+
+    def sample(*rows: tuple[int, int, float]) -> NodeSample:
+        return NodeSample(node=NodeInfo(host="n1"),
+                          ranks=[RankSample(pid=pid, label=f"rank {rank}", rank=rank, local_rank=rank, world_size=2,
+                                            state="S", cpu_pct=cpu, rss_bytes=1 << 20) for pid, rank, cpu in rows])
 
     t0 = time.time()  # the Tracker counts from its own start
     s = sample((11, 0, 90.0), (12, 1, 90.0))
@@ -187,10 +188,12 @@ def test_each_job_on_a_node_is_judged_apart_and_labelled_by_its_own_id() -> None
                SimpleNamespace(pid=2, env={"TORCHELASTIC_RUN_ID": "run-a"}, launcher_pid=9),
                SimpleNamespace(pid=3, env={"TORCHELASTIC_RUN_ID": "none"}, launcher_pid=8),
                SimpleNamespace(pid=4, env={}, launcher_pid=None)]
-    sample = {"node": {}, "gpus": [], "ranks": [{"pid": p} for p in (1, 2, 3, 4, 5)]}
+    from ml_debug.sampling.sample import NodeInfo, NodeSample, RankSample
+
+    sample = NodeSample(node=NodeInfo(host="n1"), ranks=[RankSample(pid=p, label=f"pid {p}") for p in (1, 2, 3, 4, 5)])
     jobs = split_by_job(sample, targets, None)
-    assert {j: [r["pid"] for r in s["ranks"]] for j, s in jobs.items()} == {"77": [1], "run-a": [2], "pid8": [3],
-                                                                            "": [4, 5]}
+    assert {j: [r.pid for r in s.ranks] for j, s in jobs.items()} == {"77": [1], "run-a": [2], "pid8": [3],
+                                                                      "": [4, 5]}
     assert list(split_by_job(sample, targets, "mine")) == ["mine"]
     assert job_id_of({"SLURM_JOB_ID": "5"}, 3, "over") == "over"
 

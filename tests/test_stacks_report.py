@@ -11,7 +11,7 @@ import pytest
 
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.output import document, to_jsonable
-from ml_debug.procs.find import Target
+from ml_debug.procs.find import FoundProcess
 from ml_debug.stacks import flight
 from ml_debug.stacks.cores import CoreReport, CoreSearch, core_bt_result
 from ml_debug.stacks.model import Attempt, Frame, ProcessDump, ThreadDump
@@ -49,7 +49,7 @@ def _frames(odd: bool) -> list[Frame]:
 
 def _process(host: str, rank: int, *, odd: bool = False, error: str | None = None) -> ProcessSamples:
     pid = 1000 + rank
-    target = Target(pid=pid, host=host, user="me", cmdline="python train.py", exe="/usr/bin/python3",
+    target = FoundProcess(pid=pid, host=host, user="me", cmdline="python train.py", exe="/usr/bin/python3",
                     found_by="torchrun pid 999", rank=rank, local_rank=rank % 2, world_size=4, rank_source="RANK",
                     launcher_pid=999, env={"RANK": str(rank)})
     if error:
@@ -91,7 +91,7 @@ def test_the_result_is_typed_frozen_and_its_json_validates() -> None:
     assert got["exit_code"] == 1 and got["processes"][3]["state"] == "single"
     assert got["processes"][3]["samples"][0]["threads"][0]["frames"][0]["locals"] == {"i": "3"}
     # a process's keys: the target's own, then its samples and what the analysis made of it
-    assert list(got["processes"][0]) == [f.name for f in dataclasses.fields(Target)] + [
+    assert list(got["processes"][0]) == [f.name for f in dataclasses.fields(FoundProcess)] + [
         "samples", "group", "state", "error", "fix", "kernel"]
 
 

@@ -264,9 +264,9 @@ def private_sshd(rig_ssh, node, tmp: Path, other) -> Iterator[PrivateSshd]:
 def test_a_node_whose_sshd_is_stopped_is_not_answering_while_the_other_keeps_updating(
         job, rig_ssh, rig_nodes, tmp_path: Path) -> None:
     from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.sampling.streams import Client
     from ml_debug.top.model import snapshot
     from ml_debug.top.options import TopOptions
-    from ml_debug.top.streams import Client
 
     node2 = next(n for n in rig_ssh.nodes if n.name == job.ranks[2][0])
     node1 = next(n for n in rig_ssh.nodes if n.name == job.ranks[0][0])
@@ -274,7 +274,7 @@ def test_a_node_whose_sshd_is_stopped_is_not_answering_while_the_other_keeps_upd
         opts = TopOptions(interval=0.5, timeout=1.5, env=[(TOKEN_VAR, job.token)])
         spec = TargetSpec(kind="ssh", targets=[Target(node1.name), Target(sshd.alias)], ssh_config=sshd.config,
                           remote_python=sys.executable, connect_timeout_s=5)
-        with Client(spec, opts) as client:
+        with Client(spec, opts.sampler()) as client:
             def statuses() -> dict[str, str]:
                 with client.lock:
                     r = snapshot(client.feeds, spec, opts, started=client.started)
@@ -282,7 +282,7 @@ def test_a_node_whose_sshd_is_stopped_is_not_answering_while_the_other_keeps_upd
 
             def seq(label: str) -> int:
                 with client.lock:
-                    return next(int(f.sample["seq"]) for f in client.feeds if f.label == label and f.sample)
+                    return next(f.sample.seq for f in client.feeds if f.label == label and f.sample)
 
             wait_until(lambda: statuses() == {node1.name: "ok", sshd.alias: "ok"}, 30, "both nodes streaming")
             sshd.signal(signal.SIGSTOP)  # the listener and the session's sshd: the stream stalls

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ml_debug.core.errors import UsageError
-from ml_debug.procs.selectors import parse_pattern
-from ml_debug.top.progress import ProgressReader, Source
+from ml_debug.sampling.options import parse_pattern
+from ml_debug.sampling.progress import FileSource, ProgressReader
 from ml_debug.top.view import outlier_lines
 from tests.conftest import mldebug, validate_schema
 
@@ -43,9 +43,9 @@ def test_a_file_not_there_is_reported_from_the_glob_that_looked_for_it(tmp_path:
     ranks = str(tmp_path / "rank-{rank}.jsonl")
     reader = ProgressReader([ranks, str(tmp_path / "none-*.log")])
     found, missing = reader.paths_for([(3, 1), (4, 0)])
-    assert found == {str(present): Source(ranks, 3)}
-    assert missing == {str(tmp_path / "rank-4.jsonl"): Source(ranks, 4),
-                       str(tmp_path / "none-*.log"): Source(str(tmp_path / "none-*.log"), None)}
+    assert found == {str(present): FileSource(ranks, 3)}
+    assert missing == {str(tmp_path / "rank-4.jsonl"): FileSource(ranks, 4),
+                       str(tmp_path / "none-*.log"): FileSource(str(tmp_path / "none-*.log"), None)}
 
 
 def test_missing_and_unreadable_files_are_one_note_per_pattern_and_in_the_json(tmp_path: Path) -> None:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ml_debug.sampling.progress import FileSource, ProgressReader, last_step, rank_of_file
+from ml_debug.sampling.sample import SAMPLE_SCHEMA, SAMPLE_VERSION, NodeInfo, NodeSample, SampleError
 from ml_debug.top.options import TopOptions
 from ml_debug.top.outliers import far_from_median, find_outliers
-from ml_debug.top.progress import ProgressReader, Source, last_step, rank_of_file
 from tests.conftest import REPO, mldebug, validate_schema, wait_until
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import healthy_gpu
@@ -78,7 +79,7 @@ def test_progress_step_from_json_lines_rate_from_history_and_rank_from_the_name(
     f = tmp_path / "rank-3.jsonl"
     f.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(5)) + '{"step": 99')  # half a line
     reader = ProgressReader([str(tmp_path / "rank-{rank}.jsonl")])
-    assert reader.paths_for([(3, 1), (4, 0)])[0] == {str(f): Source(str(tmp_path / "rank-{rank}.jsonl"), 3)}
+    assert reader.paths_for([(3, 1), (4, 0)])[0] == {str(f): FileSource(str(tmp_path / "rank-{rank}.jsonl"), 3)}
     p = reader.read(str(f), now=100.0)
     assert (p.kind, p.step, p.rate()) == ("step", 4, None)
     with f.open("a") as out:
@@ -95,8 +96,8 @@ def test_progress_of_a_plain_log_counts_new_lines_and_a_fifo_is_refused_without_
     fifo = tmp_path / "rank-0.log"
     os.mkfifo(fifo)  # nobody writes to it: opening it for reading would block forever
     reader = ProgressReader([str(tmp_path / "*.log")])
-    assert reader.paths_for([]) == ({str(fifo): Source(str(tmp_path / "*.log"), 0),
-                                     str(log): Source(str(tmp_path / "*.log"), None)}, {})
+    assert reader.paths_for([]) == ({str(fifo): FileSource(str(tmp_path / "*.log"), 0),
+                                     str(log): FileSource(str(tmp_path / "*.log"), None)}, {})
     assert reader.read(str(log), now=10.0).lines == 0  # lines already there are history
     with log.open("a") as out:
         out.write("step done\n" * 30)
@@ -105,7 +106,7 @@ def test_progress_of_a_plain_log_counts_new_lines_and_a_fifo_is_refused_without_
     reader.read(str(fifo), now=10.0)
     refused = reader.read(str(fifo), now=13.0)
     assert refused.error == f"{fifo} is a FIFO, not a regular file: not opened"
-    assert refused.as_dict(13.0)["rate"] is None  # not read: no rate, not a rank stopped at 0.00 steps/s
+    assert refused.as_sample(13.0, FileSource(str(fifo), None)).rate is None  # not read: no rate, not a rank stopped at 0.00 steps/s
 
 
 # ------------------------------------------------------------------------------- the agent
@@ -226,14 +227,15 @@ def test_cpu_only_node_shows_gpus_as_not_available() -> None:
 
 def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None:
     from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.sampling.streams import Feed
     from ml_debug.top.model import snapshot
-    from ml_debug.top.streams import Feed
 
     opts = TopOptions(interval=1.0, timeout=2.0)
     spec = TargetSpec(kind="ssh", targets=[Target("a"), Target("b"), Target("c")])
-    sample = {"seq": 7, "time": 1.0, "node": {"host": "a"}, "gpus": [], "ranks": [], "progress": [], "notes": []}
+    sample = NodeSample(seq=7, time=1.0, node=NodeInfo(host="a"))
     feeds = [Feed(Target("a"), "a", started=0.0, sample=sample, received=99.0),
-             Feed(Target("b"), "b", started=0.0, sample=dict(sample, node={"host": "b"}), received=96.5),
+             Feed(Target("b"), "b", started=0.0, sample=NodeSample(seq=7, time=1.0, node=NodeInfo(host="b")),
+                  received=96.5),
              Feed(Target("c"), "c", started=98.0)]
     r = snapshot(feeds, spec, opts, started=0.0, now=100.0)
     assert [(n["target"], n["status"], n["age_s"]) for n in r["nodes"]] == \
@@ -247,11 +249,11 @@ def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None
 def test_a_snapshot_says_ok_only_when_every_node_answered_and_nothing_stands_out() -> None:
     from ml_debug.core.output import document
     from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.sampling.streams import Feed
     from ml_debug.top.model import SCHEMA, SCHEMA_VERSION, snapshot
-    from ml_debug.top.streams import Feed
 
     opts = TopOptions(interval=1.0, timeout=2.0)
-    sample = {"seq": 1, "time": 1.0, "node": {"host": "a"}, "gpus": [], "ranks": [], "progress": [], "notes": []}
+    sample = NodeSample(seq=1, time=1.0, node=NodeInfo(host="a"))
     answering = Feed(Target("a"), "a", started=0.0, sample=sample, received=99.0)
     silent = Feed(Target("b"), "b", started=0.0)
     for feeds, ok in (([answering], True), ([answering, silent], False)):
@@ -312,17 +314,19 @@ def test_bad_options_exit_2_with_a_one_line_error_and_a_hint(args: list[str], wo
 
 
 def test_a_sample_another_version_could_send_is_refused_not_drawn() -> None:
-    from ml_debug.top.streams import valid_sample
-
-    good = {"node": {}, "gpus": [{"index": 0}], "ranks": [{"pid": 1, "label": "rank 0"}]}
-    assert valid_sample(good)
-    for bad in ({"node": {}}, {"node": {}, "gpus": [{"index": "0"}], "ranks": []},
-                {"node": {}, "gpus": [], "ranks": [{"pid": 1}]}, [], {"node": "x", "gpus": [], "ranks": []}):
-        assert not valid_sample(bad), bad
+    good = {"schema": SAMPLE_SCHEMA, "v": SAMPLE_VERSION, "node": {}, "gpus": [{"index": 0}],
+            "ranks": [{"pid": 1, "label": "rank 0"}]}
+    assert NodeSample.from_json(good).ranks[0].label == "rank 0"
+    for bad in ({**good, "node": None}, {**good, "gpus": [{"index": "0"}]}, {**good, "ranks": [{"pid": 1}]}, [],
+                {**good, "node": "x"}, {**good, "schema": "mldebug.top"}, {**good, "gpus": None}):
+        with pytest.raises(SampleError):
+            NodeSample.from_json(bad)
+    with pytest.raises(SampleError, match=r"sample format 2 from mldebug 9\.9; this is mldebug .*install the same"):
+        NodeSample.from_json({**good, "v": 2, "mldebug_version": "9.9"})
 
 
 def test_mldebug_commands_watching_a_job_are_not_its_ranks_but_mldebug_train_ranks_are() -> None:
-    from ml_debug.top.sampler import is_agent
+    from ml_debug.sampling.sampler import is_agent
 
     assert is_agent("/venv/bin/python3 /venv/bin/mldebug watch --slurm-job 56", None)
     assert is_agent("python -m ml_debug --json top --agent --interval 1.0", None)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ml_debug.cli.trace import TRACE_EXAMPLES, TraceOptions
+from ml_debug.cli.trace import TRACE_EXAMPLES
+from ml_debug.tracing.command_options import TraceCommandOptions
 from tests.conftest import REPO, mldebug
 from tests.fakes import pythonpath
 
@@ -83,7 +84,7 @@ def test_missing_module_or_parent_package_is_a_usage_error(tmp_path, module, mis
 
 def _trace_flags() -> set[str]:
     flags: set[str] = set()
-    for f in fields(TraceOptions):
+    for f in fields(TraceCommandOptions):
         opt = f.metadata["cli"]
         if not opt.argument:
             flags.update(opt.flags or (f"--{f.name.replace('_', '-')}",))

@@ -14,6 +14,7 @@ import pytest
 from ml_debug.core.errors import UsageError
 from ml_debug.procs.find import launcher_kind, mldebug_tool
 from ml_debug.procs.tree import ProcInfo
+from ml_debug.sampling.sample import SAMPLE_SCHEMA, SAMPLE_VERSION, NodeSample
 from ml_debug.watch.bundle import Bundle, default_dir, markdown, run_part, tail_lines
 from ml_debug.watch.model import MIN_STACK_SAMPLES, Tracker
 from ml_debug.watch.options import WatchOptions, incident_argv
@@ -34,8 +35,13 @@ def rank_row(rank: int, cpu: float | None, *, state: str = "S", progress: dict |
             "gpu": gpu, "progress": progress}
 
 
-def sample(host: str, ranks: list[dict], gpus: list[dict] | None = None, files: list[dict] | None = None) -> dict:
-    return {"node": {"host": host}, "ranks": ranks, "gpus": gpus or [], "progress": files or [], "notes": []}
+def sample(host: str, ranks: list[dict], gpus: list[dict] | None = None, files: list[dict] | None = None
+           ) -> NodeSample:
+    """A node sample as its agent's line would give it (read the way the client reads every line)."""
+    for r in ranks:
+        r.setdefault("label", f"rank {r['rank']}")
+    return NodeSample.from_json({"schema": SAMPLE_SCHEMA, "v": SAMPLE_VERSION, "node": {"host": host}, "ranks": ranks,
+                                 "gpus": gpus or [], "progress": files or [], "notes": []})
 
 
 def feed(t: Tracker, when: float, ranks: list[dict], **kw: Any) -> Any:
@@ -94,7 +100,7 @@ def test_an_unreadable_progress_file_leaves_the_rank_to_its_cpu() -> None:
            "error": "/m/rank-0.jsonl is a directory, not a regular file: not opened"}
     incs = [feed(t, T0 + s, [rank_row(0, 90.0, progress=bad)]) for s in range(1, 15)]
     assert incs == [None] * 14 and t.ranks["n1:100"].status == "ok"
-    assert t.ranks["n1:100"].file == bad  # still shown
+    assert t.ranks["n1:100"].as_dict(T0 + 15)["progress_file"]["error"] == bad["error"]  # still shown
     idle = [feed(t, T0 + s, [rank_row(0, 0.1, progress=bad)]) for s in range(15, 27)]
     assert any(i is not None and i.kind == "stall" for i in idle)  # and an idle rank still stalls
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ml_debug.bench.config import BenchConfig
-from ml_debug.dist.options import LaunchOptions
+from ml_debug.dist.options import SpawnOptions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,10 +37,10 @@ def register(app: typer.Typer) -> None:
     from ml_debug.cli.params import command
 
     command(app, "allreduce-bench", allreduce_bench, help=HELP, examples=EXAMPLES, cfg=BenchConfig,
-            launch=LaunchOptions)
+            launch=SpawnOptions)
 
 
-def allreduce_bench(cfg: BenchConfig, launch: LaunchOptions) -> int:
+def allreduce_bench(cfg: BenchConfig, launch: SpawnOptions) -> int:
     from ml_debug.core.extras import require_torch
 
     require_torch("mldebug allreduce-bench")
@@ -50,11 +50,11 @@ def allreduce_bench(cfg: BenchConfig, launch: LaunchOptions) -> int:
     cfg.validate(as_json=output.MODE.json)
     if is_launched():
         return _run_rank(cfg)
-    from ml_debug.cli.launching import default_nproc, self_launch
+    from ml_debug.cli.spawn import default_nproc, spawn_ranks
 
     nproc, gpus = default_nproc(cfg.backend, cfg.device)
     cfg.check_world((launch.nproc_per_node or nproc) * launch.nnodes)
-    return self_launch("allreduce-bench", [cfg], launch, gpus=gpus, rdzv_timeout_s=max(cfg.timeout, 30.0),
+    return spawn_ranks("allreduce-bench", [cfg], launch, gpus=gpus, rdzv_timeout_s=max(cfg.timeout, 30.0),
                        linger_s=min(cfg.timeout, 30.0) + 10)
 
 

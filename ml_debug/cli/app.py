@@ -180,7 +180,7 @@ _ctrl_c_last = [-SAME_CTRL_C_S]
 
 
 def main() -> None:
-    from ml_debug.cli.worker import exit_cli
+    from ml_debug.cli.exits import exit_cli
 
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, _ctrl_c_once)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import typer
 
-from ml_debug.core.options import option
+from ml_debug.core.env_options import EnvOptions
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,13 +27,6 @@ EXAMPLES = (
     "mldebug env --no-torch            # faster: skip importing torch",
     "mldebug exec --hosts node[01-04] -- mldebug env --json",
 )
-
-
-@dataclass(frozen=True)
-class EnvOptions:
-    """The options of `mldebug env`."""
-
-    no_torch: bool = option(False, help="Skip importing torch (faster; no CUDA/NCCL/cuDNN versions).")
 
 
 def env_command(opts: EnvOptions) -> int:

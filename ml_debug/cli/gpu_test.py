@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ml_debug.dist.options import LaunchOptions
+from ml_debug.dist.options import SpawnOptions
 from ml_debug.gputest.options import GpuTestConfig
 
 if TYPE_CHECKING:
@@ -34,10 +34,10 @@ EXAMPLES = (
 def register(app: typer.Typer) -> None:
     from ml_debug.cli.params import command
 
-    command(app, "gpu-test", gpu_test, help=HELP, examples=EXAMPLES, cfg=GpuTestConfig, launch=LaunchOptions)
+    command(app, "gpu-test", gpu_test, help=HELP, examples=EXAMPLES, cfg=GpuTestConfig, launch=SpawnOptions)
 
 
-def gpu_test(cfg: GpuTestConfig, launch: LaunchOptions) -> int:
+def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
     from ml_debug.core.extras import require_torch
 
     require_torch("mldebug gpu-test")
@@ -62,9 +62,9 @@ def gpu_test(cfg: GpuTestConfig, launch: LaunchOptions) -> int:
     rdzv = max(30.0, cfg.init_timeout)
     if cfg.isolate:
         return _isolate(cfg, launch.nproc_per_node or (gpus or 2), gpus, rdzv, run_timeout)
-    from ml_debug.cli.launching import self_launch
+    from ml_debug.cli.spawn import spawn_ranks
 
-    return self_launch("gpu-test", [cfg], launch, gpus=gpus, rdzv_timeout_s=rdzv if launch.nnodes > 1 else 30.0,
+    return spawn_ranks("gpu-test", [cfg], launch, gpus=gpus, rdzv_timeout_s=rdzv if launch.nnodes > 1 else 30.0,
                        run_timeout_s=run_timeout, linger_s=cfg.timeout_s + 3 * cfg.grace_s + 10)
 
 

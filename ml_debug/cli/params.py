@@ -3,7 +3,7 @@
 A command is declared as a function that takes its configuration objects::
 
     command(app, "gpu-test", run_gpu_test, help=HELP, examples=EXAMPLES,
-            config=GpuTestOptions, launch=LaunchOptions)
+            config=GpuTestOptions, launch=SpawnOptions)
 
 and this module derives the Typer options from the dataclass fields, builds the objects from what
 was parsed, adds the options every command has (``--json``), and ends the help with the same

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import typer
 
-from ml_debug.core.options import argument, option, parse_out_dir
+from ml_debug.remote.exec_options import ExecOptions
 from ml_debug.remote.options import TargetOptions
 
 HELP = """Run a command on every target and show each node's output, prefixed [host].
@@ -23,19 +20,6 @@ EXAMPLES = (
     "mldebug exec --slurm-job 12345 --group -- python -c 'import torch; print(torch.__version__)'",
     "mldebug exec --hosts hostfile --json -- uptime",
 )
-
-
-@dataclass(frozen=True)
-class ExecOptions:
-    """The options of `mldebug exec`."""
-
-    command: list[str] = argument(default_factory=list, metavar="CMD...", help="The command and its arguments.")
-    timeout: float = option(60.0, min=0.1, help="Seconds the command may run on each node.")
-    group: bool = option(False, flags=("--group", "-g"),
-                         help="Group nodes with identical output (like dshbak -c) instead of printing lines as they "
-                              "arrive.")
-    out_dir: Path | None = option(None, parse=parse_out_dir,
-                                  help="Also write each node's output here as it arrives.")
 
 
 def register(app: typer.Typer) -> None:

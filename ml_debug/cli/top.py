@@ -40,9 +40,9 @@ def register(app: typer.Typer) -> None:
 
 def top(opts: TopOptions, targets: TargetOptions) -> int:
     if opts.agent:
-        from ml_debug.top.agent import run_agent
+        from ml_debug.sampling.agent import run_agent
 
-        return run_agent(opts)
+        return run_agent(opts.sampler())
     from ml_debug.core.errors import UsageError
     from ml_debug.top.run import run_top
 

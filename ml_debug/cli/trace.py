@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from ml_debug.core.options import argument, option, parse_out_dir
-from ml_debug.tracing.options import MAX_RING
+from ml_debug.tracing.command_options import TailOptions, TraceCommandOptions
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -52,74 +48,12 @@ TAIL_EXAMPLES = (
 )
 
 
-class LineFormat(str, enum.Enum):
-    """How `mldebug trace` writes each call and line."""
-
-    nicer = "nicer"
-    seed = "seed"
-
-
-@dataclass(frozen=True)
-class TraceOptions:
-    """The options of `mldebug trace`."""
-
-    target: list[str] = argument(
-        metavar="PROGRAM", help="The script and its arguments (or, with -m, the module and its arguments): "
-                                "everything from here on goes to the program, so give mldebug trace's options "
-                                "before it. Put -- before the script when its name starts with a dash.")
-    module: bool = option(False, flags=("-m", "--module"), help="Run a module, like python -m.")
-    include: list[str] = option(
-        flags=("--include", "-i"), default_factory=list, metavar="PKG",
-        help="Also trace this installed top-level package (repeat, or a,b). Your own code (anything outside "
-             "site-packages and the standard library) is always traced.")
-    everything: bool = option(False, help="Trace all code, the standard library and site-packages included "
-                                          "(slow, big).")
-    out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), envvar="MLDEBUG_TRACE_DIR", parse=parse_out_dir,
-                           help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child).")
-    ring: int | None = option(None, min=1, max=MAX_RING, metavar="N",
-                              help="Keep only the last N events per thread in memory; write them at exit, on "
-                                   "--dump-signal and after --idle-dump seconds of quiet.")
-    idle_dump: float | None = option(None, metavar="SECONDS", min=0.01,
-                                     help="With --ring: write the ring when no new event arrived for this long "
-                                          "(a hang).")
-    dump_signal: list[str] = option(default_factory=list, metavar="SIG",
-                                    help="With --ring: signals that write the ring (default TERM and USR1). "
-                                         "USR1/USR2 keep the program running; others then act as before (TERM "
-                                         "still ends it).")
-    log_pids: bool = option(False, help="Prefix every line with [pid N].")
-    line_format: LineFormat = option(
-        LineFormat.nicer, flags=("--format",),
-        help="nicer: millisecond time stamps on every line, qualified function names, thread tags. seed: "
-             "the line format of the ML Engineering handbook's NicerTrace, for tools that parse it.")
-
-
-@dataclass(frozen=True)
-class TailOptions:
-    """The options of `mldebug trace-tail`."""
-
-    paths: list[str] = argument(default_factory=list, metavar="PATH",
-                                help="Trace files, or directories searched for trace-*.txt (default: the current "
-                                     "directory).")
-    lines: int = option(5, flags=("-n", "--lines"), min=1, help="How many last lines to compare.")
-    grep: str | None = option(None, metavar="PATTERN",
-                              help="Also count the lines matching this regular expression in each file.")
-    all_threads: bool = option(False, help="Compare the last lines of every thread, not only the main thread's.")
-
-
-def trace_command(opts: TraceOptions) -> int:
+def trace_command(opts: TraceCommandOptions) -> int:
     from ml_debug.core import output
-    from ml_debug.core.errors import UsageError
     from ml_debug.tracing.run import run_traced
 
-    if opts.idle_dump is not None and opts.ring is None:
-        raise UsageError("--idle-dump needs --ring N", "e.g. --ring 10000 --idle-dump 30")
-    if opts.dump_signal and opts.ring is None:
-        raise UsageError("--dump-signal needs --ring N",
-                         "without --ring every event is already on disk (flushed every 0.5 s)")
-    result = run_traced(list(opts.target), module=opts.module, include=opts.include or None,
-                        everything=opts.everything, out_dir=str(opts.out_dir), ring=opts.ring,
-                        idle_dump=opts.idle_dump, dump_signals=opts.dump_signal or None, log_pids=opts.log_pids,
-                        line_format=opts.line_format.value)
+    opts.validate()
+    result = run_traced(opts)
     if result.trace_file:
         output.log(f"mldebug trace: wrote {result.trace_file}")
     return result.exit_code
@@ -171,5 +105,5 @@ def register(app: typer.Typer) -> None:
 
     # Stop option parsing at the script name: its own options belong to it (like python itself).
     command(app, "trace", trace_command, help=TRACE_HELP, examples=TRACE_EXAMPLES,
-            context_settings={"allow_interspersed_args": False}, opts=TraceOptions)
+            context_settings={"allow_interspersed_args": False}, opts=TraceCommandOptions)
     command(app, "trace-tail", tail_command, help=TAIL_HELP, examples=TAIL_EXAMPLES, opts=TailOptions)

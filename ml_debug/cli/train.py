@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ml_debug.dist.options import LaunchOptions, OptInLaunchOptions
+from ml_debug.dist.options import OptInSpawnOptions, SpawnOptions
 from ml_debug.train.config import TrainConfig
 
 HELP = """Train a small Llama-style model with FSDP2, on CPU (gloo) or GPUs (NCCL), and break it on purpose.
@@ -27,10 +27,10 @@ EXAMPLES = (
 def register(app: typer.Typer) -> None:
     from ml_debug.cli.params import command
 
-    command(app, "train", train, help=HELP, examples=EXAMPLES, cfg=TrainConfig, launch=OptInLaunchOptions)
+    command(app, "train", train, help=HELP, examples=EXAMPLES, cfg=TrainConfig, launch=OptInSpawnOptions)
 
 
-def train(cfg: TrainConfig, launch: LaunchOptions) -> int:
+def train(cfg: TrainConfig, launch: SpawnOptions) -> int:
     from ml_debug.core.extras import require_torch
 
     require_torch("mldebug train")
@@ -41,10 +41,10 @@ def train(cfg: TrainConfig, launch: LaunchOptions) -> int:
     cfg.validate(world_size=(launch.nproc_per_node or 1) * launch.nnodes if launching else 1 << 30)
     if not launching:
         return _run_rank(cfg)
-    from ml_debug.cli.launching import default_nproc, self_launch
+    from ml_debug.cli.spawn import default_nproc, spawn_ranks
 
     _, gpus = default_nproc(cfg.backend, cfg.device)
-    return self_launch("train", [_absolute_paths(cfg)], launch, gpus=gpus, linger_s=min(cfg.timeout, 30.0) + 10)
+    return spawn_ranks("train", [_absolute_paths(cfg)], launch, gpus=gpus, linger_s=min(cfg.timeout, 30.0) + 10)
 
 
 def _absolute_paths(cfg: TrainConfig) -> TrainConfig:

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
 
 
 def watch(opts: WatchOptions, targets: TargetOptions) -> int:
-    from ml_debug.watcher.loop import run_watch
+    from ml_debug.compose.watch_loop import run_watch
 
     opts.validate(remote=targets.remote)
     return run_watch(targets.resolve(), opts)

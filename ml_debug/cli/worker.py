@@ -1,10 +1,13 @@
-"""Entry points of rank processes, and the one way a rank process exits.
+"""Entry points of rank processes.
 
 - ``python -m ml_debug.cli.worker <command> [args]``: a self-launched rank. It runs the mldebug
   command, writes its exit code where the launcher reads it (MLDEBUG_LAUNCH_DIR/rank<R>.rc), then
   exits 0: torch's elastic agent kills every other rank as soon as one exits non-zero, which would cut
   off the rank still printing the verdict.
 - ``torchrun -m ml_debug.train [args]``: the same as ``mldebug train`` (see :func:`train_main`).
+
+How a rank process exits is :mod:`ml_debug.cli.exits`' (the app uses it too, and never imports this
+module: the entry points sit above the app).
 """
 
 from __future__ import annotations
@@ -13,29 +16,7 @@ import os
 import sys
 from typing import NoReturn
 
-
-def is_rank_process() -> bool:
-    """True in a process that joined a multi-rank torch.distributed world."""
-    return "torch.distributed" in sys.modules and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
-
-
-def finish(code: int) -> NoReturn:
-    """Exit now, skipping interpreter finalisation.
-
-    After a gloo process group is destroyed, one of its worker threads can still drop a tensor while
-    Python finalizes and abort the process ("terminate called without an active exception", rc 134),
-    turning a clean result into a crash. Every result is written before this is called.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def exit_cli(code: int) -> NoReturn:
-    """How the `mldebug` command exits: like :func:`finish` in a rank process, else sys.exit."""
-    if is_rank_process():
-        finish(code)
-    sys.exit(code)
+from ml_debug.cli.exits import exit_cli, finish
 
 
 def run_rank(argv: list[str]) -> int:

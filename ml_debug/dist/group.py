@@ -132,7 +132,9 @@ def init_process_group(world: World, choice: DeviceChoice, timeout_s: float, sto
         raise ProblemFound(f"{where} failed: {first_line(e)}",
                            "rerun with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL; check "
                            "NCCL_SOCKET_IFNAME against `mldebug env` interfaces") from e
-    if os.environ.get("MLDEBUG_FR_DIR"):
+    from ml_debug.core.frfiles import DIR_VAR
+
+    if os.environ.get(DIR_VAR):
         # launched with MLDEBUG_FR_DIR: answer dump-stacks' and watch's Flight Recorder requests
         import ml_debug.flight_recorder
 

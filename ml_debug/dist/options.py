@@ -24,7 +24,7 @@ def _nproc_per_node(default: str) -> Any:
 
 
 @dataclass(frozen=True)
-class LaunchOptions:
+class SpawnOptions:
     """How to self-launch ranks when no launcher (torchrun, srun, mpirun) started us."""
 
     nproc_per_node: int | None = _nproc_per_node("one per visible GPU, or 2 CPU ranks")
@@ -41,7 +41,7 @@ class LaunchOptions:
 
 
 @dataclass(frozen=True)
-class OptInLaunchOptions(LaunchOptions):
+class OptInSpawnOptions(SpawnOptions):
     """The launch options of a command that runs in this one process unless asked for ranks (train)."""
 
     nproc_per_node: int | None = _nproc_per_node("none: one plain process, no ranks")

@@ -35,7 +35,7 @@ class Plan:
 
 
 @dataclass
-class Verdict:
+class DrillVerdict:
     """The diagnosis as run, and what it named."""
 
     ran: Ran
@@ -44,7 +44,7 @@ class Verdict:
     job_s: float
 
 
-Drill = Callable[[Workspace, Site, Plan], tuple[Injected, Verdict]]
+Drill = Callable[[Workspace, Site, Plan], tuple[Injected, DrillVerdict]]
 
 
 def _until_named(ws: Workspace, argv: list[str], save_as: str, read: Callable[[dict[str, Any]], Named],
@@ -78,14 +78,14 @@ def _injected(ws: Workspace, site: Site, plan: Plan, fault: str, where: str | No
 def _stuck(fault: str, where: str, diagnosis: Callable[[Workspace, list[str]], list[str]], save_as: str,
            read: Callable[[dict[str, Any]], Named], env: Callable[[Workspace], dict[str, str]] | None = None,
            retry_s: float = 20.0) -> Drill:
-    def drill(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, Verdict]:
+    def drill(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, DrillVerdict]:
         t0 = time.monotonic()
         spec = f"{fault}@step={plan.step},rank={plan.rank}" + (",factor=4" if fault == "straggler" else "")
         job = site.train(ws, plan.nproc, spec, env(ws) if env else {})
         wait_for_step(ws, job, plan.nproc * site.nodes, plan.step - 1)
         job_s = time.monotonic() - t0
         ran, named, seconds = _until_named(ws, diagnosis(ws, job.target), save_as, read, limit_s=retry_s)
-        return _injected(ws, site, plan, fault, where), Verdict(ran, named, seconds, job_s)
+        return _injected(ws, site, plan, fault, where), DrillVerdict(ran, named, seconds, job_s)
 
     return drill
 
@@ -116,7 +116,9 @@ def _read_culprit(result: dict[str, Any]) -> Named:
 def _fr_env(ws: Workspace) -> dict[str, str]:
     fr = ws.dir / "flight-recorder"
     fr.mkdir(exist_ok=True)
-    return {"TORCH_FR_BUFFER_SIZE": "2000", "MLDEBUG_FR_DIR": str(fr)}
+    from ml_debug.core.frfiles import BUFFER_VAR, DIR_VAR
+
+    return {BUFFER_VAR: "2000", DIR_VAR: str(fr)}
 
 
 def _dump_stacks(ws: Workspace, target: list[str]) -> list[str]:
@@ -131,7 +133,7 @@ def _watch(ws: Workspace, target: list[str]) -> list[str]:
 
 # -- faults that end the job: read its logs -------------------------------------------------------------
 def _ended(fault: str, where: str | None, silent: bool = False) -> Drill:
-    def drill(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, Verdict]:
+    def drill(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, DrillVerdict]:
         t0 = time.monotonic()
         logs = site.launched(ws, plan.nproc, ["--preset", "tiny", "--steps", str(plan.step + 3), "--timeout", "30",
                                                "--inject", f"{fault}@step={plan.step},rank={plan.rank}"])
@@ -148,7 +150,7 @@ def _ended(fault: str, where: str | None, silent: bool = False) -> Drill:
                          where=primary.get("message"), verdict=str(verdict.get("summary", "")))
 
         ran, named, seconds = _until_named(ws, ["logs", str(logs.relative_to(ws.dir))], "logs.json", read, limit_s=0)
-        return _injected(ws, site, plan, fault, where), Verdict(ran, named, seconds, job_s)
+        return _injected(ws, site, plan, fault, where), DrillVerdict(ran, named, seconds, job_s)
 
     return drill
 
@@ -162,7 +164,7 @@ def _as_ran(out: Output, save_as: str, ws: Workspace) -> Ran:
     return Ran([], 0, result, "", out.seconds, command=out.shown)
 
 
-def missing_rank(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, Verdict]:
+def missing_rank(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, DrillVerdict]:
     """gpu-test on a world with one rank never started: the others must name it. Rank 0 hosts the
     rendezvous store, so the missing rank is one of the others."""
     out = site.missing_rank(ws, plan.nproc, plan.rank)
@@ -170,10 +172,10 @@ def missing_rank(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, Verdi
     assert ran.result is not None
     named = Named(ranks=sorted(ran.result.get("missing_ranks") or []), verdict=str(ran.result.get("summary", "")))
     injected = Injected("missing-rank", plan.rank, site.node_of(ws, plan.rank, plan.nproc), None, None)
-    return injected, Verdict(ran, named, out.seconds, 0.0)
+    return injected, DrillVerdict(ran, named, out.seconds, 0.0)
 
 
-def slow_link(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, Verdict]:
+def slow_link(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, DrillVerdict]:
     """allreduce-bench --pairwise with one pair of units (ranks on one node, nodes on several) 20x slow."""
     assert plan.peer is not None
     hooks = ",".join(filter(None, [os.environ.get(HOOKS_ENV, ""), "ml_debug.drill.injectors"]))
@@ -186,7 +188,7 @@ def slow_link(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, Verdict]
                   verdict=str(ran.result.get("summary", "")))
     injected = Injected("slow-link", plan.rank, "" if site.nodes > 1 else site.node_of(ws, 0, 1), None,
                         f"{plan.rank}<->{plan.peer}", peer=plan.peer)
-    return injected, Verdict(ran, named, out.seconds, 0.0)
+    return injected, DrillVerdict(ran, named, out.seconds, 0.0)
 
 
 CATALOG: dict[str, tuple[Drill, str]] = {

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ml_debug.core.nvml import is_na
+from ml_debug.sampling.sample import NodeSample, RankSample
 
 RANKS = "ranks"
 HEALTH = "health"
@@ -140,49 +141,49 @@ def _ratio(pct: Any) -> float | None:
     return None if pct is None else round(float(pct) / 100.0, 4)
 
 
-def split_by_job(sample: dict[str, Any], targets: list[Any], override: str | None) -> dict[str, dict[str, Any]]:
+def split_by_job(sample: NodeSample, targets: list[Any], override: str | None) -> dict[str, NodeSample]:
     """One node sample per job: the same sample with only that job's rank rows. Each job is judged on its
     own (its median step rate is its own ranks', as when watch looks at one job)."""
     by_pid = {t.pid: t for t in targets}
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for row in sample.get("ranks") or []:
-        t = by_pid.get(row["pid"])
+    rows: dict[str, list[RankSample]] = {}
+    for row in sample.ranks:
+        t = by_pid.get(row.pid)
         job_id = job_id_of(getattr(t, "env", None), getattr(t, "launcher_pid", None), override)
         rows.setdefault(job_id, []).append(row)
-    return {job_id: {**sample, "ranks": r} for job_id, r in rows.items()}
+    return {job_id: replace(sample, ranks=r) for job_id, r in rows.items()}
 
 
-def rank_values(tracker: Any, sample: dict[str, Any], now: float, *, job_id: str, grace: float,
+def rank_values(tracker: Any, sample: NodeSample, now: float, *, job_id: str, grace: float,
                 is_exited: Callable[[str], bool]) -> list[RankValues]:
     """The live ranks of one job's Tracker (after ``evaluate``) as series values; ``sample``: the job's
     sample the Tracker was given. A rank in its first ``grace`` seconds is never stalled or a straggler;
     ``is_exited``: whether a Tracker status is one of a rank without a process (its series are dropped)."""
-    rows = {row["pid"]: row for row in sample.get("ranks") or []}
+    rows = {row.pid: row for row in sample.ranks}
     out: dict[str, RankValues] = {}
     for r in tracker.ranks.values():
         if is_exited(r.status) or r.pid not in rows:
             continue
         label = str(r.rank) if r.rank is not None else f"pid{r.pid}"
         judged = now - r.first_seen >= grace
-        f = r.file or {}
+        f = r.file
         gpus = tuple((int(g["index"]), _ratio(g.get("util_pct"))) for g in r.gpu if g.get("index") is not None)
         v = RankValues(job_id=job_id, rank=label, pid=r.pid, local_rank=r.local_rank, world_size=r.world_size,
                        status=r.status if judged else "ok", stalled=judged and r.status == "stalled",
                        straggler=judged and r.status == "straggler", judged=judged,
                        seconds_since_progress=max(0.0, now - r.last_progress), last_progress=r.last_progress,
-                       progress_why=r.progress_why, step=f.get("step"), steps_per_second=f.get("rate"),
-                       progress_file_error=f.get("error"), cpu_ratio=_ratio(r.cpu_pct),
-                       rss_bytes=rows[r.pid].get("rss_bytes"), gpus=gpus)
+                       progress_why=r.progress_why, step=f.step if f else None,
+                       steps_per_second=f.rate if f else None, progress_file_error=f.error if f else None,
+                       cpu_ratio=_ratio(r.cpu_pct), rss_bytes=rows[r.pid].rss_bytes, gpus=gpus)
         if label not in out or out[label].pid < v.pid:  # two processes with one rank: the newer (a restart) wins
             out[label] = v
     return sorted(out.values(), key=lambda v: (len(v.rank), v.rank))
 
 
-def progress_file_counts(sample: dict[str, Any]) -> dict[str, int]:
+def progress_file_counts(sample: NodeSample) -> dict[str, int]:
     """How many of the files --progress-file names could be read now, could not, or are not there."""
-    files = [r["progress"] for r in sample.get("ranks") or [] if r.get("progress")] + list(sample.get("progress") or [])
-    bad = sum(1 for f in files if f.get("error"))
-    return {"ok": len(files) - bad, "unreadable": bad, "missing": len(sample.get("progress_missing") or [])}
+    files = [r.progress for r in sample.ranks if r.progress] + list(sample.progress)
+    bad = sum(1 for f in files if f.error)
+    return {"ok": len(files) - bad, "unreadable": bad, "missing": len(sample.progress_missing)}
 
 
 # -- health ------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
-from ml_debug.procs.selectors import env_option, parse_pattern, pattern_option, user_option
+from ml_debug.procs.selectors import env_option, pattern_option, user_option
+from ml_debug.sampling.options import parse_pattern
 
 SERVE = "Serving"
 WHICH = "Which job"

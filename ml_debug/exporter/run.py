@@ -77,7 +77,7 @@ class Exporter:
             now = time.time()
             jobs = split_by_job(sample, list(self.sampler.targets), self.opts.job)
             for job_id in self.trackers.keys() - jobs.keys():  # no rank of it left: its ranks exit
-                jobs[job_id] = {**sample, "ranks": []}
+                jobs[job_id] = replace(sample, ranks=[])
             ranks: list[RankValues] = []
             for job_id, job_sample in sorted(jobs.items()):
                 tracker = self.trackers.get(job_id)

@@ -21,8 +21,8 @@ def make_sampler(opts: ExporterOptions) -> Any:
     """The node sampler `mldebug top` and `mldebug watch --local` use, with --pid honoured as watch does."""
     from ml_debug.procs import find_targets
     from ml_debug.procs.labels import read_environ
-    from ml_debug.top.options import TopOptions
-    from ml_debug.top.sampler import NodeSampler, is_agent
+    from ml_debug.sampling.options import SamplerOptions
+    from ml_debug.sampling.sampler import NodeSampler, is_agent
 
     pids = list(opts.pids)
 
@@ -34,9 +34,9 @@ def make_sampler(opts: ExporterOptions) -> Any:
             self.notes = list(found.notes)
             self._found_at = time.monotonic()
 
-    top = TopOptions(interval=opts.interval, progress_files=list(opts.progress_files), pattern=opts.pattern,
-                     user=opts.user, env=list(opts.env))
-    return Sampler(top)
+    sampling = SamplerOptions(interval=opts.interval, progress_files=list(opts.progress_files), pattern=opts.pattern,
+                              user=opts.user, env=list(opts.env))
+    return Sampler(sampling)
 
 
 def make_tracker(opts: ExporterOptions) -> Any:

@@ -85,7 +85,7 @@ def run_isolation(members: Sequence[int], gpu: bool, worker_argv: Sequence[str],
     import time
 
     from ml_debug.core import output
-    from ml_debug.dist.launch import LaunchSpec, launch
+    from ml_debug.dist.spawn import SpawnSpec, spawn
 
     entries: list[IsolateEntry] = []
     groups = [tuple(members[i] for i in g) for g in schedule(len(members))]
@@ -97,8 +97,8 @@ def run_isolation(members: Sequence[int], gpu: bool, worker_argv: Sequence[str],
             if gpu:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, group))
             t0 = time.monotonic()
-            launched = launch(["gpu-test", *worker_argv, "--report-to", str(report)],
-                              LaunchSpec(len(group), rdzv_timeout_s=rdzv_timeout_s, run_timeout_s=run_timeout_s,
+            launched = spawn(["gpu-test", *worker_argv, "--report-to", str(report)],
+                              SpawnSpec(len(group), rdzv_timeout_s=rdzv_timeout_s, run_timeout_s=run_timeout_s,
                                          cpu_ranks=not gpu), env=env)
             seconds = round(time.monotonic() - t0, 2)
             if report.exists():

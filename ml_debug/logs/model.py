@@ -5,21 +5,40 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ml_debug.core.enums import Word
+
 SCHEMA = "mldebug.logs"
 SCHEMA_VERSION = 1
 
-# Event classes: a cause, a consequence of a peer's failure, a warning, or context.
-PRIMARY = "primary"
-SECONDARY = "secondary"
-WARNING = "warning"
-INFO = "info"
+class EventClass(Word):
+    """An event's class: a cause, a consequence of a peer's failure, a warning, or context."""
 
-# How an event's time is known.
-TIME_LINE = "line"  # a time stamp on the line itself
-TIME_ERROR_FILE = "error-file"  # the torchelastic error file's timestamp
-TIME_LAUNCHER = "launcher"  # torchrun's failure summary (when its agent saw the exit)
-TIME_NEARBY = "nearby"  # a traceback without one: the time stamp of a line just before it (a lower bound)
-TIME_ORDER = "order"  # no time: position in its file
+    PRIMARY = "primary"
+    SECONDARY = "secondary"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class TimeSource(Word):
+    """How an event's time is known."""
+
+    LINE = "line"  # a time stamp on the line itself
+    ERROR_FILE = "error-file"  # the torchelastic error file's timestamp
+    LAUNCHER = "launcher"  # torchrun's failure summary (when its agent saw the exit)
+    NEARBY = "nearby"  # a traceback without one: the time stamp of a line just before it (a lower bound)
+    ORDER = "order"  # no time: position in its file
+
+
+# The names the rest of logs/ uses (a member is its value: it compares, hashes and prints as the word).
+PRIMARY: str = EventClass.PRIMARY
+SECONDARY: str = EventClass.SECONDARY
+WARNING: str = EventClass.WARNING
+INFO: str = EventClass.INFO
+TIME_LINE: str = TimeSource.LINE
+TIME_ERROR_FILE: str = TimeSource.ERROR_FILE
+TIME_LAUNCHER: str = TimeSource.LAUNCHER
+TIME_NEARBY: str = TimeSource.NEARBY
+TIME_ORDER: str = TimeSource.ORDER
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ mpirun), or takes ``--pid`` / ``--pattern`` / ``--user``, or the processes holdi
 
 from __future__ import annotations
 
-from ml_debug.procs.find import Target, TargetSet, find_targets
+from ml_debug.procs.find import FoundProcess, TargetSet, find_targets
 from ml_debug.procs.labels import RankLabels, labels_from_environ, read_environ
 
-__all__ = ["RankLabels", "Target", "TargetSet", "find_targets", "labels_from_environ", "read_environ"]
+__all__ = ["RankLabels", "FoundProcess", "TargetSet", "find_targets", "labels_from_environ", "read_environ"]

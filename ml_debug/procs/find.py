@@ -80,7 +80,7 @@ def _self_launching(args: list[str]) -> bool:
 
 
 @dataclass
-class Target:
+class FoundProcess:
     """One process to dump, with where it sits in the job."""
 
     pid: int
@@ -114,7 +114,7 @@ class TargetSet:
     """What find_targets chose, and why the rest was left out."""
 
     host: str
-    targets: list[Target] = field(default_factory=list)
+    targets: list[FoundProcess] = field(default_factory=list)
     launchers: list[Launcher] = field(default_factory=list)
     skipped: list[dict[str, object]] = field(default_factory=list)  # {pid, cmdline, reason}
     notes: list[str] = field(default_factory=list)
@@ -168,17 +168,17 @@ def launcher_kind(info: ProcInfo) -> str | None:
     return None
 
 
-def _make_target(info: ProcInfo, host: str, found_by: str, launcher_pid: int | None = None) -> Target:
+def _make_target(info: ProcInfo, host: str, found_by: str, launcher_pid: int | None = None) -> FoundProcess:
     labels: RankLabels = labels_from_environ(read_environ(info.pid))
-    return Target(pid=info.pid, host=host, user=info.user, cmdline=" ".join(info.cmdline) or f"[{info.name}]",
+    return FoundProcess(pid=info.pid, host=host, user=info.user, cmdline=" ".join(info.cmdline) or f"[{info.name}]",
                   exe=info.exe, found_by=found_by, rank=labels.rank, local_rank=labels.local_rank,
                   world_size=labels.world_size, group_rank=labels.group_rank, rank_source=labels.rank_source,
                   launcher_pid=launcher_pid, env=labels.env)
 
 
-def _ranks_under(table: ProcTable, launcher: ProcInfo, kind: str, host: str, out: TargetSet) -> list[Target]:
+def _ranks_under(table: ProcTable, launcher: ProcInfo, kind: str, host: str, out: TargetSet) -> list[FoundProcess]:
     """Python processes below a launcher: through wrapper shells, not into a rank's own children."""
-    found: list[Target] = []
+    found: list[FoundProcess] = []
     stack = list(reversed(table.children.get(launcher.pid, [])))
     while stack:
         info = table.procs.get(stack.pop())
@@ -241,9 +241,9 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     excluded = {me, *table.ancestors(me)}  # never dump ourselves or the shell/srun that started us
     regex = compile_pattern(pattern) if pattern else None
 
-    chosen: dict[int, Target] = {}
+    chosen: dict[int, FoundProcess] = {}
 
-    def add(t: Target) -> None:
+    def add(t: FoundProcess) -> None:
         if t.pid in excluded or t.pid in chosen:
             return
         info = table.procs.get(t.pid)
@@ -299,13 +299,13 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
             if pid in table.procs:
                 add(_make_target(table.procs[pid], host, "gpu"))
 
-    def in_env(t: Target) -> bool:
+    def in_env(t: FoundProcess) -> bool:
         return not env or all((read_environ(t.pid) or {}).get(k) == v for k, v in env.items())
 
-    def owned(t: Target) -> bool:
+    def owned(t: FoundProcess) -> bool:
         return t.user == user or str(_uid_of(t.pid)) == user
 
-    def wanted(t: Target) -> bool:
+    def wanted(t: FoundProcess) -> bool:
         """Kept by --env and --user."""
         return in_env(t) and (user is None or owned(t))
 

@@ -51,18 +51,3 @@ def env_option(panel: str, note: str) -> Any:
     """``--env KEY=VALUE`` (repeatable); ``note`` follows the example in the help."""
     return option(default_factory=list, metavar="KEY=VALUE", panel=panel, parse=parse_env_filter, format="=".join,
                   help=f"Only processes whose environment has KEY=VALUE (repeatable), e.g. --env SLURM_JOB_ID=123{note}")
-
-
-PLACEHOLDERS = ("{rank}", "{local_rank}")
-BRACES = re.compile(r"\{[^{}]*\}")
-
-
-def parse_pattern(word: str) -> str:
-    """``--progress-file PATTERN``: refuse a ``{...}`` that is no placeholder (``{rnk}``, ``{a,b}``: glob
-    has no braces), which would otherwise match no file and leave no trace."""
-    unknown = [m for m in BRACES.findall(word) if m not in PLACEHOLDERS]
-    if unknown:
-        raise UsageError(f"--progress-file {word!r}: {unknown[0]} is not a placeholder",
-                         "the placeholders are {rank} (a rank's global rank) and {local_rank} (its local "
-                         "rank), e.g. 'run/metrics/rank-{rank}.jsonl'; the rest is a glob (*, ?, [...])")
-    return word

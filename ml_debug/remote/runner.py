@@ -182,10 +182,15 @@ MISSING_HINT = ("install mldebug there, or say how to start it: --remote-python 
                 "or --remote-prefix 'source /path/to/venv/bin/activate'")
 
 
+def mldebug_base(remote_python: str | None) -> list[str]:
+    """How the far side starts mldebug: ``--remote-python``'s ``-m ml_debug``, else ``mldebug`` on its PATH."""
+    return [remote_python, "-m", "ml_debug"] if remote_python else ["mldebug"]
+
+
 def agent_argv(mldebug_args: Sequence[str], remote_python: str | None,
                add_local: bool = True) -> tuple[list[str], list[str]]:
     """(version probe, command) argument lists for the far side."""
-    base = [remote_python, "-m", "ml_debug"] if remote_python else ["mldebug"]
+    base = mldebug_base(remote_python)
     args = list(mldebug_args)
     # `--local` belongs to the subcommand, so it goes before a `--` that ends its options.
     if add_local and "--local" not in args:

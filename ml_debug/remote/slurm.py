@@ -101,6 +101,20 @@ def srun_argv(job_id: str, nodes: list[str], script: str, gres_gpu: bool) -> lis
     return [*argv, "sh", "-c", WRAPPER, "mldebug", script]
 
 
+# Runs a stream's script under bash when the node has it (`source venv/bin/activate` in --remote-prefix).
+STREAM_WRAPPER = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; else exec sh -c "$1"; fi'
+
+
+def stream_argv(job_id: str, node: str, script: str, gres_gpu: bool, name: str) -> list[str]:
+    """One step on one node of the job that runs for as long as its stdin stays open (a streaming agent,
+    such as top's), sharing the job's CPUs and taking none of its GPUs."""
+    argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node,
+            "--kill-on-bad-exit=0", "-J", name]
+    if gres_gpu:
+        argv.append("--gres=gpu:0")
+    return [*argv, "sh", "-c", STREAM_WRAPPER, name, script]
+
+
 _LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
 
 

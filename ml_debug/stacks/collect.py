@@ -12,7 +12,7 @@ from typing import Any
 
 from ml_debug.core.output import log, progress
 from ml_debug.core.ptrace import PtraceCheck, check_ptrace
-from ml_debug.procs.find import Target, TargetSet
+from ml_debug.procs.find import FoundProcess, TargetSet
 from ml_debug.stacks.dumpers import DumpOptions, Tools, dump_process
 from ml_debug.stacks.model import ProcessDump
 
@@ -20,13 +20,13 @@ MAX_PARALLEL = 32
 
 
 @dataclass
-class NodeResult:
+class NodeDump:
     """What one node did: its targets, their samples, and why some are missing."""
 
     host: str
     ok: bool
     error: str | None = None
-    targets: list[Target] = field(default_factory=list)
+    targets: list[FoundProcess] = field(default_factory=list)
     samples: dict[int, list[ProcessDump]] = field(default_factory=dict)  # pid -> dumps in order
     launchers: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
@@ -47,7 +47,7 @@ def _uid(pid: int) -> int | None:
 
 def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int = 1,
                  interval: float = 1.0, stop: threading.Event | None = None, kernel: bool = False,
-                 strace_s: float = 0.0) -> NodeResult:
+                 strace_s: float = 0.0) -> NodeDump:
     """`py-spy dump --pid P` for every target at once, `samples` times, `interval` seconds apart.
 
     Ctrl-C, or `stop` set by another thread (watch's bundle on Ctrl-C), ends the samples after the
@@ -55,7 +55,7 @@ def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int
     """
     t0 = time.monotonic()
     check: PtraceCheck = check_ptrace()
-    node = NodeResult(host=found.host, ok=True, targets=found.targets,
+    node = NodeDump(host=found.host, ok=True, targets=found.targets,
                       launchers=[asdict(launcher) for launcher in found.launchers], skipped=found.skipped,
                       notes=list(found.notes), ptrace=asdict(check))
     node.samples = {t.pid: [] for t in found.targets}
@@ -97,7 +97,7 @@ def _term_as_ctrl_c() -> Any:
     return signal.signal(signal.SIGTERM, stop)
 
 
-def _sample(node: NodeResult, found: TargetSet, tools: Tools, opts: DumpOptions, check: PtraceCheck,
+def _sample(node: NodeDump, found: TargetSet, tools: Tools, opts: DumpOptions, check: PtraceCheck,
             uids: dict[int, int | None], samples: int, interval: float, stop: threading.Event) -> None:
     gone: set[int] = set()
     workers = max(1, min(MAX_PARALLEL, len(found.targets)))

@@ -47,14 +47,14 @@ def local_report(req: DumpRequest, stop: threading.Event | None = None) -> DumpS
     """Find and dump the targets on this node; the result for this node alone (`stop`: see
     :func:`ml_debug.stacks.collect.dump_targets`)."""
     from ml_debug.procs import find_targets
-    from ml_debug.stacks.collect import NodeResult, dump_targets
+    from ml_debug.stacks.collect import NodeDump, dump_targets
     from ml_debug.stacks.dumpers import DumpOptions, resolve_tools
 
     tools = resolve_tools(req.dumper)  # exit 3 with the install hint before doing anything
     found = find_targets(pids=req.pids or None, pattern=req.pattern, user=req.user, gpu=req.gpu,
                          include_launcher=req.include_launcher, env=req.env_filter or None)
     if not found.targets:
-        node = NodeResult(host=found.host, ok=True, launchers=[asdict(x) for x in found.launchers],
+        node = NodeDump(host=found.host, ok=True, launchers=[asdict(x) for x in found.launchers],
                           skipped=found.skipped, notes=[*found.notes, "no target processes found"])
         return build_report([node_summary(node)], [], _options(req), req.world_size, local=True)
     opts = DumpOptions(timeout=req.timeout, gdb_timeout=req.gdb_timeout, native=req.native, locals=req.locals,

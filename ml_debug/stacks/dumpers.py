@@ -39,11 +39,12 @@ class Tools:
     def chain(self, dumper: str) -> list[str]:
         if dumper == "auto":
             return [n for n, p in (("py-spy", self.py_spy), ("pystack", self.pystack), ("gdb", self.gdb)) if p]
-        return [dumper]
+        return [str(dumper)]
 
 
 def resolve_tools(dumper: str) -> Tools:
     """Find the dumpers; the one asked for (py-spy for auto) must exist, else exit 3 with the install hint."""
+    dumper = str(dumper)  # a Dumper is its value: INSTALL_HINTS and the attributes below are keyed by it
     if dumper not in DUMPERS:
         raise UsageError(f"unknown dumper {dumper!r}", f"choose one of: {', '.join(DUMPERS)}")
     tools = Tools(find_tool("py-spy"), find_tool("pystack"), find_tool("gdb"))

@@ -31,12 +31,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ml_debug.core import safefs
+from ml_debug.core.frfiles import DIR_VAR, NCCL_FILE_VARS, NCCL_PIPE_VAR, dump_name, trigger_name
 from ml_debug.core.safefs import Owner, Refused
 from ml_debug.stacks.fr_analysis import analyse, compact
 
-FR_DIR_VAR = "MLDEBUG_FR_DIR"
-NCCL_PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
-NCCL_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FR_DIR_VAR = DIR_VAR
 NCCL_FILE_DEFAULT = "/tmp/nccl_trace_rank_"
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 REFUSED = "refused: "  # how a rank's error starts when one of its paths failed the safety checks
@@ -307,7 +306,7 @@ def fetch(env: dict[str, str], rank: int | None, pid: int, timeout: float, owner
         if source == "mldebug":
             shown = env[FR_DIR_VAR]
             r = rank if rank is not None else 0
-            out, trigger = f"fr-{r}.json", f"trigger-{r}"
+            out, trigger = dump_name(r), trigger_name(r)
             rec["file"] = f"{shown.rstrip('/')}/{out}"
             try:
                 dir_fd = safefs.open_dir(shown, owner, cwd_fd)

@@ -16,8 +16,8 @@ from typing import Any
 
 from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
-from ml_debug.procs.find import Target
-from ml_debug.stacks.collect import NodeResult
+from ml_debug.procs.find import FoundProcess
+from ml_debug.stacks.collect import NodeDump
 from ml_debug.stacks.flight import section
 from ml_debug.stacks.loop_order import LoopOrder, RankFrames, loop_order
 from ml_debug.stacks.merge import Analysis, Member, Suspect, analyse, member_state
@@ -115,7 +115,7 @@ class NodeSummary:
 
 
 @dataclass(kw_only=True)
-class DumpedProcess(Target):
+class DumpedProcess(FoundProcess):
     """One process: the target as found, its samples, and what the analysis made of it."""
 
     samples: list[ProcessDump] = field(default_factory=list)
@@ -163,23 +163,23 @@ class DumpStacksResult:
     loop_order: dict[str, Any] | None = None  # stacks.loop_order.LoopOrder: who is an iteration behind (--locals)  # Ctrl-C during --samples: the samples completed are the result
 
 
-ProcessSamples = tuple[Target, list[ProcessDump]]
+ProcessSamples = tuple[FoundProcess, list[ProcessDump]]
 """A process to analyse: the target as found and its dumps, in order."""
 
 
 # ---- the parts of one node ---------------------------------------------------------------------
 
-def node_processes(node: NodeResult) -> list[ProcessSamples]:
+def node_processes(node: NodeDump) -> list[ProcessSamples]:
     return [(t, node.samples.get(t.pid, [])) for t in node.targets]
 
 
-def node_kernel(node: NodeResult) -> dict[str, dict[str, Any]]:
+def node_kernel(node: NodeDump) -> dict[str, dict[str, Any]]:
     """What the kernel said of each process of the node, by member id (host:pid)."""
     hosts = {t.pid: t.host for t in node.targets}
     return {f"{hosts[pid]}:{pid}": view for pid, view in node.kernel.items() if pid in hosts}
 
 
-def node_summary(node: NodeResult) -> NodeSummary:
+def node_summary(node: NodeDump) -> NodeSummary:
     dumped = sum(1 for t in node.targets if any(s.ok for s in node.samples.get(t.pid, [])))
     return NodeSummary(host=node.host, ok=node.ok and dumped == len(node.targets), error=node.error,
                        targets=len(node.targets), dumped=dumped, launchers=node.launchers, skipped=node.skipped,
@@ -203,7 +203,7 @@ def with_node_note(result: DumpStacksResult, note: str) -> DumpStacksResult:
 
 # ---- another node's document -------------------------------------------------------------------
 
-_TARGET_FIELDS = tuple(f.name for f in dataclasses.fields(Target))
+_TARGET_FIELDS = tuple(f.name for f in dataclasses.fields(FoundProcess))
 
 
 def _node_from_json(d: dict[str, Any], target: str, note: str | None) -> NodeSummary:
@@ -215,7 +215,7 @@ def _node_from_json(d: dict[str, Any], target: str, note: str | None) -> NodeSum
 
 
 def _process_from_json(d: dict[str, Any]) -> ProcessSamples:
-    target = Target(**{k: d[k] for k in _TARGET_FIELDS if k in d})
+    target = FoundProcess(**{k: d[k] for k in _TARGET_FIELDS if k in d})
     return target, [dump_from_json(s) for s in d.get("samples") or []]
 
 

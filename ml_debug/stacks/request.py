@@ -5,11 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ml_debug.core.enums import Word
 from ml_debug.core.options import option, parse_out_dir
 from ml_debug.procs.selectors import env_option, pattern_option, user_option
 
 SEL = "Which processes"
 HOW = "How to dump"
+
+
+class Dumper(Word):
+    """``--dumper``: which tool reads the stacks (a misspelt one is refused when the command line is read,
+    before any node is reached)."""
+
+    AUTO = "auto"  # py-spy, then py-spy --nonblocking, pystack, gdb
+    PY_SPY = "py-spy"
+    PYSTACK = "pystack"
+    GDB = "gdb"
 
 
 @dataclass
@@ -42,7 +53,7 @@ class DumpRequest:
                                 "every rank at once): 'no system call completed in 2 s' tells a spin from a "
                                 "slow loop. Needs strace and ptrace rights.")
     locals: bool = option(False, panel=HOW, help="Include local variables (py-spy --locals).")
-    dumper: str = option("auto", metavar="NAME", panel=HOW,
+    dumper: Dumper = option(Dumper.AUTO, metavar="NAME", panel=HOW,
                          help="auto (py-spy, then py-spy --nonblocking, pystack, gdb), py-spy, pystack or gdb.")
     timeout: float = option(10.0, min=0.5, metavar="S", panel=HOW,
                             help="Seconds per py-spy/pystack attach before the next dumper is tried.")

@@ -11,21 +11,30 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
 from ml_debug.remote.targets import TargetSpec
+from ml_debug.sampling.sample import NodeInfo, NodeSample
 from ml_debug.top.options import TopOptions
 from ml_debug.top.outliers import find_outliers
 
 SCHEMA = "mldebug.top"
 SCHEMA_VERSION = 1
 
-OK = "ok"
-CONNECTING = "connecting"
-NOT_ANSWERING = "not answering"
-FAILED = "failed"
+class NodeStatus(Word):
+    """Whether a node still answers: its last sample is fresh, it is still connecting, it has been silent
+    longer than --interval + --timeout, or its stream ended."""
+
+    OK = "ok"
+    CONNECTING = "connecting"
+    NOT_ANSWERING = "not answering"
+    FAILED = "failed"
 
 
-def node_status(feed: Any, now: float, grace_s: float, final: bool = False) -> tuple[str, float | None]:
+OK, CONNECTING, NOT_ANSWERING, FAILED = NodeStatus.OK, NodeStatus.CONNECTING, NodeStatus.NOT_ANSWERING, NodeStatus.FAILED
+
+
+def node_status(feed: Any, now: float, grace_s: float, final: bool = False) -> tuple[NodeStatus, float | None]:
     """(status, age of the last values in seconds) of one node; ``final``: no more waiting (--once)."""
     age = None if feed.received is None else max(0.0, now - feed.received)
     if feed.ended:
@@ -37,32 +46,33 @@ def node_status(feed: Any, now: float, grace_s: float, final: bool = False) -> t
 
 def node_entry(feed: Any, now: float, grace_s: float, final: bool = False) -> dict[str, Any]:
     status, age = node_status(feed, now, grace_s, final)
-    s = feed.sample or {}
-    node = s.get("node") or {}
+    s: NodeSample | None = feed.sample
+    node = s.node if s is not None else NodeInfo(host="")
     error = feed.error
     if status == NOT_ANSWERING and error is None:
         error = (f"no sample for {age:.0f} s" if age is not None else
                  f"no answer within {grace_s:g} s (--interval + --timeout)")
     return {
         "target": feed.label,
-        "host": node.get("host"),
+        "host": node.host or None,
         "status": status,
         "age_s": None if age is None else round(age, 1),
         "error": error,
         "note": feed.note,
-        "seq": s.get("seq"),
-        "sampled_at": s.get("time"),
-        "cpus": node.get("cpus"),
-        "cpu_pct": node.get("cpu_pct"),
-        "load1": node.get("load1"),
-        "mem_total_bytes": node.get("mem_total_bytes"),
-        "mem_used_bytes": node.get("mem_used_bytes"),
-        "agent_cpu_pct": node.get("agent_cpu_pct"),
-        "nvml": s.get("nvml"),
-        "gpus": list(s.get("gpus") or []),
-        "ranks": list(s.get("ranks") or []),
-        "progress": [*(s.get("progress") or []), *(s.get("progress_missing") or [])],  # with the "not found"
-        "notes": list(s.get("notes") or []),
+        "seq": None if s is None else s.seq,
+        "sampled_at": None if s is None else s.time,
+        "cpus": node.cpus,
+        "cpu_pct": node.cpu_pct,
+        "load1": node.load1,
+        "mem_total_bytes": node.mem_total_bytes,
+        "mem_used_bytes": node.mem_used_bytes,
+        "agent_cpu_pct": node.agent_cpu_pct,
+        "nvml": None if s is None or s.nvml is None else s.nvml.to_json(),
+        "gpus": [] if s is None else [g.to_json() for g in s.gpus],
+        "ranks": [] if s is None else [r.to_json() for r in s.ranks],
+        # with the files a pattern names that are "not found"
+        "progress": [] if s is None else [p.to_json() for p in (*s.progress, *s.progress_missing)],
+        "notes": [] if s is None else list(s.notes),
     }
 
 

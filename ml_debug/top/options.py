@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
-from ml_debug.procs.selectors import env_option, parse_pattern, pattern_option, user_option
+from ml_debug.procs.selectors import env_option, pattern_option, user_option
+from ml_debug.sampling.options import SamplerOptions, parse_pattern
 
 WHAT = "What to show"
 WHICH = "Which processes"
@@ -57,6 +58,11 @@ class TopOptions:
     @property
     def env_filter(self) -> dict[str, str]:
         return dict(self.env)
+
+    def sampler(self) -> SamplerOptions:
+        """What each node's agent samples (its command line is built from these)."""
+        return SamplerOptions(interval=self.interval, progress_files=list(self.progress_files), pattern=self.pattern,
+                              user=self.user, env=list(self.env))
 
     @property
     def grace_s(self) -> float:

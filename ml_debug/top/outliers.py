@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ml_debug.sampling.gpus import BADGE_WORDS
+
 
 @dataclass(frozen=True)
 class Rules:
@@ -116,16 +118,6 @@ KIND_WORDS = {
     "throttle": "throttle", "ecc": "ecc", "xid": "xid",
 }
 """The short word the views put in a row's FLAGS column for each kind of outlier."""
-
-BADGE_WORDS = {
-    "sw_power_cap": "power-cap",
-    "hw_slowdown": "hw-slowdown",
-    "sw_thermal_slowdown": "thermal",
-    "hw_thermal_slowdown": "hw-thermal",
-    "hw_power_brake_slowdown": "power-brake",
-}
-"""Clock-event reasons worth a badge, and the word shown for each. Idle, application clocks, sync
-boost and display clocks are normal operation, not a reason to look."""
 
 SEVERE = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
 """The clock-event reasons that mean the hardware protects itself: outliers, not only badges."""

@@ -11,16 +11,16 @@ from typing import Any
 
 from ml_debug.core import output
 from ml_debug.remote.targets import TargetSpec
+from ml_debug.sampling.streams import Client
 from ml_debug.top.model import SCHEMA, SCHEMA_VERSION, snapshot
 from ml_debug.top.options import TopOptions
-from ml_debug.top.streams import Client
 
 DumpFn = Callable[[str], dict[str, Any]]
 
 
 def once(spec: TargetSpec, opts: TopOptions) -> dict[str, Any]:
     """One snapshot: every node's first sample, or "not answering" after --interval + --timeout."""
-    with Client(spec, opts, retry=False) as client:
+    with Client(spec, opts.sampler(), retry=False) as client:
         client.wait(client.all_first, client.started + opts.grace_s)
         with client.lock:
             return snapshot(client.feeds, spec, opts, started=client.started, final=True)
@@ -29,13 +29,13 @@ def once(spec: TargetSpec, opts: TopOptions) -> dict[str, Any]:
 def stream_snapshots(spec: TargetSpec, opts: TopOptions, emit: Callable[[dict[str, Any]], None]) -> int:
     """``--count N`` (0: forever) snapshots, one per round; the exit code of the last one."""
     code = 0
-    with Client(spec, opts, retry=True) as client:
+    with Client(spec, opts.sampler(), retry=True) as client:
         client.wait(client.all_first, client.started + opts.grace_s)
         shown = 0
         while True:
             with client.lock:
                 result = snapshot(client.feeds, spec, opts, started=client.started)
-                seqs = {f.label: int(f.sample.get("seq", 0)) for f in client.feeds if f.sample}
+                seqs = {f.label: f.sample.seq for f in client.feeds if f.sample}
             emit(result)
             code = result["exit_code"]
             shown += 1
@@ -77,7 +77,7 @@ def run_top(spec: TargetSpec, opts: TopOptions, *, dump: DumpFn | None = None) -
 
     from rich.console import Console
 
-    with Client(spec, opts, retry=True) as client:
+    with Client(spec, opts.sampler(), retry=True) as client:
         def current() -> dict[str, Any]:
             with client.lock:
                 return snapshot(client.feeds, spec, opts, started=client.started)

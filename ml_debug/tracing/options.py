@@ -19,6 +19,12 @@ MAX_RING = 10_000_000  # events per thread: about 1 GB of memory per traced thre
 UNCATCHABLE = frozenset(getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n))
 
 
+def needs_ring(ring: int | None, idle_dump: float | None) -> bool:
+    """The one rule of idle dumps (``mldebug trace --idle-dump`` and ``NicerTrace(idle_dump=...)``): an
+    idle dump writes the ring, so it needs one."""
+    return idle_dump is not None and ring is None
+
+
 def _normalise_packages(packages: Any) -> tuple[str, ...] | None:
     if packages is None:
         return None
@@ -107,7 +113,7 @@ class TraceOptions:
             raise ValueError(f"ring must be 1 to {MAX_RING} events per thread, got {ring!r}")
         if ring is not None and not trace_:
             raise ValueError("ring needs trace=1: it keeps the last traced events")
-        if self.idle_dump is not None and (ring is None or self.idle_dump <= 0):
+        if needs_ring(ring, self.idle_dump) or (self.idle_dump is not None and self.idle_dump <= 0):
             raise ValueError("idle_dump needs ring=N and a positive number of seconds")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be auto, settrace or monitoring, not {self.backend!r}")

@@ -10,10 +10,13 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ml_debug.core.errors import UsageError
 from ml_debug.nicertrace import NicerTrace
+
+if TYPE_CHECKING:
+    from ml_debug.tracing.command_options import TraceCommandOptions
 
 
 @dataclass
@@ -77,15 +80,16 @@ def _user_traceback(exc: BaseException, skip_files: set[str]) -> None:
     traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
 
 
-def run_traced(target: list[str], *, module: bool = False, include: list[str] | None = None,
-               everything: bool = False, out_dir: str = ".", ring: int | None = None,
-               idle_dump: float | None = None, dump_signals: list[str] | None = None,
-               log_pids: bool = False, line_format: str = "nicer") -> TraceRun:
-    """Run ``target`` (script and its arguments, or module and its arguments) under NicerTrace.
+def run_traced(opts: TraceCommandOptions) -> TraceRun:
+    """Run ``opts.target`` (script and its arguments, or module and its arguments) under NicerTrace.
 
     Shell equivalent: ``python -m trace --trace --timing --ignore-dir ... script.py``, with one
     file per process.
     """
+    target, module, everything, ring, idle_dump = list(opts.target), opts.module, opts.everything, opts.ring, \
+        opts.idle_dump
+    include, dump_signals, out_dir = opts.include or None, opts.dump_signal or None, str(opts.out_dir)
+    log_pids, line_format = opts.log_pids, opts.line_format.value
     if not target:
         raise UsageError("nothing to run", "mldebug trace [OPTIONS] -- script.py ARGS  or  mldebug trace -m module ARGS")
     packages: list[str] | str | None = None if everything else [p for item in include or [] for p in item.split(",") if p]

@@ -10,16 +10,61 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ml_debug.core.enums import Word
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import input_file, option, output_dir
 from ml_debug.dist.options import backend_option, device_option
 
-NUMERICS = ("fp32", "bf16", "fp8", "mx")
-MX_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1", "int8")
-MX_SCALE_MODES = ("floor", "rceil")
-AC_MODES = ("none", "full", "selective")
-OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
-SCHEDULES = ("cosine", "linear", "constant")
+# The choices of train's options, as Word enums: a misspelt one is refused when the command line is read
+# (exit 2), before any rank starts. A member is its value: it compares, hashes and prints as the word.
+
+
+class Numerics(Word):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    MX = "mx"
+
+
+class MxFormat(Word):
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+    FP6_E2M3 = "fp6_e2m3"
+    FP6_E3M2 = "fp6_e3m2"
+    FP4_E2M1 = "fp4_e2m1"
+    INT8 = "int8"
+
+
+class MxScale(Word):
+    FLOOR = "floor"
+    RCEIL = "rceil"
+
+
+class ActivationCheckpoint(Word):
+    NONE = "none"
+    FULL = "full"
+    SELECTIVE = "selective"
+
+
+class OptimizerImpl(Word):
+    AUTO = "auto"
+    FUSED = "fused"
+    FOREACH = "foreach"
+    FOR_LOOP = "for-loop"
+
+
+class Schedule(Word):
+    COSINE = "cosine"
+    LINEAR = "linear"
+    CONSTANT = "constant"
+
+
+NUMERICS = tuple(m.value for m in Numerics)
+MX_FORMATS = tuple(m.value for m in MxFormat)
+MX_SCALE_MODES = tuple(m.value for m in MxScale)
+AC_MODES = tuple(m.value for m in ActivationCheckpoint)
+OPTIMIZER_IMPLS = tuple(m.value for m in OptimizerImpl)
+SCHEDULES = tuple(m.value for m in Schedule)
 FAULT_KINDS = ("hang", "straggler", "crash", "segfault", "nan", "desync", "exit")
 
 
@@ -159,24 +204,24 @@ class TrainConfig:
     min_lr_ratio: float = option(0.1, min=0.0, max=1.0, panel=OPTIM,
                                  help="The schedule decays to lr * min_lr_ratio.")
     warmup_steps: int = option(5, min=0, panel=OPTIM, help="Linear warmup from 0 to lr over this many steps.")
-    schedule: str = option("cosine", panel=OPTIM, help="Decay after warmup: cosine, linear, constant.")
+    schedule: Schedule = option(Schedule.COSINE, panel=OPTIM, help="Decay after warmup: cosine, linear, constant.")
     weight_decay: float = option(0.1, min=0.0, panel=OPTIM, help="AdamW decoupled weight decay (not on norms).")
     betas: tuple[float, float] = option((0.9, 0.95), metavar="B1,B2", panel=OPTIM, parse=parse_betas,
                                         format=lambda b: f"{b[0]!r},{b[1]!r}", help="AdamW betas.")
     grad_clip: float = option(1.0, min=0.0, panel=OPTIM,
                               help="Clip the global grad norm (over all shards) to this; 0 disables clipping.")
-    optimizer_impl: str = option("auto", panel=OPTIM,
+    optimizer_impl: OptimizerImpl = option(OptimizerImpl.AUTO, panel=OPTIM,
                                  help="AdamW implementation: auto (fused on GPU, foreach on CPU), fused, foreach, "
                                       "for-loop.")
     zero_grad_set_to_none: bool = option(True, flags=("--zero-grad-to-none/--zero-grad-in-place",), panel=OPTIM,
                                          help="Free the grads between steps, or zero them in place.")
-    numerics: str = option("fp32", panel=MODEL,
+    numerics: Numerics = option(Numerics.FP32, panel=MODEL,
                            help="fp32, bf16 (FSDP mixed precision, fp32 reduce), fp8 (torchao float8) or mx.")
-    mx_format: str = option("fp8_e4m3", panel=MODEL,
+    mx_format: MxFormat = option(MxFormat.FP8_E4M3, panel=MODEL,
                             help="MX elements: fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1, int8.")
-    mx_scale_mode: str = option("floor", flags=("--mx-scale",), panel=MODEL,
+    mx_scale_mode: MxScale = option(MxScale.FLOOR, flags=("--mx-scale",), panel=MODEL,
                                 help="MX scale rule: floor (OCP spec) or rceil (cuBLAS/Blackwell).")
-    activation_checkpoint: str = option("none", flags=("--ac",), panel=MODEL,
+    activation_checkpoint: ActivationCheckpoint = option(ActivationCheckpoint.NONE, flags=("--ac",), panel=MODEL,
                                         help="Recompute activations in backward: none, full (every block) or "
                                              "selective (every --ac-every-th block).")
     ac_every: int = option(2, min=1, panel=MODEL, help="selective: checkpoint one block in N.")

@@ -64,7 +64,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str) -> tor
     for name, p in model.named_parameters():
         (no_decay if name.endswith("norm.weight") else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    impl = cfg.optimizer_impl
+    impl: str = cfg.optimizer_impl
     if impl == "auto":
         impl = "fused" if device_type == "cuda" else "foreach"
     kwargs: dict[str, Any] = {"lr": cfg.lr, "betas": cfg.betas, "eps": 1e-8}

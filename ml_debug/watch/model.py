@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ml_debug.core.ranges import compress
+from ml_debug.sampling.sample import GpuSample, NodeSample, ProgressFile, RankSample
 
 CPU_ACTIVE_PCT = 5.0
 """A rank using at least this % of one core is doing something (a rank blocked in a gloo/NCCL wait
@@ -105,7 +106,7 @@ class RankTrack:
     state: str | None = None  # R S D Z T ...
     cpu_pct: float | None = None
     gpu: list[dict[str, Any]] = field(default_factory=list)
-    file: dict[str, Any] | None = None
+    file: ProgressFile | None = None
     signs: list[str] = field(default_factory=list)
     stacks: deque[StackObs] = field(default_factory=lambda: deque(maxlen=STACK_WINDOW))
     slow: int = 0
@@ -123,7 +124,8 @@ class RankTrack:
     def as_dict(self, now: float) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "node": self.node, "pid": self.pid,
                 "local_rank": self.local_rank, "world_size": self.world_size, "status": self.status,
-                "state": self.state, "cpu_pct": self.cpu_pct, "gpu": self.gpu, "progress_file": self.file,
+                "state": self.state, "cpu_pct": self.cpu_pct, "gpu": self.gpu,
+                "progress_file": None if self.file is None else self.file.to_json(),
                 "last_progress": round(self.last_progress, 3), "idle_s": round(max(0.0, now - self.last_progress), 1),
                 "progress_why": self.progress_why, "where": self.where(), "signs": list(self.signs),
                 "straggler_why": self.straggler_why,
@@ -141,7 +143,7 @@ class NodeTrack:
     error: str | None = None
     answering: bool = True
     silent_since: float | None = None
-    progress: list[dict[str, Any]] = field(default_factory=list)  # files without a rank (the job's)
+    progress: list[ProgressFile] = field(default_factory=list)  # files without a rank (the job's)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -198,7 +200,7 @@ class Tracker:
             self.nodes[label] = NodeTrack(label)
         return self.nodes[label]
 
-    def add_node(self, label: str, sample: dict[str, Any] | None, received: float | None,
+    def add_node(self, label: str, sample: NodeSample | None, received: float | None,
                  error: str | None = None) -> None:
         """One node's latest sample (None when it has none, with the reason in `error`)."""
         n = self.node(label)
@@ -208,25 +210,24 @@ class Tracker:
         if n.last_sample is not None and received <= n.last_sample:
             return  # the same sample again
         self.samples += 1
-        info = sample.get("node") or {}
-        n.host = str(info.get("host") or n.host or label)
+        n.host = sample.node.host or n.host or label
         n.last_sample = received
-        n.notes = list(sample.get("notes") or [])
+        n.notes = list(sample.notes)
         was = n.answering
         n.answering, n.silent_since = True, None
         if not was:
             self.events.append(f"node {label} answers again")
-        gpus = {int(g["index"]): g for g in sample.get("gpus") or [] if g.get("index") is not None}
-        n.progress = [dict(f) for f in sample.get("progress") or [] if f.get("rank") is None]
+        gpus = {g.index: g for g in sample.gpus}
+        n.progress = [f for f in sample.progress if f.rank is None]
         seen: set[str] = set()
-        for row in sample.get("ranks") or []:
-            key = f"{label}:{row['pid']}"
+        for row in sample.ranks:
+            key = f"{label}:{row.pid}"
             seen.add(key)
             r = self.ranks.get(key)
             if r is None:
-                r = self.ranks[key] = RankTrack(key=key, node=label, host=n.host, pid=int(row["pid"]),
-                                                rank=row.get("rank"), local_rank=row.get("local_rank"),
-                                                world_size=row.get("world_size"), first_seen=received,
+                r = self.ranks[key] = RankTrack(key=key, node=label, host=n.host, pid=row.pid,
+                                                rank=row.rank, local_rank=row.local_rank,
+                                                world_size=row.world_size, first_seen=received,
                                                 last_progress=received)
                 self.events.append(f"watching {r.label}")
             self._update_rank(r, row, gpus, n, received)
@@ -236,64 +237,63 @@ class Tracker:
                 r.signs.append(f"exited by {clock(received)}")
                 self.events.append(f"{r.label} exited")
 
-    def _update_rank(self, r: RankTrack, row: dict[str, Any], gpus: dict[int, dict[str, Any]], n: NodeTrack,
+    def _update_rank(self, r: RankTrack, row: RankSample, gpus: dict[int, GpuSample], n: NodeTrack,
                      received: float) -> None:
         r.last_seen = received
         if r.status in ("exited", "unknown"):
             r.status = "ok"
-        r.state = row.get("state")
-        r.cpu_pct = row.get("cpu_pct")
-        mine = [gpus[i] for i in row.get("gpu") or [] if i in gpus]
-        r.gpu = [{"index": g.get("index"), "util_pct": g.get("util_pct"), "power_pct": g.get("power_pct"),
-                  "mem_used_bytes": g.get("mem_used_bytes"), "mem_total_bytes": g.get("mem_total_bytes")}
+        r.state = row.state
+        r.cpu_pct = row.cpu_pct
+        mine = [gpus[i] for i in row.gpu or [] if i in gpus]
+        r.gpu = [{"index": g.index, "util_pct": g.util_pct, "power_pct": g.power_pct,
+                  "mem_used_bytes": g.mem_used_bytes, "mem_total_bytes": g.mem_total_bytes}
                  for g in mine]
         signs = [s for s in r.signs if s.startswith("exited")]
         if r.state == "D":
             signs.append("in D state (uninterruptible: I/O or a driver call)")
         elif r.state == "Z":
             signs.append("a zombie (exited, not reaped)")
-        spinning = [g for g in mine if (g.get("util_pct") or 0) >= GPU_BUSY_PCT
-                    and g.get("power_pct") is not None and g["power_pct"] <= GPU_LOW_POWER_PCT]
+        spinning = [g for g in mine if (g.util_pct or 0) >= GPU_BUSY_PCT
+                    and g.power_pct is not None and g.power_pct <= GPU_LOW_POWER_PCT]
         if spinning:
             g = spinning[0]
-            signs.append(f"GPU {g['index']} {g['util_pct']:.0f}% busy at {g['power_pct']:.0f}% of its power limit "
+            signs.append(f"GPU {g.index} {g.util_pct or 0:.0f}% busy at {g.power_pct or 0:.0f}% of its power limit "
                          "(a kernel spinning while it waits for a peer)")
         r.signs = signs
-        own = row.get("progress")
+        own = row.progress
         files = [own] if own else list(n.progress) + [f for other in self.nodes.values() if other is not n
                                                       for f in other.progress]
         r.file = own  # shown, an unreadable one with its error
-        files = [f for f in files if not f.get("error")]  # one that cannot be read says nothing: judge by CPU/GPU
+        files = [f for f in files if not f.error]  # one that cannot be read says nothing: judge by CPU/GPU
         if files:
             first = not r.by_file  # the file knows better than "first seen": it may have stopped long ago
             r.by_file = True
             for f in files:
-                age = f.get("age_s")
+                age = f.age_s
                 if age is None:
                     continue
                 changed = received - float(age)
                 if first or changed > r.last_progress + 1e-6:
                     first = False
                     r.last_progress = changed
-                    step = f" (step {f['step']})" if f.get("step") is not None else ""
-                    r.progress_why = f"{f['path']} grew{step}"
-            if own is not None and not own.get("error"):
+                    step = f" (step {f.step})" if f.step is not None else ""
+                    r.progress_why = f"{f.path} grew{step}"
+            if own is not None and not own.error:
                 self._rate(r, own)
             return
         cpu = r.cpu_pct or 0.0
-        working = [g for g in mine if (g.get("util_pct") or 0) >= GPU_WORKING[0]
-                   and (g.get("power_pct") or 0) >= GPU_WORKING[1]]
+        working = [g for g in mine if (g.util_pct or 0) >= GPU_WORKING[0] and (g.power_pct or 0) >= GPU_WORKING[1]]
         if working:
             g = working[0]
-            r.last_progress, r.progress_why = received, f"GPU {g['index']} computing ({g['util_pct']:.0f}% busy, " \
-                                                         f"{g['power_pct']:.0f}% power)"
+            r.last_progress, r.progress_why = received, f"GPU {g.index} computing ({g.util_pct or 0:.0f}% busy, " \
+                                                         f"{g.power_pct or 0:.0f}% power)"
         elif cpu >= CPU_ACTIVE_PCT and not spinning and r.state not in ("D", "Z", "T", "t"):
             r.last_progress, r.progress_why = received, f"CPU {cpu:.0f}%"
 
-    def _rate(self, r: RankTrack, f: dict[str, Any]) -> None:
-        rates = [rk.file["rate"] for rk in self.ranks.values()
-                 if rk.file and rk.file.get("rate") is not None and rk.status != "exited"]
-        rate = f.get("rate")
+    def _rate(self, r: RankTrack, f: ProgressFile) -> None:
+        rates = [rk.file.rate for rk in self.ranks.values()
+                 if rk.file and rk.file.rate is not None and rk.status != "exited"]
+        rate = f.rate
         if self.factor <= 0 or rate is None or len(rates) < 2:
             r.slow = 0
             return

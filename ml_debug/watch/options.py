@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option, parse_out_dir
-from ml_debug.procs.selectors import env_option, parse_pattern, pattern_option, user_option
+from ml_debug.procs.selectors import env_option, pattern_option, user_option
+from ml_debug.sampling.options import parse_pattern
 
 WHICH = "Which job"
 WHEN = "When to act"

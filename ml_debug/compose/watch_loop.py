@@ -1,10 +1,10 @@
 """The watch loop: samples in, decisions out, a bundle per incident.
 
-Samples come from ``mldebug top``'s sampler: in this process for ``--local`` (with ``--pid``), or
+Samples come from the sampling service (:mod:`ml_debug.sampling`): in this process for ``--local`` (with ``--pid``), or
 one streaming agent per node (``mldebug top --agent``, one ssh session or ``srun --overlap`` step
 each) for ``--hosts``/``--slurm-job``. Stack rounds are dump-stacks' own py-spy dumps, taken by a
 background thread every ``--stack-every`` seconds. The decisions are :class:`ml_debug.watch.model.Tracker`'s;
-the bundle is :class:`ml_debug.watcher.incident.Collector`'s.
+the bundle is :class:`ml_debug.compose.incident.IncidentCollector`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
 from ml_debug.remote.targets import TargetSpec
+from ml_debug.sampling.options import SamplerOptions
+from ml_debug.sampling.sample import NodeSample
 from ml_debug.watch.bundle import SCHEMA, SCHEMA_VERSION, default_dir
 from ml_debug.watch.model import Incident, Tracker, seconds
 from ml_debug.watch.options import WatchOptions
@@ -28,13 +30,13 @@ NO_TARGETS_HINT = ("name the job: --pid PID (a launcher's pid means its ranks), 
                    "or watch the nodes it runs on (--hosts / --slurm-job)")
 STATUS_EVERY_S = 60.0
 
+Reading = tuple[str, NodeSample | None, float | None, str | None]
+"""(node label, its last sample, when it arrived (wall time), why there is none)."""
 
-def _top_options(opts: WatchOptions, spec: TargetSpec) -> Any:
-    from ml_debug.top.options import TopOptions
 
-    env = list(opts.env)
-    return TopOptions(interval=opts.interval, timeout=opts.node_timeout, progress_files=list(opts.progress_files),
-                      pattern=opts.pattern, user=opts.user, env=env)
+def _sampler_options(opts: WatchOptions) -> SamplerOptions:
+    return SamplerOptions(interval=opts.interval, progress_files=list(opts.progress_files), pattern=opts.pattern,
+                          user=opts.user, env=list(opts.env))
 
 
 class LocalSource:
@@ -43,7 +45,7 @@ class LocalSource:
     def __init__(self, opts: WatchOptions, spec: TargetSpec) -> None:
         from ml_debug.procs import find_targets
         from ml_debug.procs.labels import read_environ
-        from ml_debug.top.sampler import NodeSampler, is_agent
+        from ml_debug.sampling.sampler import NodeSampler, is_agent
 
         pids = list(opts.pids)
 
@@ -56,10 +58,10 @@ class LocalSource:
                 self._found_at = time.monotonic()
 
         self.label = spec.targets[0].label
-        self.sampler = Sampler(_top_options(opts, spec))
+        self.sampler = Sampler(_sampler_options(opts))
 
-    def poll(self) -> list[tuple[str, dict[str, Any] | None, float | None, str | None]]:
-        out: list[tuple[str, dict[str, Any] | None, float | None, str | None]] = [
+    def poll(self) -> list[Reading]:
+        out: list[Reading] = [
             (self.label, self.sampler.sample(), time.time(), None)]
         self.sampler.maintain()  # between samples: look for the job's ranks again when it is time
         return out
@@ -72,9 +74,9 @@ class StreamSource:
     """One streaming ``mldebug top --agent`` per node; each poll reads what every node said last."""
 
     def __init__(self, opts: WatchOptions, spec: TargetSpec) -> None:
-        from ml_debug.top.streams import Client
+        from ml_debug.sampling.streams import Client
 
-        self.client = Client(spec, _top_options(opts, spec), retry=True)
+        self.client = Client(spec, _sampler_options(opts), retry=True)
         self.client.start()
         try:
             self.client.wait(self.client.all_first, time.monotonic() + opts.interval + opts.node_timeout)
@@ -82,9 +84,9 @@ class StreamSource:
             self.client.close()
             raise
 
-    def poll(self) -> list[tuple[str, dict[str, Any] | None, float | None, str | None]]:
+    def poll(self) -> list[Reading]:
         now_wall, now_mono = time.time(), time.monotonic()
-        out: list[tuple[str, dict[str, Any] | None, float | None, str | None]] = []
+        out: list[Reading] = []
         with self.client.lock:
             for f in self.client.feeds:
                 received = None if f.received is None else now_wall - (now_mono - f.received)
@@ -139,7 +141,7 @@ class StackRounds:
                 self.tracker.add_stacks(obs, taken)
 
     def round(self) -> list[dict[str, Any]]:
-        from ml_debug.watcher.incident import dump_request
+        from ml_debug.compose.incident import dump_request
 
         req = dump_request(self.opts, self.spec, samples=1, flight_recorder=False)
         req = dataclasses.replace(req, dumper="py-spy")
@@ -207,7 +209,7 @@ class Watch:
         return self.opts.out_dir / f"incident-{self.incidents}" if self.opts.keep_watching else self.opts.out_dir
 
     def incident(self, inc: Incident, stacks: StackRounds) -> dict[str, Any]:
-        from ml_debug.watcher.incident import Collector
+        from ml_debug.compose.incident import IncidentCollector
 
         self.incidents += 1
         path = self._bundle_dir(inc.time)
@@ -215,7 +217,7 @@ class Watch:
         output.log(f"watch: collecting the bundle in {path}")
         stacks.paused.set()  # its dump-stacks agents would show up as processes of the job
         try:
-            self.collector = Collector(self.spec, self.opts, self.tracker, inc, path, self.job, self.base_result)
+            self.collector = IncidentCollector(self.spec, self.opts, self.tracker, inc, path, self.job, self.base_result)
             result = self.collector.collect()
             self.collector.run_on_incident()
             result = self.collector.result()

@@ -66,7 +66,7 @@ def target_words(spec: TargetSpec) -> list[str]:
     return []
 
 
-class Collector:
+class IncidentCollector:
     """Writes one incident's bundle."""
 
     def __init__(self, spec: TargetSpec, opts: WatchOptions, tracker: Tracker, incident: Incident, path: Path,
@@ -204,8 +204,8 @@ class Collector:
         part.files.append(self.bundle.write(f"health-{safe_name(str(host))}.json", output.dumps(doc) + "\n"))
 
     def _progress(self, part: Part) -> None:
-        paths = sorted({str(r.file["path"]) for r in self.tracker.ranks.values() if r.file and r.file.get("path")}
-                       | {str(f["path"]) for n in self.tracker.nodes.values() for f in n.progress if f.get("path")})
+        paths = sorted({r.file.path for r in self.tracker.ranks.values() if r.file and r.file.path}
+                       | {f.path for n in self.tracker.nodes.values() for f in n.progress if f.path})
         if not paths:
             part.status = "skipped"
             part.error = "no progress file (--progress-file)"

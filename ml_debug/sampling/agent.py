@@ -20,7 +20,7 @@ import sys
 import time
 from typing import IO, Any
 
-from ml_debug.top.options import TopOptions
+from ml_debug.sampling.options import SamplerOptions
 
 
 def _watch_stdin(fd: int) -> bool:
@@ -39,10 +39,10 @@ def first_tick(start: float, interval: float) -> int:
     return math.ceil((start + min(interval, 1.0)) / interval)
 
 
-def run_agent(opts: TopOptions, out: IO[bytes] | None = None, stdin_fd: int = 0,
+def run_agent(opts: SamplerOptions, out: IO[bytes] | None = None, stdin_fd: int = 0,
               sampler: Any = None, max_samples: int | None = None) -> int:
     """The agent loop; returns the exit code (0 when the client went away)."""
-    from ml_debug.top.sampler import NodeSampler
+    from ml_debug.sampling.sampler import NodeSampler
 
     out = out if out is not None else sys.stdout.buffer
     interval = opts.interval
@@ -67,7 +67,7 @@ def run_agent(opts: TopOptions, out: IO[bytes] | None = None, stdin_fd: int = 0,
                         return 0
                 if os.getppid() != parent:
                     return 0
-            line = json.dumps(sampler.sample(tick), separators=(",", ":"), allow_nan=False)
+            line = json.dumps(sampler.sample(tick).to_json(), separators=(",", ":"), allow_nan=False)
             try:
                 out.write(line.encode() + b"\n")
                 out.flush()

@@ -31,7 +31,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from ml_debug.sampling.sample import ProgressFile
 
 WINDOW_S = 10.0
 """Seconds of history a rate is measured over."""
@@ -48,7 +50,7 @@ NOT_FOUND = "not found"
 """The error of a file a pattern names that is not there."""
 
 
-class Source(NamedTuple):
+class FileSource(NamedTuple):
     """Why a file is read: the pattern that names it and the rank it belongs to (None: the node's)."""
 
     pattern: str
@@ -110,12 +112,13 @@ class FileProgress:
             return None
         return max(0.0, (v1 - v0) / (t1 - t0))
 
-    def as_dict(self, now_wall: float) -> dict[str, Any]:
+    def as_sample(self, now_wall: float, source: FileSource, *, has_rank: bool = True) -> ProgressFile:
+        """What a node sample says of this file (``has_rank``: the wire form names its rank)."""
         rate = None if self.error else self.rate()  # a file not read shows no progress, not a stop
-        return {"path": self.path, "kind": self.kind, "step": self.step, "lines": self.lines,
-                "rate": None if rate is None else round(rate, 3),
-                "age_s": None if self.mtime is None else round(max(0.0, now_wall - self.mtime), 1),
-                "error": self.error}
+        return ProgressFile(path=self.path, kind=self.kind, step=self.step, lines=self.lines,
+                            rate=None if rate is None else round(rate, 3),
+                            age_s=None if self.mtime is None else round(max(0.0, now_wall - self.mtime), 1),
+                            error=self.error, pattern=source.pattern, rank=source.rank, has_rank=has_rank)
 
 
 class ProgressReader:
@@ -127,11 +130,11 @@ class ProgressReader:
         self.files: dict[str, FileProgress] = {}
 
     def paths_for(self, ranks: Iterable[tuple[int | None, int | None]]
-                  ) -> tuple[dict[str, Source], dict[str, Source]]:
+                  ) -> tuple[dict[str, FileSource], dict[str, FileSource]]:
         """(every file the patterns name now, every file they name that is not there: a rank's, or a
-        whole pattern that matches nothing), each path -> its :class:`Source`."""
-        found: dict[str, Source] = {}
-        missing: dict[str, Source] = {}
+        whole pattern that matches nothing), each path -> its :class:`FileSource`."""
+        found: dict[str, FileSource] = {}
+        missing: dict[str, FileSource] = {}
         ranks = list(ranks)
         for pattern in self.patterns:
             if "{rank}" in pattern or "{local_rank}" in pattern:
@@ -139,19 +142,19 @@ class ProgressReader:
                     if rank is None or ("{local_rank}" in pattern and local is None):
                         continue
                     concrete = pattern.replace("{rank}", str(rank)).replace("{local_rank}", str(local))
-                    self._glob(concrete, Source(pattern, rank), found, missing)
+                    self._glob(concrete, FileSource(pattern, rank), found, missing)
             else:
-                self._glob(pattern, Source(pattern, None), found, missing)
+                self._glob(pattern, FileSource(pattern, None), found, missing)
         return found, missing
 
     @staticmethod
-    def _glob(pattern: str, source: Source, found: dict[str, Source], missing: dict[str, Source]) -> None:
+    def _glob(pattern: str, source: FileSource, found: dict[str, FileSource], missing: dict[str, FileSource]) -> None:
         paths = sorted(glob.glob(pattern))
         if not paths:
             missing.setdefault(pattern, source)
         for path in paths:
             rank = source.rank if source.rank is not None else rank_of_file(path)
-            found.setdefault(path, Source(source.pattern, rank))
+            found.setdefault(path, FileSource(source.pattern, rank))
 
     def read(self, path: str, now: float | None = None) -> FileProgress:
         """Bring one file up to date (new lines, last step, rate history)."""

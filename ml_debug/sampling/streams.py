@@ -1,4 +1,4 @@
-"""The client side of `mldebug top`: one persistent agent stream per node, read by one thread.
+"""The client side of node sampling (top, watch): one persistent agent stream per node, read by one thread.
 
 Each node runs ``mldebug top --agent`` once, for as long as the view is open:
 
@@ -19,7 +19,6 @@ import fcntl
 import json
 import os
 import selectors
-import shlex
 import signal
 import subprocess
 import sys
@@ -32,18 +31,19 @@ from typing import Any
 
 from ml_debug import __version__
 from ml_debug.core.options import to_argv
+from ml_debug.remote.runner import MISSING_HINT, build_script, mldebug_base
+from ml_debug.remote.slurm import stream_argv
 from ml_debug.remote.targets import Target, TargetSpec
-from ml_debug.top.options import TopOptions
-from ml_debug.top.sampler import AGENT_MARK
+from ml_debug.sampling.options import SamplerOptions
+from ml_debug.sampling.sample import NodeSample, SampleError
+from ml_debug.sampling.sampler import AGENT_MARK
 
 MAX_LINE = 16 * 1024 * 1024
 STDERR_KEEP = 4096
 RETRY_FIRST_S = 5.0
 RETRY_MAX_S = 60.0
-MISSING_HINT = ("install mldebug there, or say how to start it: --remote-python /path/to/venv/bin/python "
-                "or --remote-prefix 'source /path/to/venv/bin/activate'")
-# Runs the script under bash when the node has it (`source venv/bin/activate` in --remote-prefix).
-SHELL_WRAP = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; else exec sh -c "$1"; fi'
+AGENT_COMMAND = ("top", "--agent")
+"""The mldebug words that start a node's agent (:mod:`ml_debug.sampling.agent`)."""
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Feed:
     target: Target
     label: str
     started: float = 0.0  # monotonic: when the current connection attempt began
-    sample: dict[str, Any] | None = None
+    sample: NodeSample | None = None
     received: float | None = None  # monotonic: when the last sample arrived
     samples: int = 0
     ended: bool = False
@@ -66,48 +66,31 @@ class Feed:
     err_tail: bytearray = field(default_factory=bytearray)
 
 
-def valid_sample(doc: Any) -> bool:
-    """The fields the model and the views rely on are there, with their types (another version of
-    mldebug on a node, or a stray JSON line, must not break the view)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("node"), dict):
-        return False
-    gpus, ranks = doc.get("gpus"), doc.get("ranks")
-    if not isinstance(gpus, list) or not isinstance(ranks, list):
-        return False
-    if not all(isinstance(g, dict) and isinstance(g.get("index"), int) for g in gpus):
-        return False
-    return all(isinstance(r, dict) and isinstance(r.get("pid"), int) and isinstance(r.get("label"), str)
-               for r in ranks)
-
-
 # ------------------------------------------------------------------------------- the agent command
 
 
-def agent_args(opts: TopOptions, spec: TargetSpec) -> list[str]:
+def agent_args(opts: SamplerOptions, spec: TargetSpec) -> list[str]:
     """``top --agent <options>``: what every node runs (with SLURM_JOB_ID for a Slurm job's ranks)."""
-    args = ["top", "--agent", *to_argv(opts)]
+    args = [*AGENT_COMMAND, *to_argv(opts)]
     if spec.kind == "slurm" and spec.slurm_job and "SLURM_JOB_ID" not in opts.env_filter:
         args += ["--env", f"SLURM_JOB_ID={spec.slurm_job}"]
     return args
 
 
-def remote_script(opts: TopOptions, spec: TargetSpec) -> str:
-    """The shell text a node runs: ``[prefix &&] exec env MLDEBUG_TOP_AGENT=1 mldebug top --agent ...``."""
-    base = [spec.remote_python, "-m", "ml_debug"] if spec.remote_python else ["mldebug"]
-    cmd = "exec " + shlex.join(["env", f"{AGENT_MARK}=1", *base, *agent_args(opts, spec)])
-    return f"{spec.remote_prefix} && {cmd}" if spec.remote_prefix else cmd
+def remote_script(opts: SamplerOptions, spec: TargetSpec) -> str:
+    """The shell text a node runs: ``[prefix &&] exec env MLDEBUG_TOP_AGENT=1 mldebug top --agent ...``
+    (started the way remote/ starts every command; ``exec`` so that the session's end is the agent's)."""
+    return build_script(["exec", "env", f"{AGENT_MARK}=1", *mldebug_base(spec.remote_python),
+                         *agent_args(opts, spec)], spec.remote_prefix)
 
 
 def srun_argv(spec: TargetSpec, node: str, script: str) -> list[str]:
     """One step on one node of the job, sharing its CPUs and taking none of its GPUs."""
-    argv = ["srun", f"--jobid={spec.slurm_job}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node,
-            "--kill-on-bad-exit=0", "-J", "mldebug-top"]
-    if spec.slurm_gres_gpu:
-        argv.append("--gres=gpu:0")
-    return [*argv, "sh", "-c", SHELL_WRAP, "mldebug-top", script]
+    assert spec.slurm_job is not None
+    return stream_argv(spec.slurm_job, node, script, spec.slurm_gres_gpu, name="mldebug-top")
 
 
-def local_argv(opts: TopOptions, spec: TargetSpec) -> list[str]:
+def local_argv(opts: SamplerOptions, spec: TargetSpec) -> list[str]:
     return [sys.executable, "-m", "ml_debug", *agent_args(opts, spec)]
 
 
@@ -242,7 +225,7 @@ class Client:
     Use as a context manager: leaving it ends every agent (and every srun step) it started.
     """
 
-    def __init__(self, spec: TargetSpec, opts: TopOptions, *, retry: bool = False,
+    def __init__(self, spec: TargetSpec, opts: SamplerOptions, *, retry: bool = False,
                  on_sample: Callable[[Feed], None] | None = None) -> None:
         self.spec = spec
         self.opts = opts
@@ -284,7 +267,8 @@ class Client:
         with self.lock:
             self._stopping = True
         self._wake()
-        self._reader.join(timeout=2)  # before the streams go: it must not read a closed one
+        if self._reader.ident is not None:  # started (a client closed unstarted has no reader)
+            self._reader.join(timeout=2)  # before the streams go: it must not read a closed one
         with self.lock:
             streams = [f.stream for f in self.feeds if f.stream is not None]
         for s in streams:
@@ -445,17 +429,18 @@ class Client:
                 doc = json.loads(line)
             except ValueError:
                 continue  # a stray line (a login banner, a warning on stdout) is not a sample
-            if not valid_sample(doc):
-                feed.note = (f"{feed.label} sent a sample this mldebug cannot read (mldebug "
-                             f"{doc.get('mldebug_version') if isinstance(doc, dict) else '?'} there, {__version__} here)")
+            try:
+                sample = NodeSample.from_json(doc)
+            except SampleError as e:
+                feed.note = f"{feed.label} sent a sample this mldebug cannot read: {e}"
                 continue
             with self.lock:
-                feed.sample = doc
+                feed.sample = sample
                 feed.received = time.monotonic()
                 feed.samples += 1
                 feed.error = None
                 feed.attempts = 0
-                version = doc.get("mldebug_version")
+                version = sample.mldebug_version
                 feed.note = (None if version == __version__ else
                              f"{feed.label} runs mldebug {version}, this is mldebug {__version__}: "
                              "install the same version on every node")
@@ -510,5 +495,5 @@ class Client:
 
     def all_since(self, seqs: dict[str, int]) -> bool:
         """Every answering node has sent a sample newer than ``seqs`` (call under the lock)."""
-        return all(f.ended or (f.sample is not None and int(f.sample.get("seq", 0)) > seqs.get(f.label, 0))
+        return all(f.ended or (f.sample is not None and f.sample.seq > seqs.get(f.label, 0))
                    for f in self.feeds)

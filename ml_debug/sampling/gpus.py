@@ -14,7 +14,17 @@ import time
 from typing import Any
 
 from ml_debug.core.nvml import CLOCK_EVENT_BITS, NvmlGateway, is_na, open_gateway
-from ml_debug.top.outliers import BADGE_WORDS
+from ml_debug.sampling.sample import GpuSample, NvmlStatus
+
+BADGE_WORDS = {
+    "sw_power_cap": "power-cap",
+    "hw_slowdown": "hw-slowdown",
+    "sw_thermal_slowdown": "thermal",
+    "hw_thermal_slowdown": "hw-thermal",
+    "hw_power_brake_slowdown": "power-brake",
+}
+"""Clock-event reasons worth a badge, and the word shown for each. Idle, application clocks, sync
+boost and display clocks are normal operation, not a reason to look."""
 
 XID_RECENT_S = 3600.0
 """Xids logged this long before the agent started are shown too (older ones are history)."""
@@ -128,11 +138,9 @@ class GpuSampler:
                                  "mem_total_bytes": None if is_na(mem) else mem[0]})
         self.xids = XidWatch()
 
-    def status(self) -> dict[str, Any]:
-        out = {"available": self.available, "reason": self.reason, "source": self.source}
-        if self.xids is not None and self.xids.reason:
-            out["xid_reason"] = self.xids.reason
-        return out
+    def status(self) -> NvmlStatus:
+        return NvmlStatus(available=self.available, reason=self.reason, source=self.source,
+                          xid_reason=self.xids.reason if self.xids is not None and self.xids.reason else None)
 
     def _power_limit(self, i: int, h: Any) -> Any:
         now = time.monotonic()
@@ -141,15 +149,15 @@ class GpuSampler:
             cached = self._limits[i] = (now, self.gw.power_limit_watts(h))
         return cached[1]
 
-    def sample(self) -> list[dict[str, Any]]:
-        """One dict per GPU; values NVML cannot give are None."""
+    def sample(self) -> list[GpuSample]:
+        """Every GPU now; values NVML cannot give are None."""
         if not self.available:
             return []
         if self.xids is not None:
             self.xids.poll()
         out = []
         for i, h in enumerate(self.handles):
-            g = dict(self._static[i])
+            static = self._static[i]
             mem = self.gw.memory(h)
             power = _value(self.gw.power_watts(h))
             limit = _value(self._power_limit(i, h))
@@ -158,7 +166,10 @@ class GpuSampler:
                                                   if int(reasons) & bit and name in BADGE_WORDS]
             procs = self.gw.compute_processes(h)
             ecc = self.gw.ecc_errors(h, uncorrected=True, aggregate=False)
-            g.update(
+            total = static["mem_total_bytes"]
+            out.append(GpuSample(
+                index=i, name=static["name"], uuid=static["uuid"], bus_id=static["bus_id"],
+                mem_total_bytes=mem[0] if total is None and not is_na(mem) else total,
                 util_pct=_value(self.gw.utilization(h)),
                 power_w=None if power is None else round(float(power), 1),
                 power_limit_w=None if limit is None else round(float(limit), 1),
@@ -167,12 +178,9 @@ class GpuSampler:
                 temp_c=_value(self.gw.temperature(h)),
                 throttle=None if is_na(reasons) else throttle,
                 ecc_uncorrected=_value(ecc),
-                xid=self.xids.for_bus(g.get("bus_id")) if self.xids is not None else None,
+                xid=self.xids.for_bus(static["bus_id"]) if self.xids is not None else None,
                 pids=None if is_na(procs) else sorted(p[0] for p in procs),
-            )
-            if g["mem_total_bytes"] is None and not is_na(mem):
-                g["mem_total_bytes"] = mem[0]
-            out.append(g)
+            ))
         return out
 
     def close(self) -> None:

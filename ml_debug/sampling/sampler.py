@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from ml_debug import __version__
-from ml_debug.top.options import TopOptions
-from ml_debug.top.procstat import (
+from ml_debug.sampling.options import SamplerOptions
+from ml_debug.sampling.procstat import (
     CpuMeter,
     NodeCounters,
     node_cpu_percent,
@@ -23,10 +23,8 @@ from ml_debug.top.procstat import (
     read_node_counters,
     read_proc_sample,
 )
-from ml_debug.top.progress import NOT_FOUND, FileProgress, ProgressReader
-
-SAMPLE_SCHEMA = "mldebug.top.sample"
-SAMPLE_VERSION = 1
+from ml_debug.sampling.progress import NOT_FOUND, FileProgress, ProgressReader
+from ml_debug.sampling.sample import NodeInfo, NodeSample, ProgressFile, RankSample
 
 AGENT_MARK = "MLDEBUG_TOP_AGENT"
 """Set in the environment of every agent, so that an agent never takes another one for a rank."""
@@ -59,8 +57,8 @@ def is_agent(cmdline: str, env: dict[str, str] | None) -> bool:
 class NodeSampler:
     """Samples this node; one instance per agent, called once per interval."""
 
-    def __init__(self, opts: TopOptions, gpu_sampler: Any = None) -> None:
-        from ml_debug.top.gpus import GpuSampler
+    def __init__(self, opts: SamplerOptions, gpu_sampler: Any = None) -> None:
+        from ml_debug.sampling.gpus import GpuSampler
 
         self.opts = opts
         self.host = socket.gethostname()
@@ -106,8 +104,8 @@ class NodeSampler:
         if time.monotonic() - self._found_at >= REDISCOVER_S:
             self.discover()
 
-    def _rank_rows(self, now: float) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
+    def _rank_rows(self, now: float) -> list[RankSample]:
+        rows: list[RankSample] = []
         gone = False
         for t in self.targets:
             s = read_proc_sample(t.pid)
@@ -115,55 +113,49 @@ class NodeSampler:
                 gone = True
                 continue
             cpu = self.cpu.percent(s, now)
-            rows.append({
-                "pid": t.pid, "rank": t.rank, "local_rank": t.local_rank, "world_size": t.world_size,
-                "label": t.label, "rank_source": t.rank_source, "user": t.user,
-                "cmdline": t.cmdline[:MAX_CMDLINE], "state": s.state,
-                "cpu_pct": None if cpu is None else round(cpu, 1), "rss_bytes": s.rss_bytes, "threads": s.threads,
-                "gpu": None, "progress": None,
-            })
+            rows.append(RankSample(
+                pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size, label=t.label,
+                rank_source=t.rank_source, user=t.user, cmdline=t.cmdline[:MAX_CMDLINE], state=s.state,
+                cpu_pct=None if cpu is None else round(cpu, 1), rss_bytes=s.rss_bytes, threads=s.threads))
         if gone:  # a rank exited: look again at the next sample (the job may be restarting)
             self._found_at = -1e9
-        self.cpu.forget_except({r["pid"] for r in rows})
+        self.cpu.forget_except({r.pid for r in rows})
         return rows
 
-    def _progress(self, rows: list[dict[str, Any]], now: float
-                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def _progress(self, rows: list[RankSample], now: float) -> tuple[list[ProgressFile], list[ProgressFile]]:
         """(the node's files: those of no rank, or of a rank that has one already; the files the patterns
         name that are not there). A file not there is kept apart from the others: for watch, a rank
         with a progress file is judged by that file alone, and a missing one must not make it stall."""
         if not self.progress.patterns:
             return [], []
         wall = time.time()
-        found, missing = self.progress.paths_for((r["rank"], r["local_rank"]) for r in rows)
-        by_rank = {r["rank"]: r for r in rows if r["rank"] is not None}
-        node_files: list[dict[str, Any]] = []
-        for path, (pattern, rank) in found.items():
-            info = self.progress.read(path, now).as_dict(wall)
-            info["pattern"] = pattern
-            row = by_rank.get(rank) if rank is not None else None
-            if row is not None and row["progress"] is None:
-                row["progress"] = info
+        found, missing = self.progress.paths_for((r.rank, r.local_rank) for r in rows)
+        by_rank = {r.rank: r for r in rows if r.rank is not None}
+        node_files: list[ProgressFile] = []
+        for path, source in found.items():
+            fp = self.progress.read(path, now)
+            row = by_rank.get(source.rank) if source.rank is not None else None
+            if row is not None and row.progress is None:
+                row.progress = fp.as_sample(wall, source, has_rank=False)
             else:
-                info["rank"] = rank
-                node_files.append(info)
+                node_files.append(fp.as_sample(wall, source))
         self.progress.forget_except(found)
-        absent = [{**FileProgress(path=path, error=NOT_FOUND).as_dict(wall), "pattern": pattern, "rank": rank}
-                  for path, (pattern, rank) in missing.items()]
+        absent = [FileProgress(path=path, error=NOT_FOUND).as_sample(wall, source)
+                  for path, source in missing.items()]
         return node_files, absent
 
     # -- one sample -----------------------------------------------------------------------------
-    def sample(self, tick: int | None = None) -> dict[str, Any]:
-        """The JSON-ready sample of this node now."""
+    def sample(self, tick: int | None = None) -> NodeSample:
+        """This node now (:meth:`NodeSample.to_json` gives the line the agent sends)."""
         now = time.monotonic()
         self.seq += 1
         rows = self._rank_rows(now)
         gpus = self.gpus.sample()
-        by_pid = {r["pid"]: r for r in rows}
+        by_pid = {r.pid: r for r in rows}
         for g in gpus:
-            for pid in g.get("pids") or []:
+            for pid in g.pids or []:
                 if pid in by_pid:
-                    by_pid[pid]["gpu"] = [*(by_pid[pid]["gpu"] or []), g["index"]]
+                    by_pid[pid].gpu = [*(by_pid[pid].gpu or []), g.index]
         node_files, absent = self._progress(rows, now)
         counters = read_node_counters()
         cpu_pct = node_cpu_percent(self._node_prev, counters)
@@ -172,19 +164,12 @@ class NodeSampler:
         agent_cpu = time.process_time()
         agent_pct = 100.0 * (agent_cpu - self._agent_cpu_prev) / max(1e-6, now - self._agent_wall_prev)
         self._agent_cpu_prev, self._agent_wall_prev = agent_cpu, now
-        return {
-            "schema": SAMPLE_SCHEMA, "v": SAMPLE_VERSION, "mldebug_version": __version__,
-            "seq": self.seq, "tick": tick, "time": round(time.time(), 3), "interval_s": self.opts.interval,
-            "node": {"host": self.host, "cpus": os.cpu_count(), "cpu_pct": cpu_pct, "load1": read_loadavg(),
-                     "mem_total_bytes": mem_total, "mem_used_bytes": mem_used,
-                     "agent_cpu_pct": round(agent_pct, 2)},
-            "nvml": self.gpus.status(),
-            "gpus": gpus,
-            "ranks": rows,
-            "progress": node_files,
-            "progress_missing": absent,
-            "notes": self.notes,
-        }
+        return NodeSample(
+            seq=self.seq, tick=tick, time=round(time.time(), 3), interval_s=self.opts.interval,
+            node=NodeInfo(host=self.host, cpus=os.cpu_count(), cpu_pct=cpu_pct, load1=read_loadavg(),
+                          mem_total_bytes=mem_total, mem_used_bytes=mem_used, agent_cpu_pct=round(agent_pct, 2)),
+            nvml=self.gpus.status(), gpus=gpus, ranks=rows, progress=node_files, progress_missing=absent,
+            notes=list(self.notes), mldebug_version=__version__)
 
     def close(self) -> None:
         self.gpus.close()

@@ -27,7 +27,7 @@ KILLED = -15  # a rank stopped by the launcher because another one failed
 
 
 @dataclass(frozen=True)
-class LaunchSpec:
+class SpawnSpec:
     """What torchrun's command line would say."""
 
     nproc_per_node: int
@@ -42,7 +42,7 @@ class LaunchSpec:
 
 
 @dataclass
-class LaunchResult:
+class SpawnResult:
     """Exit code of every rank this node launched (global rank -> code; negative: killed by signal)."""
 
     exit_codes: dict[int, int] = field(default_factory=dict)
@@ -95,7 +95,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _stop_stragglers(workdir: str, ranks: range, linger_s: float, result: LaunchResult,
+def _stop_stragglers(workdir: str, ranks: range, linger_s: float, result: SpawnResult,
                      done: threading.Event) -> None:
     """Once one rank has finished, give the others ``linger_s``; then stop the launch, naming them.
 
@@ -117,7 +117,7 @@ def _stop_stragglers(workdir: str, ranks: range, linger_s: float, result: Launch
         os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into a clean stop of every rank
 
 
-def validate(spec: LaunchSpec) -> LaunchSpec:
+def validate(spec: SpawnSpec) -> SpawnSpec:
     if spec.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node {spec.nproc_per_node} must be at least 1", "use 1 or more")
     if spec.nnodes < 1 or not 0 <= spec.node_rank < spec.nnodes:
@@ -131,7 +131,7 @@ def validate(spec: LaunchSpec) -> LaunchSpec:
     return spec
 
 
-def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None = None) -> LaunchResult:
+def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = None) -> SpawnResult:
     """Run ``python -m ml_debug <argv>`` as ``spec.nproc_per_node`` ranks of a (multi-node) world.
 
     Returns each rank's exit code. Workers inherit stdout/stderr; rank 0 prints the verdict.
@@ -151,7 +151,7 @@ def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None 
     workdir = _workdir()
     saved = dict(os.environ)
     timer: threading.Timer | None = None
-    result = LaunchResult()
+    result = SpawnResult()
     try:
         os.environ["MLDEBUG_LAUNCH_DIR"] = workdir
         if spec.cpu_ranks:

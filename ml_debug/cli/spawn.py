@@ -13,7 +13,7 @@ from typing import Any
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.options import to_argv
-from ml_debug.dist.options import LaunchOptions
+from ml_debug.dist.options import SpawnOptions
 
 
 def forward_argv(command: str, *configs: Any, extra: Sequence[str] = ()) -> list[str]:
@@ -37,18 +37,18 @@ def default_nproc(backend: str, device: str) -> tuple[int, int]:
     return (gpus or 2), gpus
 
 
-def self_launch(command: str, configs: Sequence[Any], launch: LaunchOptions, *, gpus: int,
+def spawn_ranks(command: str, configs: Sequence[Any], launch: SpawnOptions, *, gpus: int,
                 rdzv_timeout_s: float = 30.0, run_timeout_s: float | None = None,
                 linger_s: float = 30.0, extra: Sequence[str] = ()) -> int:
     """Run ``mldebug <command>`` as ``--nproc-per-node`` ranks of a (multi-node) world; the exit code.
 
     Rank 0 prints the verdict. A rank killed or stopped is named on stderr, and the run is partial.
     """
-    from ml_debug.dist.launch import LaunchSpec
-    from ml_debug.dist.launch import launch as run_ranks
+    from ml_debug.dist.spawn import SpawnSpec
+    from ml_debug.dist.spawn import spawn as run_ranks
 
     nproc = launch.nproc_per_node or (gpus or 2)
-    spec = LaunchSpec(nproc, nnodes=launch.nnodes, node_rank=launch.node_rank, master_addr=launch.master_addr,
+    spec = SpawnSpec(nproc, nnodes=launch.nnodes, node_rank=launch.node_rank, master_addr=launch.master_addr,
                       master_port=launch.master_port, rdzv_timeout_s=rdzv_timeout_s, run_timeout_s=run_timeout_s,
                       linger_s=linger_s, cpu_ranks=not gpus)
     result = run_ranks(forward_argv(command, *configs, extra=extra), spec)
