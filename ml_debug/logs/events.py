@@ -520,13 +520,16 @@ class Collector:
 
     def _close(self, key: str) -> None:
         block = self._blocks.pop(key)
+        whole = "\n".join(block.text)
+        for name, rx in LAUNCHER_MARKS:  # the launcher's own frames (accelerate/commands/launch.py ...)
+            if name in ("deepspeed", "accelerate", "lightning", "torchrun") and rx.search(whole):
+                self._mark(name)
         if block.summary is not None:
             self._summary_events(block)
             return
         ctx = self.ctx
         assert ctx is not None
         final = block.exceptions[-1] if block.exceptions else ""
-        whole = "\n".join(block.text)
         # the exceptions and their messages, not the frames (code lines say anything)
         said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
         cls, label, cause = classify(said[-4000:])
@@ -563,6 +566,8 @@ class Collector:
                 self.local_rank_pairs.setdefault(ctx.index, {}).setdefault(local, rank)
             if rank is not None:
                 self.ranks_seen.add(rank)
+                if node:
+                    self.rank_node.setdefault(rank, node)
             t = find_time(entry.get("time", ""), ctx.day)
             tb = (entry.get("traceback") or "").strip()
             ev = self._exit_event(code, who, ctx, block.start_line, block.start_offset, t, TIME_LAUNCHER, pid)

@@ -339,9 +339,13 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     after = [c for c in others if c not in independent]
     summary = f"first failure: {first.who.label()}{_at(first)}: {brief(first.message)}"
     if tie:
-        summary = (f"tie: {', '.join(e.who.label() for e in [first, *tie])} failed in the same second{_at(first)}; "
-                   f"which came first is not known (the first in the logs: {first.who.label()}: "
-                   f"{brief(first.message)})")
+        tied = sorted([first, *tie], key=lambda e: (e.who.rank is None, e.who.rank or 0, e.order_key()))
+        root = [e for e in tied if e.detail.get("torchrun_root_cause")]
+        said = f"torchrun's 'Root Cause' picks {root[0].who.label()}" if root else f"the first in the logs: " \
+            f"{first.who.label()}"
+        summary = (f"tie: {', '.join(e.who.label() for e in tied)} failed in the same second{_at(first)}; which came "
+                   f"first is not known ({said}): " + "; ".join(f"{e.who.label()}: {brief(e.message)}" for e in tied))
+        independent = [e for e in independent if e not in tie]
     tail = []
     if after:
         after_ranks = compress({c.who.rank for c in after if c.who.rank is not None})

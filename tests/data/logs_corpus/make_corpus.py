@@ -141,14 +141,16 @@ def srun(only: str | None = None) -> None:
         "srun-nolabel.log": common + f"srun {PY} {WORKER}",
         "srun-torchrun.log": common.replace("CORPUS_RANK=2", "CORPUS_RANK=3") +
         # static rendezvous: the rig's node names do not resolve (c10d's would look them up)
-        f"srun --label --ntasks-per-node=1 bash -c '{PY} -m torch.distributed.run --nnodes 2 --nproc-per-node 2 "
+        f"srun --label bash -c '{PY} -m torch.distributed.run --nnodes 2 --nproc-per-node 2 "
         f"--node-rank $SLURM_NODEID --master-addr $MASTER_ADDR --master-port $MASTER_PORT {WORKER}'",
     }
     for name, script in jobs.items():
         if only and name != only:
             continue
         out = HERE / name
-        subprocess.run(["sbatch", "--wait", "-N", "2", "--ntasks-per-node=2", "-w", "node1,node2", "--time=00:03:00",
+        per_node = "1" if "torchrun" in name else "2"  # one torchrun agent per node
+        subprocess.run(["sbatch", "--wait", "-N", "2", f"--ntasks-per-node={per_node}", "-w", "node1,node2",
+                        "--time=00:03:00",
                         f"--output={out}", f"--chdir={HERE}", "--wrap", script], env=_env(), timeout=300,
                        capture_output=True)
         print(f"{name}: written", flush=True)
