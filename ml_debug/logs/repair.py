@@ -33,7 +33,7 @@ _NOT_A_NODE = re.compile(r"(?:Error|Exception|Warning|Traceback|INFO|WARN|WARNIN
 # tqdm: "Epoch 1:  12%|█▏        | 12/100 [00:01<00:08, 10.50it/s, loss=0.5]"; rich (Lightning): "Epoch 0/0 ━━━╸  2/8
 # 0:00:05 • 0:00:01 160.41it/s"
 _TQDM = re.compile(r"^.{0,200}?\d{1,3}%\|[^|]{0,200}\|[^\[\n]{0,60}\[[^\]\n]{0,200}\]")
-_RICH = re.compile(r"^.{0,200}?[━╸╺]+.{0,120}?(?:\d+(?:\.\d+)?(?:it/s|s/it)|\d+:\d\d:\d\d) ?")
+_RICH = re.compile(r"^.{0,200}?[━╸╺]+.{0,120}(?:\d+(?:\.\d+)?(?:it/s|s/it)|\d+:\d\d:\d\d) ?")
 _TMUX = re.compile(r"(?<=\S)\[\d+/\d+\]\s*$")
 
 
@@ -183,7 +183,7 @@ def sniff(head: bytes, complete: bool) -> Damage:
     if d.wrap_width:
         lines, _ = _unwrap(lines, d.wrap_width)
     d.reversed = _is_reversed(lines)
-    d.node_prefix = _node_prefixed(lines)
+    d.node_prefix = _node_prefixed([mend_line(ln)[0][-1] for ln in lines])
     return d
 
 
@@ -212,12 +212,10 @@ def mend(data: bytes, d: Damage) -> bytes:
 
 
 def mend_line(text: str) -> tuple[list[str], str | None]:
-    """One line's text, a progress bar or tmux counter glued to it cut off: (the lines it holds, what was cut)."""
+    """One line's text, a progress bar or tmux counter glued to it cut off: (the lines it holds, what was cut, or
+    None when nothing was glued to anything: a bar alone on its line is no damage)."""
     what = None
-    parts = [text]
-    if "\r" in text:
-        parts = [p for p in text.split("\r") if p.strip()] or [""]
-        what = "carriage return"
+    parts = [p for p in text.split("\r") if p.strip()] if "\r" in text else [text]
     out = []
     for p in parts:
         if "|" in p or "━" in p or "╸" in p:
@@ -225,7 +223,6 @@ def mend_line(text: str) -> tuple[list[str], str | None]:
             if m:
                 rest = p[m.end():]
                 if not rest.strip():
-                    what = what or "progress bar"
                     continue
                 p = rest.lstrip()
                 what = "progress bar"
@@ -233,4 +230,6 @@ def mend_line(text: str) -> tuple[list[str], str | None]:
             p = _TMUX.sub("", p)
             what = what or "tmux counter"
         out.append(p)
+    if len(out) > 1:
+        what = what or "carriage return"
     return (out or [""]), what
