@@ -320,7 +320,7 @@ class Collector:
         text = raw.decode("utf-8", "replace").rstrip("\r")
         if "\x1b" in text:
             text = strip_ansi(text)
-        if "\r" in text or "|" in text or "\u2501" in text or text.endswith("]"):
+        if "\r" in text or "%|" in text or "\u2501" in text or "\u2578" in text or text.endswith("]"):
             parts, what = mend_line(text)
             if what is not None:
                 got = self.repairs.setdefault(self.ctx.index, {})
@@ -822,19 +822,20 @@ class Collector:
     def _summary_alone(self, lab: Label, who: Who, line: int, offset: int) -> None:
         """torchrun's failure summary pasted without its traceback (or with its header cut): an entry's exitcode
         line opens it; the entry's lines before it (and whether it was the root cause) are read back."""
+        summary = _Summary()
         block = _Block(who=who, start_line=line, start_offset=offset, last_line=line, stage="summary",
-                       summary=_Summary())
+                       summary=summary)
         self._blocks[lab.key] = block
         before = self._lines_before(8).split("\n")
         entry = [ln for ln in before if ln.strip()]
         start = max((i for i, ln in enumerate(entry) if _SUMMARY_ENTRY.match(ln.strip())), default=None)
         root = start is not None and start > 0 and entry[start - 1].strip().startswith("Root Cause")
-        block.summary.entries.append({"root": root})
-        block.summary.seen_root = root
+        summary.entries.append({"root": root})
+        summary.seen_root = root
         for ln in entry[(start + 1 if start is not None else 0):]:
             f = _SUMMARY_FIELD.match(split_label(ln).rest)
             if f:
-                block.summary.entries[-1][f.group(1)] = f.group(2).strip()
+                summary.entries[-1][f.group(1)] = f.group(2).strip()
         self._summary_line(lab.key, block, lab.rest)
 
     def _srun(self, m: re.Match[str], line: int, offset: int, rest: str) -> None:

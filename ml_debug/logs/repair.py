@@ -172,7 +172,8 @@ def sniff(head: bytes, complete: bool) -> Damage:
     if sum(1 for ln in body if ln.startswith(">")) >= 0.8 * len(body):
         d.quoted = True
         lines = _unquote(lines)
-    if _numbered(lines):
+    first = next((ln for ln in lines if ln.strip()), "")
+    if _NUMBERED.match(first) and _numbered(lines):
         d.numbered = True
         lines = _unnumber(lines)
         if sum(1 for ln in lines if ln.startswith(">")) >= 0.8 * len([ln for ln in lines if ln.strip()]):
@@ -183,7 +184,8 @@ def sniff(head: bytes, complete: bool) -> Damage:
     if d.wrap_width:
         lines, _ = _unwrap(lines, d.wrap_width)
     d.reversed = _is_reversed(lines)
-    d.node_prefix = _node_prefixed([mend_line(ln)[0][-1] for ln in lines])
+    d.node_prefix = _node_prefixed([mend_line(ln)[0][-1] if "\r" in ln or "%|" in ln or "━" in ln else ln
+                                    for ln in lines])
     return d
 
 
@@ -218,8 +220,8 @@ def mend_line(text: str) -> tuple[list[str], str | None]:
     parts = [p for p in text.split("\r") if p.strip()] if "\r" in text else [text]
     out = []
     for p in parts:
-        if "|" in p or "━" in p or "╸" in p:
-            m = _TQDM.match(p) or _RICH.match(p)
+        if "%|" in p or "━" in p or "╸" in p:
+            m = (_TQDM.match(p) if "%|" in p else None) or _RICH.match(p)
             if m:
                 rest = p[m.end():]
                 if not rest.strip():

@@ -382,7 +382,8 @@ def _confidence(first: Event, basis: str, tie: list[Event], strong: list[Event])
     why = []
     level = "high"
     if not first.strong:
-        level, _ = "medium", why.append("only an exit code or a kill says it (no message of its own)")
+        level = "medium"
+        why.append("only an exit code or a kill says it (no message of its own)")
     if first.who.rank is None:
         level = "medium"
         why.append("its global rank is not in the logs" if first.who.local_rank is not None or first.who.node
