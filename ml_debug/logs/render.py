@@ -43,7 +43,7 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     style = {"failure": "bold red", "secondary-only": "bold yellow", "interrupted": "bold yellow",
              "suspect": "bold yellow"}.get(v.status, "bold green")
     console.print(Text(v.summary, style=style), soft_wrap=True)
-    if v.status in ("failure", "secondary-only", "suspect") or v.confidence != "high":
+    if v.status in ("failure", "secondary-only", "suspect"):
         console.print(Text(f"  how sure: {v.confidence} ({v.confidence_why})", style="dim"), soft_wrap=True)
     how = []
     if v.primary is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
+from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.model import (
@@ -287,7 +288,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
                            summary=f"no known failure line, but {len(suspects)} line(s) look like one; the first: "
                                    f"{first.who.label()}{_at(first)}: {brief(first.message)}")
         summary = "no failure found" + (f" ({len(warnings)} warning(s))" if warnings else "")
-        return Verdict(status="none", summary=summary, confidence="high" if not warnings else "medium",
+        return Verdict(status="none", summary=summary, confidence="high",
                        confidence_why="nothing in any file looks like a failure")
     by_writer: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in failures:
@@ -364,6 +365,8 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
                        " reported the same")
     if tail:
         summary += " (" + "; ".join(tail) + ")"
+    if silent and first.who.rank is not None and first is not unplaced:  # placed by elimination: not silent
+        silent = compress(set(expand_ranks(silent)) - {first.who.rank}) or None
     confidence, why = _confidence(first, basis, tie, strong)
     return Verdict(status="failure", summary=summary, primary=first, basis=basis,
                    secondary=_secondary_rows(after, first), independent=independent, silent_ranks=silent,
