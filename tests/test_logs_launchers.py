@@ -247,3 +247,30 @@ def test_an_oom_without_a_rank_prefix_is_put_on_the_rank_whose_peers_name_themse
     v = triage([_write(tmp_path, text)]).verdict
     assert v.primary is not None and v.primary.kind == "oom" and v.primary.who.rank == 2, v.summary
     assert v.hint is not None and "(GPU 2)" in v.hint and v.primary.cls == PRIMARY
+
+
+def test_old_style_watchdog_lines_and_a_harness_prefix(tmp_path: Path) -> None:
+    """c10d before torch 2.2 (ProcessGroupNCCL.cpp: "[E ProcessGroupNCCL.cpp:475] [Rank 3] Watchdog caught collective
+    operation timeout: WorkNCCL(..., Timeout(ms)=1800000) ran for ..."), no line prefix; the failing rank's lines
+    come through a harness that writes "<job>.<node> [stderr] " before torch's [rankN]:."""
+    watchdog = "".join(f"[E ProcessGroupNCCL.cpp:475] [Rank {r}] Watchdog caught collective operation timeout: "
+                       f"WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
+                       f"18003{r}1 milliseconds before timing out.\n" for r in (3, 1, 0))
+    culprit = ("bench-77.gpu-node-2 [stderr] [rank2]: Traceback (most recent call last):\n"
+               "bench-77.gpu-node-2 [stderr] [rank2]:   File \"train.py\", line 3, in <module>\n"
+               "bench-77.gpu-node-2 [stderr] [rank2]: RuntimeError: CUDA error: an illegal memory access was "
+               "encountered\n")
+    v = triage([_write(tmp_path, watchdog + culprit)]).verdict
+    assert v.primary is not None and (v.primary.who.rank, v.primary.who.node) == (2, "gpu-node-2"), v.summary
+    assert v.secondary and v.secondary[0]["label"] == "NCCL watchdog timeout" and v.secondary[0]["ranks"] == "0-1,3"
+
+
+def test_kubectl_time_stamps_before_the_launchers_labels(tmp_path: Path) -> None:
+    text = ("2024-05-01T03:14:05.100000000Z [default0]:step 9\n"
+            "2024-05-01T03:14:07.123456789Z [default1]:[rank1]: Traceback (most recent call last):\n"
+            "2024-05-01T03:14:07.123456789Z [default1]:[rank1]:   File \"train.py\", line 3, in <module>\n"
+            "2024-05-01T03:14:07.123456789Z [default1]:[rank1]: ValueError: bad batch\n"
+            "2024-05-01T03:14:08.000000000Z [default0]:[rank0]: RuntimeError: Connection closed by peer [10.0.0.1]:99\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 1 and v.primary.message == "ValueError: bad batch"
+    assert v.primary.time is not None and v.primary.time_source == "line"

@@ -151,7 +151,8 @@ def signal_event_text(code: int) -> tuple[str, str, bool, str]:
 
 # ----------------------------------------------------------------------------- one-line detectors
 
-_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: \w+\((?P<work>[^)]*)\) ran for (?P<ms>\d+) "
+# "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, ..., Timeout(ms)=1800000) ran for 1800341 milliseconds": the parentheses nest
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: \w+\((?P<work>.*?)\) ran for (?P<ms>\d+) "
                        r"milliseconds")
 _WATCHDOG_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 _LAST_WORK = re.compile(r"last enqueued NCCL work: (\d+), last completed NCCL work: (-?\d+)")
@@ -285,6 +286,7 @@ class Collector:
         self.last_work: dict[int, tuple[int, int]] = {}
         self.repairs: dict[int, dict[str, int]] = {}  # source index -> what was cut off lines -> how many
         self.launchers: dict[int, set[str]] = {}  # source index -> the launchers whose lines it holds
+        self._stamp = ""  # the time stamp a collector put before the current line's labels
         self.notes: dict[int, list[str]] = {}  # source index -> what was mended in the whole text
         self.suspects: list[Event] = []  # lines that look like a failure and say no more (the last resort)
         self.here: tuple[bytes, int] = (b"", 0)
@@ -337,6 +339,7 @@ class Collector:
     def _feed_text(self, text: str, line: int, offset: int) -> None:
         assert self.ctx is not None
         lab = split_label(text, self.ctx.node_prefix) if self.ctx.labelled else Label(Who(), "", text)
+        self._stamp = lab.stamp
         who = lab.who.merged(self.ctx.who)
         self._note(lab, who)
         block = self._blocks.get(lab.key)
@@ -865,6 +868,8 @@ class Collector:
         assert ctx is not None
         if t is None:
             t = find_time(rest, ctx.day)
+        if t is None and self._stamp:
+            t = find_time(self._stamp, ctx.day)
         ev = Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
                    offset=offset, source_index=ctx.index, time=t, time_source=TIME_LINE if t is not None else TIME_ORDER,
                    strong=strong, detail=dict(detail or {}))
