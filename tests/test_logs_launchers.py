@@ -47,6 +47,8 @@ def test_each_launchers_real_console_names_the_failing_rank(name: str) -> None:
     assert v.primary.who.rank == rank and message in v.primary.message, v.summary
     assert v.summary.startswith(f"first failure: rank {rank}"), v.summary
     assert r.launchers == launchers, r.launchers
+    if name == "srun-torchrun.log":  # srun --label over one agent per node: the tasks are agents, named by host
+        assert r.sources[0].view == "2 torchrun agents: ranks 0-3 on node1, node2", r.sources[0].view
     if node:
         assert v.primary.who.node == node, v.primary.who
     assert v.confidence in ("high", "medium") and v.confidence_why
@@ -70,7 +72,7 @@ def test_two_torchrun_agents_each_give_one_nodes_view() -> None:
     assert alone.status == "secondary-only" and alone.confidence == "low", alone.summary
     both = triage([str(CORPUS / "torchrun-agent0.log"), str(CORPUS / "torchrun-agent1.log")])
     assert both.verdict.primary is not None and both.verdict.primary.who.rank == 3, both.verdict.summary
-    assert [s.view for s in both.sources] == ["ranks 0-1", "ranks 2-3"]
+    assert [s.view for s in both.sources] == ["one torchrun agent's view: ranks 0-1", "one torchrun agent's view: ranks 2-3"]
 
 
 def test_bus_error_and_oom_come_with_their_next_step() -> None:
@@ -274,3 +276,32 @@ def test_kubectl_time_stamps_before_the_launchers_labels(tmp_path: Path) -> None
     v = triage([_write(tmp_path, text)]).verdict
     assert v.primary is not None and v.primary.who.rank == 1 and v.primary.message == "ValueError: bad batch"
     assert v.primary.time is not None and v.primary.time_source == "line"
+
+
+def test_torch_1_10_failure_summary(tmp_path: Path) -> None:
+    """torch 1.10's ChildFailedError format (torch/distributed/elastic/multiprocessing/errors/__init__.py): 'Root
+    Cause:' first, fields without padding, 'msg:' instead of 'traceback:', starred borders."""
+    text = (AGENT_LINES["torch-1.10"] + "\nTraceback (most recent call last):\n"
+            '  File "/usr/lib/python3.8/runpy.py", line 194, in _run_module_as_main\n'
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "***************************************\n              train.py FAILED           \n"
+            "=======================================\nRoot Cause:\n[0]:\n  time: 2021-11-02_10:11:12\n"
+            "  rank: 3 (local_rank: 3)\n  exitcode: 1 (pid: 4242)\n  error_file: <N/A>\n"
+            '  msg: "Process failed with exitcode 1"\n=======================================\nOther Failures:\n'
+            "  <NO_OTHER_FAILURES>\n***************************************\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 3 and v.primary.detail["exit_code"] == 1, v.summary
+
+
+def test_a_launchers_called_process_error_is_not_the_cause(tmp_path: Path) -> None:
+    """accelerate/commands/launch.py (simple_launcher) re-raises its child's exit as subprocess.CalledProcessError,
+    after the child's own traceback: the child's exception is the cause."""
+    text = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"train.py\", line 9, in <module>\n"
+            "[rank0]: KeyError: 'labels'\n"
+            "Traceback (most recent call last):\n  File \"/usr/bin/accelerate\", line 8, in <module>\n"
+            "  File \"/usr/lib/python3/site-packages/accelerate/commands/launch.py\", line 1168, in simple_launcher\n"
+            "subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']' returned non-zero exit status 1.\n")
+    r = triage([_write(tmp_path, text)])
+    assert r.verdict.primary is not None and r.verdict.primary.message == "KeyError: 'labels'", r.verdict.summary
+    assert r.launchers == ["accelerate"]
+

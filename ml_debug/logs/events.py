@@ -170,6 +170,9 @@ _MPI_SIGNAL = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exite
 _PDSH_EXIT = re.compile(r"pdsh@\S+: (?P<node>[\w.\-]+): (?P<what>.+?) exited with exit code (?P<code>\d+)")
 # Lightning's launcher: "Child process with PID 1234 terminated with code 1. Forcefully terminating all other ..."
 _LIGHTNING_CHILD = re.compile(r"Child process with PID (\d+) terminated with code (-?\d+)")
+# accelerate launch (and wrapper scripts) re-raising a child's exit: "subprocess.CalledProcessError: Command '[...]'
+# returned non-zero exit status 1." (accelerate/commands/launch.py simple_launcher, Python's subprocess.py)
+_CALLED_PROCESS = re.compile(r"CalledProcessError: Command .* returned non-zero exit status (-?\d+)")
 # torchrun's failure summary without its traceback (pasted alone): an entry's exitcode line
 _SUMMARY_EXITCODE = re.compile(r"^\s*exitcode\s*: -?\d+")
 # A line that looks like a failure but says no more: the last resort when nothing else was found
@@ -237,6 +240,7 @@ class _Block:
     torch_rank: bool = False
     stamp: str = ""  # the time stamp in front of its header: its other lines have one too
     summary: _Summary | None = None
+    srun_task: int | None = None  # the srun task whose lines these are (a torchrun agent under srun --label)
     expect_code: bool = False  # the last line was a frame's 'File "..."': its code line comes next
 
 
@@ -286,6 +290,7 @@ class Collector:
         self.last_work: dict[int, tuple[int, int]] = {}
         self.repairs: dict[int, dict[str, int]] = {}  # source index -> what was cut off lines -> how many
         self.launchers: dict[int, set[str]] = {}  # source index -> the launchers whose lines it holds
+        self.srun_hosts: dict[str, str] = {}  # "node of srun task 1" -> the host its torchrun summary names
         self._stamp = ""  # the time stamp a collector put before the current line's labels
         self.notes: dict[int, list[str]] = {}  # source index -> what was mended in the whole text
         self.suspects: list[Event] = []  # lines that look like a failure and say no more (the last resort)
@@ -545,6 +550,11 @@ class Collector:
         elif block.nearby is not None:
             ev.time, ev.time_source = block.nearby, TIME_NEARBY
         ev.blames = _blamed(whole)
+        m = _CALLED_PROCESS.search(final)
+        if m:  # a launcher (accelerate, a wrapper script) reporting its child's exit: evidence, not a cause
+            code = int(m.group(1))
+            ev.kind, ev.strong, ev.label = "exit", False, f"exit code {code}"
+            ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"})
         self._add(ev, key)
 
     def _summary_events(self, block: _Block) -> None:
@@ -571,6 +581,8 @@ class Collector:
                 self.ranks_seen.add(rank)
                 if node:
                     self.rank_node.setdefault(rank, node)
+            if node and block.srun_task is not None:
+                self.srun_hosts.setdefault(srun_task_node(block.srun_task), node)
             t = find_time(entry.get("time", ""), ctx.day)
             tb = (entry.get("traceback") or "").strip()
             ev = self._exit_event(code, who, ctx, block.start_line, block.start_offset, t, TIME_LAUNCHER, pid)
@@ -633,6 +645,7 @@ class Collector:
         if rest.startswith(TRACEBACK):
             self._open(lab.key, who, line, offset, rest)
             self._blocks[lab.key].torch_rank = lab.torch_rank
+            self._blocks[lab.key].srun_task = lab.srun_task
             self._blocks[lab.key].stamp = lab.stamp
             t = find_time(lab.key + lab.stamp, ctx.day)
             if t is not None:

@@ -163,6 +163,13 @@ def _view(info: SourceInfo, c: Collector, index: int, ids: Identities) -> str | 
         parts.append(f"on {', '.join(nodes[:4])}" + (" ..." if len(nodes) > 4 else ""))
     elif local:
         parts.append("of one node (which is not said)")
+    # torchrun's agent lines and summary: the file is one agent's (one node's) view, or several agents' (srun)
+    agents = {e.who.node for e in c.events if e.source_index == index
+              and (e.detail.get("via") == "torchrun" or "torchrun_root_cause" in e.detail)}
+    if len(agents) == 1:
+        parts.insert(0, "one torchrun agent's view:")
+    elif len(agents) > 1:
+        parts.insert(0, f"{len(agents)} torchrun agents:")
     return " ".join(parts) or None
 
 

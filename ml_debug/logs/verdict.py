@@ -78,6 +78,8 @@ class Identities:
         ``[default3]:`` of a job of several nodes is not rank 3)."""
         c = self.c
         self.assumed = False
+        if who.node in c.srun_hosts:  # an agent under srun --label: its summary named its host
+            who = Who(who.rank, c.srun_hosts[who.node], who.local_rank)
         rank = who.rank
         if rank is None and who.local_rank is not None:
             if who.node and (who.node, who.local_rank) in c.node_local_rank:
