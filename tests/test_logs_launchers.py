@@ -235,7 +235,8 @@ def test_lines_that_only_look_like_a_failure_are_never_no_failure_found(tmp_path
     v = triage([_write(tmp_path, text)]).verdict
     assert v.status == "suspect" and v.failed and v.confidence == "low", v.summary
     assert v.primary is not None and "checkpoint upload" in v.primary.message
-    clean = triage([_write(tmp_path, "step 1 loss 2.1\nvalidation: 0 errors\n", "clean.log")]).verdict
+    clean = triage([_write(tmp_path, "step 1 loss 2.1\nvalidation: 0 errors\n/x/torchvision/io/image.py:13: UserWarning: "
+                           "Failed to load image Python extension\n", "clean.log")]).verdict
     assert clean.status == "none" and clean.summary == "no failure found"
 
 

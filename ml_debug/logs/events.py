@@ -177,7 +177,10 @@ _CALLED_PROCESS = re.compile(r"CalledProcessError: Command .* returned non-zero 
 _SUMMARY_EXITCODE = re.compile(r"^\s*exitcode\s*: -?\d+")
 # A line that looks like a failure but says no more: the last resort when nothing else was found
 _SUSPECT = re.compile(r"\b(?:ERROR|FATAL|CRITICAL|[Ee]rror|[Ff]ailed|FAILED|[Aa]borted|core dumped)\b")
-_NOT_SUSPECT = re.compile(r"\b(?:0 errors?|no errors?|errors?: 0|error_?rate|failed: 0|without errors?)\b", re.I)
+# counts of none, and warnings or info lines that mention a failure (torchvision's "UserWarning: Failed to load image
+# Python extension", a retry that worked): a job that printed them may well have succeeded
+_NOT_SUSPECT = re.compile(r"\b(?:0 errors?|no errors?|errors?: 0|error_?rate|failed: 0|without errors?|\w*Warning|"
+                          r"WARN(?:ING)?|INFO|DEBUG|retry(?:ing)?)\b|^\[?[IWD]\d{4} ", re.I)
 MAX_SUSPECTS = 20
 # Which launcher wrote a log: words of its own lines (and of the frames of its tracebacks)
 LAUNCHER_MARKS: list[tuple[str, re.Pattern[str]]] = [
