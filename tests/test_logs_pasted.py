@@ -3,13 +3,17 @@ the ways issue threads damage them, must give the same answer as the original, a
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ml_debug.logs.triage import triage
-from tests.conftest import REPO
+from tests.conftest import REPO, validate_schema
 from tests.test_logs_launchers import REAL
 
 CORPUS = REPO / "tests" / "data" / "logs_corpus"
@@ -119,3 +123,25 @@ def test_clean_logs_are_not_mended(tmp_path: Path) -> None:
     for name in sorted(REAL):
         report = triage([str(CORPUS / name)])
         assert not [r for s in report.sources for r in s.repairs if "pdsh" not in r], (name, report.sources[0].repairs)
+
+
+def test_the_cli_says_what_was_mended_and_how_sure_and_its_json_holds_it(tmp_path: Path) -> None:
+    copy = tmp_path / "pasted.md"
+    copy.write_text(_quoted(_wrapped(_reversed((CORPUS / "torchrun-agent1.log").read_text()))))
+    env = {k: v for k, v in os.environ.items() if k not in ("MLDEBUG_JSON", "COLUMNS")}
+    human = subprocess.run([sys.executable, "-m", "ml_debug", "logs", str(copy)], capture_output=True, text=True,
+                           timeout=60, env=env)
+    assert human.returncode == 1, human.stderr
+    lines = human.stdout.splitlines()
+    assert lines[0].startswith("first failure: rank 3 at "), lines[:3]
+    assert lines[1] == "  how sure: high (the only primary failure)", lines[:3]
+    assert any(ln.startswith(f"  repaired {copy}: markdown quoting ('> ') removed; ") and "read in reverse" in ln
+               for ln in lines), lines[:8]
+    assert "written by torchrun" in human.stdout
+    got = subprocess.run([sys.executable, "-m", "ml_debug", "--json", "logs", str(copy)], capture_output=True,
+                         text=True, timeout=60, env=env)
+    doc = json.loads(got.stdout)
+    validate_schema(doc, "logs")
+    result = doc["result"]
+    assert result["launchers"] == ["torchrun"] and result["verdict"]["confidence"] == "high"
+    assert "pasted bottom-to-top: read in reverse" in result["sources"][0]["repairs"]
