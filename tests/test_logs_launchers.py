@@ -306,3 +306,12 @@ def test_a_launchers_called_process_error_is_not_the_cause(tmp_path: Path) -> No
     assert r.verdict.primary is not None and r.verdict.primary.message == "KeyError: 'labels'", r.verdict.summary
     assert r.launchers == ["accelerate"]
 
+
+
+def test_an_nccl_line_glued_onto_a_progress_bar(tmp_path: Path) -> None:
+    bar = "Epoch 1:  12%|█▏        | 12/100 [00:01<00:08, 10.50it/s]"
+    text = (f"{bar}gpu1:168:168 [0] misc/shmutils.cc:113 NCCL WARN Error while creating shared memory segment "
+            "/dev/shm/nccl-UbzKZ9 (size 9637888), error: No space left on device (28)\n")
+    r = triage([_write(tmp_path, text)])
+    assert r.verdict.primary is not None and r.verdict.primary.kind == "shm", r.verdict.summary
+    assert r.sources[0].repairs == ["progress bar cut off 1 line(s)"]
