@@ -78,8 +78,6 @@ class Identities:
         ``[default3]:`` of a job of several nodes is not rank 3)."""
         c = self.c
         self.assumed = False
-        if who.node in c.srun_hosts:  # an agent under srun --label: its summary named its host
-            who = Who(who.rank, c.srun_hosts[who.node], who.local_rank)
         rank = who.rank
         if rank is None and who.local_rank is not None:
             if who.node and (who.node, who.local_rank) in c.node_local_rank:
@@ -96,6 +94,11 @@ class Identities:
             if len(on_node) == 1:
                 rank = next(iter(on_node))  # the only rank seen on that node (pdsh, srun: one rank per node)
         node = who.node
+        if node in c.srun_hosts and (rank is not None
+                                     or sum(1 for h in c.srun_hosts.values() if h == c.srun_hosts[node]) == 1):
+            # an agent under srun --label: its summary named its host (two agents of one host stay apart
+            # while only their local ranks are known)
+            node = c.srun_hosts[node]
         if node is None and rank is not None:
             node = c.rank_node.get(rank) or c.nccl.rank_host.get(rank)
         return Who(rank, node, who.local_rank)
