@@ -315,3 +315,11 @@ def test_an_nccl_line_glued_onto_a_progress_bar(tmp_path: Path) -> None:
     r = triage([_write(tmp_path, text)])
     assert r.verdict.primary is not None and r.verdict.primary.kind == "shm", r.verdict.summary
     assert r.sources[0].repairs == ["progress bar cut off 1 line(s)"]
+
+
+def test_pdsh_node_names_select_a_nodes_lines() -> None:
+    from ml_debug.logs.triage import demux
+
+    got: list[str] = []
+    demux([str(CORPUS / "pdsh.log")], rank=None, node="n2", emit=lambda src, n, text: got.append(text))
+    assert got and got[0] == "rank 1: step 1 done (sum 2)" and "ValueError: bad batch on rank 1: shape mismatch" in got

@@ -294,6 +294,7 @@ class Collector:
         self.repairs: dict[int, dict[str, int]] = {}  # source index -> what was cut off lines -> how many
         self.launchers: dict[int, set[str]] = {}  # source index -> the launchers whose lines it holds
         self.srun_hosts: dict[str, str] = {}  # "node of srun task 1" -> the host its torchrun summary names
+        self.node_prefixed: set[int] = set()  # sources whose lines start with their node's name (pdsh)
         self._stamp = ""  # the time stamp a collector put before the current line's labels
         self.notes: dict[int, list[str]] = {}  # source index -> what was mended in the whole text
         self.suspects: list[Event] = []  # lines that look like a failure and say no more (the last resort)

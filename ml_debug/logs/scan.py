@@ -109,6 +109,7 @@ def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[bytes]:
     damage = sniff(first, len(first) < BLOCK)
     ctx.node_prefix = damage.node_prefix
     if damage.node_prefix:
+        collector.node_prefixed.add(ctx.index)
         collector.notes.setdefault(ctx.index, []).append("lines start with their node's name (pdsh): read as labels")
     if damage.whole:
         data = first + f.read(MEND_LIMIT)

@@ -202,7 +202,7 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
         for n, text in _all_lines(src):
             if "\x1b" in text:  # coloured lines: the labels are found (and the text written) without colour
                 text = strip_ansi(text)
-            lab = split_label(text) if src.labelled else None
+            lab = split_label(text, i in collected[0].node_prefixed) if src.labelled else None
             who = (lab.who if lab else Who()).merged(src.who)
             who = ids.resolve(who, i)
             if who.rank is not None:
