@@ -22,7 +22,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unstamped
+from ml_debug.logs.labels import Label, brief, find_time, split_label, srun_task_node, strip_ansi, unstamped
 from ml_debug.logs.model import (
     INFO,
     PRIMARY,
@@ -37,6 +37,7 @@ from ml_debug.logs.model import (
     Who,
 )
 from ml_debug.logs.nccl import NcclCollector
+from ml_debug.logs.repair import mend_line
 
 MAX_TRACEBACK_LINES = 400
 MAX_EVENTS_PER_STREAM = 64
@@ -60,6 +61,11 @@ _BOILERPLATE = re.compile(r"\s*(?:This is typically caused by .*|GLHF.*|Exceptio
 _CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+?)(?:\s*$|\nCUDA kernel)|CUDA error: (.+)")
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY|oom[-_]kill|Out Of Memory")
 _CRASH = re.compile(r"Segmentation fault|SIGSEGV|SIGBUS|SIGABRT|SIGFPE|SIGILL|Fatal Python error|core dumped")
+# a DataLoader worker killed by SIGBUS: its shared memory (/dev/shm) ran out
+_BUS = re.compile(r"DataLoader worker \(pid[^)]*\) is killed by signal: Bus error|out of shared memory")
+# NCCL's shared-memory transport could not make its segment (/dev/shm too small in a container)
+_SHM_SEGMENT = re.compile(r"(?:Error while creating|unable to allocate|failed to (?:create|open|extend)) shared memory "
+                          r"(?:segment|file)|/dev/shm/nccl-\S+.*(?:failed|[Nn]o space|[Cc]annot)")
 _NCCL_LOCAL = re.compile(r"unhandled cuda error|ncclUnhandledCudaError|Cuda failure|ncclInternalError|"
                          r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|NET/IB ?: Got completion from peer .* "
                          r"with (?:error|status)")
@@ -108,6 +114,10 @@ def short_exception(line: str) -> str:
 
 def classify(text: str) -> tuple[str, str, str]:
     """(class, label, kind) of a failure described by ``text`` (an exception with its message)."""
+    if _BUS.search(text):
+        return PRIMARY, "DataLoader worker killed by a bus error (shared memory)", "shm"
+    if _SHM_SEGMENT.search(text):
+        return PRIMARY, "NCCL shared-memory segment failed (/dev/shm)", "shm"
     m = _CUDA_ERROR.search(text)
     if m:
         what = (m.group(1) or m.group(2) or "").strip()
@@ -141,11 +151,47 @@ def signal_event_text(code: int) -> tuple[str, str, bool, str]:
 
 # ----------------------------------------------------------------------------- one-line detectors
 
-_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: \w+\((?P<work>[^)]*)\) ran for (?P<ms>\d+) "
+# "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, ..., Timeout(ms)=1800000) ran for 1800341 milliseconds": the parentheses nest
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: \w+\((?P<work>.*?)\) ran for (?P<ms>\d+) "
                        r"milliseconds")
 _WATCHDOG_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 _LAST_WORK = re.compile(r"last enqueued NCCL work: (\d+), last completed NCCL work: (-?\d+)")
-_TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+# torchrun's agent, every shape since torch 1.10 (the logger's prefix varies: "ERROR:torch.distributed.elastic...:",
+# "[...] torch.distributed.elastic...: [ERROR] ", glog's "E0501 03:14:07.123 ... api.py:869] "), maybe cut short
+_TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\)(?:\s+local_rank: (\d+)(?:\s+\(pid: (\d+)\)?)?)?")
+# DeepSpeed's per-node launcher (deepspeed/launcher/launch.py, sigkill_handler): the command line is the last
+# rank it started, not the one that failed; the return code is the fact
+_DS_EXIT = re.compile(r"(?:\[launch\.py:\d+:sigkill_handler\] )?(?P<cmd>\[.*\]|.*?) exits with return code = (?P<code>-?\d+)")
+# Open MPI: "The first process to do so was: Process name: [[24168,1],2]  Exit code: 1" (mpirun 4, prterun 5)
+_MPI_PROCESS = re.compile(r"Process name: \[(?:\[\d+,\d+\],|[^\]]*@\d+,)(\d+)\]")
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s+(-?\d+)")
+_MPI_SIGNAL = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal (\d+)")
+# pdsh (and DeepSpeed's multi-node runner through it): "pdsh@head: node2: ssh exited with exit code 1"
+_PDSH_EXIT = re.compile(r"pdsh@\S+: (?P<node>[\w.\-]+): (?P<what>.+?) exited with exit code (?P<code>\d+)")
+# Lightning's launcher: "Child process with PID 1234 terminated with code 1. Forcefully terminating all other ..."
+_LIGHTNING_CHILD = re.compile(r"Child process with PID (\d+) terminated with code (-?\d+)")
+# accelerate launch (and wrapper scripts) re-raising a child's exit: "subprocess.CalledProcessError: Command '[...]'
+# returned non-zero exit status 1." (accelerate/commands/launch.py simple_launcher, Python's subprocess.py)
+_CALLED_PROCESS = re.compile(r"CalledProcessError: Command .* returned non-zero exit status (-?\d+)")
+# torchrun's failure summary without its traceback (pasted alone): an entry's exitcode line
+_SUMMARY_EXITCODE = re.compile(r"^\s*exitcode\s*: -?\d+")
+# A line that looks like a failure but says no more: the last resort when nothing else was found
+_SUSPECT = re.compile(r"\b(?:ERROR|FATAL|CRITICAL|[Ee]rror|[Ff]ailed|FAILED|[Aa]borted|core dumped)\b")
+# counts of none, and warnings or info lines that mention a failure (torchvision's "UserWarning: Failed to load image
+# Python extension", a retry that worked): a job that printed them may well have succeeded
+_NOT_SUSPECT = re.compile(r"\b(?:0 errors?|no errors?|errors?: 0|error_?rate|failed: 0|without errors?|\w*Warning|"
+                          r"WARN(?:ING)?|INFO|DEBUG|retry(?:ing)?)\b|^\[?[IWD]\d{4} ", re.I)
+MAX_SUSPECTS = 20
+# Which launcher wrote a log: words of its own lines (and of the frames of its tracebacks)
+LAUNCHER_MARKS: list[tuple[str, re.Pattern[str]]] = [
+    ("deepspeed", re.compile(r"deepspeed[/.]launcher|\[launch\.py:\d+:(?:main|sigkill_handler)\]")),
+    ("accelerate", re.compile(r"accelerate/commands/launch\.py|accelerate launch")),
+    ("lightning", re.compile(r"lightning/(?:pytorch|fabric)/|pytorch_lightning/|Child process with PID \d+ terminated")),
+    ("torchrun", re.compile(r"torch[./]distributed[./](?:elastic|run)|ChildFailedError|failed \(exitcode:")),
+    ("mpirun", re.compile(r"mpirun|prterun|Primary job\s+terminated|Process name: \[")),
+    ("pdsh", re.compile(r"pdsh@")),
+    ("srun", re.compile(r"srun: |slurmstepd")),
+]
 _CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
 _SRUN_TASK = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)")
 _SRUN_NODE_FAIL = re.compile(r"srun: error: Node failure on (\S+)")
@@ -161,7 +207,7 @@ _PYTHON_START = re.compile(r"(?:^|/)(?P<exe>python[\d.]*): (?P<msg>(?P<what>can'
                            r"Error while finding module specification) .+)")
 _SEGFAULT = re.compile(r"Segmentation fault")
 _KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
-_SUMMARY_FIELD = re.compile(r"  (time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
+_SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
@@ -197,6 +243,8 @@ class _Block:
     torch_rank: bool = False
     stamp: str = ""  # the time stamp in front of its header: its other lines have one too
     summary: _Summary | None = None
+    srun_task: int | None = None  # the srun task whose lines these are (a torchrun agent under srun --label)
+    expect_code: bool = False  # the last line was a frame's 'File "..."': its code line comes next
 
 
 @dataclass
@@ -218,6 +266,8 @@ class SourceContext:
     who: Who
     day: _dt.date
     labelled: bool = True
+    node_prefix: bool = False
+    """Every line starts with its node's name (pdsh)."""
 
 
 class Collector:
@@ -241,6 +291,13 @@ class Collector:
         self.nodes_seen: set[str] = set()
         self.sampled: set[tuple[int, Who]] = set()  # (source index, who) of labels sampled from ordinary lines
         self.last_work: dict[int, tuple[int, int]] = {}
+        self.repairs: dict[int, dict[str, int]] = {}  # source index -> what was cut off lines -> how many
+        self.launchers: dict[int, set[str]] = {}  # source index -> the launchers whose lines it holds
+        self.srun_hosts: dict[str, str] = {}  # "node of srun task 1" -> the host its torchrun summary names
+        self.node_prefixed: set[int] = set()  # sources whose lines start with their node's name (pdsh)
+        self._stamp = ""  # the time stamp a collector put before the current line's labels
+        self.notes: dict[int, list[str]] = {}  # source index -> what was mended in the whole text
+        self.suspects: list[Event] = []  # lines that look like a failure and say no more (the last resort)
         self.here: tuple[bytes, int] = (b"", 0)
         """The block being scanned and where the current line starts in it (set by the scanner)."""
 
@@ -274,7 +331,24 @@ class Collector:
         text = raw.decode("utf-8", "replace").rstrip("\r")
         if "\x1b" in text:
             text = strip_ansi(text)
-        lab = split_label(text) if self.ctx.labelled else Label(Who(), "", text)
+        if "\r" in text or "%|" in text or "\u2501" in text or "\u2578" in text or text.endswith("]"):
+            parts, what = mend_line(text)
+            if what is not None:
+                got = self.repairs.setdefault(self.ctx.index, {})
+                got[what] = got.get(what, 0) + 1
+                for part in parts:
+                    self._feed_text(part, line, offset)
+                return
+        self._feed_text(text, line, offset)
+
+    def _mark(self, launcher: str) -> None:
+        assert self.ctx is not None
+        self.launchers.setdefault(self.ctx.index, set()).add(launcher)
+
+    def _feed_text(self, text: str, line: int, offset: int) -> None:
+        assert self.ctx is not None
+        lab = split_label(text, self.ctx.node_prefix) if self.ctx.labelled else Label(Who(), "", text)
+        self._stamp = lab.stamp
         who = lab.who.merged(self.ctx.who)
         self._note(lab, who)
         block = self._blocks.get(lab.key)
@@ -303,9 +377,18 @@ class Collector:
         text = raw.decode("utf-8", "replace")
         if "\x1b" in text:
             text = strip_ansi(text)
-        who = split_label(text).who.merged(ctx.who)
+        lab = split_label(text, ctx.node_prefix)
+        who = lab.who.merged(ctx.who)
         if who.known and len(self.sampled) < MAX_SAMPLED:
             self.sampled.add((ctx.index, who))
+        if "[default" in lab.key or (lab.srun_task is not None and lab.who.local_rank is not None):
+            self._mark("torchrun")  # torchrun --tee's "[default3]:" (its default role)
+        if lab.srun_task is not None:
+            self._mark("srun")
+        if "]<std" in lab.key:
+            self._mark("mpirun")
+        if ctx.node_prefix:
+            self._mark("pdsh")
 
     def _same_second(self, block: _Block, lab: Label) -> bool:
         """The line's time stamp is in the second of its traceback's header (Python writes it at once)."""
@@ -344,8 +427,17 @@ class Collector:
             return self._summary_line(key, block, rest)
         if block.stage == "frames":
             if rest.startswith((" ", "\t")) or not rest:
+                block.expect_code = False
                 if len(block.text) < MAX_TRACEBACK_LINES:
                     block.text.append(rest)
+                return True
+            # a traceback pasted with its indentation stripped: frames, their code lines, the ^^^ markers
+            stripped = rest.strip()
+            if stripped.startswith('File "') or (block.expect_code and not _EXCEPTION_TYPE.match(stripped)) \
+                    or set(stripped) <= {"^", "~"}:
+                block.expect_code = stripped.startswith('File "')
+                if len(block.text) < MAX_TRACEBACK_LINES:
+                    block.text.append("  " + rest if block.expect_code else "    " + rest)
                 return True
             if rest.startswith(TRACEBACK):  # a traceback inside the traceback: the outer one was cut short
                 self._close(key)
@@ -440,13 +532,16 @@ class Collector:
 
     def _close(self, key: str) -> None:
         block = self._blocks.pop(key)
+        whole = "\n".join(block.text)
+        for name, rx in LAUNCHER_MARKS:  # the launcher's own frames (accelerate/commands/launch.py ...)
+            if name in ("deepspeed", "accelerate", "lightning", "torchrun") and rx.search(whole):
+                self._mark(name)
         if block.summary is not None:
             self._summary_events(block)
             return
         ctx = self.ctx
         assert ctx is not None
         final = block.exceptions[-1] if block.exceptions else ""
-        whole = "\n".join(block.text)
         # the exceptions and their messages, not the frames (code lines say anything)
         said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
         cls, label, cause = classify(said[-4000:])
@@ -459,6 +554,11 @@ class Collector:
         elif block.nearby is not None:
             ev.time, ev.time_source = block.nearby, TIME_NEARBY
         ev.blames = _blamed(whole)
+        m = _CALLED_PROCESS.search(final)
+        if m:  # a launcher (accelerate, a wrapper script) reporting its child's exit: evidence, not a cause
+            code = int(m.group(1))
+            ev.kind, ev.strong, ev.label = "exit", False, f"exit code {code}"
+            ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"})
         self._add(ev, key)
 
     def _summary_events(self, block: _Block) -> None:
@@ -483,6 +583,10 @@ class Collector:
                 self.local_rank_pairs.setdefault(ctx.index, {}).setdefault(local, rank)
             if rank is not None:
                 self.ranks_seen.add(rank)
+                if node:
+                    self.rank_node.setdefault(rank, node)
+            if node and block.srun_task is not None:
+                self.srun_hosts.setdefault(srun_task_node(block.srun_task), node)
             t = find_time(entry.get("time", ""), ctx.day)
             tb = (entry.get("traceback") or "").strip()
             ev = self._exit_event(code, who, ctx, block.start_line, block.start_offset, t, TIME_LAUNCHER, pid)
@@ -529,6 +633,12 @@ class Collector:
                 level, host, msg = got
                 if host:
                     self.nodes_seen.add(host)
+                if "libibverbs" in msg and ("Failed" in msg or "failed" in msg):
+                    # NCCL goes on over TCP sockets: the job runs, slowly, without InfiniBand/RoCE
+                    self._one("nccl-fallback", WARNING, "NCCL could not load libibverbs: it falls back to TCP sockets "
+                              "(no InfiniBand/RoCE)", "NCCL fell back to sockets (libibverbs failed to load)",
+                              Who(who.rank, who.node or host, who.local_rank), line, offset, rest)
+                    return
                 if level == "WARN":
                     cls, label, kind = classify(msg)
                     if kind == "exception":
@@ -539,6 +649,7 @@ class Collector:
         if rest.startswith(TRACEBACK):
             self._open(lab.key, who, line, offset, rest)
             self._blocks[lab.key].torch_rank = lab.torch_rank
+            self._blocks[lab.key].srun_task = lab.srun_task
             self._blocks[lab.key].stamp = lab.stamp
             t = find_time(lab.key + lab.stamp, ctx.day)
             if t is not None:
@@ -564,14 +675,77 @@ class Collector:
             if rank is not None:
                 self.last_work[rank] = (int(m.group(1)), int(m.group(2)))
             return
+        for name, rx in LAUNCHER_MARKS:
+            if rx.search(rest):
+                self._mark(name)
         m = _TORCHRUN_FAILED.search(rest)
         if m:
-            code, local, pid = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            code = int(m.group(1))
+            local = int(m.group(2)) if m.group(2) else None
+            pid = int(m.group(3)) if m.group(3) else None
             t = find_time(rest, ctx.day)
-            ev = self._exit_event(code, Who(None, ctx.who.node, local), ctx, line, offset, t, TIME_LAUNCHER, pid)
+            # under srun --label, the task is the agent: one per node
+            node = ctx.who.node or lab.who.node or (srun_task_node(lab.srun_task) if lab.srun_task is not None else None)
+            ev = self._exit_event(code, Who(None, node, local), ctx, line, offset, t, TIME_LAUNCHER, pid)
             if ev is not None:
                 ev.detail["via"] = "torchrun"
-                self._add(ev, f"torchrun:{local}")
+                if local is None:
+                    ev.detail["cut"] = "torchrun's line is cut short: its local rank is not there"
+                self._add(ev, f"torchrun:{node}:{local}")
+            return
+        m = _DS_EXIT.search(rest)
+        if m and "exits with return code" in rest:
+            code = int(m.group("code"))
+            t = find_time(rest, ctx.day)
+            ev = self._exit_event(code, Who(None, who.node or ctx.who.node, None), ctx, line, offset, t, TIME_LINE,
+                                  None)
+            if ev is not None:
+                ev.detail["via"] = "deepspeed"
+                ev.detail["note"] = ("DeepSpeed's launcher prints the command line of the last rank it started, not "
+                                     "of the one that failed: the return code is the fact")
+                self._add(ev, f"deepspeed:{who.node}")
+            return
+        m = _MPI_EXIT.match(rest)
+        if m:
+            r = _MPI_PROCESS.search(self._lines_before(3))
+            if r:
+                ev = self._exit_event(int(m.group(1)), Who(int(r.group(1)), None, None), ctx, line, offset, None,
+                                      TIME_ORDER, None)
+                if ev is not None:
+                    ev.detail["via"] = "mpirun"
+                    ev.detail["note"] = "mpirun: the first process to exit with a non-zero status"
+                    self._add(ev, f"mpirun:{r.group(1)}")
+                return
+        m = _MPI_SIGNAL.search(rest)
+        if m:
+            rank, sig = int(m.group(1)), int(m.group(4))
+            self.rank_node.setdefault(rank, m.group(3))
+            ev = self._exit_event(-sig, Who(rank, m.group(3), None), ctx, line, offset, None, TIME_ORDER,
+                                  int(m.group(2)))
+            if ev is not None:
+                ev.detail["via"] = "mpirun"
+                self._add(ev, f"mpirun:{rank}")
+            return
+        m = _PDSH_EXIT.search(rest)
+        if m:
+            self.nodes_seen.add(m.group("node"))
+            ev = self._exit_event(int(m.group("code")), Who(None, m.group("node"), None), ctx, line, offset, None,
+                                  TIME_ORDER, None)
+            if ev is not None:
+                ev.detail["via"] = "pdsh"
+                ev.cls, ev.strong = SECONDARY if ev.cls == SECONDARY else PRIMARY, False
+                self._add(ev, f"pdsh:{m.group('node')}")
+            return
+        m = _LIGHTNING_CHILD.search(rest)
+        if m:
+            ev = self._exit_event(int(m.group(2)), Who(who.rank, who.node, None), ctx, line, offset, None, TIME_ORDER,
+                                  int(m.group(1)))
+            if ev is not None:
+                ev.detail["via"] = "lightning"
+                self._add(ev, f"lightning:{m.group(1)}")
+            return
+        if _SUMMARY_EXITCODE.match(rest) and lab.key not in self._blocks:
+            self._summary_alone(lab, who, line, offset)
             return
         m = _CLOSING.search(rest)
         if m:
@@ -647,6 +821,42 @@ class Collector:
                 return
         if _KILLED.search(rest):
             self._one("signal", PRIMARY, "Killed (SIGKILL)", "killed (SIGKILL)", who, line, offset, rest, strong=False)
+            return
+        if len(self.suspects) < MAX_SUSPECTS and _SUSPECT.search(rest) and not _NOT_SUSPECT.search(rest):
+            t = find_time(rest, ctx.day)
+            self.suspects.append(Event(kind="suspect", cls=PRIMARY, message=clean_message(rest), label="a line that "
+                                       "looks like a failure", who=who, source=ctx.path, line=line, offset=offset,
+                                       source_index=ctx.index, time=t,
+                                       time_source=TIME_LINE if t is not None else TIME_ORDER, strong=False))
+
+    def _lines_before(self, n: int) -> str:
+        """The ``n`` lines before the current one (within the block being scanned)."""
+        block, pos = self.here
+        start = pos
+        for _ in range(n):
+            if start <= 0:
+                break
+            start = block.rfind(b"\n", 0, start - 1) + 1
+        return block[start:pos].decode("utf-8", "replace")
+
+    def _summary_alone(self, lab: Label, who: Who, line: int, offset: int) -> None:
+        """torchrun's failure summary pasted without its traceback (or with its header cut): an entry's exitcode
+        line opens it; the entry's lines before it (and whether it was the root cause) are read back."""
+        summary = _Summary()
+        block = _Block(who=who, start_line=line, start_offset=offset, last_line=line, stage="summary",
+                       summary=summary)
+        self._blocks[lab.key] = block
+        before = self._lines_before(8).split("\n")
+        entry = [ln for ln in before if ln.strip()]
+        start = max((i for i, ln in enumerate(entry) if _SUMMARY_ENTRY.match(ln.strip())), default=None)
+        root = start is not None and start > 0 and entry[start - 1].strip().startswith("Root Cause")
+        summary.entries.append({"root": root})
+        summary.seen_root = root
+        for ln in entry[(start + 1 if start is not None else 0):]:
+            f = _SUMMARY_FIELD.match(split_label(ln).rest)
+            if f:
+                summary.entries[-1][f.group(1)] = f.group(2).strip()
+        self._summary_line(lab.key, block, lab.rest)
 
     def _srun(self, m: re.Match[str], line: int, offset: int, rest: str) -> None:
         ctx = self.ctx
@@ -675,6 +885,8 @@ class Collector:
         assert ctx is not None
         if t is None:
             t = find_time(rest, ctx.day)
+        if t is None and self._stamp:
+            t = find_time(self._stamp, ctx.day)
         ev = Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
                    offset=offset, source_index=ctx.index, time=t, time_source=TIME_LINE if t is not None else TIME_ORDER,
                    strong=strong, detail=dict(detail or {}))

@@ -7,6 +7,13 @@ Labels, outermost first, as they nest in practice::
     [node12:5]: ...            torchrun --role "$(hostname -s):" --tee 3 (node12, local rank 5)
     [node12:5 rank37]: ...     mldebug launch (node, local rank and global rank)
     [rank37]: ...              torch itself, in front of every line of an uncaught exception
+    [1,3]<stderr>: ...         Open MPI's mpirun --tag-output (job 1, rank 3)
+    job7.node12 [stderr] ...   a harness's or log shipper's source and stream (the node: the name's last part)
+    node12: ...                pdsh, and DeepSpeed's multi-node runner through pdsh (only where the source's
+                               lines mostly start so: see repair.sniff)
+
+Under ``srun --label`` a torchrun agent per node prints ``1: [default3]: ...``: the task is then the
+agent (a node), not a rank, and the line is local rank 3 on "the node of srun task 1".
 
 Time stamps: ISO dates (``2024-05-01 03:14:07,123``, ``2024-05-01T03:14:07``, torchrun's
 ``2024-05-01_03:14:07``), glog (``E0501 03:14:07.123456``: c10d, torchrun's own lines), syslog
@@ -26,6 +33,15 @@ _SRUN = re.compile(r" *(\d+): ")
 # The role is empty or starts with a letter, so a bracketed date ("[2024-05-01]") is not a role.
 _ROLE = re.compile(r"\[(?P<role>[A-Za-z][\w.\-]*?[:\-_|]?|)(?P<local>\d+)(?: rank(?P<rank>\d+))?\](?P<colon>:?) ?")
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
+# a collector's "<job>.<node> [stderr] " (benchmark harnesses, log shippers) in front of the launcher's labels
+_STREAM_TAG = re.compile(r"(?:(?P<src>[\w.\-]+) )?\[(?:stdout|stderr)\] ")
+_MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
+NODE_PREFIX = re.compile(r"([A-Za-z][\w.\-]*): ")
+
+
+def srun_task_node(task: int) -> str:
+    """The name given to the node of srun task ``task`` when it runs a launcher (one agent per node)."""
+    return f"node of srun task {task}"
 _ROLE_SEPARATORS = ":-_|"
 
 
@@ -45,15 +61,35 @@ class Label:
     """A time stamp taken off the front of ``rest`` by :func:`unstamped` (kubectl/docker ``-t``, ``ts``)."""
 
 
-def split_label(line: str) -> Label:
-    """The labels at the start of ``line`` and the text after them."""
+def split_label(line: str, node_prefix: bool = False) -> Label:
+    """The labels at the start of ``line`` and the text after them (``node_prefix``: the source's lines start
+    with a node's name, as pdsh writes them)."""
     rank = local = task = None
     node: str | None = None
     pos = 0
-    m = _SRUN.match(line)
+    stamp = ""
+    if line[:1].isdigit():  # kubectl logs --timestamps, docker logs -t: a time stamp before the launcher's label
+        st = _STAMP_PREFIX.match(line)
+        if st and line.startswith("[", st.end()):
+            stamp, pos = st.group(0), st.end()
+    if node_prefix:
+        m0 = NODE_PREFIX.match(line, pos)
+        if m0:
+            node = m0.group(1)
+            pos = m0.end()
+    ms = _STREAM_TAG.match(line, pos)
+    if ms:
+        if ms.group("src") and node is None:
+            node = ms.group("src").rsplit(".", 1)[-1]  # <job>.<node>: the node is the last part
+        pos = ms.end()
+    m = _SRUN.match(line, pos)
     if m:
         task = int(m.group(1))
         pos = m.end()
+    mt = _MPI_TAG.match(line, pos)
+    if mt:
+        rank = int(mt.group(1))
+        pos = mt.end()
     m2 = _TORCH_RANK.match(line, pos)
     if not m2:
         m1 = _ROLE.match(line, pos)
@@ -65,17 +101,19 @@ def split_label(line: str) -> Label:
                 rank = int(m1.group("rank"))
             if role and role[-1] in _ROLE_SEPARATORS and len(role) > 1:
                 node = role[:-1]
+            elif task is not None and node is None:
+                node = srun_task_node(task)  # srun started one agent per node: the task is a node
             pos = m1.end()
         m2 = _TORCH_RANK.match(line, pos)
     if m2:
         rank = int(m2.group(1))
         pos = m2.end()
-    if task is not None and local is None and rank is None:
+    if task is not None and local is None and rank is None and not m2:
         rank = task  # srun started the ranks themselves: the task id is the rank
-    key = line[:pos]
+    key = line[len(stamp):pos]
     if m2 and local is not None:
-        key = line[:m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line
-    return Label(Who(rank, node, local), key, line[pos:], task, m2 is not None)
+        key = line[len(stamp):m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line
+    return Label(Who(rank, node, local), key, line[pos:], task, m2 is not None, stamp)
 
 
 # ANSI escape sequences (colour: Python 3.13 tracebacks, coloured loggers): CSI, OSC, and two-byte ones.

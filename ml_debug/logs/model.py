@@ -59,11 +59,12 @@ class Who:
         return self.rank is not None or self.node is not None or self.local_rank is not None
 
     def label(self) -> str:
-        """``rank 37 (node12)``, ``node12 local rank 3``, ``node12``, or ``unknown rank``."""
+        """``rank 37 (node12)``, ``local rank 3 on node12``, ``local rank 3 on unknown node``, ``node12`` (rank unknown), or
+        ``unknown rank``. A local rank is never shown as a rank: ``[default3]:`` is the fourth rank of *a* node."""
         if self.rank is not None:
             return f"rank {self.rank}" + (f" ({self.node})" if self.node else "")
         if self.local_rank is not None:
-            return f"{self.node + ' ' if self.node else ''}local rank {self.local_rank}"
+            return f"local rank {self.local_rank} on {self.node or 'unknown node'}"
         return self.node or "unknown rank"
 
 
@@ -112,6 +113,12 @@ class SourceInfo:
     events: int = 0
     error: str | None = None
     note: str | None = None
+    repairs: list[str] = field(default_factory=list)
+    """What was mended before it was read (a pasted log: quoting, line numbers, wrapping, reversal ...)."""
+    launchers: list[str] = field(default_factory=list)
+    """The launchers whose lines it holds (torchrun, deepspeed, accelerate, lightning, srun, mpirun, pdsh)."""
+    view: str | None = None
+    """Whose lines it holds: one rank, one node's agent (its local ranks), or the job's console."""
 
 
 @dataclass
@@ -146,7 +153,8 @@ class Verdict:
     """The answer: the first failure, what followed from it, and how sure the order is."""
 
     status: str
-    """failure (a primary found), secondary-only (only consequences), none (no failure at all);
+    """failure (a primary found), secondary-only (only consequences), suspect (no failure line this tool knows,
+    but lines that look like one: the strongest is named, with low confidence), none (nothing looks like a failure);
     interrupted (`mldebug launch` was stopped by the user) and recovered (it ended with exit code 0,
     after a restart) for what the failure lines of such a job say."""
     summary: str
@@ -161,11 +169,19 @@ class Verdict:
     """Ranks of a known world that left no failure behind (hung or killed without a trace?)."""
     blamed_ranks: str | None = None
     hint: str | None = None
+    """The next step for the cause named (e.g. a bus error in a DataLoader worker: the size of /dev/shm)."""
+    confidence: str = "high"
+    """How sure the answer is: high, medium or low (``confidence_why`` says why)."""
+    confidence_why: str = ""
+    tie: str | None = None
+    """Ranks whose failures came in the same second as the first: which of them came first is not known."""
+    findings: list[str] = field(default_factory=list)
+    """Problems that are not a failure (NCCL fell back to sockets: the job runs, slowly), with next steps."""
 
     @property
     def failed(self) -> bool:
         """The job failed (exit code 1 of `mldebug logs`)."""
-        return self.status in ("failure", "secondary-only")
+        return self.status in ("failure", "secondary-only", "suspect")
 
 
 @dataclass
@@ -185,5 +201,8 @@ class LogsReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
     dropped_events: int = 0
     demux: dict[str, Any] | None = None
+    launchers: list[str] = field(default_factory=list)
+    """Which launchers the logs came from (torchrun, deepspeed, accelerate, lightning, srun, mpirun, pdsh, mldebug
+    launch), from their own lines."""
     ok: bool = False  # no failure found and every source read (exit 0)
     summary: str = ""  # the verdict's sentence, and what could not be read

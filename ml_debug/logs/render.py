@@ -40,8 +40,11 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     from rich.text import Text
 
     v = r.verdict
-    style = {"failure": "bold red", "secondary-only": "bold yellow", "interrupted": "bold yellow"}.get(v.status, "bold green")
+    style = {"failure": "bold red", "secondary-only": "bold yellow", "interrupted": "bold yellow",
+             "suspect": "bold yellow"}.get(v.status, "bold green")
     console.print(Text(v.summary, style=style), soft_wrap=True)
+    if v.status in ("failure", "secondary-only", "suspect"):
+        console.print(Text(f"  how sure: {v.confidence} ({v.confidence_why})", style="dim"), soft_wrap=True)
     how = []
     if v.primary is not None:
         p = v.primary
@@ -60,7 +63,14 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     if v.blamed_ranks:
         console.print(Text(f"  peers name rank(s) {v.blamed_ranks} as missing", style="yellow"), soft_wrap=True)
     if v.hint:
-        console.print(Text(f"  hint: {v.hint}"), soft_wrap=True)
+        console.print(Text(f"  next step: {v.hint}"), soft_wrap=True)
+    if v.primary is not None and v.primary.detail.get("note"):
+        console.print(Text(f"  note: {v.primary.detail['note']}", style="dim"), soft_wrap=True)
+    for f in v.findings:
+        console.print(Text(f"  ! {f}", style="yellow"), soft_wrap=True)
+    for s in r.sources:
+        if s.repairs:
+            console.print(Text(f"  repaired {s.path}: {'; '.join(s.repairs)}", style="yellow"), soft_wrap=True)
 
     groups = r.tracebacks if full else r.tracebacks[:tracebacks]
     if groups:
@@ -100,10 +110,17 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
         shapes[s.shape] = shapes.get(s.shape, 0) + 1
     total = sum(s.bytes for s in r.sources)
     lines = sum(s.lines for s in r.sources)
+    launchers = f"; written by {', '.join(r.launchers)}" if r.launchers else ""
     console.print(Text(f"\nread {len(r.sources)} source(s), {_size(total)}, {lines:,} lines ("
                        + ", ".join(f"{n} {k}" for k, n in sorted(shapes.items())) + f"); ranks seen {r.ranks_seen or '-'}"
                        + (f" of {r.world_size}" if r.world_size else "")
-                       + (f" on {len(r.nodes)} node(s)" if r.nodes else ""), style="dim"), soft_wrap=True)
+                       + (f" on {len(r.nodes)} node(s)" if r.nodes else "") + launchers, style="dim"), soft_wrap=True)
+    if len(r.sources) > 1:  # several files: each one's view of the job (one agent's node, one rank ...)
+        for s in r.sources[:MAX_ROWS]:
+            if s.view or s.launchers:
+                console.print(Text(f"  {s.path}: {s.view or 'unknown writers'}"
+                                   + (f" ({', '.join(s.launchers)})" if s.launchers else ""), style="dim"),
+                              soft_wrap=True)
     for skip in r.skipped[:10]:
         console.print(Text(f"  not read: {skip['path']}: {skip['reason']}", style="yellow"), soft_wrap=True)
     if len(r.skipped) > 10:

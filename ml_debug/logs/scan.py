@@ -26,11 +26,14 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 from ml_debug.logs.events import Collector, SourceContext
+from ml_debug.logs.repair import MEND_LIMIT, mend, sniff
 from ml_debug.logs.sources import Source
 
 BLOCK = 1 << 20
 MAX_LINE = 1 << 20  # a "line" longer than this is cut (a binary file, a progress bar without newlines)
-NEEDLES = (b"Traceback", b"rror", b"NCCL", b"Killed", b"Segmentation fault", b"python")
+# "xit": the launchers' exit lines (torchrun's "exitcode", srun's and pdsh's "exit code", Open MPI's "Exit code",
+# DeepSpeed's "exits with return code"); "ERROR" and "ailed": log levels and failures that say no more
+NEEDLES = (b"Traceback", b"rror", b"NCCL", b"Killed", b"Segmentation fault", b"python", b"xit", b"ERROR", b"ailed")
 TAIL_BYTES = 64 << 10
 SAMPLE_BYTES = 4 << 10  # the lines at the start of each block whose labels say who writes (ranks seen)
 
@@ -96,6 +99,34 @@ def _candidates(block: bytes, end: int) -> list[int]:
     return sorted(starts)
 
 
+def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[bytes]:
+    """The source's data in blocks; mended first (repair.py) when its first bytes show a pasted log's damage."""
+    first = f.read(BLOCK)
+    if not first:
+        return
+    ctx = collector.ctx
+    assert ctx is not None
+    damage = sniff(first, len(first) < BLOCK)
+    ctx.node_prefix = damage.node_prefix
+    if damage.node_prefix:
+        collector.node_prefixed.add(ctx.index)
+        collector.notes.setdefault(ctx.index, []).append("lines start with their node's name (pdsh): read as labels")
+    if damage.whole:
+        data = first + f.read(MEND_LIMIT)
+        more = f.read(1)
+        if not more:
+            mended = mend(data, damage)
+            collector.notes.setdefault(ctx.index, []).extend(damage.notes)
+            for i in range(0, len(mended), BLOCK):
+                yield mended[i:i + BLOCK]
+            return
+        collector.notes.setdefault(ctx.index, []).append(
+            f"looks pasted (damaged) but is over {MEND_LIMIT >> 20} MiB: read as it is")
+        first = data + more
+    yield first
+    yield from iter(lambda: f.read(BLOCK), b"")
+
+
 def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
     """Feed the lines of a text source that can matter; (bytes read, lines, last line)."""
     total = lines = 0
@@ -103,10 +134,7 @@ def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
     last = b""
     at = 0  # the file offset where `carry` starts
     with opened(src) as f:
-        while True:
-            chunk = f.read(BLOCK)
-            if not chunk:
-                break
+        for chunk in _chunks(src, f, collector):
             total += len(chunk)
             data = carry + chunk if carry else chunk
             cut = data.rfind(b"\n") + 1
@@ -121,6 +149,9 @@ def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
             at += cut
     if carry:
         lines, last = _scan_block(carry + b"\n", len(carry) + 1, lines, at, collector)
+        if collector.open and collector.ctx is not None:
+            collector.notes.setdefault(collector.ctx.index, []).append(
+                "cut short: the last line has no newline and ends inside a traceback or failure summary")
     return total, lines, last
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -102,6 +103,13 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
             ev.detail["rank_from"] = "local rank (one node)"
     for i, info in enumerate(infos):
         info.who = ids.resolve(info.who, i)
+        info.repairs = list(collector.notes.get(i, [])) + [
+            f"{what} cut off {n} line(s)" for what, n in sorted(collector.repairs.get(i, {}).items())]
+        marks = collector.launchers.get(i, set())
+        if info.shape == "launch":
+            marks = marks | {"mldebug launch"}
+        info.launchers = [name for name in LAUNCHER_ORDER if name in marks]
+        info.view = _view(info, collector, i, ids)
     events = dedupe(collector.events)
     nccl = collector.nccl.report()
     ranks = set(collector.ranks_seen) | {e.who.rank for e in events if e.who.rank is not None}
@@ -116,18 +124,53 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     elif ranks:
         world = max(ranks) + 1
     blamed = {r for e in events for r in e.blames}
-    verdict = decide(events, world, blamed)
+    suspects = [dataclasses.replace(e, who=ids.resolve(e.who, e.source_index)) for e in collector.suspects]
+    verdict = decide(events, world, blamed, suspects)
     if collector.launch_exit is not None:
         failed = {a for e in collector.events if e.cls == PRIMARY and (a := attempt_of(e.source)) is not None}
         last = max((a for s in infos if (a := attempt_of(s.path)) is not None), default=None)
         verdict = launched(verdict, collector.launch_exit, sorted(failed), last)
     verdict = testhooks.call(testhooks.LOGS_VERDICT, verdict=verdict) or verdict
     nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node} | {w.node for w in sampled if w.node})
-    return LogsReport(verdict=verdict, sources=infos, events=events, tracebacks=collapse_tracebacks(events),
+    launchers = {name for s in infos for name in s.launchers}
+    return LogsReport(launchers=[name for name in LAUNCHER_ORDER if name in launchers],
+                      verdict=verdict, sources=infos, events=events, tracebacks=collapse_tracebacks(events),
                       timeline=timeline(events), ranks_seen=compress(ranks), world_size=world, nodes=nodes,
                       progress=progress(collector, metrics), nccl=nccl, skipped=skipped,
                       dropped_events=collector.dropped, ok=not verdict.failed and not skipped,
                       summary=verdict.summary + (f"; {len(skipped)} source(s) not read" if skipped else ""))
+
+
+LAUNCHER_ORDER = ("mldebug launch", "deepspeed", "accelerate", "lightning", "torchrun", "mpirun", "pdsh", "srun")
+
+
+def _view(info: SourceInfo, c: Collector, index: int, ids: Identities) -> str | None:
+    """Whose lines a source holds: 'rank 3', 'local rank 1 on unknown node', or the ranks, local ranks and nodes
+    its labels and failures name (a torchrun agent's console is one node's view of the job)."""
+    if info.who.rank is not None or info.who.local_rank is not None:
+        return info.who.label()
+    writers = [ids.resolve(w, i) for i, w in c.sampled if i == index]
+    writers += [ids.resolve(e.who, e.source_index) for e in c.events if e.source_index == index]
+    ranks = compress({w.rank for w in writers if w.rank is not None})
+    local = compress({w.local_rank for w in writers if w.rank is None and w.local_rank is not None})
+    nodes = sorted({w.node for w in writers if w.node})
+    parts = []
+    if ranks:
+        parts.append(f"ranks {ranks}")
+    if local:
+        parts.append(f"local ranks {local}")
+    if nodes:
+        parts.append(f"on {', '.join(nodes[:4])}" + (" ..." if len(nodes) > 4 else ""))
+    elif local:
+        parts.append("of one node (which is not said)")
+    # torchrun's agent lines and summary: the file is one agent's (one node's) view, or several agents' (srun)
+    agents = {e.who.node for e in c.events if e.source_index == index
+              and (e.detail.get("via") == "torchrun" or "torchrun_root_cause" in e.detail)}
+    if len(agents) == 1:
+        parts.insert(0, "one torchrun agent's view:")
+    elif len(agents) > 1:
+        parts.insert(0, f"{len(agents)} torchrun agents:")
+    return " ".join(parts) or None
 
 
 def demux(paths: list[str], *, rank: int | None, node: str | None,
@@ -159,7 +202,7 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
         for n, text in _all_lines(src):
             if "\x1b" in text:  # coloured lines: the labels are found (and the text written) without colour
                 text = strip_ansi(text)
-            lab = split_label(text) if src.labelled else None
+            lab = split_label(text, i in collected[0].node_prefixed) if src.labelled else None
             who = (lab.who if lab else Who()).merged(src.who)
             who = ids.resolve(who, i)
             if who.rank is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
+from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.model import (
@@ -44,7 +45,7 @@ _BASIS = {TIME_LINE: "line time stamps", TIME_ERROR_FILE: "error file time stamp
           TIME_LAUNCHER: "torchrun's failure summary", TIME_ORDER: "file order",
           TIME_NEARBY: "the time stamps of the lines just before (a lower bound)"}
 # Richer evidence first when the same failure is reported twice (a traceback and its error file ...).
-_RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "signal": 3,
+_RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "shm": 2, "signal": 3,
              "exception": 4, "error-line": 5, "watchdog": 6, "comm": 6, "slurm": 7, "exit": 8, "launcher": 9,
              "nccl-warn": 9}
 
@@ -61,8 +62,20 @@ class Identities:
         self.single_node = len(hosts) <= 1
         self.assumed = False
         """Whether the last :meth:`resolve` took a local rank for the rank (one node, no better source)."""
+        pairs: dict[int, set[int]] = defaultdict(set)
+        for per_source in c.local_rank_pairs.values():
+            for local, rank in per_source.items():
+                pairs[local].add(rank)
+        self.pairs = {local: next(iter(ranks)) for local, ranks in pairs.items() if len(ranks) == 1}
+        # one node for sure: every pair torchrun's summary (or a label) gave has its local rank equal to the rank
+        self.by_node: dict[str, set[int]] = defaultdict(set)
+        for r, n in c.rank_node.items():
+            self.by_node[n].add(r)
+        self.one_node = self.single_node and bool(pairs) and all(ranks == {local} for local, ranks in pairs.items())
 
     def resolve(self, who: Who, source_index: int) -> Who:
+        """``who`` with its rank filled in where the logs say it; a local rank stays one unless they do (a
+        ``[default3]:`` of a job of several nodes is not rank 3)."""
         c = self.c
         self.assumed = False
         rank = who.rank
@@ -71,10 +84,21 @@ class Identities:
                 rank = c.node_local_rank[(who.node, who.local_rank)]
             elif who.local_rank in c.local_rank_pairs.get(source_index, {}):
                 rank = c.local_rank_pairs[source_index][who.local_rank]
-            elif self.single_node:
+            elif self.single_node and who.local_rank in self.pairs:
+                rank = self.pairs[who.local_rank]  # another file of the same agent says it
+            elif self.one_node:
                 rank = who.local_rank  # one node: torchrun's local rank is the rank
                 self.assumed = True
+        if rank is None and who.local_rank is None and who.node:
+            on_node = self.by_node.get(who.node, set())
+            if len(on_node) == 1:
+                rank = next(iter(on_node))  # the only rank seen on that node (pdsh, srun: one rank per node)
         node = who.node
+        if node in c.srun_hosts and (rank is not None
+                                     or sum(1 for h in c.srun_hosts.values() if h == c.srun_hosts[node]) == 1):
+            # an agent under srun --label: its summary named its host (two agents of one host stay apart
+            # while only their local ranks are known)
+            node = c.srun_hosts[node]
         if node is None and rank is not None:
             node = c.rank_node.get(rank) or c.nccl.rank_host.get(rank)
         return Who(rank, node, who.local_rank)
@@ -98,9 +122,9 @@ def _family(ev: Event) -> str:
     if ev.kind in ("comm", "watchdog") and ev.cls == SECONDARY:
         return "secondary-line"  # a peer's failure echoes in several lines of each rank: its first says it
     cause = ev.detail.get("cause", ev.kind)
-    if cause in ("cuda-error", "oom", "nccl-error"):
+    if cause in ("cuda-error", "oom", "nccl-error", "shm"):
         return f"{cause}:{ev.label}"  # c10d's log line and the traceback report the same CUDA error
-    if ev.kind in ("traceback", "error-file", "exception", "error-line", "cuda-error", "oom", "nccl-error"):
+    if ev.kind in ("traceback", "error-file", "exception", "error-line", "cuda-error", "oom", "nccl-error", "shm"):
         return "failure:" + _norm(ev.message)
     return f"{ev.kind}:{ev.label}"
 
@@ -248,13 +272,29 @@ def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: in
     return v
 
 
-def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = ()) -> Verdict:
-    """The verdict over deduplicated, resolved events."""
+def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = (),
+           suspects: Iterable[Event] = ()) -> Verdict:
+    """The verdict over deduplicated, resolved events (``suspects``: lines that only look like a failure)."""
+    v = _decide(events, world_size, blamed, list(suspects))
+    v.findings = _findings(events)
+    if v.hint is None and v.primary is not None:
+        v.hint = next_step(v.primary)
+    return v
+
+
+def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], suspects: list[Event]) -> Verdict:
     failures = [e for e in events if e.cls in (PRIMARY, SECONDARY)]
     if not failures:
         warnings = [e for e in events if e.cls == WARNING]
+        if suspects:
+            first, basis = _earliest(suspects, "line that looks like a failure")
+            return Verdict(status="suspect", primary=first, basis=basis, confidence="low",
+                           confidence_why="no failure line this tool knows: the first line that looks like one",
+                           summary=f"no known failure line, but {len(suspects)} line(s) look like one; the first: "
+                                   f"{first.who.label()}{_at(first)}: {brief(first.message)}")
         summary = "no failure found" + (f" ({len(warnings)} warning(s))" if warnings else "")
-        return Verdict(status="none", summary=summary)
+        return Verdict(status="none", summary=summary, confidence="high",
+                       confidence_why="nothing in any file looks like a failure")
     by_writer: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in failures:
         by_writer[_identity_key(e.who)].append(e)
@@ -284,20 +324,34 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
             summary += f"; peers name rank(s) {blamed_text}"
         return Verdict(status="secondary-only", summary=summary, basis=basis,
                        secondary=_secondary_rows(causes.values(), None), silent_ranks=silent,
-                       blamed_ranks=blamed_text, hint=hint)
+                       blamed_ranks=blamed_text, hint=hint, confidence="low",
+                       confidence_why="only consequences of a peer's failure were found: the cause is not in "
+                                      "these logs")
     first, basis = _earliest(strong or weak)
     about = _subject(first, strong, causes.values(), world_size)
     if about is not None:
         first, basis = about
+    unplaced = first
+    if first.who.rank is None:
+        first = _by_elimination(first, causes.values(), world_size)
+    # the same finding raised together by every rank (a check they run together) is one failure, not a tie
+    tie = [] if about is not None else [e for e in _tie(first, strong or weak) if _norm(e.message) != _norm(first.message)]
     # every rank raising the same finding about one rank (a check all ranks agree on) is one failure, and
     # the launcher stopping that rank afterwards is no news
     same = [c for c in causes.values() if c is not first and about is not None and c.message == first.message]
-    others = [c for c in causes.values() if c is not first and c not in same
+    others = [c for c in causes.values() if c is not first and c is not unplaced and c not in same
               and not (about is not None and c.who.rank == first.who.rank and c.cls == SECONDARY)]
     independent = sorted((c for c in others if c.cls == PRIMARY and c.strong), key=lambda e: e.order_key())
     after = [c for c in others if c not in independent]
-    when = f" at {clock(first.time)}" if first.time is not None else ""
-    summary = f"first failure: {first.who.label()}{when}: {brief(first.message)}"
+    summary = f"first failure: {first.who.label()}{_at(first)}: {brief(first.message)}"
+    if tie:
+        tied = sorted([first, *tie], key=lambda e: (e.who.rank is None, e.who.rank or 0, e.order_key()))
+        root = [e for e in tied if e.detail.get("torchrun_root_cause")]
+        said = f"torchrun's 'Root Cause' picks {root[0].who.label()}" if root else f"the first in the logs: " \
+            f"{first.who.label()}"
+        summary = (f"tie: {', '.join(e.who.label() for e in tied)} failed in the same second{_at(first)}; which came "
+                   f"first is not known ({said}): " + "; ".join(f"{e.who.label()}: {brief(e.message)}" for e in tied))
+        independent = [e for e in independent if e not in tie]
     tail = []
     if after:
         after_ranks = compress({c.who.rank for c in after if c.who.rank is not None})
@@ -316,9 +370,110 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
                        " reported the same")
     if tail:
         summary += " (" + "; ".join(tail) + ")"
+    if silent and first.who.rank is not None and first is not unplaced:  # placed by elimination: not silent
+        silent = compress(set(expand_ranks(silent)) - {first.who.rank}) or None
+    confidence, why = _confidence(first, basis, tie, strong)
     return Verdict(status="failure", summary=summary, primary=first, basis=basis,
                    secondary=_secondary_rows(after, first), independent=independent, silent_ranks=silent,
-                   blamed_ranks=blamed_text)
+                   blamed_ranks=blamed_text, confidence=confidence, confidence_why=why,
+                   tie=compress({e.who.rank for e in [first, *tie] if e.who.rank is not None}) or None if tie else None)
+
+
+def _at(ev: Event) -> str:
+    return f" at {clock(ev.time)}" if ev.time is not None else ""
+
+
+def _confidence(first: Event, basis: str, tie: list[Event], strong: list[Event]) -> tuple[str, str]:
+    """How sure the first failure is, and why."""
+    if tie:
+        return "low", "a tie: another rank failed in the same second"
+    why = []
+    level = "high"
+    if not first.strong:
+        level = "medium"
+        why.append("only an exit code or a kill says it (no message of its own)")
+    if first.who.rank is None:
+        level = "medium"
+        why.append("its global rank is not in the logs" if first.who.local_rank is not None or first.who.node
+                   else "the logs do not say which rank")
+    if first.detail.get("rank_from"):
+        level = "medium"
+        why.append(f"rank from the {first.detail['rank_from']}")
+    if basis.startswith("file order (time stamps missing; the order across files"):
+        level = "medium" if level == "high" else "low"
+        why.append("several files without time stamps: their order is not known")
+    if not why:
+        why.append("the only primary failure" if basis.startswith("the only") else f"ordered by {basis}")
+    return level, "; ".join(why)
+
+
+def _tie(first: Event, cands: list[Event]) -> list[Event]:
+    """Other writers' failures in the same second as ``first``, where times are only known to the second
+    (torchrun's summary, whole-second stamps): the order between them is not known."""
+    if first.time is None:
+        return []
+    out = []
+    for e in cands:
+        if e is first or e.time is None or _identity_key(e.who) == _identity_key(first.who):
+            continue
+        coarse = TIME_LAUNCHER in (e.time_source, first.time_source) or (e.time % 1 == 0 and first.time % 1 == 0)
+        if coarse and int(e.time) == int(first.time):
+            out.append(e)
+    return sorted(out, key=lambda e: e.order_key())
+
+
+def _by_elimination(first: Event, causes: Iterable[Event], world_size: int | None) -> Event:
+    """A failure without its rank (CUDA's out-of-memory without a prefix, DeepSpeed's return code) is put on
+    the one rank of the job that reported nothing else, when exactly one did (the others' watchdog and
+    connection errors name themselves)."""
+    if not world_size:
+        return first
+    reported = {c.who.rank for c in causes if c.who.rank is not None}
+    missing = sorted(set(range(world_size)) - reported)
+    if len(missing) != 1 or len(reported) < 1:
+        return first
+    who = Who(missing[0], first.who.node, first.who.local_rank)
+    ev = dataclasses.replace(first, who=who, detail={**first.detail, "rank_from": "only rank of the job that "
+                                                     "reported no failure of its own (the others name themselves)"})
+    return ev
+
+
+_GPU = re.compile(r"\bGPU (\d+)\b")
+
+
+def next_step(ev: Event) -> str | None:
+    """What to do about the cause ``ev`` names."""
+    text = ev.message + " " + ev.label
+    who = ev.who.label()
+    if ev.kind == "shm" or ev.detail.get("cause") == "shm":
+        if "DataLoader" in text:
+            return ("a DataLoader worker died of a bus error: /dev/shm is too small for its batches. Give the "
+                    "container more (docker run --shm-size=16g, or --ipc=host; Kubernetes: an emptyDir with medium: "
+                    "Memory on /dev/shm), or lower num_workers")
+        return ("NCCL could not create its shared-memory segment: /dev/shm is too small (a container's default "
+                "64 MB). docker run --shm-size=1g (or --ipc=host), or NCCL_SHM_DISABLE=1 (slower)")
+    if ev.kind == "oom" or ev.detail.get("cause") == "oom":
+        gpu = _GPU.search(ev.message)
+        on = f" (GPU {gpu.group(1)})" if gpu else ""
+        return (f"{who}{on} ran out of memory: lower its batch or sequence length, use activation checkpointing, "
+                "or see what else holds memory on that GPU (mldebug top, nvidia-smi)")
+    if ev.detail.get("exit_code") == -11 or "SIGSEGV" in text:
+        return (f"{who} crashed in native code (SIGSEGV): its core file (mldebug core-bt) or a run with "
+                "python -X faulthandler says where")
+    return None
+
+
+def _findings(events: list[Event]) -> list[str]:
+    """Problems that are not failures: NCCL without InfiniBand because libibverbs did not load."""
+    fallback = [e for e in events if e.kind == "nccl-fallback"]
+    if not fallback:
+        return []
+    where = compress({e.who.rank for e in fallback if e.who.rank is not None})
+    nodes = sorted({e.who.node for e in fallback if e.who.node})
+    on = f"ranks {where}" if where else (", ".join(nodes[:5]) or "some ranks")
+    return [f"NCCL fell back to TCP sockets on {on}: libibverbs failed to load, so the job runs, slowly, without "
+            "InfiniBand/RoCE. Install libibverbs (rdma-core) in the image and expose /dev/infiniband to the "
+            "container; check NCCL_IB_HCA, NCCL_IB_DISABLE and that `ibv_devinfo` lists the HCAs"]
 
 
 def _label_counts(events: Iterable[Event]) -> list[tuple[str, int]]:

@@ -1,0 +1,237 @@
+"""Logs as people paste them: quoted, numbered, wrapped, reversed, glued to progress bars; mended before reading.
+
+Two kinds of damage:
+
+- of the whole text, found by :func:`sniff` in the first ``SNIFF_BYTES`` of a source and mended by
+  :func:`mend` on the whole of it (a pasted log is small; a source over ``MEND_LIMIT`` is read as it is):
+  markdown quoting (``> `` before every line), a viewer's line numbers (``  12 | text``, ``12: text`` with
+  numbers going up by one), lines hard-wrapped by a terminal at a fixed width (a line of exactly that width
+  goes on in the next one, mid-token and without the label), a log pasted bottom-to-top (tracebacks upside
+  down, time stamps going back), and the node names pdsh puts in front of every line;
+- of one line, mended by :func:`mend_line` on the lines the scanner hands over: a tqdm or rich progress bar
+  that a log line was glued onto (no newline after the bar, or a carriage return), and tmux's scrollback
+  counter (``[12/3456]``) glued onto the end.
+
+What was mended is said per source (``SourceInfo.repairs``), so a reader knows the text was not read as is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ml_debug.logs.labels import NODE_PREFIX, find_time
+
+SNIFF_BYTES = 16 << 10
+MEND_LIMIT = 64 << 20
+_QUOTE = re.compile(rb"^(?:> ?)+", re.M)
+_NUMBERED = re.compile(r"^\s{0,6}(\d{1,7})(?:\s*[|│:]\s?|\t| {1,2})")
+_TB_HEAD = "Traceback (most recent call last):"
+_FRAME = re.compile(r'(?:^|\s|\]: ?)File "')
+_NOT_A_NODE = re.compile(r"(?:Error|Exception|Warning|Traceback|INFO|WARN|WARNING|ERROR|DEBUG|NOTE|Note|http|https)$")
+# tqdm: "Epoch 1:  12%|█▏        | 12/100 [00:01<00:08, 10.50it/s, loss=0.5]"; rich (Lightning): "Epoch 0/0 ━━━╸  2/8
+# 0:00:05 • 0:00:01 160.41it/s"
+_TQDM = re.compile(r"^.{0,200}?\d{1,3}%\|[^|]{0,200}\|[^\[\n]{0,60}\[[^\]\n]{0,200}\]")
+_RICH = re.compile(r"^.{0,200}?[━╸╺]+.{0,120}(?:\d+(?:\.\d+)?(?:it/s|s/it)|\d+:\d\d:\d\d) ?")
+_TMUX = re.compile(r"(?<=\S)\[\d+/\d+\]\s*$")
+
+
+@dataclass
+class Damage:
+    """What :func:`sniff` found in a source's first bytes."""
+
+    quoted: bool = False
+    numbered: bool = False
+    wrap_width: int | None = None
+    reversed: bool = False
+    node_prefix: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def whole(self) -> bool:
+        """The whole text must be mended before it is read."""
+        return self.quoted or self.numbered or self.wrap_width is not None or self.reversed
+
+
+def _unquote(lines: list[str]) -> list[str]:
+    return [re.sub(r"^(?:> ?)+", "", ln) for ln in lines]
+
+
+def _numbered(lines: list[str]) -> bool:
+    nums = []
+    for ln in lines:
+        if not ln.strip():
+            continue
+        m = _NUMBERED.match(ln)
+        nums.append(int(m.group(1)) if m else None)
+    if len(nums) < 5 or None in nums[:3]:
+        return False
+    steps = sum(1 for a, b in zip(nums, nums[1:], strict=False) if a is not None and b is not None and b == a + 1)
+    return steps >= 0.8 * (len(nums) - 1)
+
+
+def _unnumber(lines: list[str]) -> list[str]:
+    out = []
+    for ln in lines:
+        m = _NUMBERED.match(ln)
+        out.append(ln[m.end():] if m else ln)
+    return out
+
+
+def _wrap_width(lines: list[str], complete: bool) -> int | None:
+    """The width a terminal hard-wrapped these lines at, or None: many lines of exactly the longest length,
+    none longer. The last line (maybe cut) is left out unless ``complete``."""
+    body = [len(ln) for ln in (lines if complete else lines[:-1]) if ln.strip()]
+    if len(body) < 4:
+        return None
+    width = max(body)
+    at = body.count(width)
+    if width < 40 or at < 3 or at < 0.05 * len(body):
+        return None
+    if Counter(body).most_common(1)[0][1] >= 0.9 * len(body):
+        return None  # a table of equal-width lines is not wrapped
+    # a wrapped line goes on in the next, which does not start like the source's lines start (a label, a
+    # time stamp): lines of a fixed format that happen to be the longest are not wrapped
+    usable = lines if complete else lines[:-1]
+    starts = Counter(ln[:4] for ln in usable if ln.strip())
+    common = {s for s, n in starts.items() if n >= 0.2 * len(body)}
+    full = [i for i, ln in enumerate(usable) if len(ln) == width and i + 1 < len(usable)]
+    goes_on = sum(1 for i in full if usable[i + 1][:4] not in common)
+    return width if full and goes_on >= 0.7 * len(full) else None
+
+
+def _unwrap(lines: list[str], width: int) -> tuple[list[str], int]:
+    out: list[str] = []
+    joined = 0
+    buf = ""
+    for ln in lines:
+        buf += ln
+        if len(ln) == width:
+            joined += 1
+            continue
+        out.append(buf)
+        buf = ""
+    if buf:
+        out.append(buf)
+    return out, joined
+
+
+def _is_reversed(lines: list[str]) -> bool:
+    """Tracebacks read upside down (their header after their frames), or time stamps going back."""
+    forward = backward = 0
+    for i, ln in enumerate(lines):
+        if _TB_HEAD in ln:
+            before = lines[i - 1] if i else ""
+            after = lines[i + 1] if i + 1 < len(lines) else ""
+            if _FRAME.search(after):
+                forward += 1
+            elif _FRAME.search(before):
+                backward += 1
+    if forward or backward:
+        return backward > forward
+    import datetime as _dt
+
+    day = _dt.date.today()
+    step = max(1, len(lines) // 40)  # a few dozen lines say which way time goes
+    times = [t for ln in lines[::step] if (t := find_time(ln[:60], day)) is not None]
+    up = sum(1 for a, b in zip(times, times[1:], strict=False) if b > a)
+    down = sum(1 for a, b in zip(times, times[1:], strict=False) if b < a)
+    return down >= 3 and down > 3 * up
+
+
+def _node_prefixed(lines: list[str]) -> bool:
+    """pdsh's ``node12: `` in front of most lines (a few distinct names, none an exception's or a level's)."""
+    body = [ln for ln in lines if ln.strip()]
+    if len(body) < 3:
+        return False
+    names: Counter[str] = Counter()
+    for ln in body:
+        m = NODE_PREFIX.match(ln)
+        if m and not _NOT_A_NODE.search(m.group(1)) and not m.group(1).startswith(("pdsh", "srun")):
+            names[m.group(1)] += 1
+    return sum(names.values()) >= 0.7 * len(body) and len(names) <= max(2, len(body) // 4)
+
+
+def _lines(data: bytes) -> list[str]:
+    return data.decode("utf-8", "replace").split("\n")
+
+
+def sniff(head: bytes, complete: bool) -> Damage:
+    """The damage the first bytes of a source show (``complete``: they are the whole source)."""
+    d = Damage()
+    sample = head[:SNIFF_BYTES]
+    if not complete and len(head) > SNIFF_BYTES:
+        sample = sample[:sample.rfind(b"\n") + 1] or sample
+    lines = _lines(sample)
+    if lines and not lines[-1]:
+        lines.pop()
+    body = [ln for ln in lines if ln.strip()]
+    if not body:
+        return d
+    if sum(1 for ln in body if ln.startswith(">")) >= 0.8 * len(body):
+        d.quoted = True
+        lines = _unquote(lines)
+    first = next((ln for ln in lines if ln.strip()), "")
+    if _NUMBERED.match(first) and _numbered(lines):
+        d.numbered = True
+        lines = _unnumber(lines)
+        if sum(1 for ln in lines if ln.startswith(">")) >= 0.8 * len([ln for ln in lines if ln.strip()]):
+            d.quoted = True  # numbers outside the quoting
+            lines = _unquote(lines)
+    lines = [_TMUX.sub("", ln) for ln in lines]
+    d.wrap_width = _wrap_width(lines, complete or len(head) <= SNIFF_BYTES)
+    if d.wrap_width:
+        lines, _ = _unwrap(lines, d.wrap_width)
+    d.reversed = _is_reversed(lines)
+    d.node_prefix = _node_prefixed([mend_line(ln)[0][-1] if "\r" in ln or "%|" in ln or "━" in ln else ln
+                                    for ln in lines])
+    return d
+
+
+def mend(data: bytes, d: Damage) -> bytes:
+    """The whole text with the damage ``d`` undone; ``d.notes`` says what was done."""
+    lines = _lines(data)
+    last_cut = bool(lines) and lines[-1] != ""
+    if not last_cut:
+        lines.pop()
+    if d.quoted:
+        lines = _unquote(lines)
+        d.notes.append("markdown quoting ('> ') removed")
+    if d.numbered:
+        lines = _unnumber(lines)
+        d.notes.append("viewer line numbers removed")
+        if d.quoted and any(ln.startswith(">") for ln in lines[:5]):
+            lines = _unquote(lines)
+    if d.wrap_width:
+        counters = [_TMUX.sub("", ln) for ln in lines]
+        lines, joined = _unwrap(counters, d.wrap_width)
+        d.notes.append(f"{joined} line(s) hard-wrapped at {d.wrap_width} columns rejoined")
+    if d.reversed:
+        lines.reverse()
+        d.notes.append("pasted bottom-to-top: read in reverse")
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def mend_line(text: str) -> tuple[list[str], str | None]:
+    """One line's text, a progress bar or tmux counter glued to it cut off: (the lines it holds, what was cut, or
+    None when nothing was glued to anything: a bar alone on its line is no damage)."""
+    what = None
+    parts = [p for p in text.split("\r") if p.strip()] if "\r" in text else [text]
+    out = []
+    for p in parts:
+        if "%|" in p or "━" in p or "╸" in p:
+            m = (_TQDM.match(p) if "%|" in p else None) or _RICH.match(p)
+            if m:
+                rest = p[m.end():]
+                if not rest.strip():
+                    continue
+                p = rest.lstrip()
+                what = "progress bar"
+        if p.endswith("]") and _TMUX.search(p):
+            p = _TMUX.sub("", p)
+            what = what or "tmux counter"
+        out.append(p)
+    if len(out) > 1:
+        what = what or "carriage return"
+    return (out or [""]), what

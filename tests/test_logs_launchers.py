@@ -1,0 +1,325 @@
+"""`mldebug logs` on every launcher's own console: real logs, and line shapes from the launchers' source.
+
+The real logs (tests/data/logs_corpus/*.log) were written by the launchers themselves on this machine by
+tests/data/logs_corpus/make_corpus.py (torch 2.13 torchrun, DeepSpeed 0.19.8's per-node launcher,
+Accelerate 1.15, Lightning 2.6, Open MPI 4.1 mpirun --tag-output, pdsh 2.34 -R exec, the rig's Slurm
+srun with and without --label, srun --label over one torchrun agent per node). No job runs here.
+
+Where a launcher's older line shapes cannot be produced here, the lines are written as its source
+writes them; each case names the file and version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ml_debug.logs.model import PRIMARY
+from ml_debug.logs.triage import triage
+from tests.conftest import REPO
+
+CORPUS = REPO / "tests" / "data" / "logs_corpus"
+
+# file: (rank, message in the first failure, launchers said, node or None)
+REAL = {
+    "torchrun-agent1.log": (3, "ValueError: bad batch on rank 3", ["torchrun"], None),
+    "torchrun-segv.log": (2, "crashed with SIGSEGV", ["torchrun"], None),
+    "torchrun-oom.log": (1, "OutOfMemoryError: CUDA out of memory", ["torchrun"], None),
+    "torchrun-bus.log": (1, "Bus error", ["torchrun"], None),
+    "accelerate.log": (1, "ValueError: bad batch on rank 1", ["accelerate", "torchrun"], None),
+    "deepspeed.log": (1, "crashed with SIGSEGV", ["deepspeed"], None),
+    "lightning.log": (1, "ValueError: bad batch on rank 1", ["lightning"], None),
+    "mpirun.log": (2, "ValueError: bad batch on rank 2", ["mpirun"], None),
+    "pdsh.log": (1, "ValueError: bad batch on rank 1", ["pdsh"], "n2"),
+    "srun-label.log": (2, "ValueError: bad batch on rank 2", ["srun"], "node2"),
+    "srun-nolabel.log": (2, "ValueError: bad batch on rank 2", ["srun"], "node2"),
+    "srun-torchrun.log": (3, "ValueError: bad batch on rank 3", ["torchrun", "srun"], "node2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_each_launchers_real_console_names_the_failing_rank(name: str) -> None:
+    rank, message, launchers, node = REAL[name]
+    r = triage([str(CORPUS / name)])
+    v = r.verdict
+    assert v.status == "failure" and v.primary is not None, v.summary
+    assert v.primary.who.rank == rank and message in v.primary.message, v.summary
+    assert v.summary.startswith(f"first failure: rank {rank}"), v.summary
+    assert r.launchers == launchers, r.launchers
+    if name == "srun-torchrun.log":  # srun --label over one agent per node: the tasks are agents, named by host
+        assert r.sources[0].view == "2 torchrun agents: ranks 0-3 on node1, node2", r.sources[0].view
+    if node:
+        assert v.primary.who.node == node, v.primary.who
+    assert v.confidence in ("high", "medium") and v.confidence_why
+
+
+def test_deepspeed_return_code_is_the_fact_not_its_command_line() -> None:
+    """DeepSpeed's sigkill_handler line names the command of the last rank it started; the rank that died is
+    the one that left nothing else (the others say their peer closed the connection)."""
+    text = (CORPUS / "deepspeed.log").read_text()
+    assert "exits with return code = -11" in text
+    v = triage([str(CORPUS / "deepspeed.log")]).verdict
+    assert v.primary is not None and v.primary.detail["exit_code"] == -11 and v.primary.detail["via"] == "deepspeed"
+    assert "only rank of the job that reported no failure" in v.primary.detail["rank_from"]
+    assert v.confidence == "medium" and not v.independent, v.summary
+    assert "SIGSEGV" in (v.hint or "")
+
+
+def test_two_torchrun_agents_each_give_one_nodes_view() -> None:
+    """--nnodes 2: agent 0's console holds only its ranks' consequences; agent 1's holds rank 3's error."""
+    alone = triage([str(CORPUS / "torchrun-agent0.log")]).verdict
+    assert alone.status == "secondary-only" and alone.confidence == "low", alone.summary
+    both = triage([str(CORPUS / "torchrun-agent0.log"), str(CORPUS / "torchrun-agent1.log")])
+    assert both.verdict.primary is not None and both.verdict.primary.who.rank == 3, both.verdict.summary
+    assert [s.view for s in both.sources] == ["one torchrun agent's view: ranks 0-1", "one torchrun agent's view: ranks 2-3"]
+
+
+def test_bus_error_and_oom_come_with_their_next_step() -> None:
+    bus = triage([str(CORPUS / "torchrun-bus.log")]).verdict
+    assert bus.hint is not None and "/dev/shm" in bus.hint and "--shm-size" in bus.hint
+    oom = triage([str(CORPUS / "torchrun-oom.log")]).verdict
+    assert oom.hint is not None and oom.hint.startswith("rank 1 (GPU 1) ran out of memory")
+
+
+# ----------------------------------------------------------------------------- line shapes from the source
+
+def _write(tmp: Path, text: str, name: str = "job.log") -> str:
+    path = tmp / name
+    path.write_text(text)
+    return str(path)
+
+
+# torch/distributed/elastic/multiprocessing/api.py, log.error(f"failed (exitcode: ...) local_rank: ... (pid: ...) of
+# binary: ..."), through three loggers: torch 1.10-1.13 (logging's default "LEVEL:name:msg"), torch 2.0-2.1
+# (torch/distributed/elastic/utils/logging.py: "[time] name: [LEVEL] msg"), torch 2.2+ (glog style, as the real
+# corpus shows).
+AGENT_LINES = {
+    "torch-1.10": "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 3 (pid: 4242) "
+                  "of binary: /usr/bin/python3",
+    "torch-2.1": "[2024-05-01 03:14:07,123] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1) "
+                 "local_rank: 3 (pid: 4242) of binary: /usr/bin/python3",
+    "torch-2.4": "E0501 03:14:07.123000 140213 torch/distributed/elastic/multiprocessing/api.py:833] failed "
+                 "(exitcode: 1) local_rank: 3 (pid: 4242) of binary: /usr/bin/python3",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(AGENT_LINES))
+def test_torchrun_agent_line_alone_names_a_local_rank_not_a_rank(tmp_path: Path, shape: str) -> None:
+    """One agent's line, nothing else: it names local rank 3 of a node it does not name."""
+    r = triage([_write(tmp_path, "[default3]:step 10\n" + AGENT_LINES[shape] + "\n")])
+    v = r.verdict
+    assert v.primary is not None and v.primary.who.rank is None and v.primary.who.local_rank == 3, v.summary
+    assert v.summary.startswith("first failure: local rank 3 on unknown node"), v.summary
+    assert "rank 3 " not in v.summary.replace("local rank 3 ", "")
+    assert r.launchers == ["torchrun"] and v.confidence == "medium"
+
+
+def test_a_cut_torchrun_line_still_says_the_exit_code(tmp_path: Path) -> None:
+    cut = AGENT_LINES["torch-1.10"][:AGENT_LINES["torch-1.10"].index("local_rank") + 5]
+    v = triage([_write(tmp_path, cut)]).verdict  # no newline at the end either
+    assert v.status == "failure" and v.primary is not None and v.primary.detail["exit_code"] == 1, v.summary
+    assert "cut" in v.primary.detail
+
+
+def test_several_agents_under_srun_label_are_told_apart(tmp_path: Path) -> None:
+    """srun --label over one torchrun agent per node: the task is the agent, and local rank 1 of task 0 is not
+    local rank 1 of task 1."""
+    text = ("0: [default1]:step 5\n1: [default1]:step 5\n"
+            "1: " + AGENT_LINES["torch-2.4"].replace("local_rank: 3", "local_rank: 1") + "\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.who.local_rank == 1, v.summary
+    assert v.primary.who.node == "node of srun task 1", v.primary.who
+    assert "local rank 1 on node of srun task 1" in v.summary
+
+
+def test_torchrun_summary_pasted_alone_with_its_indentation_stripped(tmp_path: Path) -> None:
+    """torch/distributed/elastic/multiprocessing/errors/__init__.py (ChildFailedError.format_msg), torch 2.x, as
+    pasted into an issue: no traceback before it, no indentation."""
+    text = """============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+time      : 2024-05-01_03:14:09
+host      : node7
+rank      : 12 (local_rank: 4)
+exitcode  : -15 (pid: 11)
+error_file: <N/A>
+traceback : Signal 15 (SIGTERM) received by PID 11
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+time      : 2024-05-01_03:14:07
+host      : node7
+rank      : 13 (local_rank: 5)
+exitcode  : -9 (pid: 12)
+error_file: <N/A>
+traceback : Signal 9 (SIGKILL) received by PID 12
+============================================================
+"""
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 13 and v.primary.who.node == "node7", v.summary
+    assert "SIGKILL" in v.primary.message
+
+
+def test_two_ranks_in_the_same_second_are_a_tie(tmp_path: Path) -> None:
+    """torchrun's summary knows times to the second: two ranks failing then are a tie, not a culprit."""
+    text = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2024-05-01_03:14:07
+  host      : node7
+  rank      : 5 (local_rank: 1)
+  exitcode  : -6 (pid: 11)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 11
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-05-01_03:14:07
+  host      : node7
+  rank      : 4 (local_rank: 0)
+  exitcode  : -11 (pid: 12)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 12
+============================================================
+"""
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.tie == "4-5" and v.confidence == "low", v.summary
+    assert v.summary.startswith("tie: rank 4 (node7), rank 5 (node7) failed in the same second"), v.summary
+
+
+# Open MPI 5 (prte: src/prted/help-prterun.txt "prterun detected that one or more processes exited with non-zero
+# status ... Process name: [prterun-host-1234@1,2]") and Open MPI 4 orterun's signal message
+# (orte/tools/orterun/help-orterun.txt "mpirun noticed that process rank %d with PID %d on node %s exited on signal").
+def test_open_mpi_5_and_signal_messages(tmp_path: Path) -> None:
+    prte = ("[1,0]<stdout>:step 1\n[1,2]<stdout>:step 1\n"
+            "prterun detected that one or more processes exited with non-zero status,\nthus causing the job to be "
+            "terminated. The first process to do so was:\n\n   Process name: [prterun-vm-4242@1,2]\n"
+            "   Exit code:    3\n")
+    v = triage([_write(tmp_path, prte, "prte.log")]).verdict
+    assert v.primary is not None and v.primary.who.rank == 2 and v.primary.detail["via"] == "mpirun", v.summary
+    sig = "mpirun noticed that process rank 5 with PID 777 on node gpu03 exited on signal 11 (Segmentation fault).\n"
+    v = triage([_write(tmp_path, sig, "orte.log")]).verdict
+    assert v.primary is not None and v.primary.who.rank == 5 and v.primary.who.node == "gpu03", v.summary
+
+
+# NCCL src/misc/shmutils.cc (2.12-2.21): "Error while creating shared memory segment %s (size %zu)" after
+# "failed to extend"; src/misc/ibvwrap.cc: "Failed to open libibverbs.so[.1]" (WARN before 2.12, INFO after).
+def test_nccl_shared_memory_segment_failure_is_the_cause(tmp_path: Path) -> None:
+    text = ("[rank0]:[W501 03:14:05] step 0\n"
+            "3d3e22c3066f:168:168 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-UbzKZ9 to "
+            "9637892 bytes\n"
+            "3d3e22c3066f:168:168 [0] misc/shmutils.cc:113 NCCL WARN Error while creating shared memory segment "
+            "/dev/shm/nccl-UbzKZ9 (size 9637888)\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.kind == "shm", v.summary
+    assert v.hint is not None and "--shm-size" in v.hint and "NCCL_SHM_DISABLE=1" in v.hint
+
+
+def test_nccl_socket_fallback_without_libibverbs_is_a_finding(tmp_path: Path) -> None:
+    text = ("gpu1:58239:58245 [0] NCCL INFO Failed to open libibverbs.so[.1]\n"
+            "gpu1:58239:58245 [0] NCCL INFO NET/Socket : Using [0]eth0:172.26.190.235<0>\n"
+            "gpu1:58239:58245 [0] NCCL INFO Using network Socket\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.status == "none" and v.findings, v
+    assert "libibverbs" in v.findings[0] and "NCCL_IB_HCA" in v.findings[0]
+
+
+def test_lines_that_only_look_like_a_failure_are_never_no_failure_found(tmp_path: Path) -> None:
+    text = "step 1 loss 2.1\n[2024-05-01 03:14:07] ERROR trainer: checkpoint upload to s3 failed, giving up\n"
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.status == "suspect" and v.failed and v.confidence == "low", v.summary
+    assert v.primary is not None and "checkpoint upload" in v.primary.message
+    clean = triage([_write(tmp_path, "step 1 loss 2.1\nvalidation: 0 errors\n/x/torchvision/io/image.py:13: UserWarning: "
+                           "Failed to load image Python extension\n", "clean.log")]).verdict
+    assert clean.status == "none" and clean.summary == "no failure found"
+
+
+def test_an_oom_without_a_rank_prefix_is_put_on_the_rank_whose_peers_name_themselves(tmp_path: Path) -> None:
+    """CUDA's OOM printed without a prefix; the watchdog lines of the other ranks say who they are."""
+    text = "".join(f"[rank{r}]:[E501 03:14:{10 + r}.000000 ProcessGroupNCCL.cpp:1595] [PG 0 Rank {r}] Watchdog caught "
+                   f"collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                   f"Timeout(ms)=600000) ran for 600012 milliseconds before timing out.\n" for r in (0, 1, 3))
+    text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 2 has a total capacity of "
+            "79.15 GiB of which 1.02 GiB is free.\n") + text
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.kind == "oom" and v.primary.who.rank == 2, v.summary
+    assert v.hint is not None and "(GPU 2)" in v.hint and v.primary.cls == PRIMARY
+
+
+def test_old_style_watchdog_lines_and_a_harness_prefix(tmp_path: Path) -> None:
+    """c10d before torch 2.2 (ProcessGroupNCCL.cpp: "[E ProcessGroupNCCL.cpp:475] [Rank 3] Watchdog caught collective
+    operation timeout: WorkNCCL(..., Timeout(ms)=1800000) ran for ..."), no line prefix; the failing rank's lines
+    come through a harness that writes "<job>.<node> [stderr] " before torch's [rankN]:."""
+    watchdog = "".join(f"[E ProcessGroupNCCL.cpp:475] [Rank {r}] Watchdog caught collective operation timeout: "
+                       f"WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
+                       f"18003{r}1 milliseconds before timing out.\n" for r in (3, 1, 0))
+    culprit = ("bench-77.gpu-node-2 [stderr] [rank2]: Traceback (most recent call last):\n"
+               "bench-77.gpu-node-2 [stderr] [rank2]:   File \"train.py\", line 3, in <module>\n"
+               "bench-77.gpu-node-2 [stderr] [rank2]: RuntimeError: CUDA error: an illegal memory access was "
+               "encountered\n")
+    v = triage([_write(tmp_path, watchdog + culprit)]).verdict
+    assert v.primary is not None and (v.primary.who.rank, v.primary.who.node) == (2, "gpu-node-2"), v.summary
+    assert v.secondary and v.secondary[0]["label"] == "NCCL watchdog timeout" and v.secondary[0]["ranks"] == "0-1,3"
+
+
+def test_kubectl_time_stamps_before_the_launchers_labels(tmp_path: Path) -> None:
+    text = ("2024-05-01T03:14:05.100000000Z [default0]:step 9\n"
+            "2024-05-01T03:14:07.123456789Z [default1]:[rank1]: Traceback (most recent call last):\n"
+            "2024-05-01T03:14:07.123456789Z [default1]:[rank1]:   File \"train.py\", line 3, in <module>\n"
+            "2024-05-01T03:14:07.123456789Z [default1]:[rank1]: ValueError: bad batch\n"
+            "2024-05-01T03:14:08.000000000Z [default0]:[rank0]: RuntimeError: Connection closed by peer [10.0.0.1]:99\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 1 and v.primary.message == "ValueError: bad batch"
+    assert v.primary.time is not None and v.primary.time_source == "line"
+
+
+def test_torch_1_10_failure_summary(tmp_path: Path) -> None:
+    """torch 1.10's ChildFailedError format (torch/distributed/elastic/multiprocessing/errors/__init__.py): 'Root
+    Cause:' first, fields without padding, 'msg:' instead of 'traceback:', starred borders."""
+    text = (AGENT_LINES["torch-1.10"] + "\nTraceback (most recent call last):\n"
+            '  File "/usr/lib/python3.8/runpy.py", line 194, in _run_module_as_main\n'
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "***************************************\n              train.py FAILED           \n"
+            "=======================================\nRoot Cause:\n[0]:\n  time: 2021-11-02_10:11:12\n"
+            "  rank: 3 (local_rank: 3)\n  exitcode: 1 (pid: 4242)\n  error_file: <N/A>\n"
+            '  msg: "Process failed with exitcode 1"\n=======================================\nOther Failures:\n'
+            "  <NO_OTHER_FAILURES>\n***************************************\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 3 and v.primary.detail["exit_code"] == 1, v.summary
+
+
+def test_a_launchers_called_process_error_is_not_the_cause(tmp_path: Path) -> None:
+    """accelerate/commands/launch.py (simple_launcher) re-raises its child's exit as subprocess.CalledProcessError,
+    after the child's own traceback: the child's exception is the cause."""
+    text = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"train.py\", line 9, in <module>\n"
+            "[rank0]: KeyError: 'labels'\n"
+            "Traceback (most recent call last):\n  File \"/usr/bin/accelerate\", line 8, in <module>\n"
+            "  File \"/usr/lib/python3/site-packages/accelerate/commands/launch.py\", line 1168, in simple_launcher\n"
+            "subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']' returned non-zero exit status 1.\n")
+    r = triage([_write(tmp_path, text)])
+    assert r.verdict.primary is not None and r.verdict.primary.message == "KeyError: 'labels'", r.verdict.summary
+    assert r.launchers == ["accelerate"]
+
+
+
+def test_an_nccl_line_glued_onto_a_progress_bar(tmp_path: Path) -> None:
+    bar = "Epoch 1:  12%|█▏        | 12/100 [00:01<00:08, 10.50it/s]"
+    text = (f"{bar}gpu1:168:168 [0] misc/shmutils.cc:113 NCCL WARN Error while creating shared memory segment "
+            "/dev/shm/nccl-UbzKZ9 (size 9637888), error: No space left on device (28)\n")
+    r = triage([_write(tmp_path, text)])
+    assert r.verdict.primary is not None and r.verdict.primary.kind == "shm", r.verdict.summary
+    assert r.sources[0].repairs == ["progress bar cut off 1 line(s)"]
+
+
+def test_pdsh_node_names_select_a_nodes_lines() -> None:
+    from ml_debug.logs.triage import demux
+
+    got: list[str] = []
+    demux([str(CORPUS / "pdsh.log")], rank=None, node="n2", emit=lambda src, n, text: got.append(text))
+    assert got and got[0] == "rank 1: step 1 done (sum 2)" and "ValueError: bad batch on rank 1: shape mismatch" in got
