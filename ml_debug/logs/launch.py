@@ -56,6 +56,10 @@ class LaunchPlan:
     manifest: dict[str, Any] = field(default_factory=dict)
 
 
+# --cuda-sync: what turns an asynchronous CUDA or NCCL error into one raised where it happened
+CUDA_SYNC_ENV = {"CUDA_LAUNCH_BLOCKING": "1", "TORCH_USE_CUDA_DSA": "1", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+
+
 def short_hostname() -> str:
     """This node's name as ``hostname -s`` prints it."""
     return socket.gethostname().split(".")[0] or "localhost"
@@ -129,6 +133,8 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
         argv += ["--no-python", *trace]
     else:
         argv += [*(["-m"] if module else ["--no-python"] if no_python else []), *cmd]
+    if opts.cuda_sync:
+        env.update(CUDA_SYNC_ENV)
     if opts.flight_recorder:
         fr = node_dir / "fr"
         size = env_in.get("TORCH_FR_BUFFER_SIZE", "").strip()
@@ -142,6 +148,7 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
                 "nnodes": opts.nnodes, "nproc_per_node": opts.nproc_per_node, "command": cmd, "module": module,
                 "torchrun": argv, "prefix_template": PREFIX_TEMPLATE, "console": CONSOLE,
                 "torchelastic": TORCHELASTIC, "trace": opts.trace, "flight_recorder": opts.flight_recorder,
+                "cuda_sync": opts.cuda_sync,
                 "started": None, "ended": None, "exit_code": None}
     return LaunchPlan(argv=argv, env=env, host=host, node_dir=node_dir, manifest=manifest)
 

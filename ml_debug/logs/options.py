@@ -126,5 +126,10 @@ class LaunchJobOptions:
         help="Turn PyTorch's Flight Recorder on (TORCH_FR_BUFFER_SIZE, dumps on NCCL timeouts into "
              "LOG_DIR/<host>/fr/) and set MLDEBUG_FR_DIR, so `mldebug dump-stacks` can ask any backend's ranks "
              "for a dump (the script calls ml_debug.flight_recorder.enable()).")
+    cuda_sync: bool = option(
+        False, panel=EXTRAS,
+        help="Make asynchronous errors point at their cause: CUDA_LAUNCH_BLOCKING=1 (a failing kernel raises at its "
+             "own Python line), TORCH_USE_CUDA_DSA=1 (device-side asserts say which), TORCH_NCCL_BLOCKING_WAIT=1 (a "
+             "hung collective raises in the rank that called it). Slower: for rerunning a failure, not for training.")
     verdict: bool = option(True, flags=("--verdict/--no-verdict",), panel=EXTRAS,
                            help="When the job fails, print the `mldebug logs` verdict of this node's logs.")

@@ -320,6 +320,8 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
             summary += f"; rank{'s' if ',' in silent or '-' in silent else ''} {silent} left no failure in the logs"
             hint = (f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` while the job "
                     "runs, the Flight Recorder, or the node's kernel log (OOM killer)")
+        if any(c.kind == "watchdog" for c in causes.values()):  # NCCL's: asynchronous, raised far from the cause
+            hint = (hint + "; " if hint else "") + WATCHDOG_ADVICE
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
         return Verdict(status="secondary-only", summary=summary, basis=basis,
@@ -439,6 +441,11 @@ def _by_elimination(first: Event, causes: Iterable[Event], world_size: int | Non
 
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
+_DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
+WATCHDOG_ADVICE = ("an NCCL collective timed out: the rank that stopped issuing it is the cause. To make it raise in "
+                   "the rank that called it, rerun with TORCH_NCCL_BLOCKING_WAIT=1 (mldebug launch --cuda-sync); a "
+                   "hang at the first collective across nodes: NCCL_DEBUG=INFO shows the interface each rank chose, "
+                   "set NCCL_SOCKET_IFNAME to one they share")
 
 
 def next_step(ev: Event) -> str | None:
@@ -457,6 +464,14 @@ def next_step(ev: Event) -> str | None:
         on = f" (GPU {gpu.group(1)})" if gpu else ""
         return (f"{who}{on} ran out of memory: lower its batch or sequence length, use activation checkpointing, "
                 "or see what else holds memory on that GPU (mldebug top, nvidia-smi)")
+    if ev.kind == "cuda-error" or ev.detail.get("cause") == "cuda-error":
+        dsa = " and TORCH_USE_CUDA_DSA=1, which names the failing assert" if _DEVICE_ASSERT.search(text) else ""
+        return (f"{who}: CUDA reports a kernel's error asynchronously, at a later call: the kernel that failed ran "
+                "before the line in this traceback. Rerun with CUDA_LAUNCH_BLOCKING=1" + dsa + " (mldebug launch "
+                "--cuda-sync sets them) to raise at the failing line, or on the CPU (CUDA_VISIBLE_DEVICES=\"\") where "
+                "an out-of-range index raises at once")
+    if ev.kind == "watchdog" or "NCCL operations have failed or timed out" in text:
+        return WATCHDOG_ADVICE
     if ev.detail.get("exit_code") == -11 or "SIGSEGV" in text:
         return (f"{who} crashed in native code (SIGSEGV): its core file (mldebug core-bt) or a run with "
                 "python -X faulthandler says where")
