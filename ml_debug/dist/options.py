@@ -38,6 +38,10 @@ class LaunchOptions:
     master_port: int | None = option(None, min=1, max=65535, panel=PANEL, forward=False,
                                      help="Rendezvous port on the master (default: a free port on one node, "
                                           "29500 across nodes).")
+    max_nproc_per_node: int | None = option(
+        None, min=1, metavar="N", envvar="MLDEBUG_MAX_NPROC_PER_NODE", panel=PANEL, forward=False,
+        help="Refuse to self-launch more local ranks than this (default: what the node can run: 4 per CPU "
+             "core, and no more than fit in the available memory at 0.5 GB a rank).")
 
 
 @dataclass(frozen=True)
