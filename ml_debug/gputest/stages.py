@@ -450,6 +450,14 @@ class _Rank:
 
     def _solo(self, t_start: float) -> RankOutcome:
         first = self.rep.first_problem()
+        if first is not None and first.status == FAIL and first.name in ("device", "alloc"):
+            # this rank failed on its own, before it could meet the others: a problem found here (exit 1),
+            # not other ranks out of reach (exit 4)
+            from ml_debug.core.errors import ProblemFound
+
+            hint = ("ask for less memory (--mem-gb) or free the device" if first.name == "alloc"
+                    else "run `mldebug env` to see the devices this rank can use")
+            raise ProblemFound(f"rank {self.world.rank}: {first.name} failed: {first.detail}", hint)
         text = f"{first.name}: {first.detail}" if first else "the job's store went away"
         output.log(f"{self.world.label} gpu-test: could not reach the other ranks ({text}); "
                    "this rank's record is in --out-dir" if self.cfg.out_dir else
