@@ -14,8 +14,7 @@ import uuid
 from pathlib import Path
 
 from tests.conftest import pids_with_env, validate_schema, wait_until
-from tests.fakes import pythonpath
-from tests.fakes import faults
+from tests.fakes import faults, pythonpath
 
 MARKER = "MLDEBUG_LIFECYCLE_TEST"
 

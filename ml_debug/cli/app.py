@@ -120,7 +120,7 @@ def _ended(command: str | None, code: int, message: str, hint: str | None, **kw:
     """The one way a command ends without its own answer: the human line on stderr and, with --json, one
     error document on stdout (unless the command already printed its document)."""
     _fail(message, hint)
-    output.emit_error(command, code, message, hint, **kw)  # type: ignore[arg-type]
+    output.emit_error(command, code, message, hint, **kw)
     return code
 
 
@@ -132,8 +132,9 @@ def run(argv: list[str] | None = None) -> int:
     debug = _debug_requested(argv)
     invoked = next((a for a in argv if not a.startswith("-")), None)
     command = invoked if invoked in COMMANDS else None
-    if _json_requested(argv, invoked) and "--help" not in argv and "-h" not in argv:
-        output.configure(json=True)
+    # a fresh command: its --json as this command line asks, and no document printed yet
+    output.configure(json=_json_requested(argv, invoked) and "--help" not in argv and "-h" not in argv)
+    output.MODE.documents = 0
     if invoked in COMMANDS and invoked not in TAKES_COMMAND and "--" in argv:
         argv.remove("--")
     try:
@@ -188,7 +189,6 @@ RANK_COMMANDS = ("gpu-test", "allreduce-bench", "train")
 
 def main() -> None:
     from ml_debug.cli.worker import exit_cli
-
     from ml_debug.dist.world import is_launched
 
     lifecycle.adopt_parent_tie()  # a command that mldebug started (check's steps, drill's jobs) dies with it

@@ -102,8 +102,8 @@ def _one_document(command: str, result: LaunchResult, code: int, message: str, *
             continue
         if isinstance(doc, dict):
             docs[rank] = doc
-    reporter = min(docs, default=None)
-    doc = docs.get(reporter) if reporter is not None else None
+    reporter = min(docs, default=-1)
+    doc = docs.get(reporter)
     if doc is not None and doc.get("schema") != output.ERROR_SCHEMA and result.exit_codes.get(reporter) == code \
             and not kw:
         output.write_document(doc)

@@ -71,7 +71,7 @@ def restore(saved: dict[int, Any]) -> None:
 def _prctl() -> Callable[..., int] | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl  # type: ignore[no-any-return]
+        return libc.prctl
     except (OSError, AttributeError):  # not Linux
         return None
 

@@ -445,6 +445,9 @@ class Client:
                 doc = json.loads(line)
             except ValueError:
                 continue  # a stray line (a login banner, a warning on stdout) is not a sample
+            if isinstance(doc, dict) and doc.get("schema") == "mldebug.error":  # the agent ended, and said why
+                feed.note = f"{feed.label}: mldebug failed: {(doc.get('result') or {}).get('summary')}"
+                continue
             if not valid_sample(doc):
                 feed.note = (f"{feed.label} sent a sample this mldebug cannot read (mldebug "
                              f"{doc.get('mldebug_version') if isinstance(doc, dict) else '?'} there, {__version__} here)")
