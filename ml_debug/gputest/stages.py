@@ -123,6 +123,8 @@ class _Watchdog:
                                                    f"watchdog: {stage} did not return within {self._budget:g} s"))
                 self.writer.write(self.rep, "watchdog")
                 output.log(f"{self.label} gpu-test: {stage} hung for {self._budget:g} s; exiting (code 4)")
+                output.emit_error("gpu-test", ExitCode.PARTIAL, f"{self.label} {stage} hung for {self._budget:g} s",
+                                  "another rank is hung, slow or gone; the rank records are in --out-dir")
                 os._exit(ExitCode.PARTIAL)
 
 
