@@ -69,6 +69,7 @@ CASES = [
     (["logs", "/dev/zero"], 2, "is a character device, not a log file"),
     (["launch", "--nproc-per-node", "2", "--rdzv-endpoint", "nohostport", "--", "python", "x.py"], 2,
      "--rdzv-endpoint 'nohostport' is not HOST:PORT"),
+    (["launch", "--nproc-per-node", "100000", "--", "python", "x.py"], 2, "more ranks than this node can run"),
     (["top", "--local", "--progress-file", ""], 2, "--progress-file is empty"),
     (["top", "--local", "--progress-file", "{{rank"], 2, "an unclosed { or }"),
     (["watch", "--local", "--progress-file", ""], 2, "--progress-file is empty"),

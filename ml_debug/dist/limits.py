@@ -51,14 +51,18 @@ def node_limit() -> tuple[int, str]:
     return int(limit), why
 
 
-def check_nproc(nproc: int, override: int | None = None, flag: str = "--nproc-per-node") -> None:
+RAISE = "--max-nproc-per-node N (MLDEBUG_MAX_NPROC_PER_NODE=N)"
+
+
+def check_nproc(nproc: int, override: int | None = None, flag: str = "--nproc-per-node", raise_with: str = RAISE
+                ) -> None:
     """UsageError (exit 2) when ``nproc`` local ranks are more than this node can run; ``override`` is the
     user's own limit (--max-nproc-per-node)."""
     if override is not None:
-        limit, why = override, "--max-nproc-per-node"
+        limit, why = override, raise_with.split()[0].split("=")[0]
     else:
         limit, why = node_limit()
     if nproc > limit:
         raise UsageError(f"{flag} {nproc} is more ranks than this node can run (at most {limit}: {why})",
-                         "start fewer ranks per node, or raise the limit with --max-nproc-per-node N "
-                         "(MLDEBUG_MAX_NPROC_PER_NODE=N) if you know the node can run them")
+                         f"start fewer ranks per node, or raise the limit with {raise_with} if you know the node "
+                         "can run them")
