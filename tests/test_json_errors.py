@@ -171,3 +171,18 @@ def test_sigterm_ends_a_running_command_like_ctrl_c(argv: list[str]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_an_allocation_that_fails_is_a_problem_found_not_unreachable_ranks() -> None:
+    """`--mem-gb 1e6` fails the alloc stage before the ranks meet: exit 1 naming the allocation (it was exit 4,
+    "could not reach the other ranks"), one error document. One rank of a 1-rank world shows the rank's path."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = pythonpath(env)
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "gpu-test", "--backend", "gloo", "--device", "cpu",
+                           "--mem-gb", "1e6", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "could not reach" not in proc.stderr and "alloc failed: could not allocate 1e+06 GiB" in proc.stderr
+    doc = json.loads(proc.stdout)
+    validate_schema(doc, "error")
+    assert doc["result"]["exit_code"] == 1 and doc["result"]["error"]["kind"] == "problem"
