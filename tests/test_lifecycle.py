@@ -45,7 +45,7 @@ def _hung_gpu_test(token: str) -> subprocess.Popen[str]:
     return _start(["gpu-test", "--nproc-per-node", "2", "--device", "cpu", "--timeout", "120", "--json"], token, hang)
 
 
-def _in_all_reduce(proc: subprocess.Popen[str], token: str) -> list[int]:
+def _both_ranks_started(proc: subprocess.Popen[str], token: str) -> list[int]:
     """Both ranks started (the launcher itself and two workers carry the marker)."""
     assert proc.poll() is None, proc.communicate()
     ranks = [p for p in _ranks(token, proc.pid) if b"ml_debug.cli.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
@@ -60,7 +60,7 @@ def test_sigkill_or_sigterm_of_a_self_launcher_leaves_no_rank_alive() -> None:
     procs = {killed: _hung_gpu_test(killed), termed: _hung_gpu_test(termed)}
     try:
         for token, proc in procs.items():
-            wait_until(lambda: _in_all_reduce(proc, token), 90, "the two ranks to start")  # noqa: B023
+            wait_until(lambda: _both_ranks_started(proc, token), 90, "the two ranks to start")  # noqa: B023
         procs[killed].kill()
         procs[termed].send_signal(signal.SIGTERM)
         out, err = procs[termed].communicate(timeout=90)
