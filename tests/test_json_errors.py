@@ -37,6 +37,13 @@ def odd(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"fifo": str(d / "fifo"), "loop": str(d / "loop-a"), "key": str(d / "garbage.key"), "dir": str(d)}
 
 
+@pytest.fixture(autouse=True)
+def _output_mode_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run() in this process sets the output mode (--json): other tests in this worker see it as it was."""
+    for name in ("json", "debug", "documents"):
+        monkeypatch.setattr(output.MODE, name, getattr(output.MODE, name))
+
+
 LONG_HOST = "h" * 300
 
 # (command line, exit code, words the error says); {fifo} {loop} {key} name the odd inputs above.
