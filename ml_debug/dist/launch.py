@@ -209,6 +209,7 @@ def launch(argv: Sequence[str], spec: LaunchSpec, env: Mapping[str, str] | None 
                 result.timed_out = True
         finally:
             done.set()
+            lifecycle.restore(handlers)  # from here a signal interrupts through our handler, not torch's
         for rank in ranks:
             rc_file = os.path.join(workdir, f"rank{rank}.rc")
             if os.path.exists(rc_file):
