@@ -48,8 +48,9 @@ def test_a_timed_out_step_keeps_what_it_printed_in_out_dir(tmp_path: Path) -> No
         assert proc.returncode == 4, proc.stderr
         if (tmp_path / "started").exists():
             break
-    assert (out / "check.health.stderr").read_text().splitlines()[-1] == "stuck at the NVML hook"
-    assert (out / "check.health.json").read_text() == "printed before the hold\n"
+    said = (out / "check.health.stderr").read_text().splitlines()
+    assert "stuck at the NVML hook" in said and said[-1] == "mldebug: error: interrupted by SIGTERM"  # stopped
+    assert (out / "check.health.json").read_text().startswith("printed before the hold\n")  # then its error document
 
 
 def test_ctrl_c_reports_the_steps_done_and_keeps_the_running_ones_output(tmp_path: Path) -> None:
@@ -83,5 +84,5 @@ def test_ctrl_c_reports_the_steps_done_and_keeps_the_running_ones_output(tmp_pat
     steps = {s["name"]: s["status"] for s in doc["result"]["steps"]}
     assert steps == {"env": "pass", "gpu-test": "skipped", "health": "interrupted"}, steps
     assert not doc["result"]["ok"] and doc["result"]["exit_code"] == 130
-    assert (out / "check.env.json").exists() and (out / "check.health.json").read_text() == "printed before the hold\n"
+    assert (out / "check.env.json").exists() and (out / "check.health.json").read_text().startswith("printed before the hold\n")  # then its error document
     wait_until(lambda: not pids_with_env("MLDEBUG_CHECK_TEST", token), 10, "the check's processes to be gone")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -58,7 +59,10 @@ def test_bad_input_is_one_usage_line_and_creates_nothing(tmp_path: Path, args: t
     assert got.returncode == 2, got.stderr
     lines = got.stderr.splitlines()
     assert len(lines) == 2 and lines[0].startswith("mldebug: error: ") and lines[1].startswith("hint: "), got.stderr
-    assert got.stdout == ""
+    if "--json" in args:  # refused, and said in the one document a --json run prints
+        assert json.loads(got.stdout)["result"]["error"]["kind"] == "usage"
+    else:
+        assert got.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.py"]
 
 

@@ -74,7 +74,7 @@ def test_resolve_hosts_file_or_expression(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, words", [
     (["--hosts", "{tmp}/missing"], "does not exist"),
-    (["--hosts", "{tmp}"], "Is a directory"),
+    (["--hosts", "{tmp}"], "is a directory, not a file"),
     (["--hosts", "{tmp}/empty"], "names no host"),
     (["--hosts", "{tmp}/malformed"], "malformed:1: unknown setting"),
     (["--hosts", "node[01-"], "bad hostlist 'node[01-' at character 5: '[' is never closed"),

@@ -50,10 +50,10 @@ def allreduce_bench(cfg: BenchConfig, launch: SpawnOptions) -> int:
     cfg.validate(as_json=output.MODE.json)
     if is_launched():
         return _run_rank(cfg)
-    from ml_debug.cli.spawn import default_nproc, spawn_ranks
+    from ml_debug.cli.spawn import default_nproc, ranks_to_start, spawn_ranks
 
     nproc, gpus = default_nproc(cfg.backend, cfg.device)
-    cfg.check_world((launch.nproc_per_node or nproc) * launch.nnodes)
+    cfg.check_world(ranks_to_start(launch, gpus) * launch.nnodes)
     return spawn_ranks("allreduce-bench", [cfg], launch, gpus=gpus, rdzv_timeout_s=max(cfg.timeout, 30.0),
                        linger_s=min(cfg.timeout, 30.0) + 10)
 

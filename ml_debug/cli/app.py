@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ml_debug import __version__
-from ml_debug.core import output
+from ml_debug.core import lifecycle, output
 from ml_debug.core.errors import ExitCode, MLDebugError
 
 # command name -> the module in ml_debug/cli that registers it (in --help order). Importing a module
@@ -72,7 +72,7 @@ def _global_options(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
 ) -> None:
-    output.configure(json=json, debug=debug)
+    output.configure(json=json or None, debug=debug)  # run() may have seen --json where Typer does not yet
     if debug:  # the ranks and local agents this command starts show their tracebacks too
         os.environ["MLDEBUG_DEBUG"] = "1"
 
@@ -109,6 +109,25 @@ def _fail(message: str, hint: str | None) -> None:
     sys.stderr.flush()
 
 
+_TRUE = ("1", "true", "t", "yes", "y", "on")
+
+
+def _json_requested(argv: list[str], invoked: str | None) -> bool:
+    """--json asked for, even where the command line did not parse far enough to say so (a usage error):
+    the global or command option (not a word after `--` of exec/trace/launch, which is the program's), or
+    MLDEBUG_JSON."""
+    words = argv[:argv.index("--")] if invoked in TAKES_COMMAND and "--" in argv else argv
+    return "--json" in words or os.environ.get("MLDEBUG_JSON", "").strip().lower() in _TRUE
+
+
+def _ended(command: str | None, code: int, message: str, hint: str | None, **kw: object) -> int:
+    """The one way a command ends without its own answer: the human line on stderr and, with --json, one
+    error document on stdout (unless the command already printed its document)."""
+    _fail(message, hint)
+    output.emit_error(command, code, message, hint, **kw)
+    return code
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (tests call this; :func:`main` exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -116,6 +135,10 @@ def run(argv: list[str] | None = None) -> int:
         argv = ["--help"]
     debug = _debug_requested(argv)
     invoked = next((a for a in argv if not a.startswith("-")), None)
+    command = invoked if invoked in COMMANDS else None
+    # a fresh command: its --json as this command line asks, and no document printed yet
+    output.configure(json=_json_requested(argv, invoked) and "--help" not in argv and "-h" not in argv)
+    output.MODE.documents = 0
     if invoked in COMMANDS and invoked not in TAKES_COMMAND and "--" in argv:
         argv.remove("--")
     try:
@@ -127,23 +150,27 @@ def run(argv: list[str] | None = None) -> int:
                 return fast
         rv = build_app(argv)(args=argv, prog_name="mldebug", standalone_mode=False)
         if rv == ExitCode.INTERRUPTED:  # Typer turns a Ctrl-C inside a command into Exit(130)
-            _fail("interrupted", None)
-        return rv if isinstance(rv, int) else ExitCode.OK
+            return _interrupted(command)
+        code = rv if isinstance(rv, int) else ExitCode.OK
+        if code != ExitCode.OK and not output.MODE.documents:  # a command that ended with a code and no answer
+            if command == "trace":  # it exits with the traced program's own code
+                output.emit_error(command, code, f"the traced program exited with code {code}", kind="problem")
+            else:
+                output.emit_error(command, code, f"mldebug {command or ''} ended with exit code {code}".replace("  ", " "))
+        return code
     except MLDebugError as e:
         if debug:
             traceback.print_exc()
-        _fail(e.message, e.hint)
-        return int(e.exit_code)
+        return _ended(command, int(e.exit_code), e.message, e.hint)
     except typer.TyperException as e:  # Typer's usage errors: unknown command/option, bad value
         if debug:
             traceback.print_exc()
         ctx = getattr(e, "ctx", None)
         where = ctx.command_path if ctx is not None else "mldebug"
-        _fail(e.format_message().replace("\n", " "), f"try '{where} --help'")
-        return int(getattr(e, "exit_code", ExitCode.USAGE))
+        return _ended(command, int(getattr(e, "exit_code", ExitCode.USAGE)), e.format_message().replace("\n", " "),
+                      f"try '{where} --help'")
     except (KeyboardInterrupt, typer.Abort):
-        _fail("interrupted", None)
-        return ExitCode.INTERRUPTED
+        return _interrupted(command)
     except BrokenPipeError:
         # stdout closed early (`mldebug ... | head`): not an error worth a traceback.
         try:
@@ -154,39 +181,37 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as e:
         if debug:
             traceback.print_exc()
-            _fail(f"internal error: {type(e).__name__}: {e}", None)
-        else:
-            _fail(f"internal error: {type(e).__name__}: {e}",
-                  "run again with --debug for the traceback, and report it as a bug")
-        return ExitCode.PROBLEM
+        return _ended(command, ExitCode.PROBLEM, f"internal error: {type(e).__name__}: {e}",
+                      None if debug else "run again with --debug for the traceback, and report it as a bug",
+                      kind="internal")
 
 
-SAME_CTRL_C_S = 1.0
+def _interrupted(command: str | None) -> int:
+    sig = lifecycle.interrupting_signal()
+    message = "interrupted" if sig == "SIGINT" else f"interrupted by {sig}"
+    return _ended(command, ExitCode.INTERRUPTED, message, None, signal=sig)
 
 
-def _ctrl_c_once(_signum: int, _frame: object) -> None:
-    """Ctrl-C raises KeyboardInterrupt; a SIGINT within SAME_CTRL_C_S of it is the same Ctrl-C delivered
-    twice (`timeout -s INT` signals the process, then its group) and must not cut the answer to the
-    first one short (the partial report, the bundle's summary). A later Ctrl-C interrupts again."""
-    import time
+SAME_CTRL_C_S = lifecycle.SAME_CTRL_C_S
 
-    now = time.monotonic()
-    last, _ctrl_c_last[0] = _ctrl_c_last[0], now
-    if now - last >= SAME_CTRL_C_S:
-        raise KeyboardInterrupt
-
-
-_ctrl_c_last = [-SAME_CTRL_C_S]
+# The commands whose processes are ranks when a launcher (torchrun, srun, mpirun) started them: their
+# launcher stops them with SIGTERM, which keeps its default meaning there (gpu-test first finishes its
+# verdict, see gputest.stages).
+RANK_COMMANDS = ("gpu-test", "allreduce-bench", "train")
 
 
 def main() -> None:
     from ml_debug.cli.exits import exit_cli
+    from ml_debug.dist.world import is_launched
 
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
-        signal.signal(signal.SIGINT, _ctrl_c_once)
+    lifecycle.adopt_parent_tie()  # a command that mldebug started (check's steps, drill's jobs) dies with it
+    invoked = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    lifecycle.install(terminate=not (invoked in RANK_COMMANDS and is_launched()))
     code = run()
     if code == ExitCode.INTERRUPTED:
         # Ctrl-C has been answered; a second one (`timeout -s INT` signals the process and its group)
         # must not break Python's exit, which joins worker threads, into a traceback.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
     exit_cli(code)

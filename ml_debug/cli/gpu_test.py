@@ -54,6 +54,9 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
     wants_cpu = cfg.device == "cpu" or (cfg.backend == "gloo" and cfg.device == "auto")
     gpus = 0 if wants_cpu else visible_gpus()
     choose_device(detect_world(), cfg.device, cfg.backend, gpu_count=gpus)  # bad options fail here, not in N ranks
+    from ml_debug.cli.spawn import ranks_to_start
+
+    nproc = ranks_to_start(launch, gpus)  # a count the node cannot run is refused before anything starts
     if cfg.out_dir is not None:  # likewise a --out-dir that cannot be made (and checked to be ours)
         from ml_debug.core import safefs
 
@@ -61,7 +64,7 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
     run_timeout = cfg.init_timeout * 2 + (cfg.timeout_s + 5) * 8 + 60
     rdzv = max(30.0, cfg.init_timeout)
     if cfg.isolate:
-        return _isolate(cfg, launch.nproc_per_node or (gpus or 2), gpus, rdzv, run_timeout)
+        return _isolate(cfg, nproc, gpus, rdzv, run_timeout)
     from ml_debug.cli.spawn import spawn_ranks
 
     return spawn_ranks("gpu-test", [cfg], launch, gpus=gpus, rdzv_timeout_s=rdzv if launch.nnodes > 1 else 30.0,

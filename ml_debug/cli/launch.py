@@ -43,6 +43,14 @@ def launch(opts: LaunchJobOptions) -> int:
     from ml_debug.core.errors import UsageError
     from ml_debug.logs.launch import CONSOLE, plan, prepare, run
 
+    if opts.nproc_per_node.isdigit():  # a rank count the node cannot run is refused before torchrun starts
+        import os
+
+        from ml_debug.dist.limits import check_nproc
+
+        limit = os.environ.get("MLDEBUG_MAX_NPROC_PER_NODE", "").strip()
+        check_nproc(int(opts.nproc_per_node), int(limit) if limit.isdigit() and int(limit) > 0 else None,
+                    raise_with="MLDEBUG_MAX_NPROC_PER_NODE=N")
     if output.MODE.json:  # accepted like every command's --json, it was ignored: say so before the job runs
         raise UsageError("mldebug launch prints no JSON document: its stdout is the ranks' own output",
                          "run the job without --json, then read it as JSON: mldebug logs --json LOG_DIR")

@@ -8,12 +8,15 @@ are reached the same way, by :func:`ml_debug.remote.runner.on_every_node`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.options import to_argv
 from ml_debug.dist.options import SpawnOptions
+
+if TYPE_CHECKING:
+    from ml_debug.dist.spawn import SpawnResult
 
 
 def forward_argv(command: str, *configs: Any, extra: Sequence[str] = ()) -> list[str]:
@@ -44,27 +47,84 @@ def spawn_ranks(command: str, configs: Sequence[Any], launch: SpawnOptions, *, g
 
     Rank 0 prints the verdict. A rank killed or stopped is named on stderr, and the run is partial.
     """
-    from ml_debug.dist.spawn import SpawnSpec
+    from ml_debug.core import lifecycle
+    from ml_debug.dist.spawn import SpawnInterrupted, SpawnSpec
     from ml_debug.dist.spawn import spawn as run_ranks
 
-    nproc = launch.nproc_per_node or (gpus or 2)
+    nproc = ranks_to_start(launch, gpus)
     spec = SpawnSpec(nproc, nnodes=launch.nnodes, node_rank=launch.node_rank, master_addr=launch.master_addr,
                       master_port=launch.master_port, rdzv_timeout_s=rdzv_timeout_s, run_timeout_s=run_timeout_s,
                       linger_s=linger_s, cpu_ranks=not gpus)
-    result = run_ranks(forward_argv(command, *configs, extra=extra), spec)
+    try:
+        result = run_ranks(forward_argv(command, *configs, extra=extra), spec)
+    except SpawnInterrupted as e:
+        sig = lifecycle.interrupting_signal()
+        _one_document(command, e.result, ExitCode.INTERRUPTED,
+                      "interrupted" if sig == "SIGINT" else f"interrupted by {sig}", signal=sig)
+        raise
+    said: list[str] = []
+
+    def warn(message: str) -> None:
+        said.append(message)
+        output.warn(message)
+
     if result.stopped:
         ranks = ", ".join(map(str, result.stopped))
-        output.warn(f"rank{'s' if len(result.stopped) > 1 else ''} {ranks} still running {linger_s:g} s after "
-                    "another rank finished: stopped (hung?)")
+        warn(f"rank{'s' if len(result.stopped) > 1 else ''} {ranks} still running {linger_s:g} s after "
+             "another rank finished: stopped (hung?)")
     if result.timed_out and run_timeout_s:
-        output.warn(f"{command} ranks did not finish within {run_timeout_s:g} s; they were stopped")
+        warn(f"{command} ranks did not finish within {run_timeout_s:g} s; they were stopped")
     code = result.code
     if code == ExitCode.PARTIAL:
         killed = sorted(r for r, c in result.exit_codes.items() if c < 0 and r not in result.stopped)
         if killed:
-            output.warn(f"some ranks did not finish (killed or crashed: {killed})")
+            warn(f"some ranks did not finish (killed or crashed: {killed})")
     elif code == ExitCode.OK and any(c != 0 for c in result.exit_codes.values()):
         bad = {r: c for r, c in result.exit_codes.items() if c != 0}
-        output.warn(f"rank 0 finished but other ranks failed: {bad}")
+        warn(f"rank 0 finished but other ranks failed: {bad}")
         code = ExitCode.PROBLEM
+    _one_document(command, result, int(code), "; ".join(said) or f"{command} ranks ended with exit code {code}")
     return int(code)
+
+
+def _one_document(command: str, result: SpawnResult, code: int, message: str, **kw: Any) -> None:
+    """With --json, print the run's one document: the reporting rank's own when its verdict is the run's,
+    else an error document that says why, with that rank's document (if any) as the partial result."""
+    import json
+
+    if not output.MODE.json or output.MODE.documents:
+        return
+    docs: dict[int, dict[str, Any]] = {}
+    for rank, text in sorted(result.documents.items()):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            docs[rank] = doc
+    reporter = min(docs, default=-1)
+    doc = docs.get(reporter)
+    if doc is not None and doc.get("schema") != output.ERROR_SCHEMA and result.exit_codes.get(reporter) == code \
+            and not kw:
+        output.write_document(doc)
+        return
+    if code == ExitCode.OK:  # another node's rank 0 reports; this node's ranks all succeeded
+        return
+    errors = {r: d.get("result", {}).get("summary") for r, d in docs.items() if d.get("schema") == output.ERROR_SCHEMA}
+    if doc is not None and doc.get("schema") == output.ERROR_SCHEMA and not kw and code == result.exit_codes.get(reporter):
+        output.write_document(doc)  # the reporting rank's own error (a bad option, a failed collective)
+        return
+    partial = doc if doc is not None and doc.get("schema") != output.ERROR_SCHEMA else None
+    output.emit_error(command, code, message, None, partial=partial,
+                      details={"rank_exit_codes": result.exit_codes, "stopped_ranks": result.stopped,
+                               "timed_out": result.timed_out, "rank_errors": errors}, **kw)
+
+
+def ranks_to_start(launch: SpawnOptions, gpus: int) -> int:
+    """How many local ranks to start: --nproc-per-node, or one per GPU (2 CPU ranks without one), refused
+    (exit 2, before anything starts) above what this node can run (see :func:`ml_debug.dist.limits.check_nproc`)."""
+    from ml_debug.dist.limits import check_nproc
+
+    nproc = launch.nproc_per_node or (gpus or 2)
+    check_nproc(nproc, launch.max_nproc_per_node)
+    return nproc

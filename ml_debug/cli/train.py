@@ -38,6 +38,10 @@ def train(cfg: TrainConfig, launch: SpawnOptions) -> int:
 
     # Every option is checked before any rank starts (ranks are checked again, knowing the world).
     launching = launch.nproc_per_node is not None and not is_launched()
+    if launching:
+        from ml_debug.dist.limits import check_nproc
+
+        check_nproc(launch.nproc_per_node or 1, launch.max_nproc_per_node)
     cfg.validate(world_size=(launch.nproc_per_node or 1) * launch.nnodes if launching else 1 << 30)
     if not launching:
         return _run_rank(cfg)

@@ -42,4 +42,7 @@ def train_main() -> NoReturn:
 
 
 if __name__ == "__main__":
+    from ml_debug.core.lifecycle import adopt_parent_tie
+
+    adopt_parent_tie()  # the launcher set it: this rank dies with it, even when it is SIGKILLed
     finish(run_rank(sys.argv[1:]))

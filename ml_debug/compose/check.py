@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ml_debug.core import output
+from ml_debug.core import lifecycle, output
 from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
 
@@ -123,7 +123,7 @@ def run_step(step: Step, timeout_s: float | None = None, out_dir: Path | None = 
     argv = [sys.executable, "-m", "ml_debug", *step.argv, "--json"]
     shown = "mldebug " + " ".join([*step.argv, "--json"])
     limit = timeout_s or step.timeout_s
-    env = {**os.environ, "MLDEBUG_JSON": "0"}
+    env = {**os.environ, "MLDEBUG_JSON": "0", **lifecycle.child_env()}  # the step dies with check, even SIGKILLed
     env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

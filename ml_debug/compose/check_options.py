@@ -26,6 +26,9 @@ class CheckOptions:
         from ml_debug.compose.check import DEFAULT_STEPS
 
         names = [s.name for s in DEFAULT_STEPS]
+        for word in self.skip:  # an empty word (an unset shell variable) or commas alone would skip nothing
+            if not [n for n in word.split(",") if n.strip()]:
+                raise UsageError(f"--skip {word!r} names no step", f"steps: {','.join(names)}")
         skipped = [n.strip() for word in self.skip for n in word.split(",") if n.strip()]
         for name in skipped:
             if name not in names:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import stat
 import types
 import typing
 from collections.abc import Callable
@@ -185,9 +186,32 @@ def parse_out_dir(word: str) -> Path:
     if not word.strip():
         raise UsageError("--out-dir is empty", "give a directory (made when missing), e.g. --out-dir results/")
     path = Path(word)
-    if path.exists() and not path.is_dir():
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return path  # made when the command starts
+    except OSError as e:  # a loop of links, a name too long, a part of the path that is a file
+        raise UsageError(f"--out-dir {word}: {e.strerror}", "name a directory (made when missing)") from None
+    if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"--out-dir {word} is not a directory", "name a directory (made when missing)")
+    _probe_write(path, word)
     return path
+
+
+def _probe_write(path: Path, word: str) -> None:
+    """A directory that exists but takes no new file (/proc/self, a read-only mount): said now, before the
+    command runs, rather than as an internal error when its first result is written."""
+    import tempfile
+
+    from ml_debug.core.errors import UsageError
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".mldebug-probe-", dir=path)
+    except OSError as e:
+        raise UsageError(f"--out-dir {word}: cannot create a file there ({e.strerror or e})",
+                         "name a directory you can write (made when missing)") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def output_file(flag: str, path: str | os.PathLike[str]) -> None:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 class Mode:
     json: bool = False
     debug: bool = False
+    documents: int = 0
+    """JSON documents written so far: the top-level handler adds an error document only where there is none."""
 
 
 MODE = Mode()
@@ -103,13 +105,73 @@ def emit(
     """Write one command's result to stdout: the JSON document (with --json), or the human view."""
     try:
         if MODE.json:
-            sys.stdout.write(dumps(document(schema, version, result, environment)) + "\n")
-            sys.stdout.flush()
+            write_document(document(schema, version, result, environment))
         elif human is not None:
             human(stdout_console())
             sys.stdout.flush()  # out before any launcher can stop this process (torchrun's SIGTERM)
     except BrokenPipeError:
         reader_gone()
+
+
+def rank_document_path() -> str | None:
+    """Where a self-launched rank puts its JSON document: its launcher prints one document for the whole
+    run (the rank's, or one that says why there is none), so a script gets exactly one."""
+    launch_dir = os.environ.get("MLDEBUG_LAUNCH_DIR")
+    rank = os.environ.get("RANK")
+    return os.path.join(launch_dir, f"rank{rank}.json") if launch_dir and rank and rank.isdigit() else None
+
+
+def write_document(doc: Mapping[str, Any], *, compact: bool = False) -> None:
+    """Write one JSON document: to stdout, or in a self-launched rank to the file its launcher reads."""
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=False) if compact else dumps(doc)
+    MODE.documents += 1
+    path = rank_document_path()
+    if path is not None:
+        with open(path + ".tmp", "w") as fh:
+            fh.write(text + "\n")
+        os.replace(path + ".tmp", path)
+        return
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+ERROR_SCHEMA = "mldebug.error"
+ERROR_SCHEMA_VERSION = 1
+ERROR_KINDS = {1: "problem", 2: "usage", 3: "environment", 4: "partial", 130: "interrupted"}
+
+
+def error_result(command: str | None, exit_code: int, message: str, hint: str | None = None, *,
+                 kind: str | None = None, signal: str | None = None, partial: Any = None,
+                 details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The result of a command that ended without its own document: a usage error, an internal error, an
+    interrupt (see ml_debug/schemas/error.json). ``partial`` is what the command had gathered (its own
+    document when there is one)."""
+    return {
+        "ok": False,
+        "summary": message,
+        "command": command,
+        "exit_code": int(exit_code),
+        "error": {"kind": kind or ERROR_KINDS.get(int(exit_code), "problem"), "message": message, "hint": hint,
+                  "signal": signal},
+        "partial": to_jsonable(partial),
+        "details": to_jsonable(dict(details or {})),
+    }
+
+
+def emit_error(command: str | None, exit_code: int, message: str, hint: str | None = None, **kw: Any) -> None:
+    """With --json, the one document of a run that printed none: ``result.ok`` false, the error, the exit code.
+    A rank of a job started by torchrun/srun/mpirun other than rank 0 leaves it to rank 0 (one document per
+    job); the human line is on stderr either way."""
+    if not MODE.json or MODE.documents:
+        return
+    rank = os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
+    if rank_document_path() is None and rank not in (None, "", "0"):
+        return
+    try:
+        write_document(document(ERROR_SCHEMA, ERROR_SCHEMA_VERSION,
+                                error_result(command, exit_code, message, hint, **kw)))
+    except (BrokenPipeError, OSError):
+        pass
 
 
 def reader_gone() -> None:

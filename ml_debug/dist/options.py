@@ -38,6 +38,10 @@ class SpawnOptions:
     master_port: int | None = option(None, min=1, max=65535, panel=PANEL, forward=False,
                                      help="Rendezvous port on the master (default: a free port on one node, "
                                           "29500 across nodes).")
+    max_nproc_per_node: int | None = option(
+        None, min=1, metavar="N", envvar="MLDEBUG_MAX_NPROC_PER_NODE", panel=PANEL, forward=False,
+        help="Refuse to self-launch more local ranks than this (default: what the node can run: 4 per CPU "
+             "core, and no more than fit in the available memory at 0.5 GB a rank).")
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,35 @@ class OptInSpawnOptions(SpawnOptions):
     nproc_per_node: int | None = _nproc_per_node("none: one plain process, no ranks")
 
 
+def parse_backend(word: str) -> str:
+    """--backend: auto, nccl or gloo; an empty word (an unset shell variable) is refused, not read as auto."""
+    from ml_debug.core.errors import UsageError
+
+    value = word.strip().lower()
+    if value not in ("auto", "nccl", "gloo"):
+        raise UsageError(f"--backend {word!r} is not a backend" if value else "--backend is empty",
+                         "use --backend auto, nccl or gloo")
+    return value
+
+
+def parse_device(word: str) -> str:
+    """--device: auto, cpu, cuda or cuda:N; an empty word is refused, not read as auto."""
+    from ml_debug.core.errors import UsageError
+
+    value = word.strip().lower()
+    if value not in ("auto", "cpu", "cuda") and not (value.startswith("cuda:") and value[5:].isdigit()):
+        raise UsageError(f"--device {word!r} is not a device" if value else "--device is empty",
+                         "use --device auto, cpu, cuda or cuda:N")
+    return value
+
+
 def backend_option() -> Any:
     """The ``--backend`` field of a command configuration."""
-    return option("auto", envvar="MLDEBUG_BACKEND", panel=PANEL,
+    return option("auto", envvar="MLDEBUG_BACKEND", panel=PANEL, parse=parse_backend,
                   help="Process-group backend: auto (nccl with a GPU, else gloo), nccl or gloo.")
 
 
 def device_option() -> Any:
     """The ``--device`` field of a command configuration."""
-    return option("auto", envvar="MLDEBUG_DEVICE", panel=PANEL,
+    return option("auto", envvar="MLDEBUG_DEVICE", panel=PANEL, parse=parse_device,
                   help="auto (cuda:<local rank> with a GPU, else cpu), cpu, cuda or cuda:N.")

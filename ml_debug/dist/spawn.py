@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ml_debug.core import lifecycle
 from ml_debug.core.errors import ExitCode, UsageError
 
 WORKER_MODULE = "ml_debug.cli.worker"  # each rank runs the CLI through this entry point (named, not imported)
@@ -49,6 +50,8 @@ class SpawnResult:
     timed_out: bool = False
     stopped: list[int] = field(default_factory=list)
     """Ranks still running ``linger_s`` after another rank finished, which the launcher stopped."""
+    documents: dict[int, str] = field(default_factory=dict)
+    """The JSON document each rank wrote (--json), by global rank: the launcher prints one for the run."""
 
     @property
     def code(self) -> int:
@@ -59,6 +62,14 @@ class SpawnResult:
             return self.exit_codes[0] if self.exit_codes[0] >= 0 else ExitCode.PARTIAL
         codes = list(self.exit_codes.values())
         return ExitCode.PARTIAL if min(codes) < 0 else max(codes)
+
+
+class SpawnInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the ranks; what they had written is in ``result``."""
+
+    def __init__(self, result: SpawnResult) -> None:
+        super().__init__()
+        self.result = result
 
 
 WORKDIR_PREFIX = "mldebug-launch-"
@@ -150,6 +161,7 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
     port = spec.master_port or (free_port() if spec.nnodes == 1 else 29500)
     workdir = _workdir()
     saved = dict(os.environ)
+    handlers = lifecycle.handlers()  # torch's agent installs its own for the launch
     timer: threading.Timer | None = None
     result = SpawnResult()
     try:
@@ -157,6 +169,9 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
         if spec.cpu_ranks:
             os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.update(env or {})
+        # a rank dies with this process, even when it is SIGKILLed (on a GPU node a rank left running holds
+        # its GPU); SIGKILL, because a rank may be stuck where no SIGTERM handler runs
+        os.environ.update(lifecycle.child_env(signal.SIGKILL))
         config = LaunchConfig(
             min_nodes=spec.nnodes, max_nodes=spec.nnodes, nproc_per_node=spec.nproc_per_node,
             run_id=f"mldebug-{port}" if spec.nnodes > 1 else f"mldebug-{uuid.uuid4().hex[:12]}",
@@ -179,17 +194,22 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
         threading.Thread(target=_stop_stragglers, args=(workdir, ranks, spec.linger_s, result, done),
                          daemon=True, name="mldebug-linger").start()
         failures: dict[int, int] = {}
+        interrupted = False
         try:
             elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE, *argv)
         except ChildFailedError as e:
             failures = {int(r): int(f.exitcode) for r, f in e.failures.items()}
         except SignalException as e:
-            if not result.timed_out and not result.stopped and e.sigval == signal.SIGINT:
-                raise KeyboardInterrupt from e
-            if not result.stopped:
+            # torch's agent caught the signal and stopped the ranks; one from outside (Ctrl-C, kill, timeout,
+            # scancel) interrupts the command like Ctrl-C, see docs/conventions.md
+            if not result.timed_out and not result.stopped:
+                lifecycle.note(e.sigval)
+                interrupted = True
+            elif not result.stopped:
                 result.timed_out = True
         finally:
             done.set()
+            lifecycle.restore(handlers)  # from here a signal interrupts through our handler, not torch's
         for rank in ranks:
             rc_file = os.path.join(workdir, f"rank{rank}.rc")
             if os.path.exists(rc_file):
@@ -197,8 +217,16 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
                     result.exit_codes[rank] = int(fh.read().strip() or ExitCode.PROBLEM)
             else:
                 result.exit_codes[rank] = failures.get(rank, KILLED)
+            try:
+                with open(os.path.join(workdir, f"rank{rank}.json")) as fh:
+                    result.documents[rank] = fh.read()
+            except OSError:
+                pass
+        if interrupted:
+            raise SpawnInterrupted(result)
         return result
     finally:
+        lifecycle.restore(handlers)
         if timer is not None:
             timer.cancel()
         os.environ.clear()

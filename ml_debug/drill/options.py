@@ -14,6 +14,14 @@ DRILLS = ("hang", "straggler", "crash", "segfault", "nan", "desync", "exit", "mi
 """Every drill, in the order they run."""
 
 
+def parse_partition(word: str) -> str:
+    """--slurm-partition: a partition's name; an empty word (an unset shell variable) would run on this node."""
+    if not word.strip():
+        raise UsageError("--slurm-partition is empty", "name a partition (sinfo lists them), or leave the option "
+                                                       "out to run the drills on this node")
+    return word.strip()
+
+
 def parse_only(text: str) -> tuple[str, ...]:
     """``hang,crash`` -> ("hang", "crash"), in the catalogue's order; an unknown name is a usage error."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -39,7 +47,7 @@ class DrillOptions:
     out_dir: Path | None = option(None, parse=parse_out_dir, metavar="DIR",
                                   help="Where each drill keeps its evidence (job logs, the diagnosis' JSON) "
                                        "(default: ./mldebug-drill-<time>/).")
-    slurm_partition: str | None = option(None, metavar="P", panel=SLURM,
+    slurm_partition: str | None = option(None, metavar="P", panel=SLURM, parse=parse_partition,
                                          help="Run each drill as a Slurm batch job in partition P (over --slurm-nodes "
                                               "nodes) instead of on this node; --out-dir must be on a file system "
                                               "every node shares.")

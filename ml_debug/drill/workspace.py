@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ml_debug.core import lifecycle
 from ml_debug.procs.tree import pids_with_env
 
 TOKEN_VAR = "MLDEBUG_DRILL_TOKEN"
@@ -85,9 +86,11 @@ class Workspace:
     def start(self, argv: Sequence[str], log: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start ``mldebug <argv>`` (or a full command line when argv[0] is a path) in the background."""
         full = list(argv) if os.path.isabs(argv[0]) else [sys.executable, "-m", "ml_debug", *argv]
+        # an mldebug job dies with the drill, even a SIGKILLed one (only mldebug itself reads the tie)
+        tie = lifecycle.child_env() if full[:3] == [sys.executable, "-m", "ml_debug"] else {}
         with open(self.dir / log, "wb") as out:
             proc = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=self.env(extra_env), cwd=self.dir, start_new_session=True)
+                                    env=self.env({**(extra_env or {}), **tie}), cwd=self.dir, start_new_session=True)
         self.jobs.append(proc)
         return proc
 
@@ -110,7 +113,8 @@ class Workspace:
         t0 = time.monotonic()
         try:
             proc = subprocess.run([sys.executable, "-m", "ml_debug", *argv, "--json"], capture_output=True, text=True,
-                                  env=self.env(extra_env), cwd=self.dir, timeout=max(1.0, min(limit_s, self.left())),
+                                  env=self.env({**(extra_env or {}), **lifecycle.child_env()}), cwd=self.dir,
+                                  timeout=max(1.0, min(limit_s, self.left())),
                                   start_new_session=True)
         except subprocess.TimeoutExpired:
             raise DrillError(f"`mldebug {' '.join(argv)}` did not finish in time") from None

@@ -123,6 +123,8 @@ class _Watchdog:
                                                    f"watchdog: {stage} did not return within {self._budget:g} s"))
                 self.writer.write(self.rep, "watchdog")
                 output.log(f"{self.label} gpu-test: {stage} hung for {self._budget:g} s; exiting (code 4)")
+                output.emit_error("gpu-test", ExitCode.PARTIAL, f"{self.label} {stage} hung for {self._budget:g} s",
+                                  "another rank is hung, slow or gone; the rank records are in --out-dir")
                 os._exit(ExitCode.PARTIAL)
 
 
@@ -450,6 +452,14 @@ class _Rank:
 
     def _solo(self, t_start: float) -> RankOutcome:
         first = self.rep.first_problem()
+        if first is not None and first.status == FAIL and first.name in ("device", "alloc"):
+            # this rank failed on its own, before it could meet the others: a problem found here (exit 1),
+            # not other ranks out of reach (exit 4)
+            from ml_debug.core.errors import ProblemFound
+
+            hint = ("ask for less memory (--mem-gb) or free the device" if first.name == "alloc"
+                    else "run `mldebug env` to see the devices this rank can use")
+            raise ProblemFound(f"rank {self.world.rank}: {first.name} failed: {first.detail}", hint)
         text = f"{first.name}: {first.detail}" if first else "the job's store went away"
         output.log(f"{self.world.label} gpu-test: could not reach the other ranks ({text}); "
                    "this rank's record is in --out-dir" if self.cfg.out_dir else

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ml_debug.core import lifecycle
 from ml_debug.core.errors import ExitCode, UsageError
 from ml_debug.logs.options import LaunchJobOptions
 from ml_debug.logs.sources import LAUNCH_MANIFEST, LAUNCH_SCHEMA
@@ -226,8 +227,9 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
     code: int = ExitCode.PROBLEM
     with open(p.node_dir / CONSOLE, "ab") as log:
         try:
+            # torchrun gets SIGTERM (and stops its ranks) when this process dies, even by SIGKILL
             proc = subprocess.Popen(p.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, preexec_fn=lifecycle.tie_to_this_process(signal.SIGTERM))
         except OSError as e:
             raise UsageError(f"cannot start torchrun: {e}", "is torch installed in this Python?") from e
         assert proc.stdout is not None and proc.stderr is not None
@@ -252,12 +254,25 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
                     _stop(proc)
                     deadline = None
             except KeyboardInterrupt:
-                # the terminal's SIGINT reached torchrun too (same process group): let it stop its ranks
+                # the terminal's SIGINT reached torchrun too (same process group): let it stop its ranks; a
+                # SIGTERM (kill, timeout, scancel) is passed on. Further signals wait for the stop to end.
                 interrupted = True
+                sig = getattr(signal, lifecycle.interrupting_signal())
+                saved = lifecycle.handlers()
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 try:
-                    proc.wait(STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    _stop(proc)
+                    if sig != signal.SIGINT:
+                        with contextlib.suppress(ProcessLookupError):
+                            proc.send_signal(sig)
+                    try:
+                        proc.wait(STOP_GRACE_S)
+                    except subprocess.TimeoutExpired:
+                        _stop(proc)
+                finally:
+                    lifecycle.restore(saved)
+                rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+                break
         for t in pumps:
             t.join(10)
         code = ExitCode.INTERRUPTED if interrupted else (rc if rc >= 0 else 128 - rc)

@@ -49,6 +49,16 @@ def parse_nnodes(word: str) -> str:
     return ":".join(map(str, parts))
 
 
+def parse_rdzv_endpoint(word: str) -> str:
+    """torchrun's --rdzv-endpoint: HOST:PORT (torchrun fails with a traceback, after the log directory was made,
+    on a host it cannot resolve or a port that is no number)."""
+    host, sep, port = word.strip().rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--rdzv-endpoint {word!r} is not HOST:PORT",
+                         "e.g. --rdzv-endpoint $MASTER_ADDR:29500 (the host of the rendezvous and a free port)")
+    return word.strip()
+
+
 def parse_log_dir(word: str) -> Path:
     """--log-dir: a directory; an empty word (an unset shell variable) would put the logs in the current one."""
     if not word.strip():
@@ -95,7 +105,7 @@ class LaunchJobOptions:
     master_addr: str | None = option(None, panel=TORCHRUN, help="torchrun's --master-addr (static rendezvous).")
     master_port: int | None = option(None, min=1, max=65535, panel=TORCHRUN, help="torchrun's --master-port.")
     rdzv_backend: str | None = option(None, panel=TORCHRUN, help="torchrun's --rdzv-backend (e.g. c10d).")
-    rdzv_endpoint: str | None = option(None, metavar="HOST:PORT", panel=TORCHRUN,
+    rdzv_endpoint: str | None = option(None, metavar="HOST:PORT", panel=TORCHRUN, parse=parse_rdzv_endpoint,
                                        help="torchrun's --rdzv-endpoint.")
     rdzv_id: str | None = option(None, panel=TORCHRUN, help="torchrun's --rdzv-id (e.g. $SLURM_JOB_ID).")
     standalone: bool = option(False, panel=TORCHRUN,

@@ -69,19 +69,65 @@ class Gunzip:
         return b"".join(parts)
 
 
+MAX_SOURCE_BYTES = 64 << 30
+"""The most one source is read (decompressed): a stream that never ends (`yes | mldebug logs -`) or a file
+that grows as fast as it is read stops here, and the source says it was cut."""
+
+
+class Capped:
+    """At most MAX_SOURCE_BYTES of a stream; past that ``src.cut`` says how much was read."""
+
+    def __init__(self, f: IO[bytes], src: Source, limit: int = MAX_SOURCE_BYTES) -> None:
+        self._f, self._src, self._left, self._limit = f, src, limit, limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self._left <= 0:
+            if self._f.read(1):
+                self._src.cut = (f"only its first {self._limit >> 30} GiB were read, the most one source may hold "
+                                 "(MAX_SOURCE_BYTES)")
+            return b""
+        if size < 0:  # everything: in blocks (one read of the whole budget would allocate it)
+            return b"".join(iter(lambda: self.read(BLOCK), b""))
+        data = self._f.read(min(size, self._left))
+        self._left -= len(data)
+        return data
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+
+def _open_regular(path: str) -> IO[bytes]:
+    """A log file opened without waiting (O_NONBLOCK: a FIFO put in its place is refused, not waited on)."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return open(fd, "rb", buffering=0)  # whole blocks are read: no second buffer
+
+
 @contextmanager
 def opened(src: Source) -> Iterator[IO[bytes]]:
-    """The source as a binary stream (gzip decompressed, up to any damage; standard input for ``-``)."""
+    """The source as a binary stream (gzip decompressed, up to any damage; standard input for ``-``), at most
+    MAX_SOURCE_BYTES of it."""
     if src.stdin:
-        yield sys.stdin.buffer
+        yield Capped(sys.stdin.buffer, src)  # type: ignore[misc]
         return
     if src.gz:
         src.cut = None
-        with gzip.open(src.path, "rb") as f:
-            yield Gunzip(f, src)  # type: ignore[misc]
+        with _open_regular(src.path) as raw, gzip.open(raw, "rb") as f:
+            yield Capped(Gunzip(f, src), src)  # type: ignore[arg-type, misc]
         return
-    with open(src.path, "rb", buffering=0) as f:  # whole blocks are read: no second buffer
-        yield f
+    with _open_regular(src.path) as f:
+        yield Capped(f, src)  # type: ignore[misc]
 
 
 def _candidates(block: bytes, end: int) -> list[int]:

@@ -29,6 +29,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ml_debug.core.errors import UsageError
 from ml_debug.logs.model import Who
 
 LAUNCH_MANIFEST = "launch.json"
@@ -156,7 +157,12 @@ def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
     if stat.S_ISDIR(st.st_mode):
         _walk(path, out, add)
         return
-    if not explicit and not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode):
+        if explicit:  # a FIFO waits forever for a writer, /dev/zero never ends: refused before reading anything
+            from ml_debug.core.inputs import what_it_is
+
+            raise UsageError(f"{path} is {what_it_is(st.st_mode)}, not a log file",
+                             "give log files or directories (or - for standard input: `cat FIFO | mldebug logs -`)")
         out.skipped.append({"path": path, "reason": "not a regular file"})
         return
     node = None

@@ -6,6 +6,8 @@ how to get there. :meth:`TargetOptions.resolve` turns them into a :class:`Target
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,10 +74,19 @@ class TargetOptions:
 FILE_SUFFIXES = (".txt", ".hosts", ".list", ".lst", ".cfg", ".conf", ".ini")
 
 
+MAX_SSH_FILE_BYTES = 1 << 20
+"""The most an ssh config or a private key may hold (a key is a few KiB)."""
+
+
 def looks_like_path(value: str) -> bool:
     """A --hosts value that names a file rather than hosts (a hostlist never holds '/' or '~')."""
-    return ("/" in value or value.startswith(("~", ".")) or value.lower().endswith(FILE_SUFFIXES)
-            or "hostfile" in value.lower() or Path(value).is_file())
+    if "/" in value or value.startswith(("~", ".")) or value.lower().endswith(FILE_SUFFIXES) \
+            or "hostfile" in value.lower():
+        return True
+    try:  # a file here, or a FIFO or device that the hostfile reader refuses (a directory is no hostfile)
+        return not stat.S_ISDIR(os.stat(value).st_mode)
+    except (OSError, ValueError):  # none, or a name too long: a host name then, which the hostlist check judges
+        return False
 
 
 def resolve_targets(
@@ -106,12 +117,16 @@ def resolve_targets(
     common = dict(ssh_config=ssh_config, identities=list(identity or []),
                   insecure_no_host_key_check=insecure_no_host_key_check, connect_timeout_s=connect_timeout,
                   remote_python=remote_python, remote_prefix=remote_prefix, max_parallel=max_parallel)
-    if ssh_config is not None and not ssh_config.expanduser().is_file():
-        raise UsageError(f"ssh config {str(ssh_config)!r} does not exist",
-                         "--ssh-config takes an ssh_config file like ~/.ssh/config")
+    from ml_debug.core.inputs import read_regular
+
+    if ssh_config is not None and str(ssh_config) != os.devnull:  # `-F /dev/null`: no config, as with ssh
+        read_regular(ssh_config.expanduser(), "ssh config", MAX_SSH_FILE_BYTES,
+                     "--ssh-config takes an ssh_config file like ~/.ssh/config")
     for key in identity or []:
-        if not key.expanduser().is_file():
-            raise UsageError(f"identity file {str(key)!r} does not exist", "--identity takes a private key file")
+        hint = "--identity takes a private key file (e.g. ~/.ssh/id_ed25519, not the .pub)"
+        if b"PRIVATE KEY-----" not in read_regular(key.expanduser(), "identity file", MAX_SSH_FILE_BYTES, hint):
+            raise UsageError(f"identity file {str(key)!r} is not a private key (no '-----BEGIN ... PRIVATE "
+                             "KEY-----' line)", hint)
     if hosts is not None:
         value = hosts.strip()
         if not value:

@@ -280,6 +280,10 @@ def to_agent_result(r: NodeResult, local: bool = False) -> AgentResult:
     if document is None:
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
         return AgentResult(node=r, document=None, error=f"mldebug printed no JSON document ({tail})")
+    if document is not None and document.get("schema") == "mldebug.error":  # it ended without its answer: why
+        said = document.get("result")
+        why = said.get("summary") if isinstance(said, dict) else None
+        return AgentResult(node=r, document=None, error=f"mldebug failed: {why or 'no reason given'}")
     return AgentResult(node=r, document=document, error=None)
 
 

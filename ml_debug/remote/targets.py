@@ -134,16 +134,22 @@ def parse_target(word: str, where: str = "") -> Target:
     return Target(host=host, port=port, user=user, slots=slots)
 
 
+MAX_HOSTFILE_BYTES = 8 << 20
+"""The most a hostfile may hold: about 300,000 hosts of 24 characters. A device (/dev/zero) or a file
+written by mistake is refused instead of being read into memory."""
+
+
 def parse_hostfile(path: str | Path) -> list[Target]:
     """Read a hostfile (ours, DeepSpeed's or MPI's); UsageError naming file:line on a mistake."""
+    from ml_debug.core.inputs import read_regular
+
     p = Path(path).expanduser()
     hint = "--hosts takes a file (one host per line) or a hostlist like node[01-04]"
+    data = read_regular(p, "hostfile", MAX_HOSTFILE_BYTES, hint)
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise UsageError(f"hostfile {str(p)!r} does not exist", hint) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read hostfile {str(p)!r}: {e}", hint) from None
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"hostfile {str(p)!r} is not text (byte {e.start} is not UTF-8)", hint) from None
     targets: list[Target] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()

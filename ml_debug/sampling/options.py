@@ -15,6 +15,11 @@ BRACES = re.compile(r"\{[^{}]*\}")
 def parse_pattern(word: str) -> str:
     """``--progress-file PATTERN``: refuse a ``{...}`` that is no placeholder (``{rnk}``, ``{a,b}``: glob
     has no braces), which would otherwise match no file and leave no trace."""
+    if not word.strip():  # an unset shell variable: the file would be "" and match nothing, silently
+        raise UsageError("--progress-file is empty", "give a file or glob, e.g. 'run/metrics/rank-{rank}.jsonl'")
+    if word.count("{") != word.count("}") or "{" in BRACES.sub("", word) or "}" in BRACES.sub("", word):
+        raise UsageError(f"--progress-file {word!r}: an unclosed {{ or }}",
+                         "the placeholders are {rank} and {local_rank}, each in braces")
     unknown = [m for m in BRACES.findall(word) if m not in PLACEHOLDERS]
     if unknown:
         raise UsageError(f"--progress-file {word!r}: {unknown[0]} is not a placeholder",

@@ -429,6 +429,9 @@ class Client:
                 doc = json.loads(line)
             except ValueError:
                 continue  # a stray line (a login banner, a warning on stdout) is not a sample
+            if isinstance(doc, dict) and doc.get("schema") == "mldebug.error":  # the agent ended, and said why
+                feed.note = f"{feed.label}: mldebug failed: {(doc.get('result') or {}).get('summary')}"
+                continue
             try:
                 sample = NodeSample.from_json(doc)
             except SampleError as e:

@@ -91,7 +91,10 @@ def _term_as_ctrl_c() -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None
 
-    def stop(_signum: int, _frame: Any) -> None:
+    def stop(signum: int, _frame: Any) -> None:
+        from ml_debug.core import lifecycle
+
+        lifecycle.note(signum)  # the final line says which signal it was
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, stop)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -62,10 +61,8 @@ def run_top(spec: TargetSpec, opts: TopOptions, *, dump: DumpFn | None = None) -
 
             env = summary()
 
-            def emit(result: dict[str, Any]) -> None:
-                doc = output.document(SCHEMA, SCHEMA_VERSION, result, env)
-                sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-                sys.stdout.flush()
+            def emit(result: dict[str, Any]) -> None:  # one document per line (the stream's documented form)
+                output.write_document(output.document(SCHEMA, SCHEMA_VERSION, result, env), compact=True)
         else:
             console = output.stdout_console()
 

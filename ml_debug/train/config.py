@@ -153,6 +153,8 @@ def parse_fault(text: str) -> FaultSpec:
     if values:
         raise UsageError(f"--inject {text!r}: unknown key(s) {', '.join(sorted(values))}",
                          "keys: step, rank, factor (straggler), code (exit), where (nan: loss|grad)")
+    if not 0 <= code <= 255:  # a process's exit status is one byte: 999 would exit 231
+        raise UsageError(f"--inject {text!r}: code={code} is not an exit code", "use code=N with 0 <= N <= 255")
     if step < 1 or rank < 0 or not 1 <= factor < math.inf or where not in ("loss", "grad"):
         raise UsageError(f"--inject {text!r}: need step >= 1, rank >= 0, a finite factor >= 1, where loss|grad",
                          hint)

@@ -1,0 +1,116 @@
+"""Nothing left behind: ranks die with their launcher, even a SIGKILLed one; SIGTERM ends every command like
+Ctrl-C (exit 130, the signal named, one JSON document with --json); `mldebug launch` stopped by SIGTERM stops
+torchrun and its ranks and records its end in launch.json. Every process is found by a marker in its
+environment, never by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from tests.conftest import pids_with_env, validate_schema, wait_until
+from tests.fakes import faults, pythonpath
+
+MARKER = "MLDEBUG_LIFECYCLE_TEST"
+
+
+def _start(args: list[str], token: str, extra: dict[str, str] | None = None, cwd: Path | None = None
+           ) -> subprocess.Popen[str]:
+    env = {**os.environ, MARKER: token, "OMP_NUM_THREADS": "1", **(extra or {})}
+    env["PYTHONPATH"] = pythonpath(env)
+    return subprocess.Popen([sys.executable, "-m", "ml_debug", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def _ranks(token: str, launcher: int) -> list[int]:
+    return [p for p in pids_with_env(MARKER, token) if p != launcher]
+
+
+def _kill_all(token: str) -> None:
+    for pid in pids_with_env(MARKER, token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _hung_gpu_test(token: str) -> subprocess.Popen[str]:
+    """A self-launched 2-rank gpu-test whose ranks stay in the all_reduce (its timeout is far away)."""
+    hang = faults.env("gpu-test.hang:stage=all_reduce")
+    return _start(["gpu-test", "--nproc-per-node", "2", "--device", "cpu", "--timeout", "120", "--json"], token, hang)
+
+
+def _both_ranks_started(proc: subprocess.Popen[str], token: str) -> list[int]:
+    """Both ranks started (the launcher itself and two workers carry the marker)."""
+    assert proc.poll() is None, proc.communicate()
+    ranks = [p for p in _ranks(token, proc.pid) if b"ml_debug.cli.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return ranks if len(ranks) == 2 else []
+
+
+def test_sigkill_or_sigterm_of_a_self_launcher_leaves_no_rank_alive() -> None:
+    """Two hung 2-rank gpu-tests at once: the SIGKILLed one's ranks die with it (the kernel's parent-death
+    signal: no handler runs); the SIGTERMed one ends like Ctrl-C: exit 130, the signal named, one JSON
+    document (not "ranks did not finish", exit 4)."""
+    killed, termed = uuid.uuid4().hex, uuid.uuid4().hex
+    procs = {killed: _hung_gpu_test(killed), termed: _hung_gpu_test(termed)}
+    try:
+        for token, proc in procs.items():
+            wait_until(lambda: _both_ranks_started(proc, token), 90, "the two ranks to start")  # noqa: B023
+        procs[killed].kill()
+        procs[termed].send_signal(signal.SIGTERM)
+        out, err = procs[termed].communicate(timeout=90)
+        assert procs[termed].returncode == 130, err
+        assert "mldebug: error: interrupted by SIGTERM" in err and "did not finish within" not in err, err
+        doc = json.loads(out)  # exactly one document
+        validate_schema(doc, "error")
+        assert doc["result"]["exit_code"] == 130 and doc["result"]["error"]["signal"] == "SIGTERM"
+        if doc["result"]["partial"] is not None:  # rank 0 finished its verdict as it was stopped
+            validate_schema(doc["result"]["partial"], "gpu-test")
+        for token in procs:
+            wait_until(lambda: not pids_with_env(MARKER, token), 30, "the ranks to be gone")  # noqa: B023
+    finally:
+        for token, proc in procs.items():
+            _kill_all(token)
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+
+SLEEPER = "import time\nprint('rank up', flush=True)\ntime.sleep(600)\n"
+
+
+def test_sigterm_and_sigkill_of_mldebug_launch_leave_no_rank_alive(tmp_path: Path) -> None:
+    """SIGTERM: torchrun and its ranks stopped, launch.json says when and how it ended (130). SIGKILL (no
+    handler runs): torchrun gets SIGTERM from the kernel and stops its ranks."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    procs: dict[signal.Signals, tuple[str, Path, subprocess.Popen[str]]] = {}
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # both at once: the suite waits for one torchrun start
+        token, logs = uuid.uuid4().hex, tmp_path / f"logs-{sig.name}"
+        procs[sig] = token, logs, _start(["launch", "--nproc-per-node", "2", "--log-dir", str(logs), "--", "python",
+                                          "sleeper.py"], token, cwd=tmp_path)
+    try:
+        for _, logs, _ in procs.values():
+            wait_until(lambda: (c := next(iter(logs.glob("*/console.log")), None)) is not None  # noqa: B023
+                       and c.read_text().count("rank up") == 2, 90, "both ranks to start")
+        for sig, (_, _, proc) in procs.items():
+            proc.send_signal(sig)
+        for sig, (token, logs, proc) in procs.items():
+            _, err = proc.communicate(timeout=60)
+            wait_until(lambda: not pids_with_env(MARKER, token), 40,  # noqa: B023
+                       f"torchrun and its ranks to stop after {sig.name}")
+            if sig == signal.SIGTERM:
+                assert proc.returncode == 130, err
+                assert "mldebug: error: interrupted by SIGTERM" in err, err
+                manifest = json.loads(next(iter(logs.glob("*/launch.json"))).read_text())
+                assert manifest["ended"] and manifest["exit_code"] == 130, manifest
+    finally:
+        for token, _, proc in procs.values():
+            _kill_all(token)
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
