@@ -35,6 +35,7 @@ COMMANDS = {
     "watch": "watch",
     "drill": "drill",
     "tflops": "tflops",
+    "attach": "attach",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
