@@ -28,8 +28,11 @@ class AttachOptions:
                                 help="The thread to stop and read (default: MainThread).")
     frame: int | None = option(None, min=0, metavar="N", panel=WHAT,
                                help="The frame to read, 0 = innermost (default: 0; --eval then searches callers).")
-    timeout: float = option(30.0, min=1.0, metavar="S", panel=WHAT,
-                            help="Seconds for each step: injecting debugpy (gdb), each request, the thread stopping.")
+    attach_timeout: float = option(60.0, min=1.0, metavar="S", panel=WHAT,
+                                   help="Seconds for debugpy to start in the process (gdb injects it: several "
+                                        "seconds; more on a loaded node).")
+    timeout: float = option(10.0, min=0.5, metavar="S", panel=WHAT,
+                            help="Seconds for each debugger request, and for the thread to stop.")
 
     @property
     def env_filter(self) -> dict[str, str]:
@@ -37,4 +40,4 @@ class AttachOptions:
 
     def node_budget(self) -> float:
         """How long one node may take (inject, attach, stop, read, detach) before it is given up."""
-        return 30.0 + 4 * self.timeout
+        return 30.0 + self.attach_timeout + 4 * self.timeout

@@ -97,7 +97,7 @@ def attach_local(opts: AttachOptions, prompt: Prompt | None = None) -> AttachRes
                           rank=rank, found=True, ranks_here=ranks_here)
     who = f"pid {pid}" + (f" (rank {rank})" if rank is not None else "")
     try:
-        with Session(pid, opts.timeout) as s:
+        with Session(pid, opts.timeout, opts.attach_timeout) as s:
             result.threads = s.threads()
             result.thread = _pick_thread(result, opts.thread)
             result.stopped = s.stop(result.thread.id)

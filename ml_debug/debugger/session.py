@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -29,9 +30,10 @@ ADAPTER = [sys.executable, "-m", "debugpy.adapter"]
 class Session:
     """``with Session(pid, timeout) as s:`` attached on entry, detached (the process running) on exit."""
 
-    def __init__(self, pid: int, timeout: float) -> None:
+    def __init__(self, pid: int, timeout: float, attach_timeout: float = 60.0) -> None:
         self.pid = pid
         self.timeout = timeout
+        self.attach_timeout = attach_timeout
         self.client: DapClient | None = None
         self.adapter: subprocess.Popen[bytes] | None = None
         self.output: list[str] = []  # what the adapter's injector said (gdb's complaints, for errors)
@@ -42,8 +44,9 @@ class Session:
     def __enter__(self) -> Session:
         ours, theirs = socket.socketpair()
         try:
-            self.adapter = subprocess.Popen(ADAPTER, stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.DEVNULL,
-                                            start_new_session=True, close_fds=True)
+            self.adapter = subprocess.Popen(ADAPTER, stdin=theirs.fileno(), stdout=theirs.fileno(),
+                                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                                            preexec_fn=_die_with_parent(os.getpid()))
         finally:
             theirs.close()
         self.client = DapClient(sock=ours, timeout=self.timeout)
@@ -65,14 +68,14 @@ class Session:
         seq = c.send("attach", {"processId": self.pid, "justMyCode": False, "subProcess": False,
                                 "redirectOutput": False})
         # The adapter injects (gdb: seconds), waits for the server to connect back, then says "initialized".
-        if c.wait_event("initialized", self.timeout) is None:
-            said = " ".join(self._injector_output()).strip()
-            raise DapError(f"debugpy did not start in pid {self.pid} within {self.timeout:g} s"
-                           + (f": {said[-300:]}" if said else ""),
+        if c.wait_event("initialized", self.attach_timeout) is None:
+            said = [x.strip() for x in "".join(self._injector_output()).splitlines() if x.strip()]
+            raise DapError(f"debugpy did not start in pid {self.pid} within {self.attach_timeout:g} s"
+                           + (f" (the injector said: {said[-1][:200]})" if said else ""),
                            hint="see that gdb can attach (ptrace) and that the process is a CPython 3.8+; "
-                                "raise --timeout on a loaded machine")
+                                "raise --attach-timeout on a loaded node")
         c.request("configurationDone")
-        c.wait_response(seq, "attach")
+        c.wait_response(seq, "attach", self.attach_timeout)
 
     def _injector_output(self) -> list[str]:
         if self.client is not None:
@@ -174,6 +177,22 @@ class Session:
         if body.get("presentationHint", {}).get("attributes") == ["error"] or _is_traceback(result):
             return Evaluation(expression=expression, value=None, type=None, frame=index, error=_last_line(result))
         return Evaluation(expression=expression, value=result, type=body.get("type"), frame=index, error=None)
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """The adapter does not end when its client's pipe closes: the kernel ends it with mldebug
+    (PR_SET_PDEATHSIG), so a mldebug killed outright (SIGKILL, OOM) leaves no listener behind."""
+    def arm() -> None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # mldebug died before the prctl: nobody would end us
+            os._exit(1)
+    return arm
 
 
 def _is_traceback(text: str) -> bool:
