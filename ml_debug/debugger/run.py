@@ -23,6 +23,14 @@ from ml_debug.debugger.session import Session
 Prompt = Callable[[Session, AttachResult], None]
 
 
+class RankNotHere(UsageError):
+    """--rank R names no process on this node (with the ranks it does run, for a remote caller)."""
+
+    def __init__(self, message: str, hint: str | None, ranks: list[int]) -> None:
+        super().__init__(message, hint)
+        self.ranks = ranks
+
+
 def find_pid(opts: AttachOptions) -> tuple[int, int | None, list[int]]:
     """(pid, rank, ranks on this node) for --pid or --rank; UsageError when there is no such process."""
     from ml_debug.procs import find_targets
@@ -50,8 +58,8 @@ def find_pid(opts: AttachOptions) -> tuple[int, int | None, list[int]]:
     ranks = {t.rank: t.pid for t in found.targets if t.rank is not None}
     if opts.rank not in ranks:
         here = ", ".join(str(r) for r in sorted(ranks)) or "none"
-        raise UsageError(f"rank {opts.rank} is not on {found.host} (ranks here: {here})",
-                         hint="--hosts FILE or --slurm-job ID looks on every node of the job")
+        raise RankNotHere(f"rank {opts.rank} is not on {found.host} (ranks here: {here})",
+                          "--hosts FILE or --slurm-job ID looks on every node of the job", sorted(ranks))
     assert opts.rank is not None
     return ranks[opts.rank], opts.rank, sorted(ranks)
 
@@ -178,6 +186,5 @@ def _alive(pid: int) -> bool:
 def failed(opts: AttachOptions, e: MLDebugError) -> AttachResult:
     """The document a node prints when it could not attach (a remote caller reads why)."""
     return AttachResult(ok=False, summary=e.message, exit_code=e.exit_code, host=socket.gethostname(),
-                        pid=opts.pid, rank=opts.rank, found=not (isinstance(e, UsageError) and opts.rank is not None
-                                                                  and "is not on" in e.message),
-                        error=e.message, hint=e.hint)
+                        pid=opts.pid, rank=opts.rank, found=not isinstance(e, RankNotHere),
+                        ranks_here=e.ranks if isinstance(e, RankNotHere) else [], error=e.message, hint=e.hint)

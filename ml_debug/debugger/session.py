@@ -25,6 +25,8 @@ from ml_debug.debugger.dap import DapClient, DapError
 from ml_debug.debugger.model import Evaluation, FrameInfo, ThreadInfo, Variable
 
 ADAPTER = [sys.executable, "-m", "debugpy.adapter"]
+# debugpy's folders for functions, classes and dunders among the locals: not variables of the frame
+GROUPS = frozenset({"function variables", "class variables", "special variables", "protected variables"})
 
 
 class Session:
@@ -162,7 +164,7 @@ class Session:
             return []
         out = c.request("variables", {"variablesReference": ref}).get("variables", [])
         return [Variable(name=str(v.get("name")), value=str(v.get("value", "")), type=v.get("type"))
-                for v in out if not str(v.get("name", "")).startswith("(return)")]
+                for v in out if not str(v.get("name", "")).startswith("(return)") and v.get("name") not in GROUPS]
 
     def evaluate(self, thread_id: int, index: int, expression: str) -> Evaluation:
         """`expression` in frame `index` (its locals and globals), as the debugger's watch would."""
