@@ -115,47 +115,48 @@ def test_attach_by_pid_reads_a_local_evaluates_and_detaches_leaving_the_loop_run
     looper.still_looping()
     assert _debugger_processes() == [] and _listening(looper.pid) == []
 
-    # the prompt, driven through stdin; an error in an expression is said and the prompt goes on
-    commands = "bt\nup\nlocals\ndown\np step * 2\np no_such_name\nthreads\nc\npause\nlocals\nq\n"
-    proc = mldebug("attach", "--pid", str(looper.pid), input=commands, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert f"attached to pid {looper.pid} (MainThread stopped in frame 0)" in out
-    assert "> #0  main  looper.py:" in out and "> #1  run  looper.py:" in out and "  started = 4242  (int)" in out
-    doubled = re.search(r"\(mldebug\) (\d+)\n\(mldebug\) error: NameError: name 'no_such_name' is not defined\n",
-                        out)
-    assert doubled and int(doubled.group(1)) % 2 == 0, out
-    assert int(out.split("  step = ")[1].split()[0]) > int(doubled.group(1)) // 2  # it ran between c and pause
-    assert "running ('pause' stops it again" in out
-    assert out.rstrip().endswith(f"detached: pid {looper.pid} still running")
-    looper.still_looping()
-    assert _debugger_processes() == [] and _listening(looper.pid) == []
 
-
-def test_ctrl_c_or_a_killed_mldebug_leaves_no_debugger_behind(looper: Looper) -> None:
+def test_the_prompt_then_ctrl_c_or_a_killed_mldebug_leave_no_debugger_behind(looper: Looper) -> None:
+    """The prompt driven through stdin (an error in an expression is said and the prompt goes on), then
+    Ctrl-C; then a mldebug killed outright. Either way the adapter ends and the process runs on."""
     psutil = require_module("psutil")
     from tests.fakes import pythonpath
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = pythonpath(env)
+    commands = "bt\nup\nlocals\ndown\np step * 2\np no_such_name\nthreads\nc\npause\nlocals\n"
     for sig, code in ((signal.SIGINT, 130), (signal.SIGKILL, -9)):
         m = subprocess.Popen([sys.executable, "-m", "ml_debug", "attach", "--pid", str(looper.pid)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=env)
-        assert m.stdout is not None
+        assert m.stdin is not None and m.stdout is not None and m.stderr is not None
         first = m.stdout.readline()
-        assert first.startswith(f"attached to pid {looper.pid}"), first + m.stderr.read() if m.stderr else ""
+        assert first.startswith(f"attached to pid {looper.pid} (MainThread stopped in frame 0)"), first
         children = psutil.Process(m.pid).children(recursive=True)
         assert children, "the adapter runs as mldebug's child"
+        if sig == signal.SIGINT:
+            m.stdin.write(commands)
+            m.stdin.flush()
+            out = first
+            while "  step = " not in out:  # the last command's answer: every command was served
+                line = m.stdout.readline()
+                assert line, out + m.stderr.read()
+                out += line
+            assert "> #0  main  looper.py:" in out and "> #1  run  looper.py:" in out
+            assert "  started = 4242  (int)" in out
+            doubled = re.search(r"\(mldebug\) (\d+)\n\(mldebug\) error: NameError: name 'no_such_name' is not "
+                                r"defined\n", out)
+            assert doubled and int(doubled.group(1)) % 2 == 0, out
+            assert "running ('pause' stops it again" in out
+            assert int(out.split("  step = ")[1].split()[0]) > int(doubled.group(1)) // 2  # it ran after c
         m.send_signal(sig)
         assert m.wait(timeout=60) == code
         wait_until(lambda kids=children: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in kids),
                    30, f"the adapter to end after {sig.name}")
         assert _debugger_processes() == [] and _listening(looper.pid) == []
-        m.stdin.close() if m.stdin else None
-        m.stdout.close()
-        m.stderr.close() if m.stderr else None
-        looper.still_looping()  # and the process resumed: a SIGKILLed client left it stopped otherwise
+        for stream in (m.stdin, m.stdout, m.stderr):
+            stream.close()
+        looper.still_looping()  # it resumed: a SIGKILLed client would otherwise leave it stopped
 
 
 def test_a_thread_in_native_code_is_named_and_left_running(tmp_path: Path) -> None:
