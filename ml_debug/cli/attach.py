@@ -50,7 +50,12 @@ def attach(opts: AttachOptions, targets: TargetOptions) -> int:
     if targets.remote:
         from ml_debug.debugger.remote import attach_remote
 
-        result = attach_remote(opts, targets.resolve())
+        spec = targets.resolve()
+        result = attach_remote(opts, spec)
+        if opts.eval is None and not output.MODE.json and result.pid is not None:
+            on_node = (f"srun --jobid {spec.slurm_job} --overlap -w {result.host} --pty" if spec.kind == "slurm"
+                       else f"ssh -t {result.host}")
+            output.log(f"hint: the prompt runs on the rank's node: {on_node} mldebug attach --pid {result.pid}")
     else:
         from ml_debug.debugger.run import attach_local, failed
 
