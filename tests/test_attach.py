@@ -238,3 +238,73 @@ def test_attach_to_a_rank_inside_a_slurm_job_and_over_ssh(hung_job, rig_ssh, rig
     assert "mldebug: error: rank 7 not found: " in wrong.stderr
     assert all(f"{h} runs {rank}" in wrong.stderr for rank, (h, _) in job.ranks.items()), wrong.stderr
     assert all(job.alive().values())
+
+
+DEBUGGED = textwrap.dedent("""
+    import datetime, torch, torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))  # raised by --debug-rank
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    step = 41
+    print(f"rank {dist.get_rank()} reduced {int(t.item())} step {step}", flush=True)  # line 7: the breakpoint
+    dist.destroy_process_group()
+""")
+
+
+def test_launch_debug_rank_waits_for_a_dap_client_while_the_other_rank_waits(tmp_path: Path) -> None:
+    """`mldebug launch --debug-rank 1`: rank 1 listens (127.0.0.1), prints the VS Code configuration, and
+    waits; rank 0 waits past its own 2 s process-group timeout; mldebug's DAP client attaches with that
+    configuration, stops at a breakpoint, reads a value, and the job then ends well."""
+    import socket
+    import time
+
+    from ml_debug.debugger.dap import DapClient
+
+    _parts()
+    script = tmp_path / "debugged.py"
+    script.write_text(DEBUGGED)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_dir = tmp_path / "logs"
+    job = subprocess.Popen([sys.executable, "-m", "ml_debug", "launch", "--nproc-per-node", "2", "--debug-rank", "1",
+                            "--debug-port", str(port), "--log-dir", str(log_dir), "--", "python", str(script)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        def console() -> str:
+            return "".join(p.read_text(errors="replace") for p in log_dir.glob("*/console.log"))
+
+        wait_until(lambda: "waiting for a client" in console() and "VS Code attach configuration: " in console(),
+                   120, "rank 1 to listen")
+        config = json.loads(console().split("VS Code attach configuration: ")[1].splitlines()[0])
+        assert config["connect"] == {"host": "127.0.0.1", "port": port} and config["request"] == "attach"
+        assert f"ssh -N -L {port}:127.0.0.1:{port} " in console()
+        time.sleep(3)  # longer than the script's 2 s process-group timeout: rank 0 must still be waiting
+        c = DapClient.connect(config["connect"]["host"], config["connect"]["port"], 30)
+        try:
+            c.request("initialize", {"clientID": "mldebug", "adapterID": "debugpy", "linesStartAt1": True,
+                                     "columnsStartAt1": True, "pathFormat": "path"})
+            seq = c.send("attach", {"justMyCode": config["justMyCode"]})
+            assert c.wait_event("initialized", 30) is not None
+            c.request("setBreakpoints", {"source": {"path": str(script)}, "breakpoints": [{"line": 7}]})
+            c.request("configurationDone")
+            c.wait_response(seq, "attach", 30)
+            stopped = c.wait_event("stopped", 120)
+            assert stopped is not None and stopped["reason"] == "breakpoint", stopped
+            frame = c.request("stackTrace", {"threadId": stopped["threadId"], "levels": 1})["stackFrames"][0]
+            assert frame["line"] == 7
+            got = c.request("evaluate", {"expression": "int(t.item()) * 100 + step", "frameId": frame["id"],
+                                         "context": "watch"})
+            assert got["result"] == "241"  # the all_reduce with rank 0 went through: 2 * 100 + 41
+            c.request("continue", {"threadId": stopped["threadId"]})
+            c.request("disconnect", {"terminateDebuggee": False})
+        finally:
+            c.close()
+        assert job.wait(timeout=120) == 0, job.stderr.read() if job.stderr else ""
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    text = console()
+    assert "rank 0 reduced 2 step 41" in text and "rank 1 reduced 2 step 41" in text, text[-2000:]
