@@ -161,8 +161,11 @@ def test_the_prompt_then_ctrl_c_or_a_killed_mldebug_leave_no_debugger_behind(loo
 
 def test_a_thread_in_native_code_is_named_and_left_running(tmp_path: Path) -> None:
     _parts()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import threading, time; time.sleep(3600)"])
+    ready = tmp_path / "sleeping"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys, threading, time; open(sys.argv[1], 'w').close(); "
+                                "time.sleep(3600)", str(ready)])
     try:
+        wait_until(ready.exists, 60, "the sleeper to reach its sleep")  # not still starting Python
         proc = mldebug("--json", "attach", "--pid", str(sleeper.pid), "--eval", "1", "--timeout", "1", timeout=120)
         assert proc.returncode == 4, proc.stderr
         r = json.loads(proc.stdout)["result"]
