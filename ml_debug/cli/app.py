@@ -37,6 +37,7 @@ COMMANDS = {
     "tflops": "tflops",
     "history": "history",
     "exporter": "exporter",
+    "attach": "attach",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).

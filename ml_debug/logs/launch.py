@@ -125,6 +125,14 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
         argv.append("--standalone")
     argv += ["--role", f"{host}:", "--tee", "3", "--log-dir", str(node_dir / TORCHELASTIC), *opts.torchrun_arg]
     env: dict[str, str] = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": PREFIX_TEMPLATE, "PYTHONUNBUFFERED": "1"}
+    if opts.debug_rank is not None:  # every rank through ml_debug.debugger.rank: R listens, all wait longer
+        if no_python or opts.trace:
+            raise UsageError("--debug-rank runs a Python script or module under debugpy, without --trace or "
+                             "--no-python", "drop --trace, or launch the Python script itself")
+        cmd = [sys.executable, "-m", "ml_debug.debugger.rank", "--rank", str(opts.debug_rank), "--port",
+               str(opts.debug_port), *(["--no-wait"] if opts.debug_no_wait else []), *(["-m"] if module else []),
+               "--", *cmd]
+        module, no_python = False, True
     if opts.trace:
         if no_python:
             raise UsageError("--trace runs a Python script or module, not a program (--no-python)",

@@ -1,0 +1,80 @@
+"""`mldebug attach`: a debugger (debugpy) in a live rank, read through mldebug's own DAP client."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from ml_debug.debugger.options import AttachOptions
+from ml_debug.remote.options import TargetOptions
+
+if TYPE_CHECKING:
+    from ml_debug.debugger.model import AttachResult
+    from ml_debug.debugger.session import Session
+
+HELP = """Attach a debugger to a running Python process (a hung rank) and look inside it.
+
+Injects debugpy into the process (its attach-by-pid, with gdb: ptrace permission as for dump-stacks),
+stops it, shows the threads, the stack and the chosen frame's locals, evaluates --eval EXPR, and
+detaches: the process resumes and keeps running. With neither --eval nor --json a small pdb-like prompt
+opens (threads, bt, up/down, locals, p EXPR, continue, quit). With --rank R and --hosts/--slurm-job,
+the node that runs rank R does all of it itself: nothing listens on the network. The debugger can run
+any code in the process: only the job's owner (or root) can attach.
+
+Exit codes: 0 read and detached; 1 --eval raised an error; 2 bad options, no such pid or rank, not a
+Python process; 3 no debugpy, no gdb, no ptrace permission, or debugpy could not start in the process;
+4 the thread never stopped (it sits in native code) or a node was not reached: what was read is shown."""
+
+EXAMPLES = (
+    "mldebug attach --pid 4242                              # the prompt: bt, locals, p batch['input_ids'].shape",
+    "mldebug attach --rank 3 --eval 'step'                  # rank 3 on this node, one value",
+    "mldebug attach --slurm-job 12345 --rank 3 --eval 'step' --json",
+    "mldebug attach --hosts node[01-04] --rank 5 --eval 'len(batch)'",
+)
+
+
+def register(app: typer.Typer) -> None:
+    from ml_debug.cli.params import command
+
+    command(app, "attach", attach, help=HELP, examples=EXAMPLES, opts=AttachOptions, targets=TargetOptions)
+
+
+def attach(opts: AttachOptions, targets: TargetOptions) -> int:
+    from ml_debug.core import output
+    from ml_debug.core.errors import MLDebugError
+    from ml_debug.debugger.model import SCHEMA, SCHEMA_VERSION
+    from ml_debug.debugger.render import render
+
+    prompt = None
+    if targets.remote:
+        from ml_debug.debugger.remote import attach_remote
+
+        spec = targets.resolve()
+        result = attach_remote(opts, spec)
+        if opts.eval is None and not output.MODE.json and result.pid is not None:
+            on_node = (f"srun --jobid {spec.slurm_job} --overlap -w {result.host} --pty" if spec.kind == "slurm"
+                       else f"ssh -t {result.host}")
+            output.log(f"hint: the prompt runs on the rank's node: {on_node} mldebug attach --pid {result.pid}")
+    else:
+        from ml_debug.debugger.run import attach_local, failed
+
+        if opts.eval is None and not output.MODE.json:
+            from ml_debug.debugger.prompt import run_prompt
+
+            def write(text: str) -> None:
+                print(text, flush=True)
+
+            def prompt(s: Session, r: AttachResult) -> None:
+                run_prompt(s, r, input, write)
+        try:
+            result = attach_local(opts, prompt=prompt)
+        except MLDebugError as e:
+            if not output.MODE.json:
+                raise
+            result = failed(opts, e)  # the document says why: a remote caller reads it
+    # After the prompt the person has seen the process: only the detach is left to say.
+    output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: render(result, console, brief=prompt is not None))
+    if result.hint and not result.ok:
+        output.log(f"hint: {result.hint}")
+    return result.exit_code
