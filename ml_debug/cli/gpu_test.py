@@ -74,7 +74,7 @@ def _run_as_rank(cfg: GpuTestConfig) -> int:
     def deliver(result: GpuTestResult) -> None:
         doc = output.dumps(output.document(SCHEMA, 1, result)) + "\n"
         if cfg.report_to is not None:
-            cfg.report_to.write_text(doc)
+            safefs.write_file("--report-to", cfg.report_to, doc)
         if cfg.out_dir is not None:  # never through a link planted in --out-dir
             safefs.write_out(cfg.out_dir, "gpu-test.json", doc)
         if cfg.report_to is None:

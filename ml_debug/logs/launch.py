@@ -147,9 +147,10 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
 
 
 def _write_manifest(p: LaunchPlan) -> None:
-    tmp = p.node_dir / (LAUNCH_MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(p.manifest, indent=2) + "\n")
-    os.replace(tmp, p.node_dir / LAUNCH_MANIFEST)
+    from ml_debug.core import safefs
+
+    # safefs: a link planted at the name in a shared --log-dir is replaced, never written through
+    safefs.write_out(p.node_dir, LAUNCH_MANIFEST, json.dumps(p.manifest, indent=2) + "\n", "--log-dir")
 
 
 def prepare(p: LaunchPlan) -> None:
@@ -159,11 +160,13 @@ def prepare(p: LaunchPlan) -> None:
                          "give another --log-dir (or remove that directory)")
     p.manifest["started"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     try:
-        p.node_dir.mkdir(parents=True, exist_ok=True)
+        from ml_debug.core import safefs
+
+        safefs.make_out_dir(p.node_dir, "--log-dir")  # no link of another user followed on the way
         for sub in ("fr",) if p.manifest.get("flight_recorder") else ():
-            (p.node_dir / sub).mkdir(exist_ok=True)
+            safefs.make_out_dir(p.node_dir / sub, "--log-dir")
         _write_manifest(p)
-    except OSError as e:
+    except (OSError, safefs.Refused) as e:
         raise UsageError(f"cannot write the logs to {p.node_dir}: {e}", "give a writable --log-dir") from None
 
 
@@ -217,7 +220,10 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
     err = stderr or sys.stderr.buffer
     lock = threading.Lock()
     code: int = ExitCode.PROBLEM
-    with open(p.node_dir / CONSOLE, "ab") as log:
+    from ml_debug.core import safefs
+
+    fd, _note = safefs.open_append(p.node_dir, CONSOLE, "--log-dir")  # a planted link: removed, not followed
+    with open(fd, "ab") as log:
         try:
             proc = subprocess.Popen(p.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                     stdin=subprocess.DEVNULL)
