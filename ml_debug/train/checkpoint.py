@@ -113,7 +113,7 @@ def _fresh_folder(root: Path, name: str) -> None:
             pass
         else:
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(name, dir_fd=fd)  # walks by descriptors: no link inside is followed
+                shutil.rmtree(name, dir_fd=fd)  # type: ignore[call-arg]  # by descriptors: no link followed
             else:
                 os.unlink(name, dir_fd=fd)
         os.close(safefs.make_in(fd, name))
