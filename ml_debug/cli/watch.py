@@ -41,4 +41,8 @@ def watch(opts: WatchOptions, targets: TargetOptions) -> int:
     from ml_debug.watcher.loop import run_watch
 
     opts.validate(remote=targets.remote)
+    if opts.out_dir is not None:  # a planted link or another user's directory: said now, not at the incident
+        from ml_debug.core import safefs
+
+        safefs.make_out_dir(opts.out_dir)
     return run_watch(targets.resolve(), opts)

@@ -156,6 +156,9 @@ def console_class() -> type[Console]:
         from ml_debug.core.visible import visible
 
         class SafeConsole(Console):
+            def render_str(self, text: str, **kwargs: Any) -> Any:  # before rich drops \r, \b, BEL unseen
+                return super().render_str(visible(text, keep="\n\t"), **kwargs)
+
             def _render_buffer(self, buffer: Any) -> str:
                 safe = [seg if seg.control or seg.text.isprintable() else
                         Segment(visible(seg.text, keep="\n\t"), seg.style, seg.control) for seg in buffer]

@@ -28,6 +28,7 @@ _ANON_THREAD_RE = re.compile(r"^\{thread-\d+\} ")
 HEADER = "# nicertrace "  # the first line of every file NicerTrace writes (stream or ring dump)
 BLOCK = 1 << 16
 MAX_SCAN = 64 << 20  # bytes read backwards looking for main-thread lines before giving up
+MAX_LONG_SCAN = 1 << 30  # ... and looking for the start of a very long last line
 MAX_LINE = 4096  # bytes of one line kept for the report; the rest is cut, and how much is said
 
 
@@ -206,8 +207,10 @@ def _last_lines(f: BinaryIO, n: int, all_threads: bool) -> list[str]:
             newest_first.append(text)
         return len(newest_first) >= n
 
-    while pos > 0 and scanned < MAX_SCAN:
-        step = min(BLOCK, pos)
+    # past MAX_SCAN only while no event line was found yet: one very long last line must still be found
+    # (its start), which costs reading, not memory
+    while pos > 0 and (scanned < MAX_SCAN or (not newest_first and scanned < MAX_LONG_SCAN)):
+        step = min(BLOCK if scanned < MAX_SCAN else BLOCK << 4, pos)
         pos -= step
         f.seek(pos)
         block = f.read(step)
