@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, mldebug, require, validate_schema
+from tests.conftest import REPO, mldebug, require, require_module, validate_schema
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 RUNUSER = shutil.which("runuser") or "runuser"
@@ -103,9 +103,9 @@ class Job:
         self.log = area / "job.log"
 
     def start(self, rank: int, role: str, env: dict[str, str], plant: tuple[str, ...] = (),
-              golden: Path | None = None) -> int:
+              golden: Path | None = None, script: Path = JOB) -> int:
         ready = self.dir / f"ready-{rank}"
-        argv = [RUNUSER, "-u", "nobody", "--", SYSTEM_PYTHON, str(JOB), role, str(ready),
+        argv = [RUNUSER, "-u", "nobody", "--", SYSTEM_PYTHON, str(script), role, str(ready),
                 *([str(golden)] if golden else []), "--", *plant]
         full_env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "WORLD_SIZE": str(self.world), **env}
         with open(self.log, "ab") as log:
@@ -493,3 +493,154 @@ def test_walk_follows_only_links_of_root_or_the_owner(area: Path) -> None:
         os.close(cwd)
     with pytest.raises(FileNotFoundError):
         safefs.read_untrusted(f"{home}/real/absent", job_user, 100)
+
+
+# ---- round two: every path mldebug writes (issue 32) -----------------------------------------------
+
+@pytest.fixture
+def links_unprotected() -> Iterator[None]:
+    """fs.protected_symlinks and fs.protected_regular off, as in many containers, restored after: with
+    them on, the kernel itself refuses root a link or a file that another user planted in a sticky
+    directory, and these attacks would fail whatever mldebug did."""
+    knobs = [Path("/proc/sys/fs/protected_symlinks"), Path("/proc/sys/fs/protected_regular")]
+    before = {k: k.read_text().strip() for k in knobs if k.exists()}
+    try:
+        for k in before:
+            if before[k] != "0":
+                k.write_text("0\n")
+    except OSError as e:
+        require(False, f"a writable {e.filename} (to turn the kernel's link protection off for the test)")
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if k.read_text().strip() != v:
+                k.write_text(v + "\n")
+
+
+def sticky_dir(area: Path, name: str = "pub") -> Path:
+    """Like /tmp: root's, mode 1777, where any user may create names."""
+    d = area / name
+    d.mkdir()
+    d.chmod(0o1777)
+    return d
+
+
+def plant_link(target: Path, at: Path) -> None:
+    """The job's user (nobody) makes the link, so it is theirs."""
+    subprocess.run([RUNUSER, "-u", "nobody", "--", "ln", "-s", str(target), str(at)], check=True, timeout=30)
+    assert os.lstat(at).st_uid == _nobody().pw_uid
+
+
+# Every option of every command that names a path mldebug writes, and a command line to reach it.
+# `{}` is the path under attack. Each must be refused before any work starts (exit 2).
+WRITE_OPTIONS: list[tuple[str, list[str]]] = [
+    ("--out-dir", ["dump-stacks", "--local", "--pid", "{pid}", "--out-dir", "{}"]),
+    ("--out-dir", ["exec", "--local", "--out-dir", "{}", "--", "true"]),
+    ("--out-dir", ["health", "--local", "--out-dir", "{}"]),
+    ("--out-dir", ["check", "--out-dir", "{}"]),
+    ("--out-dir", ["gpu-test", "--out-dir", "{}"]),
+    ("--out-dir", ["watch", "--pid", "{pid}", "--out-dir", "{}"]),
+    ("--out-dir", ["drill", "--out-dir", "{}"]),
+    ("--out-dir", ["trace", "--out-dir", "{}", "--", "/bin/true"]),
+    ("--metrics-dir", ["train", "--steps", "1", "--metrics-dir", "{}"]),
+    ("--checkpoint-dir", ["train", "--steps", "1", "--checkpoint-dir", "{}"]),
+    ("--profile-dir", ["train", "--steps", "1", "--profile-steps", "1:1", "--profile-dir", "{}"]),
+    ("--core-dir", ["train", "--steps", "1", "--core-dir", "{}"]),
+    ("--log-dir", ["launch", "--log-dir", "{}", "--", "/bin/true"]),
+    ("--csv", ["allreduce-bench", "--quick", "--csv", "{}/bench.csv"]),
+    ("--plot", ["allreduce-bench", "--quick", "--plot", "{}/bench.png"]),
+]
+# Not listed: gpu-test's hidden --report-to, which only a rank of `gpu-test --isolate` is given (a file in
+# the launcher's private mkdtemp folder); it is written by the same safefs.write_file all the same.
+
+
+def test_every_write_option_refuses_a_directory_link_planted_in_a_shared_dir(area: Path, links_unprotected,
+                                                                              job_factory) -> None:
+    """`--metrics-dir /tmp/pub/run` where the job's user made /tmp/pub/run a link to a root-only
+    directory: root would write there. Every option in WRITE_OPTIONS is attacked at once; each is exit
+    2 naming the link, and nothing appears in the directory it leads to."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    nobody = _nobody()
+    pub = sticky_dir(area)
+    job = job_factory(1)
+    pid = job.start(0, "idle", {})
+    attacks = []
+    for i, (flag, argv) in enumerate(WRITE_OPTIONS):
+        target = area / f"root-dir-{i}"
+        target.mkdir(mode=0o700)
+        plant_link(target, pub / f"run{i}")
+        args = [a.replace("{}", str(pub / f"run{i}")).replace("{pid}", str(pid)) for a in argv]
+        attacks.append((flag, args, target, f"run{i}"))
+
+    def attack(a: tuple[str, list[str], Path, str]) -> tuple[subprocess.CompletedProcess[str], tuple]:
+        return mldebug(*a[1], timeout=120), a
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(attack, attacks))
+    for proc, (flag, args, target, name) in results:
+        assert list(target.iterdir()) == [], f"`mldebug {' '.join(args)}` wrote through {name}"
+        assert proc.returncode == 2, (args, proc.returncode, proc.stderr[-800:])
+        reason = (f"{name} is a symbolic link (to {target}) owned by uid {nobody.pw_uid} (nobody), not by root or "
+                  "uid 0 (root): not followed")
+        assert f"mldebug: error: {flag}: " in proc.stderr and reason in proc.stderr, (args, proc.stderr[-800:])
+
+
+def test_csv_and_plot_replace_a_link_planted_at_their_name(area: Path, links_unprotected) -> None:
+    """The issue's attack: `allreduce-bench --csv /tmp/pub/bench.csv` (and `--plot`), where that name is
+    the job user's link to a root-only file, overwrote the file. Now the link is replaced by the real
+    file, never written through, and a warning says so."""
+    require_module("matplotlib", "--plot")
+    pub = sticky_dir(area)
+    victims = {name: make_victim(area, f"victim-{name}", b"root's data\n") for name in ("bench.csv", "bench.png")}
+    for name, victim in victims.items():
+        plant_link(victim.path, pub / name)
+    proc = mldebug("allreduce-bench", "--quick", "--nproc-per-node", "2", "--csv", str(pub / "bench.csv"),
+                   "--plot", str(pub / "bench.png"), timeout=240)
+    for victim in victims.values():
+        victim.assert_untouched()
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-1500:])
+    for name, victim in victims.items():
+        flag = "--csv" if name.endswith(".csv") else "--plot"
+        assert (f"mldebug: warning: {flag}: {name} was a symbolic link (to {victim.path}): not followed, replaced "
+                "by the real file") in proc.stderr, proc.stderr
+        written = pub / name
+        assert not written.is_symlink() and written.stat().st_uid == 0
+    assert (pub / "bench.csv").read_text().startswith("collective,")
+    assert (pub / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_neither_appends_through_a_planted_link_nor_resumes_a_planted_checkpoint(area: Path,
+                                                                                      links_unprotected) -> None:
+    """`train --metrics-dir /tmp/pub` appended its JSON lines to the job user's link (a root-only
+    file); the profiler's trace followed a link the same way; and `--checkpoint-dir /tmp/pub` resumed
+    from a step folder that user planted, whose DCP metadata is a pickle: root ran their code."""
+    nobody = _nobody()
+    pub = sticky_dir(area)
+    metrics = make_victim(area, "victim-metrics", b"root's data\n")
+    trace = make_victim(area, "victim-trace", b"root's data\n")
+    plant_link(metrics.path, pub / "rank-0.jsonl")
+    plant_link(trace.path, pub / "rank-0.trace.json")
+    marker = area / "root-unpickled-the-jobs-file"
+    planted = pub / "step-9"
+    planted.mkdir()
+    (planted / "COMPLETE").write_text("9\n")
+    (planted / ".metadata").write_bytes(
+        b"c__builtin__\nopen\n(V" + str(marker).encode() + b"\nVw\ntR.")  # pickle: open(marker, "w")
+    (planted / "train_state.json").write_text('{"step": 9, "data": {}, "world_size": 1}')
+    for p in (planted, *planted.iterdir()):
+        os.chown(p, nobody.pw_uid, nobody.pw_gid)
+
+    proc = mldebug("train", "--steps", "2", "--metrics-dir", str(pub), "--checkpoint-dir", str(pub),
+                   "--profile-steps", "1:1", "--profile-dir", str(pub), timeout=240)
+    metrics.assert_untouched()
+    trace.assert_untouched()
+    assert not marker.exists(), "root unpickled the checkpoint metadata another user planted"
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-1500:])
+    assert (f"--metrics-dir: rank-0.jsonl was a symbolic link (to {metrics.path}): removed, not followed"
+            in proc.stderr), proc.stderr[-1500:]
+    lines = (pub / "rank-0.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines if "step" in json.loads(x)] == [1, 2]
+    assert not (pub / "rank-0.trace.json").is_symlink() and (pub / "rank-0.trace.json").stat().st_uid == 0
+    assert (pub / "step-2" / "COMPLETE").read_text() == "2\n" and os.stat(pub / "step-2").st_uid == 0
