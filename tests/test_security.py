@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, mldebug, require, require_module, validate_schema
+from tests.conftest import REPO, mldebug, require, require_module, validate_schema, wait_in_function
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 RUNUSER = shutil.which("runuser") or "runuser"
@@ -596,7 +596,8 @@ def test_csv_and_plot_replace_a_link_planted_at_their_name(area: Path, links_unp
     victims = {name: make_victim(area, f"victim-{name}", b"root's data\n") for name in ("bench.csv", "bench.png")}
     for name, victim in victims.items():
         plant_link(victim.path, pub / name)
-    proc = mldebug("allreduce-bench", "--quick", "--nproc-per-node", "2", "--csv", str(pub / "bench.csv"),
+    proc = mldebug("allreduce-bench", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0", "--nproc-per-node", "2",
+                   "--csv", str(pub / "bench.csv"),
                    "--plot", str(pub / "bench.png"), timeout=240)
     for victim in victims.values():
         victim.assert_untouched()
@@ -614,16 +615,19 @@ def test_csv_and_plot_replace_a_link_planted_at_their_name(area: Path, links_unp
 def test_train_neither_appends_through_a_planted_link_nor_resumes_a_planted_checkpoint(area: Path,
                                                                                       links_unprotected) -> None:
     """`train --metrics-dir /tmp/pub` appended its JSON lines to the job user's link (a root-only
-    file); the profiler's trace followed a link the same way; and `--checkpoint-dir /tmp/pub` resumed
-    from a step folder that user planted, whose DCP metadata is a pickle: root ran their code."""
+    file) and the profiler's trace followed a link the same way; `--checkpoint-dir /tmp/pub2` resumed
+    from a step folder that user planted, whose DCP metadata is a pickle: root ran their code. Two runs
+    side by side, so that each attack stands on its own (a crash on the planted checkpoint would hide
+    the others)."""
     nobody = _nobody()
     pub = sticky_dir(area)
+    pub2 = sticky_dir(area, "pub2")
     metrics = make_victim(area, "victim-metrics", b"root's data\n")
     trace = make_victim(area, "victim-trace", b"root's data\n")
     plant_link(metrics.path, pub / "rank-0.jsonl")
     plant_link(trace.path, pub / "rank-0.trace.json")
     marker = area / "root-unpickled-the-jobs-file"
-    planted = pub / "step-9"
+    planted = pub2 / "step-9"
     planted.mkdir()
     (planted / "COMPLETE").write_text("9\n")
     (planted / ".metadata").write_bytes(
@@ -632,15 +636,139 @@ def test_train_neither_appends_through_a_planted_link_nor_resumes_a_planted_chec
     for p in (planted, *planted.iterdir()):
         os.chown(p, nobody.pw_uid, nobody.pw_gid)
 
-    proc = mldebug("train", "--steps", "2", "--metrics-dir", str(pub), "--checkpoint-dir", str(pub),
-                   "--profile-steps", "1:1", "--profile-dir", str(pub), timeout=240)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(mldebug, "train", "--steps", "2", "--metrics-dir", str(pub), "--profile-steps", "1:1",
+                            "--profile-dir", str(pub), timeout=240)
+        second = pool.submit(mldebug, "train", "--steps", "1", "--checkpoint-dir", str(pub2), timeout=240)
+        proc, proc2 = first.result(), second.result()
     metrics.assert_untouched()
     trace.assert_untouched()
     assert not marker.exists(), "root unpickled the checkpoint metadata another user planted"
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-1500:])
+    assert proc2.returncode == 0, (proc2.returncode, proc2.stderr[-1500:])
     assert (f"--metrics-dir: rank-0.jsonl was a symbolic link (to {metrics.path}): removed, not followed"
             in proc.stderr), proc.stderr[-1500:]
-    lines = (pub / "rank-0.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines if "step" in json.loads(x)] == [1, 2]
+    lines = [json.loads(x) for x in (pub / "rank-0.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "step" in x] == [1, 2]
     assert not (pub / "rank-0.trace.json").is_symlink() and (pub / "rank-0.trace.json").stat().st_uid == 0
-    assert (pub / "step-2" / "COMPLETE").read_text() == "2\n" and os.stat(pub / "step-2").st_uid == 0
+    assert (pub2 / "step-1" / "COMPLETE").read_text() == "1\n" and os.stat(pub2 / "step-1").st_uid == 0
+
+
+# ---- a job's strings on root's terminal (issue 32) -------------------------------------------------
+
+EVIL = "e\x1b]0;PWNED-TITLE\a\x1b[31mvil.py"  # sets the terminal's title, then its colour
+EVIL_SHOWN = "e\\e]0;PWNED-TITLE\\a\\e[31mvil.py"
+RAW = ("\x1b", "\x07", "\x9b", "\r", "\b")
+
+
+def assert_no_raw(text: str, where: str) -> None:
+    raw = [repr(c) for c in RAW if c in text]
+    assert not raw, f"{where} lets {', '.join(raw)} through to the terminal"
+
+
+def test_a_jobs_strings_are_shown_with_control_characters_made_visible(area: Path, job_factory) -> None:
+    """A job script named with escape sequences (dump-stacks' tree and group table, and the watch
+    bundle's dump-stacks.txt); a trace file with escapes and bytes that are not UTF-8 (trace-tail); log
+    lines with U+009B, \\r and \\b (logs, logs --rank); an environment value (env). Each is shown with
+    the characters made visible; JSON keeps the exact value."""
+    nobody = _nobody()
+    job = job_factory(1)
+    script = job.dir / EVIL
+    shutil.copy(JOB, script)
+    os.chown(script, nobody.pw_uid, nobody.pw_gid)
+    pid = job.start(0, "idle", {}, script=script)
+    wait_in_function(pid, {"job_main_loop"})
+
+    stacks = mldebug("dump-stacks", "--local", "--pid", str(pid), timeout=180)
+    assert_no_raw(stacks.stdout, "dump-stacks")
+    assert stacks.stdout.count(EVIL_SHOWN) >= 2, stacks.stdout  # the tree and the group table
+
+    out = area / "bundle"
+    watch = mldebug("watch", "--pid", str(pid), "--now", "--samples", "1", "--interval", "1", "--out-dir", str(out),
+                    timeout=180)
+    texts = list(out.rglob("dump-stacks.txt"))
+    assert texts, (watch.returncode, watch.stderr[-1000:])
+    bundle = texts[0].read_text()
+    assert_no_raw(bundle, "the watch bundle's dump-stacks.txt")
+    assert EVIL_SHOWN in bundle
+    doc = json.loads((texts[0].parent / "dump-stacks.json").read_text())
+    files = {f["filename"] for p in doc["result"]["processes"] for s in p["samples"] if s["ok"]
+             for t in s["threads"] for f in t["frames"]}
+    assert str(script) in files, files  # JSON keeps the exact name (escaped by JSON itself)
+
+    traces = area / "traces"
+    traces.mkdir()
+    (traces / "trace-h-0-100.txt").write_bytes(
+        b"# nicertrace pid=100 host=h rank=0 mode=stream\n"
+        b"0:00:01.000 train.py:5: x = '\x1b]0;PWNED\x07\x1b[2J\xc2\x9b31m\xff\xfe\r\x08'\n")
+    tail = mldebug("trace-tail", str(traces), timeout=120)
+    assert_no_raw(tail.stdout, "trace-tail")
+    assert "x = '\\e]0;PWNED\\a\\e[2J\\x9b31m" in tail.stdout, tail.stdout
+    tail_doc = json.loads(mldebug("trace-tail", str(traces), "--json", timeout=120).stdout)
+    assert tail_doc["result"]["files"][0]["tail"][-1].startswith("0:00:01.000 train.py:5: x = '\x1b]0;PWNED\x07")
+
+    log = area / "job.out"
+    log.write_bytes(b"[rank0]: step \xc2\x9b2J one\r OVER\x08X\n"
+                    b"[rank1]: Traceback (most recent call last):\n"
+                    b'[rank1]:   File "t.py", line 3, in <module>\n'
+                    b"[rank1]: RuntimeError: boom \xc2\x9b31m\n")
+    for args in ([str(log)], ["--rank", "0", str(log)]):
+        shown = mldebug("logs", *args, timeout=120)
+        assert_no_raw(shown.stdout, f"logs {' '.join(args[:-1])}")
+        assert "\\x9b" in shown.stdout, shown.stdout
+    assert "step \\x9b2J one\\r OVER\\bX" in shown.stdout
+
+    env = mldebug("env", "--no-torch", env={"NCCL_DEBUG": "INFO\x1b]0;PWNED\x07\r"}, timeout=120)
+    assert_no_raw(env.stdout, "env")
+    assert "INFO\\e]0;PWNED\\a\\r" in env.stdout, env.stdout
+    env_doc = json.loads(mldebug("env", "--no-torch", "--json", env={"NCCL_DEBUG": "INFO\x1b]0;PWNED\x07\r"},
+                                 timeout=120).stdout)
+    def strings(v: object) -> Iterator[str]:
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            for x in v.values():
+                yield from strings(x)
+        elif isinstance(v, list):
+            for x in v:
+                yield from strings(x)
+
+    assert "INFO\x1b]0;PWNED\x07\r" in set(strings(env_doc))
+
+
+def test_a_crafted_core_is_not_read_and_the_others_are_kept(area: Path) -> None:
+    """e_phnum=65535 and a note at offset 2**64-16: an internal OverflowError that lost every core of
+    the directory. Now that core is reported not read, with why, and the next one is read."""
+    import struct
+
+    cores = area / "cores"
+    cores.mkdir()
+
+    def elf(phdrs: bytes, phnum: int, tail: bytes = b"") -> bytes:
+        head = bytearray(64)
+        head[:7] = b"\x7fELF\x02\x01\x01"
+        struct.pack_into("<HH", head, 16, 4, 62)  # ET_CORE, x86-64
+        struct.pack_into("<Q", head, 32, 64)  # e_phoff
+        struct.pack_into("<HHH", head, 52, 64, 56, phnum)
+        return bytes(head) + phdrs + tail
+
+    (cores / "core.1").write_bytes(elf(struct.pack("<IIQQQQQQ", 4, 0, 2**64 - 16, 0, 0, 100, 0, 0), 65535))
+    prstatus = bytearray(336)
+    struct.pack_into("<i", prstatus, 0, 11)  # si_signo
+    struct.pack_into("<h", prstatus, 12, 11)  # pr_cursig: SIGSEGV
+    struct.pack_into("<i", prstatus, 32, 4242)  # pr_pid
+    note = struct.pack("<III", 5, len(prstatus), 1) + b"CORE\0\0\0\0" + bytes(prstatus)
+    (cores / "core.2").write_bytes(elf(struct.pack("<IIQQQQQQ", 4, 0, 120, 0, 0, len(note), 0, 0), 1, note))
+
+    proc = mldebug("core-bt", "--dir", str(cores), "--json", timeout=180)
+    doc = json.loads(proc.stdout)
+    validate_schema(doc, "core-bt")
+    by_name = {Path(c["path"]).name: c for c in doc["result"]["cores"]}
+    assert set(by_name) == {"core.1", "core.2"}, (proc.stderr[-1000:], by_name)
+    assert not by_name["core.1"]["ok"]
+    assert by_name["core.1"]["error"] == ("not read: its 65535 program headers (at offset 64) lie beyond its end "
+                                          "(120 bytes): a corrupt or crafted core"), by_name["core.1"]
+    assert by_name["core.2"]["pid"] == 4242 and by_name["core.2"]["signal"] == "SIGSEGV", by_name["core.2"]
+    assert "Traceback" not in proc.stderr

@@ -46,15 +46,15 @@ def gpu_test(cfg: GpuTestConfig, launch: LaunchOptions) -> int:
             raise UsageError("--isolate launches its own ranks and cannot run under torchrun/srun/mpirun",
                              "run `mldebug gpu-test --isolate` once per node, without a launcher")
         return _run_as_rank(cfg)
+    if cfg.out_dir is not None:  # a --out-dir that cannot be made (and checked to be ours): before torch loads
+        from ml_debug.core import safefs
+
+        safefs.make_out_dir(cfg.out_dir)
     from ml_debug.dist.device import choose_device, visible_gpus
 
     wants_cpu = cfg.device == "cpu" or (cfg.backend == "gloo" and cfg.device == "auto")
     gpus = 0 if wants_cpu else visible_gpus()
     choose_device(detect_world(), cfg.device, cfg.backend, gpu_count=gpus)  # bad options fail here, not in N ranks
-    if cfg.out_dir is not None:  # likewise a --out-dir that cannot be made (and checked to be ours)
-        from ml_debug.core import safefs
-
-        safefs.make_out_dir(cfg.out_dir)
     run_timeout = cfg.init_timeout * 2 + (cfg.timeout_s + 5) * 8 + 60
     rdzv = max(30.0, cfg.init_timeout)
     if cfg.isolate:

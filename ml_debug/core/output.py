@@ -150,10 +150,17 @@ def console_class() -> type[Console]:
     colours still work. Every console that draws text for people is made from this class (the
     terminal, and files meant for reading such as the watch bundle's ``dump-stacks.txt``)."""
     if "class" not in _classes:
+        import rich.text
         from rich.console import Console
         from rich.segment import Segment
 
         from ml_debug.core.visible import visible
+
+        # rich's Text silently drops BEL, \b, \v, \f and \r when it is made (before any console sees
+        # it): a line that overwrote itself would lose the evidence. They are made visible instead, as
+        # everything else is (Text is built from mldebug's own strings or a job's, never from rich's
+        # terminal codes, which travel as control segments)
+        rich.text.strip_control_codes = lambda text, *_a, **_k: visible(text, keep="\n\t")  # type: ignore[assignment]
 
         class SafeConsole(Console):
             def render_str(self, text: str, **kwargs: Any) -> Any:  # before rich drops \r, \b, BEL unseen
