@@ -160,7 +160,7 @@ def console_class() -> type[Console]:
         # it): a line that overwrote itself would lose the evidence. They are made visible instead, as
         # everything else is (Text is built from mldebug's own strings or a job's, never from rich's
         # terminal codes, which travel as control segments)
-        rich.text.strip_control_codes = lambda text, *_a, **_k: visible(text, keep="\n\t")  # type: ignore[assignment]
+        rich.text.strip_control_codes = lambda text, *_a, **_k: visible(text, keep="\n\t")
 
         class SafeConsole(Console):
             def render_str(self, text: str, **kwargs: Any) -> Any:  # before rich drops \r, \b, BEL unseen
