@@ -100,10 +100,11 @@ def read_notes_fd(fd: int) -> CoreNotes:
     e_phentsize, e_phnum = struct.unpack_from("<HH", ident, 54)
     if e_phentsize != 56:  # sizeof(Elf64_Phdr)
         return notes
-    if e_phoff > size or e_phoff + e_phentsize * e_phnum > size:
-        raise BadCore(f"its {e_phnum} program headers (at offset {e_phoff}) lie beyond its end ({size} bytes): "
+    if e_phoff >= size:
+        raise BadCore(f"its program headers (at offset {e_phoff}) lie beyond its end ({size} bytes): "
                       "a corrupt or crafted core")
-    phdrs = os.pread(fd, e_phentsize * e_phnum, e_phoff)
+    # only the headers that the file holds (a core cut short still goes to gdb, which shows what is left)
+    phdrs = os.pread(fd, min(e_phentsize * e_phnum, size - e_phoff), e_phoff)
     budget = MAX_NOTES_BYTES
     for i in range(len(phdrs) // e_phentsize):
         p_type, _flags, p_offset, _va, _pa, p_filesz = struct.unpack_from("<IIQQQQ", phdrs, i * e_phentsize)
