@@ -586,7 +586,7 @@ def test_every_write_option_refuses_a_directory_link_planted_in_a_shared_dir(are
             return f"{shown} wrote through {name}: {[p.name for p in target.iterdir()]}"
         reason = (f"{name} is a symbolic link (to {target}) owned by uid {nobody.pw_uid} (nobody), not by root or "
                   "uid 0 (root): not followed")
-        if proc.returncode != 2 or f"mldebug: error: {flag}: " not in proc.stderr or reason not in proc.stderr:
+        if proc.returncode != 2 or f"{flag}: " not in proc.stderr or reason not in proc.stderr:
             return f"{shown}: exit {proc.returncode}, {proc.stderr[-400:]!r}"
         return None
 

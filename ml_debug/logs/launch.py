@@ -166,8 +166,9 @@ def prepare(p: LaunchPlan) -> None:
         for sub in ("fr",) if p.manifest.get("flight_recorder") else ():
             safefs.make_out_dir(p.node_dir / sub, "--log-dir")
         _write_manifest(p)
-    except (OSError, safefs.Refused) as e:
-        raise UsageError(f"cannot write the logs to {p.node_dir}: {e}", "give a writable --log-dir") from None
+    except (OSError, safefs.Refused, UsageError) as e:
+        hint = e.hint if isinstance(e, UsageError) else None
+        raise UsageError(f"cannot write the logs to {p.node_dir}: {e}", hint or "give a writable --log-dir") from None
 
 
 def _pump(src: IO[bytes], dst: IO[bytes], log: IO[bytes], lock: threading.Lock) -> None:
