@@ -342,6 +342,29 @@ def open_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> int:
     return fd
 
 
+def check_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> None:
+    """The checks of :func:`open_out_dir` made now on what exists of the path, without making anything
+    (a command that writes only if something happens, like watch): a planted link is said up front."""
+    from ml_debug.core.errors import UsageError
+
+    text = os.fspath(path)
+    me = Owner.current()
+    try:
+        start = os.open("/" if text.startswith("/") else ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = _walk(deque(text.split("/")), text, me, start)
+    except FileNotFoundError:
+        return  # made (and checked again) when it is first written
+    except Refused as e:
+        raise UsageError(f"{flag}: {visible(str(e))}", "choose a directory that you own") from None
+    except OSError as e:
+        raise UsageError(f"{flag} {visible(text)}: {e.strerror}", "choose a writable directory") from None
+    with opened(fd):
+        st = os.fstat(fd)
+    if st.st_uid != 0 and not me.owns(st):
+        raise UsageError(f"{flag} {visible(text)} belongs to {_who(st.st_uid)}: another user could replace what "
+                         "mldebug writes there", "choose a directory that you own")
+
+
 def make_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> None:
     """An output directory made and checked (:func:`open_out_dir`) before the work, so an unusable one
     is said up front, not after the work is done."""
