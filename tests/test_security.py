@@ -499,10 +499,11 @@ def test_walk_follows_only_links_of_root_or_the_owner(area: Path) -> None:
 
 @pytest.fixture
 def links_unprotected() -> Iterator[None]:
-    """fs.protected_symlinks and fs.protected_regular off, as in many containers, restored after: with
-    them on, the kernel itself refuses root a link or a file that another user planted in a sticky
-    directory, and these attacks would fail whatever mldebug did."""
-    knobs = [Path("/proc/sys/fs/protected_symlinks"), Path("/proc/sys/fs/protected_regular")]
+    """fs.protected_symlinks, fs.protected_regular and fs.protected_hardlinks off, as in many
+    containers, restored after: with them on, the kernel itself refuses root a link or a file that
+    another user planted in a sticky directory (or refuses that user the hard link), and these
+    attacks would fail whatever mldebug did."""
+    knobs = [Path(f"/proc/sys/fs/protected_{k}") for k in ("symlinks", "regular", "hardlinks")]
     before = {k: k.read_text().strip() for k in knobs if k.exists()}
     try:
         for k in before:
@@ -781,3 +782,31 @@ def test_a_crafted_core_is_not_read_and_the_others_are_kept(area: Path) -> None:
                                           "corrupt or crafted core"), by_name["core.1"]
     assert by_name["core.2"]["pid"] == 4242 and by_name["core.2"]["signal"] == "SIGSEGV", by_name["core.2"]
     assert "Traceback" not in proc.stderr
+
+
+def test_appending_and_writing_never_go_through_a_hard_link_planted_in_a_shared_dir(area: Path,
+                                                                                 links_unprotected) -> None:
+    """A hard link to root's file at the name mldebug appends to (`--metrics-dir`, `--log-dir`'s
+    console.log) or writes (`--csv`): O_NOFOLLOW does not see it. The name is removed or replaced."""
+    from ml_debug.core import safefs
+
+    pub = sticky_dir(area)
+    shared = area / "shared"  # a directory the job's user may read: a hard link needs the path
+    shared.mkdir(mode=0o755)
+    victim_path = shared / "root-file"
+    victim_path.write_bytes(b"root's data\n")
+    victim_path.chmod(0o600)
+    victim = Victim(victim_path, b"root's data\n", os.lstat(victim_path).st_mtime_ns)
+    for name in ("rank-0.jsonl", "bench.csv"):
+        subprocess.run([RUNUSER, "-u", "nobody", "--", "ln", str(victim.path), str(pub / name)], check=True,
+                       timeout=30)
+    assert os.stat(victim.path).st_nlink == 3
+
+    fd, note = safefs.open_append(pub, "rank-0.jsonl", "--metrics-dir")
+    with open(fd, "a") as f:
+        f.write("appended\n")
+    assert note == "rank-0.jsonl was a hard link (3 names): removed, not followed"
+    assert safefs.write_file("--csv", pub / "bench.csv", "a,b\n") is None  # a regular file: replaced quietly
+    victim.assert_untouched()
+    assert (pub / "rank-0.jsonl").read_text() == "appended\n" and (pub / "bench.csv").read_text() == "a,b\n"
+    assert os.stat(victim.path).st_nlink == 1
