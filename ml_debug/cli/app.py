@@ -100,10 +100,11 @@ def _debug_requested(argv: list[str]) -> bool:
 def _fail(message: str, hint: str | None) -> None:
     from ml_debug.core.visible import visible  # a message may quote a job's path or string
 
+    message, hint = visible(message, keep="\n"), hint and visible(hint, keep="\n")
     sys.stdout.flush()
-    sys.stderr.write(f"mldebug: error: {visible(message)}\n")
+    sys.stderr.write(f"mldebug: error: {message}\n")
     if hint:
-        sys.stderr.write(f"hint: {visible(hint)}\n")
+        sys.stderr.write(f"hint: {hint}\n")
     sys.stderr.flush()
 
 
