@@ -605,7 +605,7 @@ def test_csv_and_plot_replace_a_link_planted_at_their_name(area: Path, links_unp
     victims = {name: make_victim(area, f"victim-{name}", b"root's data\n") for name in ("bench.csv", "bench.png")}
     for name, victim in victims.items():
         plant_link(victim.path, pub / name)
-    proc = mldebug("allreduce-bench", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0", "--nproc-per-node", "2",
+    proc = mldebug("allreduce-bench", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0", "--nproc-per-node", "1",
                    "--csv", str(pub / "bench.csv"),
                    "--plot", str(pub / "bench.png"), timeout=240)
     for victim in victims.values():
