@@ -60,10 +60,11 @@ def test_train_paths_are_checked_before_training(tmp_path: Path, capsys: pytest.
     assert f"--init-from {missing} does not exist" in _usage_error(capsys, "train", "--init-from", str(missing))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    # walked by safefs (no link of another user followed), which names the component in the way
     line = _usage_error(capsys, "train", "--checkpoint-dir", str(blocker / "ckpt"))
-    assert f"--checkpoint-dir {blocker / 'ckpt'}: cannot create" in line
+    assert f"--checkpoint-dir: {blocker / 'ckpt'}: a-file is a regular file, not a directory" in line
     line = _usage_error(capsys, "train", "--metrics-dir", str(blocker / "m"), "--steps", "1")
-    assert line.startswith(f"mldebug: error: --metrics-dir {blocker / 'm'}: cannot create")
+    assert line.startswith(f"mldebug: error: --metrics-dir: {blocker / 'm'}: a-file is a regular file, not a directory")
 
 
 def test_train_checkpoint_dir_must_be_writable() -> None:

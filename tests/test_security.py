@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, mldebug, require, validate_schema
+from tests.conftest import REPO, mldebug, require, require_module, validate_schema, wait_in_function
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 RUNUSER = shutil.which("runuser") or "runuser"
@@ -103,9 +103,9 @@ class Job:
         self.log = area / "job.log"
 
     def start(self, rank: int, role: str, env: dict[str, str], plant: tuple[str, ...] = (),
-              golden: Path | None = None) -> int:
+              golden: Path | None = None, script: Path = JOB) -> int:
         ready = self.dir / f"ready-{rank}"
-        argv = [RUNUSER, "-u", "nobody", "--", SYSTEM_PYTHON, str(JOB), role, str(ready),
+        argv = [RUNUSER, "-u", "nobody", "--", SYSTEM_PYTHON, str(script), role, str(ready),
                 *([str(golden)] if golden else []), "--", *plant]
         full_env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "WORLD_SIZE": str(self.world), **env}
         with open(self.log, "ab") as log:
@@ -493,3 +493,320 @@ def test_walk_follows_only_links_of_root_or_the_owner(area: Path) -> None:
         os.close(cwd)
     with pytest.raises(FileNotFoundError):
         safefs.read_untrusted(f"{home}/real/absent", job_user, 100)
+
+
+# ---- round two: every path mldebug writes (issue 32) -----------------------------------------------
+
+@pytest.fixture
+def links_unprotected() -> Iterator[None]:
+    """fs.protected_symlinks, fs.protected_regular and fs.protected_hardlinks off, as in many
+    containers, restored after: with them on, the kernel itself refuses root a link or a file that
+    another user planted in a sticky directory (or refuses that user the hard link), and these
+    attacks would fail whatever mldebug did."""
+    knobs = [Path(f"/proc/sys/fs/protected_{k}") for k in ("symlinks", "regular", "hardlinks")]
+    before = {k: k.read_text().strip() for k in knobs if k.exists()}
+    try:
+        for k in before:
+            if before[k] != "0":
+                k.write_text("0\n")
+    except OSError as e:
+        require(False, f"a writable {e.filename} (to turn the kernel's link protection off for the test)")
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if k.read_text().strip() != v:
+                k.write_text(v + "\n")
+
+
+def sticky_dir(area: Path, name: str = "pub") -> Path:
+    """Like /tmp: root's, mode 1777, where any user may create names."""
+    d = area / name
+    d.mkdir()
+    d.chmod(0o1777)
+    return d
+
+
+def plant_link(target: Path, at: Path) -> None:
+    """The job's user (nobody) makes the link, so it is theirs."""
+    subprocess.run([RUNUSER, "-u", "nobody", "--", "ln", "-s", str(target), str(at)], check=True, timeout=30)
+    assert os.lstat(at).st_uid == _nobody().pw_uid
+
+
+# Every option of every command that names a path mldebug writes, and a command line to reach it.
+# `{}` is the path under attack. Each must be refused before any work starts (exit 2).
+WRITE_OPTIONS: list[tuple[str, list[str]]] = [
+    ("--out-dir", ["dump-stacks", "--local", "--pid", "{pid}", "--out-dir", "{}"]),
+    ("--out-dir", ["exec", "--local", "--out-dir", "{}", "--", "true"]),
+    ("--out-dir", ["health", "--local", "--out-dir", "{}"]),
+    ("--out-dir", ["check", "--out-dir", "{}"]),
+    ("--out-dir", ["gpu-test", "--out-dir", "{}"]),
+    ("--out-dir", ["watch", "--pid", "{pid}", "--out-dir", "{}"]),
+    ("--out-dir", ["drill", "--out-dir", "{}"]),
+    ("--out-dir", ["trace", "--out-dir", "{}", "--", "/bin/true"]),
+    ("--metrics-dir", ["train", "--steps", "1", "--metrics-dir", "{}"]),
+    ("--checkpoint-dir", ["train", "--steps", "1", "--checkpoint-dir", "{}"]),
+    ("--profile-dir", ["train", "--steps", "1", "--profile-steps", "1:1", "--profile-dir", "{}"]),
+    ("--core-dir", ["train", "--steps", "1", "--core-dir", "{}"]),
+    ("--log-dir", ["launch", "--log-dir", "{}", "--", "/bin/true"]),
+    ("--csv", ["allreduce-bench", "--quick", "--csv", "{}/bench.csv"]),
+    ("--plot", ["allreduce-bench", "--quick", "--plot", "{}/bench.png"]),
+]
+# Not listed: gpu-test's hidden --report-to, which only a rank of `gpu-test --isolate` is given (a file in
+# the launcher's private mkdtemp folder); it is written by the same safefs.write_file all the same.
+
+
+def test_every_write_option_refuses_a_directory_link_planted_in_a_shared_dir(area: Path, links_unprotected,
+                                                                              job_factory) -> None:
+    """`--metrics-dir /tmp/pub/run` where the job's user made /tmp/pub/run a link to a root-only
+    directory: root would write there. Every option in WRITE_OPTIONS is attacked at once; each is exit
+    2 naming the link, and nothing appears in the directory it leads to."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    nobody = _nobody()
+    pub = sticky_dir(area)
+    job = job_factory(1)
+    pid = job.start(0, "idle", {})
+    attacks = []
+    for i, (flag, argv) in enumerate(WRITE_OPTIONS):
+        target = area / f"root-dir-{i}"
+        target.mkdir(mode=0o700)
+        plant_link(target, pub / f"run{i}")
+        args = [a.replace("{}", str(pub / f"run{i}")).replace("{pid}", str(pid)) for a in argv]
+        attacks.append((flag, args, target, f"run{i}"))
+
+    def attack(a: tuple[str, list[str], Path, str]) -> str | None:
+        """What went wrong with one attack (None: refused as it should be)."""
+        flag, args, target, name = a
+        shown = f"`mldebug {' '.join(args)}`"
+        try:
+            proc = mldebug(*args, timeout=60)  # refused up front: a second or two
+        except subprocess.TimeoutExpired:
+            return f"{shown} did not refuse {flag} before starting its work"
+        if list(target.iterdir()):
+            return f"{shown} wrote through {name}: {[p.name for p in target.iterdir()]}"
+        reason = (f"{name} is a symbolic link (to {target}) owned by uid {nobody.pw_uid} (nobody), not by root or "
+                  "uid 0 (root): not followed")
+        if proc.returncode != 2 or f"{flag}: " not in proc.stderr or reason not in proc.stderr:
+            return f"{shown}: exit {proc.returncode}, {proc.stderr[-400:]!r}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        problems = [p for p in pool.map(attack, attacks) if p]
+    assert not problems, "\n".join(problems)
+
+
+def test_csv_and_plot_replace_a_link_planted_at_their_name(area: Path, links_unprotected) -> None:
+    """The issue's attack: `allreduce-bench --csv /tmp/pub/bench.csv` (and `--plot`), where that name is
+    the job user's link to a root-only file, overwrote the file. Now the link is replaced by the real
+    file, never written through, and a warning says so."""
+    require_module("matplotlib", "--plot")
+    pub = sticky_dir(area)
+    victims = {name: make_victim(area, f"victim-{name}", b"root's data\n") for name in ("bench.csv", "bench.png")}
+    for name, victim in victims.items():
+        plant_link(victim.path, pub / name)
+    proc = mldebug("allreduce-bench", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0", "--nproc-per-node", "1",
+                   "--csv", str(pub / "bench.csv"),
+                   "--plot", str(pub / "bench.png"), timeout=240)
+    for victim in victims.values():
+        victim.assert_untouched()
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-1500:])
+    for name, victim in victims.items():
+        flag = "--csv" if name.endswith(".csv") else "--plot"
+        assert (f"mldebug: warning: {flag}: {name} was a symbolic link (to {victim.path}): not followed, replaced "
+                "by the real file") in proc.stderr, proc.stderr
+        written = pub / name
+        assert not written.is_symlink() and written.stat().st_uid == 0
+    assert (pub / "bench.csv").read_text().startswith("collective,")
+    assert (pub / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_neither_appends_through_a_planted_link_nor_resumes_a_planted_checkpoint(area: Path,
+                                                                                      links_unprotected) -> None:
+    """`train --metrics-dir /tmp/pub` appended its JSON lines to the job user's link (a root-only
+    file) and the profiler's trace followed a link the same way; `--checkpoint-dir /tmp/pub2` resumed
+    from a step folder that user planted, whose DCP metadata is a pickle: root ran their code. Two runs
+    side by side, so that each attack stands on its own (a crash on the planted checkpoint would hide
+    the others)."""
+    nobody = _nobody()
+    pub = sticky_dir(area)
+    pub2 = sticky_dir(area, "pub2")
+    metrics = make_victim(area, "victim-metrics", b"root's data\n")
+    trace = make_victim(area, "victim-trace", b"root's data\n")
+    plant_link(metrics.path, pub / "rank-0.jsonl")
+    plant_link(trace.path, pub / "rank-0.trace.json")
+    marker = area / "root-unpickled-the-jobs-file"
+    planted = pub2 / "step-9"
+    planted.mkdir()
+    (planted / "COMPLETE").write_text("9\n")
+    (planted / ".metadata").write_bytes(
+        b"c__builtin__\nopen\n(V" + str(marker).encode() + b"\nVw\ntR.")  # pickle: open(marker, "w")
+    (planted / "train_state.json").write_text('{"step": 9, "data": {}, "world_size": 1}')
+    for p in (planted, *planted.iterdir()):
+        os.chown(p, nobody.pw_uid, nobody.pw_gid)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(mldebug, "train", "--steps", "2", "--metrics-dir", str(pub), "--profile-steps", "1:1",
+                            "--profile-dir", str(pub), timeout=240)
+        second = pool.submit(mldebug, "train", "--steps", "1", "--checkpoint-dir", str(pub2), timeout=240)
+        proc, proc2 = first.result(), second.result()
+    metrics.assert_untouched()
+    trace.assert_untouched()
+    assert not marker.exists(), "root unpickled the checkpoint metadata another user planted"
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-1500:])
+    assert proc2.returncode == 0, (proc2.returncode, proc2.stderr[-1500:])
+    assert (f"--metrics-dir: rank-0.jsonl was a symbolic link (to {metrics.path}): removed, not followed"
+            in proc.stderr), proc.stderr[-1500:]
+    lines = [json.loads(x) for x in (pub / "rank-0.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "step" in x] == [1, 2]
+    assert not (pub / "rank-0.trace.json").is_symlink() and (pub / "rank-0.trace.json").stat().st_uid == 0
+    assert (pub2 / "step-1" / "COMPLETE").read_text() == "1\n" and os.stat(pub2 / "step-1").st_uid == 0
+
+
+# ---- a job's strings on root's terminal (issue 32) -------------------------------------------------
+
+EVIL = "e\x1b]0;PWNED-TITLE\a\x1b[31mvil.py"  # sets the terminal's title, then its colour
+EVIL_SHOWN = "e\\e]0;PWNED-TITLE\\a\\e[31mvil.py"
+RAW = ("\x1b", "\x07", "\x9b", "\r", "\b")
+
+
+
+def test_a_jobs_strings_are_shown_with_control_characters_made_visible(area: Path, job_factory) -> None:
+    """A job script named with escape sequences (dump-stacks' tree and group table, and the watch
+    bundle's dump-stacks.txt); a trace file with escapes and bytes that are not UTF-8 (trace-tail); log
+    lines with U+009B, \\r and \\b (logs, logs --rank); an environment value (env). Each is shown with
+    the characters made visible; JSON keeps the exact value."""
+    nobody = _nobody()
+    job = job_factory(1)
+    script = job.dir / EVIL
+    shutil.copy(JOB, script)
+    os.chown(script, nobody.pw_uid, nobody.pw_gid)
+    pid = job.start(0, "idle", {}, script=script)
+    wait_in_function(pid, {"job_main_loop"})
+
+    problems: list[str] = []  # every surface is checked, and all that let a character through are named
+
+    def check(text: str, where: str, shown: str) -> None:
+        raw = [repr(c) for c in RAW if c in text]
+        if raw:
+            problems.append(f"{where} lets {', '.join(raw)} through to the terminal")
+        elif shown not in text:
+            problems.append(f"{where} does not show {shown!r}: {text[-600:]!r}")
+
+    stacks = mldebug("dump-stacks", "--local", "--pid", str(pid), timeout=180)
+    check(stacks.stdout, "dump-stacks", EVIL_SHOWN)
+    if stacks.stdout.count(EVIL_SHOWN) < 2:  # the tree and the group table
+        problems.append(f"dump-stacks shows the name visibly {stacks.stdout.count(EVIL_SHOWN)} time(s), not in "
+                        "both the tree and the group table")
+
+    out = area / "bundle"
+    watch = mldebug("watch", "--pid", str(pid), "--now", "--samples", "1", "--interval", "1", "--out-dir", str(out),
+                    timeout=180)
+    texts = list(out.rglob("dump-stacks.txt"))
+    assert texts, (watch.returncode, watch.stderr[-1000:])
+    check(texts[0].read_text(), "the watch bundle's dump-stacks.txt", EVIL_SHOWN)
+    doc = json.loads((texts[0].parent / "dump-stacks.json").read_text())
+    files = {f["filename"] for p in doc["result"]["processes"] for s in p["samples"] if s["ok"]
+             for t in s["threads"] for f in t["frames"]}
+    assert str(script) in files, files  # JSON keeps the exact name (escaped by JSON itself)
+
+    traces = area / "traces"
+    traces.mkdir()
+    (traces / "trace-h-0-100.txt").write_bytes(
+        b"# nicertrace pid=100 host=h rank=0 mode=stream\n"
+        b"0:00:01.000 train.py:5: x = '\x1b]0;PWNED\x07\x1b[2J\xc2\x9b31m\xff\xfe\r\x08'\n")
+    tail = mldebug("trace-tail", str(traces), timeout=120)
+    check(tail.stdout, "trace-tail", "x = '\\e]0;PWNED\\a\\e[2J\\x9b31m")
+    tail_doc = json.loads(mldebug("trace-tail", str(traces), "--json", timeout=120).stdout)
+    assert tail_doc["result"]["files"][0]["tail"][-1].startswith("0:00:01.000 train.py:5: x = '\x1b]0;PWNED\x07")
+
+    log = area / "job.out"
+    log.write_bytes(b"[rank0]: step \xc2\x9b2J one\r OVER\x08X\n"
+                    b"[rank1]: Traceback (most recent call last):\n"
+                    b'[rank1]:   File "t.py", line 3, in <module>\n'
+                    b"[rank1]: RuntimeError: boom \xc2\x9b31m\n")
+    check(mldebug("logs", str(log), timeout=120).stdout, "logs", "boom \\x9b31m")
+    check(mldebug("logs", "--rank", "0", str(log), timeout=120).stdout, "logs --rank", "step \\x9b2J one\\r OVER\\bX")
+
+    env = mldebug("env", "--no-torch", env={"NCCL_DEBUG": "INFO\x1b]0;PWNED\x07\r"}, timeout=120)
+    check(env.stdout, "env", "INFO\\e]0;PWNED\\a\\r")
+    assert not problems, "\n".join(problems)
+    env_doc = json.loads(mldebug("env", "--no-torch", "--json", env={"NCCL_DEBUG": "INFO\x1b]0;PWNED\x07\r"},
+                                 timeout=120).stdout)
+    def strings(v: object) -> Iterator[str]:
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            for x in v.values():
+                yield from strings(x)
+        elif isinstance(v, list):
+            for x in v:
+                yield from strings(x)
+
+    assert "INFO\x1b]0;PWNED\x07\r" in set(strings(env_doc))
+
+
+def test_a_crafted_core_is_not_read_and_the_others_are_kept(area: Path) -> None:
+    """e_phnum=65535 and a note at offset 2**64-16: an internal OverflowError that lost every core of
+    the directory. Now that core is reported not read, with why, and the next one is read."""
+    import struct
+
+    cores = area / "cores"
+    cores.mkdir()
+
+    def elf(phdrs: bytes, phnum: int, tail: bytes = b"") -> bytes:
+        head = bytearray(64)
+        head[:7] = b"\x7fELF\x02\x01\x01"
+        struct.pack_into("<HH", head, 16, 4, 62)  # ET_CORE, x86-64
+        struct.pack_into("<Q", head, 32, 64)  # e_phoff
+        struct.pack_into("<HHH", head, 52, 64, 56, phnum)
+        return bytes(head) + phdrs + tail
+
+    (cores / "core.1").write_bytes(elf(struct.pack("<IIQQQQQQ", 4, 0, 2**64 - 16, 0, 0, 100, 0, 0), 65535))
+    prstatus = bytearray(336)
+    struct.pack_into("<i", prstatus, 0, 11)  # si_signo
+    struct.pack_into("<h", prstatus, 12, 11)  # pr_cursig: SIGSEGV
+    struct.pack_into("<i", prstatus, 32, 4242)  # pr_pid
+    note = struct.pack("<III", 5, len(prstatus), 1) + b"CORE\0\0\0\0" + bytes(prstatus)
+    (cores / "core.2").write_bytes(elf(struct.pack("<IIQQQQQQ", 4, 0, 120, 0, 0, len(note), 0, 0), 1, note))
+
+    proc = mldebug("core-bt", "--dir", str(cores), "--json", timeout=180)
+    doc = json.loads(proc.stdout)
+    validate_schema(doc, "core-bt")
+    by_name = {Path(c["path"]).name: c for c in doc["result"]["cores"]}
+    assert set(by_name) == {"core.1", "core.2"}, (proc.stderr[-1000:], by_name)
+    assert not by_name["core.1"]["ok"]
+    assert by_name["core.1"]["error"] == (f"not read: program header 0 names offset {2**64 - 16} and size 100: a "
+                                          "corrupt or crafted core"), by_name["core.1"]
+    assert by_name["core.2"]["pid"] == 4242 and by_name["core.2"]["signal"] == "SIGSEGV", by_name["core.2"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_appending_and_writing_never_go_through_a_hard_link_planted_in_a_shared_dir(area: Path,
+                                                                                 links_unprotected) -> None:
+    """A hard link to root's file at the name mldebug appends to (`--metrics-dir`, `--log-dir`'s
+    console.log) or writes (`--csv`): O_NOFOLLOW does not see it. The name is removed or replaced."""
+    from ml_debug.core import safefs
+
+    pub = sticky_dir(area)
+    shared = area / "shared"  # a directory the job's user may read: a hard link needs the path
+    shared.mkdir(mode=0o755)
+    victim_path = shared / "root-file"
+    victim_path.write_bytes(b"root's data\n")
+    victim_path.chmod(0o600)
+    victim = Victim(victim_path, b"root's data\n", os.lstat(victim_path).st_mtime_ns)
+    for name in ("rank-0.jsonl", "bench.csv"):
+        subprocess.run([RUNUSER, "-u", "nobody", "--", "ln", str(victim.path), str(pub / name)], check=True,
+                       timeout=30)
+    assert os.stat(victim.path).st_nlink == 3
+
+    fd, note = safefs.open_append(pub, "rank-0.jsonl", "--metrics-dir")
+    with open(fd, "a") as f:
+        f.write("appended\n")
+    assert note == "rank-0.jsonl was a hard link (3 names): removed, not followed"
+    assert safefs.write_file("--csv", pub / "bench.csv", "a,b\n") is None  # a regular file: replaced quietly
+    victim.assert_untouched()
+    assert (pub / "rank-0.jsonl").read_text() == "appended\n" and (pub / "bench.csv").read_text() == "a,b\n"
+    assert os.stat(victim.path).st_nlink == 1

@@ -89,6 +89,8 @@ class BenchConfig:
                              "use --dtype float32 (or bfloat16/float16), or --op sum")
         if self.min_bytes is not None and self.max_bytes is not None:
             bw.sweep(self.min_bytes, self.max_bytes, self.step_factor or 2.0)  # min > max and friends
+        from ml_debug.core import safefs
+
         if self.csv == "-" and as_json:
             raise UsageError("--csv - and --json both want stdout", "give --csv a file name, or drop --json")
         if self.plot is not None:
@@ -97,8 +99,10 @@ class BenchConfig:
             require_matplotlib()
             if self.plot.suffix.lower() != ".png":
                 raise UsageError(f"--plot {self.plot} must end in .png", "e.g. --plot busbw.png")
+            safefs.check_out_file("--plot", self.plot)
             output_file("--plot", self.plot)
         if self.csv not in (None, "-"):
+            safefs.check_out_file("--csv", self.csv)
             output_file("--csv", self.csv)
 
     def check_world(self, world_size: int) -> None:

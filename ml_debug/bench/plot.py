@@ -27,6 +27,19 @@ class PlotInfo:
     ylabel: str
     xscale: str
     series: list[str]
+    note: str | None = None  # a link planted at the name, replaced (safefs.write_file)
+
+
+def _save(fig: Any, path: str | Path) -> str | None:
+    """The PNG drawn in memory, then written by safefs: a link planted at the name is replaced, never
+    written through (matplotlib would open the name and follow it)."""
+    import io
+
+    from ml_debug.core import safefs
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return safefs.write_file("--plot", path, buf.getvalue())
 
 
 def require_matplotlib() -> None:
@@ -72,8 +85,8 @@ def plot_curve(result: Any, path: str | Path) -> PlotInfo:
         if series:
             ax.legend()
         fig.tight_layout()
-        fig.savefig(str(path), format="png")
-        return PlotInfo(str(path), "curve", title, ax.get_xlabel(), ax.get_ylabel(), ax.get_xscale(), series)
+        note = _save(fig, path)
+        return PlotInfo(str(path), "curve", title, ax.get_xlabel(), ax.get_ylabel(), ax.get_xscale(), series, note)
     finally:
         plt.close(fig)
 
@@ -108,8 +121,9 @@ def plot_heatmap(result: Any, path: str | Path) -> PlotInfo:
         title = f"pairwise bandwidth, {bw.format_size(p.size)} per exchange\n(median {p.median:.3g} GB/s)"
         ax.set_title(title, fontsize=10)
         fig.tight_layout()
-        fig.savefig(str(path), format="png")
-        return PlotInfo(str(path), "heatmap", title, ax.get_xlabel(), ax.get_ylabel(), ax.get_xscale(), p.names)
+        note = _save(fig, path)
+        return PlotInfo(str(path), "heatmap", title, ax.get_xlabel(), ax.get_ylabel(), ax.get_xscale(), p.names,
+                        note)
     finally:
         plt.close(fig)
 

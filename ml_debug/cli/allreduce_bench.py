@@ -105,7 +105,7 @@ def _report(cfg: BenchConfig, result: BenchResult) -> PartialResult | None:
 
     from ml_debug.bench.report import render, to_csv
     from ml_debug.bench.sweep import SCHEMA, SCHEMA_VERSION
-    from ml_debug.core import output
+    from ml_debug.core import output, safefs
     from ml_debug.core.environment import summary
     from ml_debug.core.errors import PartialResult
 
@@ -115,7 +115,7 @@ def _report(cfg: BenchConfig, result: BenchResult) -> PartialResult | None:
         from ml_debug.bench.plot import plot as draw
 
         plot = cfg.plot
-        writes.append((str(plot), lambda: draw(result, plot)))
+        writes.append((str(plot), lambda: draw(result, plot).note))
         result.notes.append(f"plot: {plot}")
     if cfg.csv == "-":
         sys.stdout.write(to_csv(result))
@@ -123,13 +123,18 @@ def _report(cfg: BenchConfig, result: BenchResult) -> PartialResult | None:
     else:
         if cfg.csv is not None:
             csv = Path(cfg.csv)
-            writes.append((str(csv), lambda: csv.write_text(to_csv(result))))
+            writes.append((str(csv), lambda: safefs.write_file("--csv", csv, to_csv(result))))
             result.notes.append(f"CSV: {csv}")
         output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: render(result, env, console), environment=env)
+    from ml_debug.core.errors import MLDebugError
+
     for path, write in writes:
         try:
-            write()
-        except OSError as e:
-            return PartialResult(f"the result above is complete, but {path} could not be written: {e.strerror or e}",
+            note = write()
+        except (OSError, safefs.Refused, MLDebugError) as e:
+            why = e.message if isinstance(e, MLDebugError) else (getattr(e, "strerror", None) or e)
+            return PartialResult(f"the result above is complete, but {path} could not be written: {why}",
                                  "free space or fix the path, and run again")
+        if isinstance(note, str):  # a link planted at the name was replaced, not followed
+            output.warn(note)
     return None

@@ -103,6 +103,9 @@ def _debug_requested(argv: list[str]) -> bool:
 
 
 def _fail(message: str, hint: str | None) -> None:
+    from ml_debug.core.visible import visible  # a message may quote a job's path or string
+
+    message, hint = visible(message, keep="\n"), hint and visible(hint, keep="\n")
     sys.stdout.flush()
     sys.stderr.write(f"mldebug: error: {message}\n")
     if hint:

@@ -49,6 +49,10 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
             raise UsageError("--isolate launches its own ranks and cannot run under torchrun/srun/mpirun",
                              "run `mldebug gpu-test --isolate` once per node, without a launcher")
         return _run_as_rank(cfg)
+    if cfg.out_dir is not None:  # a --out-dir that cannot be made (and checked to be ours): before torch loads
+        from ml_debug.core import safefs
+
+        safefs.make_out_dir(cfg.out_dir)
     from ml_debug.dist.device import choose_device, visible_gpus
 
     wants_cpu = cfg.device == "cpu" or (cfg.backend == "gloo" and cfg.device == "auto")
@@ -57,10 +61,6 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
     from ml_debug.cli.spawn import ranks_to_start
 
     nproc = ranks_to_start(launch, gpus)  # a count the node cannot run is refused before anything starts
-    if cfg.out_dir is not None:  # likewise a --out-dir that cannot be made (and checked to be ours)
-        from ml_debug.core import safefs
-
-        safefs.make_out_dir(cfg.out_dir)
     run_timeout = cfg.init_timeout * 2 + (cfg.timeout_s + 5) * 8 + 60
     rdzv = max(30.0, cfg.init_timeout)
     if cfg.isolate:
@@ -80,7 +80,7 @@ def _run_as_rank(cfg: GpuTestConfig) -> int:
     def deliver(result: GpuTestResult) -> None:
         doc = output.dumps(output.document(SCHEMA, 1, result)) + "\n"
         if cfg.report_to is not None:
-            cfg.report_to.write_text(doc)
+            safefs.write_file("--report-to", cfg.report_to, doc)
         if cfg.out_dir is not None:  # never through a link planted in --out-dir
             safefs.write_out(cfg.out_dir, "gpu-test.json", doc)
         if cfg.report_to is None:

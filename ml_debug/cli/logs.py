@@ -65,6 +65,7 @@ def _demux(opts: LogsOptions) -> int:
 
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
+    from ml_debug.core.visible import visible
     from ml_debug.logs.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.logs.triage import MAX_DEMUX_LINES, demux
 
@@ -78,9 +79,9 @@ def _demux(opts: LogsOptions) -> int:
             lines.append({"source": source, "line": line, "text": text})
             return
         if several and (not shown or shown[-1] != source):
-            sys.stdout.write(f"==> {source} <==\n")
+            sys.stdout.write(f"==> {visible(source)} <==\n")
             shown.append(source)
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(visible(text, keep="\t") + "\n")  # a job's \r, \b, ESC, U+009B shown, not obeyed
 
     # the text view streams every line; a JSON document is built in memory, so it holds at most a bound
     got = demux(list(opts.paths), rank=opts.rank, node=opts.node, emit=emit,

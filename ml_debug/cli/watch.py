@@ -41,4 +41,8 @@ def watch(opts: WatchOptions, targets: TargetOptions) -> int:
     from ml_debug.compose.watch_loop import run_watch
 
     opts.validate(remote=targets.remote)
+    if opts.out_dir is not None:  # a planted link or another user's directory: said now, not at the incident
+        from ml_debug.core import safefs
+
+        safefs.check_out_dir(opts.out_dir)  # made at the first incident
     return run_watch(targets.resolve(), opts)

@@ -171,11 +171,9 @@ class IncidentCollector:
                                             output.dumps(output.document(STACKS_SCHEMA, STACKS_VERSION, data)) + "\n"))
         if data.get("flight_recorder"):
             part.files.append(self.bundle.write_json("flight-recorder.json", data["flight_recorder"]))
-        from rich.console import Console
-
         text = io.StringIO()
-        try:
-            render(result, Console(file=text, width=160, highlight=False, soft_wrap=False))
+        try:  # control characters of the job's strings made visible in the file, as on a terminal
+            render(result, output.text_console(text, width=160, highlight=False, soft_wrap=False))
         except Exception as e:  # the JSON above is the evidence; the text view is a convenience
             part.error = f"dump-stacks.txt not drawn: {type(e).__name__}: {e}"
             return

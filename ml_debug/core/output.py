@@ -202,11 +202,53 @@ def _width(stream: Any) -> int | None:
 _TRAILING_SPACES = re.compile(r" +$", re.MULTILINE)
 
 
+def console_class() -> type[Console]:
+    """rich's Console that never lets a control character of the text through.
+
+    What mldebug shows comes largely from jobs (process and file names, frames, log lines, host names,
+    environment values): each piece of text is passed through :func:`ml_debug.core.visible.visible`
+    as it is written, so ``ESC``, ``\\r``, ``\\b`` or U+009B print as ``\\e``, ``\\r``... and cannot drive
+    the reader's terminal. rich's own style codes are added after, in control segments and styles, so
+    colours still work. Every console that draws text for people is made from this class (the
+    terminal, and files meant for reading such as the watch bundle's ``dump-stacks.txt``)."""
+    if "class" not in _classes:
+        import rich.text
+        from rich.console import Console
+        from rich.segment import Segment
+
+        from ml_debug.core.visible import visible
+
+        # rich's Text silently drops BEL, \b, \v, \f and \r when it is made (before any console sees
+        # it): a line that overwrote itself would lose the evidence. They are made visible instead, as
+        # everything else is (Text is built from mldebug's own strings or a job's, never from rich's
+        # terminal codes, which travel as control segments)
+        rich.text.strip_control_codes = lambda text, *_a, **_k: visible(text, keep="\n\t")
+
+        class SafeConsole(Console):
+            def render_str(self, text: str, **kwargs: Any) -> Any:  # before rich drops \r, \b, BEL unseen
+                return super().render_str(visible(text, keep="\n\t"), **kwargs)
+
+            def _render_buffer(self, buffer: Any) -> str:
+                safe = [seg if seg.control or seg.text.isprintable() else
+                        Segment(visible(seg.text, keep="\n\t"), seg.style, seg.control) for seg in buffer]
+                text: str = super()._render_buffer(safe)
+                return text
+
+        _classes["class"] = SafeConsole
+    return _classes["class"]
+
+
+_classes: dict[str, type[Console]] = {}
+
+
+def text_console(file: Any, **kwargs: Any) -> Console:
+    """A console that draws into `file` (a report meant for reading), control characters made visible."""
+    return console_class()(file=file, **kwargs)
+
+
 def stdout_console() -> Console:
     if "out" not in _consoles:
-        from rich.console import Console
-
-        class StdoutConsole(Console):
+        class StdoutConsole(console_class()):  # type: ignore[misc]
             def on_broken_pipe(self) -> None:  # rich's own exits 1, which reads as "a problem was found"
                 self.quiet = True
                 reader_gone()
@@ -221,15 +263,16 @@ def stdout_console() -> Console:
 
 def stderr_console() -> Console:
     if "err" not in _consoles:
-        from rich.console import Console
-
-        _consoles["err"] = Console(file=sys.stderr, width=_width(sys.stderr), highlight=False)
+        _consoles["err"] = console_class()(file=sys.stderr, width=_width(sys.stderr), highlight=False)
     return _consoles["err"]
 
 
 def log(message: str) -> None:
-    """A line for the person at the terminal: always stderr, never mixed into data."""
-    sys.stderr.write(message.rstrip("\n") + "\n")
+    """A line for the person at the terminal: always stderr, never mixed into data (control characters
+    made visible: a message may quote a job's path or string)."""
+    from ml_debug.core.visible import visible
+
+    sys.stderr.write(visible(message.rstrip("\n"), keep="\n\t") + "\n")
     sys.stderr.flush()
 
 

@@ -33,6 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ml_debug.core.visible import visible
+
 MAX_LINKS = 40  # the kernel's own limit on symbolic links in one lookup
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -314,11 +316,12 @@ def opened(fd: int) -> Iterator[int]:
 
 # ---- files mldebug writes -------------------------------------------------------------------------
 
-def open_out_dir(path: str | os.PathLike[str]) -> int:
+def open_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> int:
     """An O_PATH fd of an output directory, made like ``mkdir -p`` where missing.
 
     The operator named it, but a shared parent (``/tmp``) lets others plant the name first: a symbolic
     link on the way is followed only when we or root own it, and the directory must be ours or root's.
+    `flag` names the option in the error (``--metrics-dir``, ``--log-dir``...).
     """
     from ml_debug.core.errors import UsageError
 
@@ -328,21 +331,44 @@ def open_out_dir(path: str | os.PathLike[str]) -> int:
         start = os.open("/" if text.startswith("/") else ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         fd = _walk(deque(text.split("/")), text, me, start, create=True)
     except Refused as e:
-        raise UsageError(f"--out-dir: {e}", "choose a directory that you own") from None
+        raise UsageError(f"{flag}: {visible(str(e))}", "choose a directory that you own") from None
     except OSError as e:
-        raise UsageError(f"--out-dir {text}: {e.strerror}", "choose a writable directory") from None
+        raise UsageError(f"{flag} {visible(text)}: {e.strerror}", "choose a writable directory") from None
     st = os.fstat(fd)
     if st.st_uid != 0 and not me.owns(st):
         _close(fd)
-        raise UsageError(f"--out-dir {text} belongs to {_who(st.st_uid)}: another user could replace what "
+        raise UsageError(f"{flag} {visible(text)} belongs to {_who(st.st_uid)}: another user could replace what "
                          "mldebug writes there", "choose a directory that you own")
     return fd
 
 
-def make_out_dir(path: str | os.PathLike[str]) -> None:
+def check_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> None:
+    """The checks of :func:`open_out_dir` made now on what exists of the path, without making anything
+    (a command that writes only if something happens, like watch): a planted link is said up front."""
+    from ml_debug.core.errors import UsageError
+
+    text = os.fspath(path)
+    me = Owner.current()
+    try:
+        start = os.open("/" if text.startswith("/") else ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = _walk(deque(text.split("/")), text, me, start)
+    except FileNotFoundError:
+        return  # made (and checked again) when it is first written
+    except Refused as e:
+        raise UsageError(f"{flag}: {visible(str(e))}", "choose a directory that you own") from None
+    except OSError as e:
+        raise UsageError(f"{flag} {visible(text)}: {e.strerror}", "choose a writable directory") from None
+    with opened(fd):
+        st = os.fstat(fd)
+    if st.st_uid != 0 and not me.owns(st):
+        raise UsageError(f"{flag} {visible(text)} belongs to {_who(st.st_uid)}: another user could replace what "
+                         "mldebug writes there", "choose a directory that you own")
+
+
+def make_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> None:
     """An output directory made and checked (:func:`open_out_dir`) before the work, so an unusable one
     is said up front, not after the work is done."""
-    os.close(open_out_dir(path))
+    os.close(open_out_dir(path, flag))
 
 
 def replace_in(dir_fd: int, name: str, data: bytes, mode: int = 0o666) -> str | None:
@@ -402,31 +428,36 @@ def planted(out_dir: str | os.PathLike[str], name: str) -> str | None:
     return f"{name} was {what}: not followed, replaced by the real file"
 
 
-def write_out(out_dir: str | os.PathLike[str], name: str, data: str | bytes) -> str | None:
+def write_out(out_dir: str | os.PathLike[str], name: str, data: str | bytes, flag: str = "--out-dir") -> str | None:
     """Write ``<out_dir>/<name>`` (see :func:`replace_in`); a note when a planted file was replaced."""
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"not a plain file name: {name!r}")
-    fd = open_out_dir(out_dir)
+    fd = open_out_dir(out_dir, flag)
     try:
         return replace_in(fd, name, data.encode() if isinstance(data, str) else data)
     finally:
         _close(fd)
 
 
-def open_append(out_dir: str | os.PathLike[str], name: str) -> tuple[int, str | None]:
-    """An fd for appending to ``<out_dir>/<name>`` (made 0666 less the umask); a link planted there is
-    removed (the link, not its target) first. The fd and a note when that happened."""
+def open_append(out_dir: str | os.PathLike[str], name: str, flag: str = "--out-dir") -> tuple[int, str | None]:
+    """An fd for appending to ``<out_dir>/<name>`` (made 0666 less the umask). What is planted at that
+    name is removed first (the name, never what it leads to): a symbolic link, a FIFO, or a regular
+    file that is another user's or has other hard links (in a shared directory, a hard link to a file
+    of root's would make us append to that file). The fd and a note when that happened."""
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"not a plain file name: {name!r}")
-    dfd = open_out_dir(out_dir)
+    dfd = open_out_dir(out_dir, flag)
+    me = Owner.current()
     note = None
     try:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         for _ in range(3):
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
-                    what = _kind(st.st_mode)
+                what = _planted(st, me)
+                if what:
+                    if stat.S_ISLNK(st.st_mode):
+                        what += f" (to {_readlink(name, dfd)})"
                     os.unlink(name, dir_fd=dfd)
                     note = f"{name} was {what}: removed, not followed"
             except FileNotFoundError:
@@ -434,17 +465,104 @@ def open_append(out_dir: str | os.PathLike[str], name: str) -> tuple[int, str | 
             try:
                 fd = os.open(name, flags, 0o666, dir_fd=dfd)
             except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENXIO):
+                if e.errno in (errno.ELOOP, errno.ENXIO, errno.EACCES):
                     continue  # planted again between our look and our open
                 raise
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if _planted(os.fstat(fd), me):
                 _close(fd)
                 continue
             os.set_blocking(fd, True)
             return fd, note
-        raise Refused(f"{name} keeps being replaced by something that is not a regular file")
+        raise Refused(f"{name} keeps being replaced by something that is not a regular file of yours")
     finally:
         _close(dfd)
+
+
+def _planted(st: os.stat_result, me: Owner) -> str | None:
+    """Why a file found where we append is not ours to append to (None when it is)."""
+    if not stat.S_ISREG(st.st_mode):
+        return _kind(st.st_mode)
+    if not me.owns(st):
+        return f"a file of {_who(st.st_uid)}"
+    if st.st_nlink > 1:
+        return f"a hard link ({st.st_nlink} names)"
+    return None
+
+
+def out_file_dir(flag: str, path: str | os.PathLike[str]) -> int:
+    """An O_PATH fd of the directory an output FILE goes in (``--csv``, ``--plot``), by the rules of
+    :func:`open_out_dir` (never made: a file's directory must exist). Usage errors name `flag`."""
+    from ml_debug.core.errors import UsageError
+
+    text = os.fspath(path)
+    parent, _, leaf = text.rpartition("/")
+    if leaf in ("", ".", ".."):
+        raise UsageError(f"{flag} {visible(text)} does not name a file", "name a file, e.g. results/bench.csv")
+    parent = parent or ("/" if text.startswith("/") else ".")
+    me = Owner.current()
+    try:
+        start = os.open("/" if parent.startswith("/") else ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = _walk(deque(parent.split("/")), text, me, start)
+    except Refused as e:
+        raise UsageError(f"{flag}: {visible(str(e))}", "choose a directory that you own") from None
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {visible(text)}: directory {visible(parent)} does not exist",
+                         "create it first, or choose another path") from None
+    except OSError as e:
+        raise UsageError(f"{flag} {visible(text)}: {e.strerror}", "choose another path") from None
+    st = os.fstat(fd)
+    if st.st_uid != 0 and not me.owns(st):
+        _close(fd)
+        raise UsageError(f"{flag} {visible(text)}: its directory belongs to {_who(st.st_uid)}: another user could "
+                         "replace what mldebug writes there", "choose a directory that you own")
+    return fd
+
+
+def check_out_file(flag: str, path: str | os.PathLike[str]) -> None:
+    """The checks of :func:`write_file` made before the work (exit 2 up front, not after a long run)."""
+    from ml_debug.core.errors import UsageError
+
+    fd = out_file_dir(flag, path)
+    with opened(fd):
+        leaf = os.fspath(path).rpartition("/")[2]
+        try:
+            st = os.stat(leaf, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{flag} {visible(os.fspath(path))} is a directory", "name a file inside it")
+
+
+def write_file(flag: str, path: str | os.PathLike[str], data: str | bytes) -> str | None:
+    """Write an output FILE the operator named (``--csv``, ``--plot``): its directory walked as for
+    ``--out-dir``, the file replaced atomically by a new one (:func:`replace_in`), so a link planted at
+    that name in a shared directory is replaced, never written through. A note when that happened."""
+    fd = out_file_dir(flag, path)
+    with opened(fd):
+        leaf = os.fspath(path).rpartition("/")[2]
+        note = replace_in(fd, leaf, data.encode() if isinstance(data, str) else data)
+    return f"{flag}: {note}" if note else None
+
+
+def make_in(dir_fd: int, name: str, mode: int = 0o777) -> int:
+    """A new directory `name` inside `dir_fd` made by us (``mkdir``, never through a link; an existing
+    directory is used only when it is ours and no link); its O_PATH fd."""
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"not a plain directory name: {name!r}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    fd = os.open(name, _PATH_FLAGS, dir_fd=dir_fd)
+    st = os.fstat(fd)
+    me = Owner.current()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or not me.owns(st):
+        what = _kind(st.st_mode)
+        if stat.S_ISLNK(st.st_mode):
+            what += f" (to {_readlink(name, dir_fd)})"
+        elif not me.owns(st):
+            what += f" of {_who(st.st_uid)}"
+        _close(fd)
+        raise Refused(f"{name} is {what}: not used")
+    return fd
 
 
 def trusted_system_file(path: str) -> bool:

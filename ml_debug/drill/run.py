@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ml_debug.core import output
+from ml_debug.core import output, safefs
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import to_argv
 from ml_debug.drill.catalog import CATALOG, Plan, judge
@@ -86,7 +86,7 @@ def run_drills(opts: DrillOptions, targets: TargetOptions | None = None,
     host = socket.gethostname()
     site = site_for(opts, targets)
     root = opts.out_dir or Path(f"mldebug-drill-{time.strftime('%Y%m%d-%H%M%S')}")
-    root.mkdir(parents=True, exist_ok=True)
+    safefs.make_out_dir(root)  # no link of another user followed; the folder ours or root's
     outcomes: list[DrillOutcome] = []
     interrupted = False
     with output.progress(len(opts.only), "drills") as bar:

@@ -163,9 +163,10 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
 
 
 def _write_manifest(p: LaunchPlan) -> None:
-    tmp = p.node_dir / (LAUNCH_MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(p.manifest, indent=2) + "\n")
-    os.replace(tmp, p.node_dir / LAUNCH_MANIFEST)
+    from ml_debug.core import safefs
+
+    # safefs: a link planted at the name in a shared --log-dir is replaced, never written through
+    safefs.write_out(p.node_dir, LAUNCH_MANIFEST, json.dumps(p.manifest, indent=2) + "\n", "--log-dir")
 
 
 def prepare(p: LaunchPlan) -> None:
@@ -175,12 +176,15 @@ def prepare(p: LaunchPlan) -> None:
                          "give another --log-dir (or remove that directory)")
     p.manifest["started"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     try:
-        p.node_dir.mkdir(parents=True, exist_ok=True)
+        from ml_debug.core import safefs
+
+        safefs.make_out_dir(p.node_dir, "--log-dir")  # no link of another user followed on the way
         for sub in ("fr",) if p.manifest.get("flight_recorder") else ():
-            (p.node_dir / sub).mkdir(exist_ok=True)
+            safefs.make_out_dir(p.node_dir / sub, "--log-dir")
         _write_manifest(p)
-    except OSError as e:
-        raise UsageError(f"cannot write the logs to {p.node_dir}: {e}", "give a writable --log-dir") from None
+    except (OSError, safefs.Refused, UsageError) as e:
+        hint = e.hint if isinstance(e, UsageError) else None
+        raise UsageError(f"cannot write the logs to {p.node_dir}: {e}", hint or "give a writable --log-dir") from None
 
 
 def _pump(src: IO[bytes], dst: IO[bytes], log: IO[bytes], lock: threading.Lock) -> None:
@@ -233,7 +237,10 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
     err = stderr or sys.stderr.buffer
     lock = threading.Lock()
     code: int = ExitCode.PROBLEM
-    with open(p.node_dir / CONSOLE, "ab") as log:
+    from ml_debug.core import safefs
+
+    fd, _note = safefs.open_append(p.node_dir, CONSOLE, "--log-dir")  # a planted link: removed, not followed
+    with open(fd, "ab") as log:
         try:
             # torchrun gets SIGTERM (and stops its ranks) when this process dies, even by SIGKILL
             proc = subprocess.Popen(p.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,

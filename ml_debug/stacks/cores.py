@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from ml_debug.core.errors import EnvironmentProblem, ExitCode, UsageError
 from ml_debug.core.output import log, progress
 from ml_debug.core.safefs import Refused
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
-from ml_debug.stacks.elfcore import executable_of, is_core_fd, read_notes_fd, truncation
+from ml_debug.stacks.elfcore import BadCore, executable_of, is_core_fd, read_notes_fd, truncation
 from ml_debug.stacks.model import Frame, ThreadDump
 from ml_debug.stacks.parsers import parse_gdb, parse_pystack
 from ml_debug.stacks.tools import INSTALL_HINTS, find_tool, first_error_line, run_tool
@@ -241,6 +242,9 @@ def analyse_core(path: Path, timeout: float = 120.0, executable: str | None = No
         return CoreReport(path=str(path), size=0, mtime=0.0, ok=False, error=f"not read: {e}")
     try:
         return _analyse_fd(path, fd, st, t0, timeout, executable)
+    except (BadCore, struct.error, OverflowError) as e:  # this core is not read; the others still are
+        return CoreReport(path=str(path), size=st.st_size, mtime=st.st_mtime, ok=False, error=f"not read: {e}",
+                          seconds=round(time.monotonic() - t0, 3))
     finally:
         os.close(fd)
 

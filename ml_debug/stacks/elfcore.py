@@ -81,9 +81,18 @@ def read_notes(path: Path) -> CoreNotes:
         os.close(fd)
 
 
+class BadCore(ValueError):
+    """A core whose headers do not fit the file (crafted or corrupt); ``str(err)`` says which field."""
+
+
+MAX_OFFSET = 1 << 62  # no real file is larger; a field beyond it is garbage, not a size to add up
+
+
 def read_notes_fd(fd: int) -> CoreNotes:
-    """:func:`read_notes` of an open file. Sizes come from the file and are bounded before use."""
+    """:func:`read_notes` of an open file. Every offset and size comes from the file: each is checked
+    against the file's size before use (:class:`BadCore` when the program headers do not fit)."""
     notes = CoreNotes()
+    size = os.fstat(fd).st_size
     ident = os.pread(fd, 64, 0)
     if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
         return notes  # only ELF64 LE is read; gdb still works on the others
@@ -91,14 +100,21 @@ def read_notes_fd(fd: int) -> CoreNotes:
     e_phentsize, e_phnum = struct.unpack_from("<HH", ident, 54)
     if e_phentsize != 56:  # sizeof(Elf64_Phdr)
         return notes
-    phdrs = os.pread(fd, e_phentsize * e_phnum, e_phoff)
+    if e_phoff >= size:
+        raise BadCore(f"its program headers (at offset {e_phoff}) lie beyond its end ({size} bytes): "
+                      "a corrupt or crafted core")
+    # only the headers that the file holds (a core cut short still goes to gdb, which shows what is left)
+    phdrs = os.pread(fd, min(e_phentsize * e_phnum, size - e_phoff), e_phoff)
     budget = MAX_NOTES_BYTES
     for i in range(len(phdrs) // e_phentsize):
         p_type, _flags, p_offset, _va, _pa, p_filesz = struct.unpack_from("<IIQQQQ", phdrs, i * e_phentsize)
+        if p_offset > MAX_OFFSET or p_filesz > MAX_OFFSET:
+            raise BadCore(f"program header {i} names offset {p_offset} and size {p_filesz}: a corrupt or crafted "
+                          "core")
         notes.file_end = max(notes.file_end, p_offset + p_filesz)
-        if p_type != PT_NOTE or budget <= 0:
-            continue
-        data = os.pread(fd, min(p_filesz, budget), p_offset)
+        if p_type != PT_NOTE or budget <= 0 or p_offset >= size:
+            continue  # a note past the end: a truncated core (said by truncation())
+        data = os.pread(fd, min(p_filesz, budget, size - p_offset), p_offset)
         budget -= len(data)
         _parse_notes(data, notes)
     return notes
@@ -136,6 +152,7 @@ def _parse_notes(data: bytes, notes: CoreNotes) -> None:
             notes.psargs = desc[56:136].split(b"\0", 1)[0].decode(errors="replace").strip()
         elif ntype == NT_FILE and len(desc) >= 16:
             count, _page = struct.unpack_from("<QQ", desc, 0)
+            count = min(count, (len(desc) - 16) // 24)  # entries that fit the note, not what it claims
             names = desc[16 + count * 24:].split(b"\0")
             seen: list[str] = []
             for raw in names[:count]:

@@ -72,12 +72,10 @@ def run_top(spec: TargetSpec, opts: TopOptions, *, dump: DumpFn | None = None) -
                 sys.stdout.flush()
         return stream_snapshots(spec, opts, emit)
 
-    from rich.console import Console
-
     with Client(spec, opts.sampler(), retry=True) as client:
         def current() -> dict[str, Any]:
             with client.lock:
                 return snapshot(client.feeds, spec, opts, started=client.started)
 
         view = LiveView(current, interval=opts.interval, gpus=opts.gpus, ranks=opts.ranks, sort=opts.sort, dump=dump)
-        return view.run(Console(file=sys.stdout, highlight=False))
+        return view.run(output.text_console(sys.stdout, highlight=False))  # job strings: control chars made visible

@@ -103,8 +103,10 @@ def run_traced(opts: TraceCommandOptions) -> TraceRun:
     except (TypeError, ValueError) as e:
         raise _usage_error(str(e)) from None
 
+    from ml_debug.core import safefs
+
+    safefs.make_out_dir(out_dir)  # no link of another user followed on the way; the directory ours or root's
     try:
-        os.makedirs(out_dir, exist_ok=True)
         if not os.access(out_dir, os.W_OK):
             raise PermissionError(f"{out_dir} is not writable")
     except OSError as e:

@@ -9,7 +9,9 @@ Standard library only: :mod:`ml_debug.nicertrace` imports it into user programs.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 import threading
 from collections import deque
@@ -73,7 +75,15 @@ class StreamSink:
 
     def open(self, path: str, header: str) -> None:
         # never through a link planted at the trace file's name (the directory may be shared)
-        fd = self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     0o666)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_uid not in (os.geteuid(), os.getuid()):
+            # a FIFO, another user's file, or a hard link planted at the name (to a file of root's)
+            os.close(fd)
+            raise PermissionError(errno.EPERM, "not a regular file of ours with one name: not written", path)
+        os.set_blocking(fd, True)
+        self.fd = fd
         self._pid = os.getpid()
         pending = self._pending = [header]
         self.flush_file()

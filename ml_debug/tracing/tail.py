@@ -28,6 +28,8 @@ _ANON_THREAD_RE = re.compile(r"^\{thread-\d+\} ")
 HEADER = "# nicertrace "  # the first line of every file NicerTrace writes (stream or ring dump)
 BLOCK = 1 << 16
 MAX_SCAN = 64 << 20  # bytes read backwards looking for main-thread lines before giving up
+MAX_LONG_SCAN = 1 << 30  # ... and looking for the start of a very long last line
+MAX_LINE = 4096  # bytes of one line kept for the report; the rest is cut, and how much is said
 
 
 class NotATraceFile(ValueError):
@@ -172,34 +174,75 @@ def _header(f: BinaryIO, shown: Path) -> dict[str, str]:
     return info
 
 
+def cut_line(data: bytes, length: int) -> str:
+    """A line of `length` bytes whose first bytes are `data`, as text: at most MAX_LINE bytes of it,
+    with how much was cut said at the end."""
+    text = data[:MAX_LINE].decode("utf-8", "replace")
+    if length > MAX_LINE:
+        text += f" … [{length - MAX_LINE:,} more bytes cut]"
+    return text
+
+
 def _last_lines(f: BinaryIO, n: int, all_threads: bool) -> list[str]:
-    """The last n event lines, reading backwards in blocks (trace files can be huge)."""
+    """The last n event lines, reading backwards in blocks (trace files can be huge).
+
+    Memory stays bounded whatever the lines: the scan keeps one block and where lines start and end;
+    a line longer than MAX_LINE bytes is read back as its first MAX_LINE bytes (:func:`cut_line`)."""
     f.seek(0, os.SEEK_END)
     end = f.tell()
-    pos, buf, scanned = end, b"", 0
-    while pos > 0 and scanned < MAX_SCAN:
-        step = min(BLOCK, pos)
+    pos, line_end, scanned = end, end, 0
+    newest_first: list[str] = []
+
+    def take(start: int, stop: int, block: bytes, base: int) -> bool:
+        """Keep the line [start, stop) if it is an event; True when n lines are kept."""
+        if base <= start and stop - start <= MAX_LINE:
+            data = block[start - base:stop - base]
+        else:  # it began before this block, or is long: only its first bytes are read
+            here = f.tell()
+            f.seek(start)
+            data = f.read(min(stop - start, MAX_LINE))
+            f.seek(here)
+        text = cut_line(data, stop - start)
+        if _is_event(text, all_threads):
+            newest_first.append(text)
+        return len(newest_first) >= n
+
+    # past MAX_SCAN only while no event line was found yet: one very long last line must still be found
+    # (its start), which costs reading, not memory
+    while pos > 0 and (scanned < MAX_SCAN or (not newest_first and scanned < MAX_LONG_SCAN)):
+        step = min(BLOCK if scanned < MAX_SCAN else BLOCK << 4, pos)
         pos -= step
         f.seek(pos)
-        buf = f.read(step) + buf
+        block = f.read(step)
         scanned += step
-        lines = buf.split(b"\n")
-        complete = lines[1:] if pos > 0 else lines
-        events = [x for x in (b.decode("utf-8", "replace") for b in complete) if _is_event(x, all_threads)]
-        if len(events) >= n:
-            return events[-n:]
-    text = buf.decode("utf-8", "replace").split("\n")
-    return [x for x in text if _is_event(x, all_threads)][-n:]
+        i = len(block)
+        while True:
+            j = block.rfind(b"\n", 0, i)
+            if j < 0:
+                break
+            if take(pos + j + 1, line_end, block, pos):
+                return newest_first[::-1]
+            line_end, i = pos + j, j
+        if pos == 0 and take(0, line_end, block, pos):
+            return newest_first[::-1]
+    return newest_first[::-1]
 
 
 def _grep_count(f: BinaryIO, pattern: re.Pattern[str]) -> int:
+    """Event lines that match, read in pieces of MAX_LINE bytes (a long line is never held whole; a
+    match that spans two pieces of one long line is not seen)."""
     f.seek(0)
-    count = 0
-    for raw in f:
-        line = raw.decode("utf-8", "replace")
-        if not line.startswith("#") and pattern.search(line):
+    count, at_start, comment, matched = 0, True, False, False
+    while True:
+        piece = f.readline(MAX_LINE)
+        if not piece:
+            return count
+        if at_start:
+            comment, matched = piece.startswith(b"#"), False
+        if not comment and not matched and pattern.search(piece.decode("utf-8", "replace")):
+            matched = True
             count += 1
-    return count
+        at_start = piece.endswith(b"\n")
 
 
 def read_trace_file(path: Path, n: int, all_threads: bool = False,

@@ -30,10 +30,22 @@ def step_dirs(root: Path) -> list[tuple[int, Path, bool]]:
     """(step, folder, complete) for every step-N folder, oldest first."""
     if not root.is_dir():
         return []
+    import os
+    import stat
+
+    uids = {os.geteuid(), os.getuid()}
     out = []
     for p in root.iterdir():
         m = _STEP_DIR.match(p.name)
-        if m and p.is_dir():
+        if not m:
+            continue
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        # only folders we made: DCP's metadata is a pickle, and a folder (or a link) that another user
+        # planted in a shared directory would have us unpickle their file
+        if stat.S_ISDIR(st.st_mode) and st.st_uid in uids:
             out.append((int(m.group(1)), p, (p / MARKER).is_file()))
     return sorted(out)
 
@@ -64,9 +76,7 @@ def save(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimiz
 
     folder = root / f"step-{step}"
     if _rank() == 0:
-        if folder.exists():  # a partial save of the same step from an earlier attempt
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+        _fresh_folder(root, folder.name)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     t0 = time.perf_counter()
@@ -77,11 +87,36 @@ def save(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimiz
     if _rank() == 0:
         meta = {"step": step, "data": stream.state_dict(), "world_size": stream.world_size,
                 "save_seconds": round(time.perf_counter() - t0, 3), "time": time.time()}
-        (folder / "train_state.json").write_text(json.dumps(meta, indent=1))
-        (folder / MARKER).write_text(f"{step}\n")
+        from ml_debug.core import safefs
+
+        with safefs.opened(safefs.open_out_dir(folder, "--checkpoint-dir")) as fd:
+            safefs.replace_in(fd, "train_state.json", json.dumps(meta, indent=1).encode())
+            safefs.replace_in(fd, MARKER, f"{step}\n".encode())
         _prune(root, keep_last)
     _barrier()
     return folder
+
+
+def _fresh_folder(root: Path, name: str) -> None:
+    """A new, empty ``root/name`` that is ours. What is there already (a partial save of the same step
+    from an earlier attempt, or, in a shared directory, a link or a folder another user planted) is
+    removed by name, never followed: the shards are then written by path into a folder only we made."""
+    import os
+    import stat
+
+    from ml_debug.core import safefs
+
+    with safefs.opened(safefs.open_out_dir(root, "--checkpoint-dir")) as fd:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=fd)  # type: ignore[call-arg]  # by descriptors: no link followed
+            else:
+                os.unlink(name, dir_fd=fd)
+        os.close(safefs.make_in(fd, name))
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -315,7 +315,12 @@ class TrainConfig:
         # Paths last, as the directories are made here: a run must not train for hours and then fail to save.
         if self.init_from is not None:
             input_file("--init-from", self.init_from)
+        from ml_debug.core import safefs
+
         for flag, path in (("--checkpoint-dir", self.checkpoint_dir), ("--metrics-dir", self.metrics_dir),
-                           ("--profile-dir", self.profile_dir if self.profile_steps else None)):
+                           ("--profile-dir", self.profile_dir if self.profile_steps else None),
+                           ("--core-dir", self.core_dir)):
             if path is not None:
+                # made by safefs's rules first: no link of another user followed, the directory ours or root's
+                safefs.make_out_dir(path, flag)
                 output_dir(flag, path)

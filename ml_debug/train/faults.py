@@ -56,9 +56,13 @@ def injected_crash(step: int, rank: int) -> None:
 def prepare_core_dir(core_dir: Path, rank: int) -> Path:
     """chdir to CORE_DIR/rank-R and lift the soft core limit, so this rank's core lands there
     (kernel.core_pattern 'core' is relative to the crashing process's cwd)."""
-    where = (core_dir / f"rank-{rank}").resolve()
-    where.mkdir(parents=True, exist_ok=True)
-    os.chdir(where)
+    from ml_debug.core import safefs
+
+    where = Path(os.path.abspath(core_dir / f"rank-{rank}"))
+    # the kernel writes the core by name in the cwd: the folder is reached by safefs's rules (no link
+    # of another user followed, the folder ours or root's) and entered by its descriptor
+    with safefs.opened(safefs.open_out_dir(where, "--core-dir")) as fd:
+        os.fchdir(fd)
     _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
     resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
     return where

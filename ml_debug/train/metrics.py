@@ -102,9 +102,14 @@ class MetricsLog:
         self.stream = stream or sys.stderr
         self._fh: TextIO | None = None
         if metrics_dir is not None:
-            metrics_dir.mkdir(parents=True, exist_ok=True)
-            # Append: a resumed run continues the same file.
-            self._fh = open(metrics_dir / f"rank-{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
+            from ml_debug.core import safefs
+
+            # Append: a resumed run continues the same file. safefs: a link (or another user's file)
+            # planted at the name in a shared directory is removed, never written through.
+            fd, note = safefs.open_append(metrics_dir, f"rank-{rank}.jsonl", "--metrics-dir")
+            self._fh = open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+            if note:
+                self.stream.write(f"[mldebug train] rank {rank}: --metrics-dir: {note}\n")
 
     def step(self, m: StepMetrics) -> None:
         if self._fh is not None:

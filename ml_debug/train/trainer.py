@@ -280,9 +280,22 @@ class Trainer:
         prof.stop()
         cfg = self.cfg
         where = cfg.profile_dir or (cfg.metrics_dir / "profile" if cfg.metrics_dir else Path("profile").resolve())
-        where.mkdir(parents=True, exist_ok=True)
+        import os
+        import shutil
+        import tempfile
+
+        from ml_debug.core import safefs
+
+        safefs.make_out_dir(where, "--profile-dir")  # no link of another user followed on the way
         path = where / f"rank-{self.rank}.trace.json"
-        prof.export_chrome_trace(str(path))
+        # the profiler opens its file by name: it writes in a private folder (mkdtemp, 0700), and the
+        # file is renamed into place, so a link planted at the name is replaced, never written through
+        tmp = tempfile.mkdtemp(prefix=".profile-", dir=where)
+        try:
+            prof.export_chrome_trace(os.path.join(tmp, path.name))
+            os.replace(os.path.join(tmp, path.name), path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return str(path)
 
     # -- summary and teardown ---------------------------------------------------------------------
