@@ -232,7 +232,8 @@ def validate_schema(doc: dict, name: str) -> None:
 # --maxschedchunk 2`). The modules with the longest tests (half a minute and more) go first: the two
 # workers share them out and then end together on short tests, instead of one waiting out the other's
 # last long one (the alphabetical order put test_watch.py last).
-LONGEST_FIRST = ("test_drill.py", "test_watch.py", "test_train_dist.py", "test_self_launch.py")
+LONGEST_FIRST = ("test_drill.py", "test_watch.py", "test_attach.py", "test_exporter.py", "test_train_dist.py",
+                 "test_slurm_hook.py", "test_self_launch.py", "test_lifecycle.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
