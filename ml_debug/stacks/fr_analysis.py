@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
+
+from ml_debug.core.ranges import compress
 
 KEEP_PER_GROUP = 64
 """Entries kept per process group and rank: the analysis looks at the last collectives only."""
@@ -76,18 +79,22 @@ def compact(dump: dict[str, Any], keep: int = KEEP_PER_GROUP) -> list[dict[str, 
 
 
 # ---- matching ----------------------------------------------------------------------------------
+#
+# At 16k ranks a process group such as the default one has 16k members of 64 entries each: every
+# step below looks at each entry a constant number of times. A member's entries are read by
+# position (they are consecutive collective numbers, as compact() keeps them), and the common case
+# (every rank issued the same thing) is found by comparing whole runs of raw fields at C speed; the
+# signatures are only built where two ranks' raw fields differ.
 
 def _who(rec: dict[str, Any]) -> str:
     return f"rank {rec['rank']}" if rec.get("rank") is not None else f"pid {rec.get('pid')}"
 
 
 def _list(recs: Iterable[dict[str, Any]]) -> str:
-    names = [_who(r) for r in recs]
-    if all(n.startswith("rank ") for n in names) and len(names) > 1:
-        from ml_debug.core.ranges import compress
-
-        return "ranks " + compress(int(n.split()[1]) for n in names)
-    return ", ".join(names)
+    recs = list(recs)
+    if len(recs) > 1 and all(r.get("rank") is not None for r in recs):
+        return "ranks " + compress(int(r["rank"]) for r in recs)
+    return ", ".join(_who(r) for r in recs)
 
 
 def _members(recs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -125,45 +132,137 @@ def _comparable(sigs: list[tuple[str, str, str, str]]) -> list[tuple[str, ...]]:
     return list(sigs)
 
 
-def _mismatch(members: list[tuple[dict[str, Any], dict[str, Any]]], common: int, low: int) -> dict[str, Any] | None:
-    """The first collective number in low..common whose signature differs between the ranks that kept it."""
-    history: Counter[tuple[str, ...]] = Counter()
-    for seq in range(low, common + 1):
-        have = [(rec, e) for rec, g in members for e in g["entries"] if e["seq"] == seq]
-        if len(have) < 2:
+Member = tuple[dict[str, Any], dict[str, Any]]
+"""(rank record, that rank's data for one process group)."""
+
+# The fields signature() reads: two entries with equal raw fields have equal signatures.
+_RAW = itemgetter("op", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes")
+
+
+class _Entries:
+    """One member's entries of a group, found by collective number in constant time when they are
+    consecutive numbers in order (as compact() keeps them); by a scan otherwise."""
+
+    __slots__ = ("entries", "first", "regular")
+
+    def __init__(self, entries: list[dict[str, Any]]) -> None:
+        self.entries = entries
+        self.first = entries[0]["seq"] if entries else 0
+        self.regular = not entries or (type(self.first) is int
+                                       and [e["seq"] for e in entries] == list(range(self.first,
+                                                                                     self.first + len(entries))))
+
+    def at(self, seq: int) -> list[dict[str, Any]]:
+        """The entries numbered `seq`, in the order the rank kept them."""
+        if self.regular:
+            i = seq - self.first
+            return [self.entries[i]] if 0 <= i < len(self.entries) else []
+        return [e for e in self.entries if e["seq"] == seq]
+
+
+def _mismatch_at(members: list[Member], index: list[_Entries], seq: int,
+                 history: Counter[tuple[str, ...]]) -> dict[str, Any] | None:
+    """Collective `seq` compared between the ranks that kept it: the mismatch, or None (then counted
+    in `history`, the signatures this group issued before)."""
+    have = [(rec, e) for (rec, _), ix in zip(members, index, strict=True) for e in ix.at(seq)]
+    if len(have) < 2:
+        return None
+    sigs = [signature(e) for _, e in have]
+    keys = _comparable(sigs)
+    if len(set(keys)) > 1:
+        split: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+        for key, item in zip(keys, have, strict=True):
+            split.setdefault(key, []).append(item)
+        # the normal side: most ranks; on a tie, the signature this group issued before
+        ordered = sorted(split.items(), key=lambda kv: (len(kv[1]), history[kv[0]]), reverse=True)
+        normal_key = ordered[0][0]
+        sides = [{"ranks": [r.get("rank") for r, _ in items], "who": _list(r for r, _ in items),
+                  "members": _members(r for r, _ in items), "op": items[0][1]["op"],
+                  "input_sizes": items[0][1].get("input_sizes"),
+                  "output_sizes": items[0][1].get("output_sizes"),
+                  "dtypes": sorted({str(d) for d in items[0][1].get("input_dtypes") or []}),
+                  "text": describe_entry(items[0][1]), "odd": key != normal_key}
+                 for key, items in ordered]
+        normal_sig = signature(ordered[0][1][0][1])
+        odd_sig = signature(ordered[1][1][0][1])
+        sides.sort(key=lambda side: not side["odd"])  # the odd ones first
+        return {"seq": seq, "kind": _kind(normal_sig, odd_sig), "sides": sides}
+    history.update(keys[:1])
+    return None
+
+
+def _scan(index: list[_Entries], common: int, low: int) -> tuple[list[int], set[int]] | None:
+    """Over the numbers low..common: how many ranks kept each one (as differences from the previous),
+    and the positions where some rank's raw fields are not those of the first rank that kept it.
+    None when an entry lacks one of the fields (the general path then says what it makes of it)."""
+    span = common - low + 1
+    ref: list[Any] = [None] * span
+    count = [0] * (span + 1)
+    differ: set[int] = set()
+    for ix in index:
+        if not ix.entries:
             continue
-        sigs = [signature(e) for _, e in have]
-        keys = _comparable(sigs)
-        if len(set(keys)) > 1:
-            split: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-            for key, item in zip(keys, have, strict=True):
-                split.setdefault(key, []).append(item)
-            # the normal side: most ranks; on a tie, the signature this group issued before
-            ordered = sorted(split.items(), key=lambda kv: (len(kv[1]), history[kv[0]]), reverse=True)
-            normal_key = ordered[0][0]
-            sides = [{"ranks": [r.get("rank") for r, _ in items], "who": _list(r for r, _ in items),
-                      "members": _members(r for r, _ in items), "op": items[0][1]["op"], "input_sizes": items[0][1].get("input_sizes"),
-                      "output_sizes": items[0][1].get("output_sizes"),
-                      "dtypes": sorted({str(d) for d in items[0][1].get("input_dtypes") or []}),
-                      "text": describe_entry(items[0][1]), "odd": key != normal_key}
-                     for key, items in ordered]
-            normal_sig = signature(ordered[0][1][0][1])
-            odd_sig = signature(ordered[1][1][0][1])
-            sides.sort(key=lambda side: not side["odd"])  # the odd ones first
-            return {"seq": seq, "kind": _kind(normal_sig, odd_sig), "sides": sides}
-        history.update(keys[:1])
+        a = max(low, ix.first) - low
+        b = min(common, ix.first + len(ix.entries) - 1) - low
+        if a > b:
+            continue
+        count[a] += 1
+        count[b + 1] -= 1
+        try:
+            raws = list(map(_RAW, ix.entries[a + low - ix.first:b + low - ix.first + 1]))
+        except KeyError:
+            return None
+        if ref[a:b + 1] == raws:  # the common case: one comparison of the whole run
+            continue
+        for p, raw in enumerate(raws, a):
+            if ref[p] is None:
+                ref[p] = raw
+            elif ref[p] != raw:
+                differ.add(p)
+    return count, differ
+
+
+def _mismatch(members: list[Member], index: list[_Entries], common: int, low: int) -> dict[str, Any] | None:
+    """The first collective number in low..common whose signature differs between the ranks that kept it."""
+    if common < low:
+        return None
+    scan = _scan(index, common, low) if all(ix.regular for ix in index) else None
+    if scan is None:  # entries out of order, repeated or odd: number by number
+        history: Counter[tuple[str, ...]] = Counter()
+        for seq in range(low, common + 1):
+            found = _mismatch_at(members, index, seq, history)
+            if found:
+                return found
+        return None
+    count, differ = scan
+    kept = 0
+    agreed: list[int] = []  # the numbers kept by 2+ ranks that agree on them
+    for p in range(common - low + 1):
+        kept += count[p]
+        if kept < 2:
+            continue
+        if p in differ:
+            history = Counter(_comparable([signature(_entry_of(index, low + q))])[0] for q in agreed)
+            found = _mismatch_at(members, index, low + p, history)
+            if found:
+                return found
+        agreed.append(p)
     return None
 
 
-def _entry_at(members: list[tuple[dict[str, Any], dict[str, Any]]], seq: int) -> dict[str, Any] | None:
-    for _, g in members:
-        for e in g["entries"]:
-            if e["seq"] == seq:
-                return e
+def _entry_of(index: list[_Entries], seq: int) -> dict[str, Any]:
+    return next(e for ix in index for e in ix.at(seq))
+
+
+def _entry_at(index: list[_Entries], seq: int) -> dict[str, Any] | None:
+    for ix in index:
+        found = ix.at(seq)
+        if found:
+            return found[0]
     return None
 
 
-def analyse_group(name: str, members: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+def analyse_group(name: str, members: list[Member]) -> dict[str, Any]:
     """The analysis of one process group: `members` are (rank record, that rank's group data)."""
     desc = next((g["desc"] for _, g in members if g.get("desc")), "")
     enq = {id(r): g["last_enqueued"] for r, g in members if g.get("last_enqueued") is not None}
@@ -174,13 +273,15 @@ def analyse_group(name: str, members: list[tuple[dict[str, Any], dict[str, Any]]
                            "not_enqueued": [], "mismatch": None, "first_incomplete": None}
     if not enq:
         return out
+    index = [_Entries(g["entries"]) for _, g in members]
+    reached = [enq.get(id(r)) or 0 for r, _ in members]  # per member, in order
     top = max(enq.values())
     # (a) ranks that never issued a collective others issued: one finding per first missing number
     late = sorted({v for v in enq.values() if v < top})
     for v in late:
-        missing = [r for r, g in members if enq.get(id(r)) == v]
-        issued = [r for r, g in members if (enq.get(id(r)) or 0) > v]
-        e = _entry_at([(r, g) for r, g in members if (enq.get(id(r)) or 0) > v], v + 1)
+        missing = [r for r, _ in members if enq.get(id(r)) == v]
+        issued = [r for (r, _), n in zip(members, reached, strict=True) if n > v]
+        e = _entry_at([ix for ix, n in zip(index, reached, strict=True) if n > v], v + 1)
         out["not_enqueued"].append({"seq": v + 1, "ranks": [r.get("rank") for r in missing],
                                     "who": _list(missing), "by": [r.get("rank") for r in issued],
                                     "by_who": _list(issued), "members": _members(missing),
@@ -188,17 +289,18 @@ def analyse_group(name: str, members: list[tuple[dict[str, Any], dict[str, Any]]
     # (b) the first collective whose signature differs, among the numbers every rank issued
     common = min(enq.values())
     low = max([1, *(g["entries"][0]["seq"] for _, g in members if g["entries"])])
-    out["mismatch"] = _mismatch(members, common, low)
+    out["mismatch"] = _mismatch(members, index, common, low)
     # (c) the first collective some rank issued and that did not complete
     first = min(done.values()) + 1 if done else None
     if first is not None and first <= top:
-        e = _entry_at(members, first)
-        have = [r for r, g in members if (enq.get(id(r)) or 0) >= first]
-        states = sorted({x["state"] for _, g in members for x in g["entries"] if x["seq"] == first})
+        e = _entry_at(index, first)
+        have = [r for (r, _), n in zip(members, reached, strict=True) if n >= first]
+        have_ids = {id(r) for r in have}
+        states = sorted({x["state"] for ix in index for x in ix.at(first)})
         out["first_incomplete"] = {"seq": first, "op": e["op"] if e else None,
                                    "text": describe_entry(e) if e else None,
                                    "enqueued_by": _list(have),
-                                   "not_enqueued_by": _list(r for r, _ in members if r not in have),
+                                   "not_enqueued_by": _list(r for r, _ in members if id(r) not in have_ids),
                                    "states": states}
     return out
 
