@@ -137,20 +137,27 @@ Member = tuple[dict[str, Any], dict[str, Any]]
 
 # The fields signature() reads: two entries with equal raw fields have equal signatures.
 _RAW = itemgetter("op", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes")
+_SEQ = itemgetter("seq")
 
 
 class _Entries:
     """One member's entries of a group, found by collective number in constant time when they are
     consecutive numbers in order (as compact() keeps them); by a scan otherwise."""
 
-    __slots__ = ("entries", "first", "regular")
+    __slots__ = ("entries", "first", "_regular")
 
     def __init__(self, entries: list[dict[str, Any]]) -> None:
         self.entries = entries
         self.first = entries[0]["seq"] if entries else 0
-        self.regular = not entries or (type(self.first) is int
-                                       and [e["seq"] for e in entries] == list(range(self.first,
-                                                                                     self.first + len(entries))))
+        self._regular: bool | None = None
+
+    @property
+    def regular(self) -> bool:
+        """Consecutive numbers in order: checked when first needed, while the entries are in cache."""
+        if self._regular is None:
+            self._regular = not self.entries or (type(self.first) is int and list(map(_SEQ, self.entries))
+                                                 == list(range(self.first, self.first + len(self.entries))))
+        return self._regular
 
     def at(self, seq: int) -> list[dict[str, Any]]:
         """The entries numbered `seq`, in the order the rank kept them."""
@@ -194,31 +201,35 @@ def _mismatch_at(members: list[Member], index: list[_Entries], seq: int,
 def _scan(index: list[_Entries], common: int, low: int) -> tuple[list[int], set[int]] | None:
     """Over the numbers low..common: how many ranks kept each one (as differences from the previous),
     and the positions where some rank's raw fields are not those of the first rank that kept it.
-    None when an entry lacks one of the fields (the general path then says what it makes of it)."""
+    None when a rank's entries are not consecutive numbers or an entry lacks one of the fields (the
+    general path then says what it makes of them)."""
     span = common - low + 1
-    ref: list[Any] = [None] * span
+    ref: list[Any] = [None] * span  # the entry of the first rank (in order) that kept each number
     count = [0] * (span + 1)
     differ: set[int] = set()
-    for ix in index:
-        if not ix.entries:
-            continue
-        a = max(low, ix.first) - low
-        b = min(common, ix.first + len(ix.entries) - 1) - low
-        if a > b:
-            continue
-        count[a] += 1
-        count[b + 1] -= 1
-        try:
-            raws = list(map(_RAW, ix.entries[a + low - ix.first:b + low - ix.first + 1]))
-        except KeyError:
-            return None
-        if ref[a:b + 1] == raws:  # the common case: one comparison of the whole run
-            continue
-        for p, raw in enumerate(raws, a):
-            if ref[p] is None:
-                ref[p] = raw
-            elif ref[p] != raw:
-                differ.add(p)
+    try:
+        for ix in index:
+            if not ix.entries:
+                continue
+            if not ix.regular:
+                return None
+            a = max(low, ix.first) - low
+            b = min(common, ix.first + len(ix.entries) - 1) - low
+            if a > b:
+                continue
+            count[a] += 1
+            count[b + 1] -= 1
+            run = ix.entries[a + low - ix.first:b + low - ix.first + 1]
+            if ref[a:b + 1] == run:  # the common case: equal entries, one comparison of the whole run
+                continue
+            for p, e in enumerate(run, a):
+                r = ref[p]
+                if r is None:
+                    ref[p] = e
+                elif r != e and _RAW(r) != _RAW(e):  # entries may differ in state only
+                    differ.add(p)
+    except KeyError:
+        return None
     return count, differ
 
 
@@ -226,7 +237,7 @@ def _mismatch(members: list[Member], index: list[_Entries], common: int, low: in
     """The first collective number in low..common whose signature differs between the ranks that kept it."""
     if common < low:
         return None
-    scan = _scan(index, common, low) if all(ix.regular for ix in index) else None
+    scan = _scan(index, common, low)
     if scan is None:  # entries out of order, repeated or odd: number by number
         history: Counter[tuple[str, ...]] = Counter()
         for seq in range(low, common + 1):
@@ -267,9 +278,12 @@ def analyse_group(name: str, members: list[Member]) -> dict[str, Any]:
     desc = next((g["desc"] for _, g in members if g.get("desc")), "")
     enq = {id(r): g["last_enqueued"] for r, g in members if g.get("last_enqueued") is not None}
     done = {id(r): g["last_completed"] for r, g in members if g.get("last_completed") is not None}
+    whos = [_who(r) for r, _ in members]
     out: dict[str, Any] = {"pg": name, "desc": desc, "ranks": [r.get("rank") for r, _ in members],
-                           "last_enqueued": {_who(r): g.get("last_enqueued") for r, g in members},
-                           "last_completed": {_who(r): g.get("last_completed") for r, g in members},
+                           "last_enqueued": dict(zip(whos, [g.get("last_enqueued") for _, g in members],
+                                                     strict=True)),
+                           "last_completed": dict(zip(whos, [g.get("last_completed") for _, g in members],
+                                                      strict=True)),
                            "not_enqueued": [], "mismatch": None, "first_incomplete": None}
     if not enq:
         return out

@@ -1,0 +1,89 @@
+"""The cross-rank analyses on a synthetic 4,096-rank job (512 nodes of 8) with known odd ranks.
+
+The job is benchmarks/bench_scale.py's (the benchmark times the same inputs at 1k/4k/16k): a 3D
+layout of TP 8 within a node, PP 4 and DP 128, 64 collectives kept per TP and DP group and rank.
+Here each analysis must name the planted rank; timings live in the benchmark, not here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks import bench_scale as job
+from ml_debug.core.ranges import compress, expand
+from ml_debug.remote.hostlist import compress_hostlist, expand_hostlist
+from ml_debug.stacks import flight
+from ml_debug.stacks.fr_analysis import analyse as fr_analyse
+from ml_debug.stacks.merge import Member, analyse
+from ml_debug.stacks.model import dump_from_json
+
+N = 4096
+ODD = job.culprits(N)
+
+
+@pytest.fixture(scope="module")
+def fr_records() -> list[dict[str, Any]]:
+    return [job.fr_record(rank, N) for rank in range(N)]
+
+
+def test_flight_recorder_analysis_of_a_4k_rank_hang_names_the_rank_that_never_issued_the_last_all_reduce(
+        fr_records: list[dict[str, Any]]) -> None:
+    a = fr_analyse(fr_records)
+    assert a is not None
+    lagging, desync = ODD["not_enqueued"], ODD["desync"]
+    tp = job.group_names(lagging, N)["mesh_tp"]
+    peers = [r for r in range(lagging // 8 * 8, lagging // 8 * 8 + 8) if r != lagging]
+    (group,) = [g for g in a["process_groups"] if g["pg"] == tp]
+    (missing,) = group["not_enqueued"]
+    assert (missing["seq"], missing["ranks"], missing["by"]) == (job.STEPS, [lagging], peers)
+    assert f"rank {lagging} never issued collective #{job.STEPS} of pg {tp} (mesh_tp) " \
+           f"(nccl:all_reduce [[4096,8192]] BFloat16), which ranks {compress(peers)} issued" in a["findings"]
+    # the desync comes first: one DP rank's gradient bucket of another size, 127 ranks agree
+    dp = job.group_names(desync, N)["mesh_dp"]
+    assert a["findings"][0].startswith(f"desync in collective #{job.STEPS // 2 - 10} of pg {dp} (mesh_dp): "
+                                       f"rank {desync} issued nccl:all_reduce [[524288]] BFloat16 while ranks ")
+    assert a["findings"][0].endswith("issued nccl:all_reduce [[262144]] BFloat16 (size mismatch)")
+    assert sorted((c["rank"], c["why"]) for c in a["culprits"]) == sorted([(lagging, "not-enqueued"),
+                                                                          (desync, "desync")])
+    # the rank whose dump never came is in no group; every other group agrees and completed
+    assert all(ODD["no_dump"] not in g["ranks"] for g in a["process_groups"])
+    assert len(a["process_groups"]) == 1 + N // 8 + N // 32 * 8 + 4 * 8
+    # the report's section says it too, with the lagging rank behind its peers
+    sec = flight.section(fr_records)
+    assert sec is not None
+    assert [(b["rank"], b["kind"], b["seq"], b["others_seq"]) for b in sec["behind"]] == \
+        [(lagging, "enqueued", job.STEPS - 1, job.STEPS)]
+
+
+def test_stack_merge_of_4k_ranks_names_the_one_rank_outside_the_all_reduce() -> None:
+    members = []
+    for node in range(N // job.PER_NODE):
+        doc = job.stacks_node(node, N)
+        members += [Member(host=p["host"], pid=p["pid"], rank=p["rank"], local_rank=p["local_rank"],
+                           world_size=p["world_size"], samples=[dump_from_json(s) for s in p["samples"]])
+                    for p in doc["processes"]]
+    a = analyse(members)
+    odd = ODD["stack"]
+    assert [(s.kind, s.ranks) for s in a.suspects] == [("outside-collective", [odd])]
+    assert a.verdict == (f"suspect: rank {odd} ({job.host_of(odd)}, pid {40000 + odd % 8}) stuck in train_step "
+                         f"(trainer.py:97) while {N - 1} ranks are stuck in all_reduce (distributed_c10d.py:2501)")
+    assert [g.state for g in a.groups] == ["stuck", "stuck"] and a.missing_ranks == [] and not a.not_dumped
+    (root,) = a.tree
+    assert (root["frame"], root["ranks"], root["count"]) == ("<module> (train.py:412)", f"ranks 0-{N - 1}", N)
+    # the stem splits where the odd rank's stack leaves the others'
+    node = root
+    while len(node["children"]) == 1:
+        node = node["children"][0]
+    assert node["frame"] == "train_step (trainer.py:97)"
+    assert sorted((c["ranks"], c["count"]) for c in node["children"]) == sorted(
+        [(f"rank {odd}", 1), (f"ranks 0-{odd - 1},{odd + 1}-{N - 1}", N - 1)])
+
+
+def test_rank_ranges_and_hostlists_of_16k_ranks_round_trip() -> None:
+    ranks = [r for r in range(16384) if r not in (5, 9000, 16383)]
+    assert compress(ranks) == "0-4,6-8999,9001-16382"
+    assert expand(compress(ranks)) == ranks
+    nodes = [job.host_of(r) for r in range(0, 16384, 8)]
+    assert compress_hostlist(reversed(nodes)) == "gpu[00001-02048]"
+    assert expand_hostlist("gpu[00001-02048]") == nodes
