@@ -4,8 +4,8 @@
     SCALE_SIZES=256,1024 python benchmarks/run.py scale
 
 Each size runs in a fresh child process that builds what the client holds after a 16k-rank
-`dump-stacks`: every node's document as JSON text, parsed back (so every rank's frames and Flight
-Recorder entries are objects of their own, as over the wire), then times (CPU time of the child,
+`dump-stacks`: every node's document as JSON text, parsed back and read by
+`stacks.report.read_node_document` as the client reads it, then times (CPU time of the child,
 best of 2-3 runs: steadier than wall time on a shared machine; the analyses are single-threaded):
 
 - stack merge and verdict (`stacks.merge.analyse`): every rank waits in one all_reduce under a
@@ -101,8 +101,9 @@ def stacks_node(node: int, n: int) -> dict[str, Any]:
                                  "frames": [{"name": "wait", "filename": "/usr/lib/python3.11/threading.py",
                                              "line": 331, "kind": "py"}]}]}
                    for i in range(2)]
-        procs.append({"host": host_of(rank), "pid": pid, "rank": rank, "local_rank": rank % PER_NODE,
-                      "world_size": n, "samples": samples})
+        procs.append({"pid": pid, "host": host_of(rank), "user": "alice", "cmdline": "python train.py",
+                      "exe": "/opt/venv/bin/python3.11", "found_by": "torchrun pid 39999", "rank": rank,
+                      "local_rank": rank % PER_NODE, "world_size": n, "samples": samples})
     return {"processes": procs}
 
 
@@ -180,18 +181,17 @@ def child(n: int) -> dict[str, Any]:
     from ml_debug.stacks.flight import section
     from ml_debug.stacks.fr_analysis import analyse as fr_analyse
     from ml_debug.stacks.merge import Member, analyse
-    from ml_debug.stacks.model import dump_from_json
+    from ml_debug.stacks.report import read_node_document
 
-    nodes = n // PER_NODE
-    # what arrives: one JSON text per node, read back one by one
+    # what arrives: one JSON text per node, read as dump-stacks reads it
     members: list[Member] = []
     records: list[dict[str, Any]] = []
-    for i in range(nodes):
-        doc = json.loads(json.dumps(stacks_node(i, n)))
-        members += [Member(host=p["host"], pid=p["pid"], rank=p["rank"], local_rank=p["local_rank"],
-                           world_size=p["world_size"], samples=[dump_from_json(s) for s in p["samples"]])
-                    for p in doc["processes"]]
-        records += json.loads(json.dumps(fr_node(i, n)))["flight_recorder"]["ranks"]
+    for i in range(n // PER_NODE):
+        text = json.dumps({**stacks_node(i, n), **fr_node(i, n)})
+        doc = read_node_document(json.loads(text), host_of(i * PER_NODE))
+        members += [Member(host=t.host, pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size,
+                           samples=samples) for t, samples in doc.processes]
+        records += doc.fr_records
     repeat = 3 if n <= 4096 else 2
     out: dict[str, Any] = {"n": n}
     out["merge"] = _best(lambda: analyse(members), repeat)

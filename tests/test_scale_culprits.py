@@ -87,3 +87,24 @@ def test_rank_ranges_and_hostlists_of_16k_ranks_round_trip() -> None:
     nodes = [job.host_of(r) for r in range(0, 16384, 8)]
     assert compress_hostlist(reversed(nodes)) == "gpu[00001-02048]"
     assert expand_hostlist("gpu[00001-02048]") == nodes
+
+
+def test_a_nodes_equal_flight_recorder_entries_are_kept_once_and_the_analysis_is_unchanged() -> None:
+    import copy
+
+    from ml_debug.stacks.report import read_node_document
+
+    n = 64
+    plain = [job.fr_record(rank, n) for rank in range(n)]
+    read = [r for node in range(n // job.PER_NODE)
+            for r in read_node_document({"processes": [], **copy.deepcopy(job.fr_node(node, n))}, "x").fr_records]
+    assert read == plain
+    tp = [r["collectives"][1]["entries"] for r in read[:8]]  # ranks 0-7: one TP group on one node
+    assert all(a is b for other in tp[1:] for a, b in zip(tp[0], other, strict=True))
+    dp = [r["collectives"][3]["entries"] for r in read[:8]]  # 8 DP groups: equal entries, shared too
+    assert all(a is b for other in dp[1:] for a, b in zip(dp[0], other, strict=True))
+    desync = job.culprits(n)["desync"]  # its odd entry stays its own
+    odd = read[desync]["collectives"][3]["entries"][-11]
+    assert odd["input_sizes"] == [[1 << 19]] and all(odd is not r["collectives"][3]["entries"][-11]
+                                                     for r in read if r is not read[desync] and r.get("ok"))
+    assert fr_analyse(read) == fr_analyse(plain)

@@ -18,6 +18,7 @@ from ml_debug.core.errors import ExitCode
 from ml_debug.procs.find import Target
 from ml_debug.stacks.collect import NodeResult
 from ml_debug.stacks.flight import section
+from ml_debug.stacks.fr_analysis import share_entries
 from ml_debug.stacks.merge import Analysis, Member, Suspect, analyse, member_state
 from ml_debug.stacks.model import Frame, ProcessDump, dump_from_json
 
@@ -226,7 +227,9 @@ def read_node_document(body: dict[str, Any], target: str, note: str | None = Non
     nodes = [_node_from_json(n, target, note) for n in body.get("nodes") or []]
     processes = [_process_from_json(p) for p in body["processes"]]
     fr = body.get("flight_recorder") or {}
-    return NodeDocument(nodes=nodes, processes=processes, fr_records=list(fr.get("ranks") or []))
+    fr_records = list(fr.get("ranks") or [])
+    share_entries(fr_records)  # a node's ranks issue the same collectives: kept once (16k ranks: 3 GiB -> 0.5)
+    return NodeDocument(nodes=nodes, processes=processes, fr_records=fr_records)
 
 
 # ---- the analysis ------------------------------------------------------------------------------
