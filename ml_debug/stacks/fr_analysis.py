@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -181,11 +182,15 @@ class _Entries:
 
     @property
     def regular(self) -> bool:
-        """Consecutive numbers in order: checked when first needed, while the entries are in cache."""
+        """Consecutive numbers in order (checked once, when first needed)."""
         if self._regular is None:
             self._regular = not self.entries or (type(self.first) is int and list(map(_SEQ, self.entries))
                                                  == list(range(self.first, self.first + len(self.entries))))
         return self._regular
+
+    @regular.setter
+    def regular(self, value: bool) -> None:
+        self._regular = value
 
     def at(self, seq: int) -> list[dict[str, Any]]:
         """The entries numbered `seq`, in the order the rank kept them."""
@@ -237,25 +242,33 @@ def _scan(index: list[_Entries], common: int, low: int) -> tuple[list[int], set[
     differ: set[int] = set()
     try:
         for ix in index:
-            if not ix.entries:
+            ents, first = ix.entries, ix.first
+            if not ents:
                 continue
-            if not ix.regular:
+            a = max(low, first) - low
+            b = min(common, first + len(ents) - 1) - low
+            if type(first) is not int or a > b:
+                if not ix.regular:
+                    return None
+                continue
+            i0, i1 = a + low - first, b + low - first + 1
+            # every entry must sit at its number: those outside the run are checked here, those in
+            # it by the comparisons below (an entry's "seq" is one of the fields compared)
+            if any(ents[i]["seq"] != first + i for i in chain(range(i0), range(i1, len(ents)))):
                 return None
-            a = max(low, ix.first) - low
-            b = min(common, ix.first + len(ix.entries) - 1) - low
-            if a > b:
-                continue
             count[a] += 1
             count[b + 1] -= 1
-            run = ix.entries[a + low - ix.first:b + low - ix.first + 1]
-            if ref[a:b + 1] == run:  # the common case: equal entries, one comparison of the whole run
-                continue
-            for p, e in enumerate(run, a):
-                r = ref[p]
-                if r is None:
-                    ref[p] = e
-                elif r != e and _RAW(r) != _RAW(e):  # entries may differ in state only
-                    differ.add(p)
+            run = ents[i0:i1]
+            if ref[a:b + 1] != run:  # else the common case: equal entries, one comparison of the whole run
+                for p, e in enumerate(run, a):
+                    if e["seq"] != low + p:
+                        return None
+                    r = ref[p]
+                    if r is None:
+                        ref[p] = e
+                    elif r != e and _RAW(r) != _RAW(e):  # entries may differ in their state only
+                        differ.add(p)
+            ix.regular = True
     except KeyError:
         return None
     return count, differ
