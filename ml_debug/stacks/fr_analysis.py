@@ -395,7 +395,9 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any] | None:
         for g in r["collectives"]:
             key = g.get("name") or g["pg_id"]
             by_group.setdefault(key, []).append((r, g))
-    groups = [analyse_group(name, members) for name, members in sorted(by_group.items()) if len(members) >= 2]
+    # analysed in the order the ranks hold them (near in memory), reported in the order of their names
+    done = {name: analyse_group(name, members) for name, members in by_group.items() if len(members) >= 2}
+    groups = [done[name] for name in sorted(done)]
     found = findings(groups)
     culprits: list[dict[str, Any]] = []
     for g in groups:
