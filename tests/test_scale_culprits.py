@@ -108,3 +108,40 @@ def test_a_nodes_equal_flight_recorder_entries_are_kept_once_and_the_analysis_is
     assert odd["input_sizes"] == [[1 << 19]] and all(odd is not r["collectives"][3]["entries"][-11]
                                                      for r in read if r is not read[desync] and r.get("ok"))
     assert fr_analyse(read) == fr_analyse(plain)
+
+
+def _random_records(rng: Any) -> list[dict[str, Any]]:
+    """A few ranks issuing mostly the same collectives: some behind, some with an odd entry."""
+    import random
+
+    assert isinstance(rng, random.Random)
+    ops = ["nccl:all_reduce", "nccl:all_gather", "nccl:all_to_all"]
+    program = [{"op": rng.choice(ops[:2]), "input_sizes": [[rng.choice([8, 16])]], "output_sizes": [[8]],
+                "input_dtypes": ["Float"], "output_dtypes": ["Float"]} for _ in range(40)]
+    records = []
+    for rank in range(rng.randint(2, 9)):
+        enq = rng.choice([30, 30, 30, 29, 28])
+        entries = []
+        for seq in range(enq - rng.choice([5, 10, 20]) + 1, enq + 1):
+            e = {"seq": seq, **program[seq], "state": rng.choice(["completed", "scheduled"])}
+            if rng.random() < .04:
+                e.update(op=rng.choice(ops), input_sizes=[[rng.choice([8, 16, 32])]],
+                         input_dtypes=rng.choice([["Float"], ["BFloat16"], ["Int", "Float"]]))
+            entries.append(e)
+        records.append({"rank": rank, "host": "h", "pid": rank, "ok": True, "collectives": [
+            {"pg_id": "0", "name": "0", "desc": "", "last_enqueued": enq, "last_completed": enq - rng.randint(0, 2),
+             "entries": entries}]})
+    return records
+
+
+def test_the_whole_run_comparison_finds_what_comparing_number_by_number_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    from ml_debug.stacks import fr_analysis
+
+    cases = [_random_records(random.Random(seed)) for seed in range(400)]
+    fast = [fr_analyse(c) for c in cases]
+    monkeypatch.setattr(fr_analysis, "_scan", lambda *_: None)  # the general path, one number at a time
+    slow = [fr_analyse(c) for c in cases]
+    assert fast == slow
+    assert sum(1 for a in fast if a and a["process_groups"][0]["mismatch"]) > 50  # desyncs were there to find
