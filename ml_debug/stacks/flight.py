@@ -124,33 +124,38 @@ def _reference(values: list[int]) -> int:
     return max(counts, key=lambda v: (counts[v], v))
 
 
-def _op(ranks: list[dict[str, Any]], pg_id: str, key: str, seq: int) -> str | None:
-    for r in ranks:
-        for pg in r.get("process_groups", []):
-            c = pg.get(key)
-            if pg["pg_id"] == pg_id and c and c.get("seq") == seq and c.get("op"):
-                return c["op"]
+def _op(pgs: list[tuple[dict[str, Any], dict[str, Any]]], key: str, seq: int) -> str | None:
+    for _, pg in pgs:
+        c = pg.get(key)
+        if c and c.get("seq") == seq and c.get("op"):
+            return c["op"]
     return None
 
 
 def behind_ranks(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Ranks whose last enqueued collective (else last completed) is below what most ranks reached."""
     ok = [r for r in ranks if r.get("ok")]
-    pg_ids = sorted({pg["pg_id"] for r in ok for pg in r["process_groups"]})
+    # each process group's (rank, its status) once, in rank order: a 3D layout of 16k ranks has
+    # thousands of groups, and looking each one up across every rank would cost groups x ranks
+    pgs_of: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for r in ok:
+        for pg in r["process_groups"]:
+            pgs_of.setdefault(pg["pg_id"], []).append((r, pg))
     behind: list[dict[str, Any]] = []
-    for pg_id in pg_ids:
+    for pg_id in sorted(pgs_of):
+        pgs = pgs_of[pg_id]
         for field, key, kind in (("last_enqueued_seq", "last_enqueued", "enqueued"),
                                  ("last_completed_seq", "last_completed", "completed")):
-            have = [(r, pg[field]) for r in ok for pg in r["process_groups"]
-                    if pg["pg_id"] == pg_id and pg.get(field) is not None]
+            have = [(r, pg[field]) for r, pg in pgs if pg.get(field) is not None]
             if len(have) < 2:
                 continue
             ref = _reference([v for _, v in have])
             late = [(r, v) for r, v in have if v < ref]
+            others_op = _op(pgs, key, ref) if late else None
             for r, v in late:
                 behind.append({"rank": r.get("rank"), "host": r.get("host"), "pid": r.get("pid"), "pg_id": pg_id,
                                "kind": kind, "seq": v, "others_seq": ref, "others": len(have) - len(late),
-                               "others_op": _op(ok, pg_id, key, ref)})
+                               "others_op": others_op})
             if late:
                 break  # behind in what it enqueued explains what it did not complete
     return behind

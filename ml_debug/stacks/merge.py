@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ml_debug.core.ranges import compress
-from ml_debug.stacks.model import Frame, ProcessDump, is_library_path
+from ml_debug.stacks.model import Frame, ProcessDump, is_library_path, short_path
 
 # Calls where a rank waits for its peers. Matched on the function name in torch.distributed
 # (or deepspeed.comm) files; `wait` covers Work.wait() on async handles.
@@ -75,9 +77,15 @@ def main_frames(dump: ProcessDump) -> list[Frame]:
     return t.python_frames() or [f for f in t.frames if f.kind == "native"] or t.native_frames
 
 
+@lru_cache(maxsize=4096)
+def _short(filename: str) -> str:
+    """Frame.short, once per file: 16k ranks x 20 frames x samples name the same few files."""
+    return short_path(filename)
+
+
 def stack_key(frames: list[Frame]) -> StackKey:
     """Outermost first; no addresses, no absolute paths: identical on every node."""
-    return tuple((f.name, f.short if f.filename else (f.library or "").rsplit("/", 1)[-1], f.line)
+    return tuple((f.name, _short(f.filename) if f.filename else (f.library or "").rsplit("/", 1)[-1], f.line)
                  for f in reversed(frames))
 
 
@@ -143,10 +151,14 @@ class Analysis:
 
 
 def member_state(m: Member) -> str:
+    return _state(m, lambda d: stack_key(main_frames(d)))
+
+
+def _state(m: Member, key_of: Callable[[ProcessDump], StackKey]) -> str:
     oks = [d for d in m.samples if d.ok]
     if len(oks) <= 1:
         return "single"
-    keys = {stack_key(main_frames(d)) for d in oks}
+    keys = {key_of(d) for d in oks}
     return "stuck" if len(keys) == 1 else "moving"
 
 
@@ -164,7 +176,6 @@ def _waits(n: int, stuck: bool) -> str:
 
 def describe(members: list[Member], unique_ranks: bool, *, with_where: bool = True) -> str:
     """`rank 3 (node2, pid 4242)` / `ranks 4-7 (4 ranks on node2)` / `pid 123 (node1)`."""
-    hosts = sorted({m.host for m in members})
     if len(members) == 1:
         m = members[0]
         who = f"rank {m.rank}" if unique_ranks and m.rank is not None else f"pid {m.pid}"
@@ -178,6 +189,7 @@ def describe(members: list[Member], unique_ranks: bool, *, with_where: bool = Tr
                         for m in members)
     if not with_where:
         return who
+    hosts = sorted({m.host for m in members})
     return f"{who} ({len(members)} ranks on {', '.join(hosts)})"
 
 
@@ -188,23 +200,36 @@ def _count(n: int, word: str = "rank") -> str:
 def build_tree(groups: list[Group], unique_ranks: bool) -> list[dict[str, Any]]:
     """Prefix tree over the groups' stacks, outermost frame at the root, each node with its ranks."""
     roots: list[dict[str, Any]] = []
+    # each level's nodes by label, and each node's groups as a set: thousands of groups (ranks
+    # spread over many lines) would otherwise cost groups x siblings
+    index: dict[int, dict[str, dict[str, Any]]] = {}
     for g in groups:
         level = roots
         for f in reversed(g.frames):
             label = f.where(brief=True)
-            node = next((n for n in level if n["frame"] == label), None)
+            by_label = index.setdefault(id(level), {})
+            node = by_label.get(label)
             if node is None:
-                node = {"frame": label, "members": [], "children": [], "groups": []}
+                node = {"frame": label, "children": [], "groups": [], "group_set": set()}
                 level.append(node)
-            node["members"].extend(m for m in g.members)
-            if g.id not in node["groups"]:
+                by_label[label] = node
+            if g.id not in node["group_set"]:
+                node["group_set"].add(g.id)
                 node["groups"].append(g.id)
             level = node["children"]
 
+    # a node's processes are its groups' members, in group order; the nodes of a common stem share
+    # their groups, so each group set is described once rather than once per frame
+    group_of = {g.id: g for g in groups}
+    described: dict[tuple[str, ...], tuple[str, int]] = {}
+
     def finish(node: dict[str, Any]) -> dict[str, Any]:
-        members: list[Member] = node.pop("members")
-        return {"frame": node["frame"], "ranks": describe(members, unique_ranks, with_where=False),
-                "count": len(members), "groups": node["groups"],
+        key = tuple(node["groups"])
+        if key not in described:
+            members = [m for gid in key for m in group_of[gid].members]
+            described[key] = (describe(members, unique_ranks, with_where=False), len(members))
+        ranks, count = described[key]
+        return {"frame": node["frame"], "ranks": ranks, "count": count, "groups": node["groups"],
                 "children": [finish(c) for c in node["children"]]}
 
     return [finish(r) for r in roots]
@@ -217,16 +242,24 @@ def analyse(members: list[Member], expected_world: int | None = None, infer_worl
     dumped = [m for m in members if m.last_ok() is not None]
     not_dumped = [m for m in members if m.last_ok() is None]
 
+    keys: dict[int, StackKey] = {}  # each sample's key once (by id: the samples live through this call)
+
+    def key_of(d: ProcessDump) -> StackKey:
+        k = keys.get(id(d))
+        if k is None:
+            k = keys[id(d)] = stack_key(main_frames(d))
+        return k
+
     by_key: dict[StackKey, list[Member]] = {}
     for m in dumped:
-        by_key.setdefault(stack_key(main_frames(m.last_ok())), []).append(m)  # type: ignore[arg-type]
+        by_key.setdefault(key_of(m.last_ok()), []).append(m)  # type: ignore[arg-type]
     ordered = sorted(by_key.items(), key=lambda kv: (-len(kv[1]), min((m.rank if m.rank is not None else 1 << 30,
                                                                           m.pid) for m in kv[1])))
     groups: list[Group] = []
     for i, (_, ms) in enumerate(ordered):
         ms.sort(key=lambda m: (m.rank if m.rank is not None else 1 << 30, m.host, m.pid))
         frames = main_frames(ms[0].last_ok())  # type: ignore[arg-type]
-        states = {member_state(m) for m in ms}
+        states = {_state(m, key_of) for m in ms}
         state = states.pop() if len(states) == 1 else "mixed"
         groups.append(Group(id=_group_id(i), members=ms, frames=frames, collective=collective_frame(frames),
                             location=location_frame(frames), state=state))

@@ -1,0 +1,265 @@
+"""Cross-rank analyses at 1k, 4k and 16k ranks (8 per node): time at each size and the fitted exponent.
+
+    python benchmarks/run.py scale                 # 1,024 / 4,096 / 16,384 ranks
+    SCALE_SIZES=256,1024 python benchmarks/run.py scale
+
+Each size runs in a fresh child process that builds what the client holds after a 16k-rank
+`dump-stacks`: every node's document as JSON text, parsed back and read by
+`stacks.report.read_node_document` as the client reads it, then times (CPU time of the child,
+best of 2-3 runs: steadier than wall time on a shared machine; the analyses are single-threaded):
+
+- stack merge and verdict (`stacks.merge.analyse`): every rank waits in one all_reduce under a
+  20-frame stack, 2 samples each, except one rank stuck in its data loader;
+- the Flight Recorder cross-rank analysis (`stacks.fr_analysis.analyse`) and the whole report
+  section (`stacks.flight.section`): a 3D layout (TP 8 within a node, PP 4, DP N/32) with the
+  default group, 64 collectives kept per TP and DP group and rank, one rank that never issued the
+  last TP all_reduce, one DP rank whose gradient all_reduce has another size (a desync), and one rank
+  whose dump never came;
+- rank ranges (`core.ranges.compress`/`expand` of N ranks with holes) and hostlists
+  (`remote.hostlist.compress_hostlist`/`expand_hostlist` of the N/8 node names).
+
+The child's peak RSS (input and analyses together) is printed per size: the goal at 16k is < 2 GiB.
+Each line's ratio is the fitted exponent (time ~ N^k over the sizes; goal k <= 1.15).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.common import Result
+
+SIZES = tuple(int(x) for x in os.environ.get("SCALE_SIZES", "1024,4096,16384").split(","))
+PER_NODE = 8
+TP, PP = 8, 4
+KEEP = 64  # collectives kept per group and rank (fr_analysis.KEEP_PER_GROUP)
+STEPS = 1000  # TP all_reduces issued so far; the DP group issued half as many
+
+GOALS = {"merge": 1.0, "fr_analysis": 2.0, "fr_section": 2.0}
+EXPONENT_GOAL = 1.15
+RSS_GOAL_MIB = 2048
+
+
+# ---- synthetic job -------------------------------------------------------------------------------
+
+def culprits(n: int) -> dict[str, int]:
+    """The odd ranks of the synthetic job of n ranks (also what the tests expect to be named)."""
+    return {"stack": n * 5 // 7, "not_enqueued": n * 3 // 5 + 3, "desync": n // 3 + 17, "no_dump": n // 2 + 1}
+
+
+def host_of(rank: int) -> str:
+    return f"gpu{rank // PER_NODE + 1:05d}"
+
+
+_SITE = "/opt/venv/lib/python3.11/site-packages/"
+_USER = "/home/alice/llm/"
+_OUTER = [("<module>", _USER + "train.py", 412), ("main", _USER + "train.py", 398),
+          ("run", _USER + "trainer.py", 220), ("fit", _USER + "trainer.py", 181),
+          ("train_epoch", _USER + "trainer.py", 142), ("train_step", _USER + "trainer.py", 97)]
+_WAIT = [("backward", _SITE + "torch/_tensor.py", 626),
+         ("backward", _SITE + "torch/autograd/__init__.py", 347),
+         ("_engine_run_backward", _SITE + "torch/autograd/graph.py", 823),
+         ("_post_backward_hook", _SITE + "torch/distributed/fsdp/_runtime_utils.py", 745),
+         ("_reduce_grad", _SITE + "torch/distributed/fsdp/_runtime_utils.py", 801),
+         ("reduce_scatter_tensor", _SITE + "torch/distributed/distributed_c10d.py", 4154),
+         ("wrapper", _SITE + "torch/distributed/c10d_logger.py", 81),
+         ("_tp_all_reduce", _USER + "parallel/tensor.py", 58),
+         ("forward", _USER + "model/attention.py", 133),
+         ("_call_impl", _SITE + "torch/nn/modules/module.py", 1747),
+         ("_wrapped_call_impl", _SITE + "torch/nn/modules/module.py", 1736),
+         ("wrapper", _SITE + "torch/distributed/c10d_logger.py", 81),
+         ("all_reduce", _SITE + "torch/distributed/distributed_c10d.py", 2501)]
+_LOADER = [("__next__", _SITE + "torch/utils/data/dataloader.py", 701),
+           ("_next_data", _SITE + "torch/utils/data/dataloader.py", 1448),
+           ("_get_data", _SITE + "torch/utils/data/dataloader.py", 1402),
+           ("get", "/usr/lib/python3.11/queue.py", 180),
+           ("wait", "/usr/lib/python3.11/threading.py", 331)]
+
+
+def _stack(rank: int, n: int) -> list[dict[str, Any]]:
+    """The main thread's frames, innermost first (py-spy's order)."""
+    outer = _OUTER + (_LOADER if rank == culprits(n)["stack"] else _WAIT)
+    return [{"name": f, "filename": p, "line": line, "kind": "py"} for f, p, line in reversed(outer)]
+
+
+def stacks_node(node: int, n: int) -> dict[str, Any]:
+    """One node's `dump-stacks --local --json` processes part: 8 ranks, 2 samples each."""
+    procs = []
+    for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
+        pid = 40000 + rank % PER_NODE
+        samples = [{"pid": pid, "ok": True, "dumper": "py-spy", "seconds": 0.2, "taken_at": 1.0e9 + i,
+                    "threads": [{"thread_id": "1", "os_thread_id": pid, "name": "MainThread", "is_main": True,
+                                 "frames": _stack(rank, n)},
+                                {"thread_id": "2", "os_thread_id": pid + 1, "name": "pin_memory", "is_main": False,
+                                 "frames": [{"name": "wait", "filename": "/usr/lib/python3.11/threading.py",
+                                             "line": 331, "kind": "py"}]}]}
+                   for i in range(2)]
+        procs.append({"pid": pid, "host": host_of(rank), "user": "alice", "cmdline": "python train.py",
+                      "exe": "/opt/venv/bin/python3.11", "found_by": "torchrun pid 39999", "rank": rank,
+                      "local_rank": rank % PER_NODE, "world_size": n, "samples": samples})
+    return {"processes": procs}
+
+
+def group_names(rank: int, n: int) -> dict[str, str]:
+    """desc -> the name of the group of that kind `rank` belongs to."""
+    dp = n // (TP * PP)
+    d, s, t = rank // (TP * PP), (rank // TP) % PP, rank % TP
+    return {"default_pg": "0", "mesh_tp": str(1 + rank // TP), "mesh_pp": str(1 + n // TP + d * TP + t),
+            "mesh_dp": str(1 + n // TP + dp * TP + s * TP + t)}
+
+
+def _entry(seq: int, op: str, size: list[int], state: str) -> dict[str, Any]:
+    return {"seq": seq, "op": op, "input_sizes": [size], "output_sizes": [size], "input_dtypes": ["BFloat16"],
+            "output_dtypes": ["BFloat16"], "state": state}
+
+
+def fr_record(rank: int, n: int) -> dict[str, Any]:
+    """One rank's Flight Recorder record as dump-stacks keeps it (compacted entries per group)."""
+    c = culprits(n)
+    if rank == c["no_dump"]:
+        return {"rank": rank, "host": host_of(rank), "pid": 40000 + rank % PER_NODE, "ok": False,
+                "error": "no Flight Recorder dump within 15 s"}
+    names = group_names(rank, n)
+    lagging = rank // TP == c["not_enqueued"] // TP
+    groups = []
+    for desc in ("default_pg", "mesh_tp", "mesh_pp", "mesh_dp"):
+        name = names[desc]
+        if desc == "default_pg":
+            entries = [_entry(s, "nccl:barrier", [1], "completed") for s in (1, 2)]
+            enq = done = 2
+        elif desc == "mesh_pp":
+            entries = [_entry(s, "nccl:broadcast", [8], "completed") for s in range(1, 5)]
+            enq = done = 4
+        elif desc == "mesh_tp":
+            enq = STEPS - 1 if rank == c["not_enqueued"] else STEPS
+            done = STEPS - 1 if lagging else STEPS
+            entries = [_entry(s, "nccl:all_reduce", [4096, 8192],
+                              "scheduled" if s > done else "completed") for s in range(enq - KEEP + 1, enq + 1)]
+        else:
+            enq = done = STEPS // 2
+            entries = []
+            for s in range(enq - KEEP + 1, enq + 1):
+                op, size = "nccl:all_reduce", [1 << 20] if s % 2 else [1 << 18]  # gradient buckets
+                if rank == c["desync"] and s == enq - 10:
+                    size = [1 << 19]
+                entries.append(_entry(s, op, size, "completed"))
+        groups.append({"pg_id": name, "name": name, "desc": desc, "last_enqueued": enq, "last_completed": done,
+                       "entries": entries})
+    summary = [{"pg_id": g["pg_id"], "last_completed_seq": g["last_completed"], "last_enqueued_seq": g["last_enqueued"],
+                "last_started_seq": g["last_completed"],
+                "last_completed": {"seq": g["last_completed"], "op": g["entries"][-1]["op"]},
+                "last_enqueued": {"seq": g["last_enqueued"], "op": g["entries"][-1]["op"]}} for g in groups]
+    return {"rank": rank, "host": host_of(rank), "pid": 40000 + rank % PER_NODE, "ok": True,
+            "process_groups": summary, "collectives": groups}
+
+
+def fr_node(node: int, n: int) -> dict[str, Any]:
+    return {"flight_recorder": {"ranks": [fr_record(r, n) for r in range(node * PER_NODE, (node + 1) * PER_NODE)]}}
+
+
+# ---- one size, in a child ------------------------------------------------------------------------
+
+def _best(fn: Callable[[], object], repeat: int) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def child(n: int) -> dict[str, Any]:
+    from ml_debug.core.ranges import compress, expand
+    from ml_debug.remote.hostlist import compress_hostlist, expand_hostlist
+    from ml_debug.stacks.flight import section
+    from ml_debug.stacks.fr_analysis import analyse as fr_analyse
+    from ml_debug.stacks.merge import Member, analyse
+    from ml_debug.stacks.report import read_node_document
+
+    # what arrives: one JSON text per node, read as dump-stacks reads it
+    members: list[Member] = []
+    records: list[dict[str, Any]] = []
+    for i in range(n // PER_NODE):
+        text = json.dumps({**stacks_node(i, n), **fr_node(i, n)})
+        doc = read_node_document(json.loads(text), host_of(i * PER_NODE))
+        members += [Member(host=t.host, pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size,
+                           samples=samples) for t, samples in doc.processes]
+        records += doc.fr_records
+    repeat = 3 if n <= 4096 else 2
+    out: dict[str, Any] = {"n": n}
+    out["merge"] = _best(lambda: analyse(members), repeat)
+    out["fr_analysis"] = _best(lambda: fr_analyse(records), repeat)
+    out["fr_section"] = _best(lambda: section(records), repeat)
+    verdict = analyse(members).verdict
+    fr = fr_analyse(records)
+    assert fr is not None
+    out["verdict"] = verdict
+    out["fr_culprits"] = sorted({(c["rank"], c["why"]) for c in fr["culprits"]})
+    ranks = [r for r in range(n) if r % 97 != 5]  # holes: a range list of ~n/97 parts
+    text = compress(ranks)
+    names = [host_of(r) for r in range(0, n, PER_NODE) if (r // PER_NODE) % 61 != 7]
+    expr = compress_hostlist(names)
+    rounds = max(1, 65536 // n)  # enough work to time at the smallest size
+    out["ranges"] = _best(lambda: [(compress(ranks), expand(text)) for _ in range(rounds)], repeat) / rounds
+    out["hostlist"] = _best(lambda: [(compress_hostlist(names), expand_hostlist(expr)) for _ in range(rounds)],
+                            repeat) / rounds
+    out["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def exponent(ns: list[int], ts: list[float]) -> float:
+    """Least-squares slope of log t over log N."""
+    xs, ys = [math.log(x) for x in ns], [math.log(max(t, 1e-9)) for t in ts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def _run_child(n: int) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", str(n)], capture_output=True, text=True,
+                          timeout=1800, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if proc.returncode != 0:
+        raise RuntimeError(f"scale child N={n} failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run() -> list[Result]:
+    rows = [_run_child(n) for n in SIZES]
+    ns = [r["n"] for r in rows]
+    out = []
+    labels = {"merge": "stack merge + verdict", "fr_analysis": "flight recorder analysis",
+              "fr_section": "flight recorder section (+ behind)", "ranges": "rank ranges compress+expand",
+              "hostlist": "hostlist compress+expand (N/8 nodes)"}
+    for key, label in labels.items():
+        ts = [r[key] for r in rows]
+        k = exponent(ns, ts) if len(ns) > 1 else float("nan")
+        goal = GOALS.get(key)
+        at = ", ".join(f"{n // 1024 if n >= 1024 else n}{'k' if n >= 1024 else ''} {t * 1e3:.1f} ms"
+                       for n, t in zip(ns, ts, strict=True))
+        verdict = "met" if k <= EXPONENT_GOAL and (goal is None or ts[-1] < goal) else "NOT MET"
+        goal_text = f"; goal at {ns[-1]}: < {goal} s" if goal else ""
+        out.append(Result(f"scale: {label} (exponent)", k,
+                          f"{at}; goal k <= {EXPONENT_GOAL}{goal_text}: {verdict}"))
+    rss = [r["rss_mib"] for r in rows]
+    out.append(Result("scale: client peak RSS (MiB / goal)", rss[-1] / RSS_GOAL_MIB,
+                      ", ".join(f"{n} ranks {m:.0f} MiB" for n, m in zip(ns, rss, strict=True))
+                      + f"; goal < {RSS_GOAL_MIB} MiB at {ns[-1]}"))
+    last = rows[-1]
+    c = culprits(last["n"])
+    named = dict(last["fr_culprits"])
+    right = named.get(c["not_enqueued"]) == "not-enqueued" and named.get(c["desync"]) == "desync" \
+        and f"rank {c['stack']} " in last["verdict"]
+    out.append(Result("scale: culprits named at the largest size", 1.0 if right else 0.0,
+                      f"verdict: {last['verdict'][:100]}...; flight recorder: {last['fr_culprits']}"))
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(child(int(sys.argv[1]))))

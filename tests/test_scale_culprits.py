@@ -1,0 +1,147 @@
+"""The cross-rank analyses on a synthetic 4,096-rank job (512 nodes of 8) with known odd ranks.
+
+The job is benchmarks/bench_scale.py's (the benchmark times the same inputs at 1k/4k/16k): a 3D
+layout of TP 8 within a node, PP 4 and DP 128, 64 collectives kept per TP and DP group and rank.
+Here each analysis must name the planted rank; timings live in the benchmark, not here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks import bench_scale as job
+from ml_debug.core.ranges import compress, expand
+from ml_debug.remote.hostlist import compress_hostlist, expand_hostlist
+from ml_debug.stacks import flight
+from ml_debug.stacks.fr_analysis import analyse as fr_analyse
+from ml_debug.stacks.merge import Member, analyse
+from ml_debug.stacks.model import dump_from_json
+
+N = 4096
+ODD = job.culprits(N)
+
+
+@pytest.fixture(scope="module")
+def fr_records() -> list[dict[str, Any]]:
+    return [job.fr_record(rank, N) for rank in range(N)]
+
+
+def test_flight_recorder_analysis_of_a_4k_rank_hang_names_the_rank_that_never_issued_the_last_all_reduce(
+        fr_records: list[dict[str, Any]]) -> None:
+    a = fr_analyse(fr_records)
+    assert a is not None
+    lagging, desync = ODD["not_enqueued"], ODD["desync"]
+    tp = job.group_names(lagging, N)["mesh_tp"]
+    peers = [r for r in range(lagging // 8 * 8, lagging // 8 * 8 + 8) if r != lagging]
+    (group,) = [g for g in a["process_groups"] if g["pg"] == tp]
+    (missing,) = group["not_enqueued"]
+    assert (missing["seq"], missing["ranks"], missing["by"]) == (job.STEPS, [lagging], peers)
+    assert f"rank {lagging} never issued collective #{job.STEPS} of pg {tp} (mesh_tp) " \
+           f"(nccl:all_reduce [[4096,8192]] BFloat16), which ranks {compress(peers)} issued" in a["findings"]
+    # the desync comes first: one DP rank's gradient bucket of another size, 127 ranks agree
+    dp = job.group_names(desync, N)["mesh_dp"]
+    assert a["findings"][0].startswith(f"desync in collective #{job.STEPS // 2 - 10} of pg {dp} (mesh_dp): "
+                                       f"rank {desync} issued nccl:all_reduce [[524288]] BFloat16 while ranks ")
+    assert a["findings"][0].endswith("issued nccl:all_reduce [[262144]] BFloat16 (size mismatch)")
+    assert sorted((c["rank"], c["why"]) for c in a["culprits"]) == sorted([(lagging, "not-enqueued"),
+                                                                          (desync, "desync")])
+    # the rank whose dump never came is in no group; every other group agrees and completed
+    assert all(ODD["no_dump"] not in g["ranks"] for g in a["process_groups"])
+    assert len(a["process_groups"]) == 1 + N // 8 + N // 32 * 8 + 4 * 8
+    # the report's section says it too, with the lagging rank behind its peers
+    sec = flight.section(fr_records)
+    assert sec is not None
+    assert [(b["rank"], b["kind"], b["seq"], b["others_seq"]) for b in sec["behind"]] == \
+        [(lagging, "enqueued", job.STEPS - 1, job.STEPS)]
+
+
+def test_stack_merge_of_4k_ranks_names_the_one_rank_outside_the_all_reduce() -> None:
+    members = []
+    for node in range(N // job.PER_NODE):
+        doc = job.stacks_node(node, N)
+        members += [Member(host=p["host"], pid=p["pid"], rank=p["rank"], local_rank=p["local_rank"],
+                           world_size=p["world_size"], samples=[dump_from_json(s) for s in p["samples"]])
+                    for p in doc["processes"]]
+    a = analyse(members)
+    odd = ODD["stack"]
+    assert [(s.kind, s.ranks) for s in a.suspects] == [("outside-collective", [odd])]
+    assert a.verdict == (f"suspect: rank {odd} ({job.host_of(odd)}, pid {40000 + odd % 8}) stuck in train_step "
+                         f"(trainer.py:97) while {N - 1} ranks are stuck in all_reduce (distributed_c10d.py:2501)")
+    assert [g.state for g in a.groups] == ["stuck", "stuck"] and a.missing_ranks == [] and not a.not_dumped
+    (root,) = a.tree
+    assert (root["frame"], root["ranks"], root["count"]) == ("<module> (train.py:412)", f"ranks 0-{N - 1}", N)
+    # the stem splits where the odd rank's stack leaves the others'
+    node = root
+    while len(node["children"]) == 1:
+        node = node["children"][0]
+    assert node["frame"] == "train_step (trainer.py:97)"
+    assert sorted((c["ranks"], c["count"]) for c in node["children"]) == sorted(
+        [(f"rank {odd}", 1), (f"ranks 0-{odd - 1},{odd + 1}-{N - 1}", N - 1)])
+
+
+def test_rank_ranges_and_hostlists_of_16k_ranks_round_trip() -> None:
+    ranks = [r for r in range(16384) if r not in (5, 9000, 16383)]
+    assert compress(ranks) == "0-4,6-8999,9001-16382"
+    assert expand(compress(ranks)) == ranks
+    nodes = [job.host_of(r) for r in range(0, 16384, 8)]
+    assert compress_hostlist(reversed(nodes)) == "gpu[00001-02048]"
+    assert expand_hostlist("gpu[00001-02048]") == nodes
+
+
+def test_a_nodes_equal_flight_recorder_entries_are_kept_once_and_the_analysis_is_unchanged() -> None:
+    import copy
+
+    from ml_debug.stacks.report import read_node_document
+
+    n = 64
+    plain = [job.fr_record(rank, n) for rank in range(n)]
+    read = [r for node in range(n // job.PER_NODE)
+            for r in read_node_document({"processes": [], **copy.deepcopy(job.fr_node(node, n))}, "x").fr_records]
+    assert read == plain
+    tp = [r["collectives"][1]["entries"] for r in read[:8]]  # ranks 0-7: one TP group on one node
+    assert all(a is b for other in tp[1:] for a, b in zip(tp[0], other, strict=True))
+    dp = [r["collectives"][3]["entries"] for r in read[:8]]  # 8 DP groups: equal entries, shared too
+    assert all(a is b for other in dp[1:] for a, b in zip(dp[0], other, strict=True))
+    desync = job.culprits(n)["desync"]  # its odd entry stays its own
+    odd = read[desync]["collectives"][3]["entries"][-11]
+    assert odd["input_sizes"] == [[1 << 19]] and all(odd is not r["collectives"][3]["entries"][-11]
+                                                     for r in read if r is not read[desync] and r.get("ok"))
+    assert fr_analyse(read) == fr_analyse(plain)
+
+
+def _random_records(rng: Any) -> list[dict[str, Any]]:
+    """A few ranks issuing mostly the same collectives: some behind, some with an odd entry."""
+    import random
+
+    assert isinstance(rng, random.Random)
+    ops = ["nccl:all_reduce", "nccl:all_gather", "nccl:all_to_all"]
+    program = [{"op": rng.choice(ops[:2]), "input_sizes": [[rng.choice([8, 16])]], "output_sizes": [[8]],
+                "input_dtypes": ["Float"], "output_dtypes": ["Float"]} for _ in range(40)]
+    records = []
+    for rank in range(rng.randint(2, 9)):
+        enq = rng.choice([30, 30, 30, 29, 28])
+        entries = []
+        for seq in range(enq - rng.choice([5, 10, 20]) + 1, enq + 1):
+            e = {"seq": seq, **program[seq], "state": rng.choice(["completed", "scheduled"])}
+            if rng.random() < .04:
+                e.update(op=rng.choice(ops), input_sizes=[[rng.choice([8, 16, 32])]],
+                         input_dtypes=rng.choice([["Float"], ["BFloat16"], ["Int", "Float"]]))
+            entries.append(e)
+        records.append({"rank": rank, "host": "h", "pid": rank, "ok": True, "collectives": [
+            {"pg_id": "0", "name": "0", "desc": "", "last_enqueued": enq, "last_completed": enq - rng.randint(0, 2),
+             "entries": entries}]})
+    return records
+
+
+def test_the_whole_run_comparison_finds_what_comparing_number_by_number_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    from ml_debug.stacks import fr_analysis
+
+    cases = [_random_records(random.Random(seed)) for seed in range(400)]
+    fast = [fr_analyse(c) for c in cases]
+    monkeypatch.setattr(fr_analysis, "_scan", lambda *_: None)  # the general path, one number at a time
+    slow = [fr_analyse(c) for c in cases]
+    assert fast == slow
+    assert sum(1 for a in fast if a and a["process_groups"][0]["mismatch"]) > 50  # desyncs were there to find
