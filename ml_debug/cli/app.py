@@ -202,6 +202,9 @@ SAME_CTRL_C_S = lifecycle.SAME_CTRL_C_S
 # launcher stops them with SIGTERM, which keeps its default meaning there (gpu-test first finishes its
 # verdict, see gputest.stages).
 RANK_COMMANDS = ("gpu-test", "allreduce-bench", "train")
+# `mldebug trace PROGRAM` runs the user's program in this process: SIGTERM keeps the program's own meaning
+# (the tracer writes its ring, then the process dies of SIGTERM as the untraced program would).
+OWN_SIGTERM = ("trace",)
 
 
 def main() -> None:
@@ -210,7 +213,7 @@ def main() -> None:
 
     lifecycle.adopt_parent_tie()  # a command that mldebug started (check's steps, drill's jobs) dies with it
     invoked = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
-    lifecycle.install(terminate=not (invoked in RANK_COMMANDS and is_launched()))
+    lifecycle.install(terminate=not ((invoked in RANK_COMMANDS and is_launched()) or invoked in OWN_SIGTERM))
     code = run()
     if code == ExitCode.INTERRUPTED:
         # Ctrl-C has been answered; a second one (`timeout -s INT` signals the process and its group)
