@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -201,17 +202,34 @@ def test_bad_options_exit_2_with_one_line(args: list[str], message: str, capsys:
     assert out == ""
 
 
-def test_a_file_that_fails_to_write_at_the_end_loses_no_result() -> None:
-    # One rank under a launcher's environment (no multi-rank job): /dev/full passes the up-front check
-    # (an existing writable file) and fails the write with ENOSPC, as a disk that filled during the run.
+def test_a_file_that_fails_to_write_at_the_end_loses_no_result(tmp_path: Path) -> None:
+    # One rank under a launcher's environment (no multi-rank job). The CSV's name passes the up-front check
+    # and its write fails at the end, as on a disk that filled during the run: the process may write no
+    # file bigger than 0 bytes (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails with EFBIG).
+    import resource
+
+    csv_path = tmp_path / "bench.csv"
     with reserved_port() as port:
-        env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        proc = _run([sys.executable, "-m", "ml_debug", "--json", "allreduce-bench", "-b", "1K", "-e", "2K", "-n", "1",
-                     "-w", "0", "--csv", "/dev/full"], env, timeout=120)
+        env = {**os.environ, **ENV, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONDONTWRITEBYTECODE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "ml_debug", "--json", "allreduce-bench", "-b", "1K", "-e", "2K",
+                               "-n", "1", "-w", "0", "--csv", str(csv_path)], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=REPO,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)))
     assert proc.returncode == 4, proc.stderr
     assert _json(proc)["result"]["ok"] is True
-    assert "mldebug: error: the result above is complete, but /dev/full could not be written" in proc.stderr
+    assert f"mldebug: error: the result above is complete, but {csv_path} could not be written" in proc.stderr
+
+
+def test_a_device_is_never_replaced_by_an_output_file() -> None:
+    """`--csv /dev/null` as root once replaced the system's /dev/null with a regular file (a planted link is
+    replaced by the real file; a device is no planted link): refused up front, the device left as it is."""
+    from ml_debug.cli.app import run
+
+    before = os.stat("/dev/null")
+    assert run(["allreduce-bench", "--csv", "/dev/null"]) == 2
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
 
 
 def test_missing_matplotlib_is_an_environment_problem() -> None:

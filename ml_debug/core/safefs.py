@@ -371,6 +371,17 @@ def make_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> None:
     os.close(open_out_dir(path, flag))
 
 
+def _refuse_device(dir_fd: int, name: str) -> None:
+    """A device at `name` is never replaced or removed: no user can plant one (mknod needs root), so it is
+    the system's own (`--csv /dev/null`), and replacing it with a file would break the machine."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        raise Refused(f"{name} is {_kind(st.st_mode)}: mldebug writes regular files only and replaces no device")
+
+
 def replace_in(dir_fd: int, name: str, data: bytes, mode: int = 0o666) -> str | None:
     """Write `name` in a directory atomically, never through a link planted at that name.
 
@@ -378,6 +389,7 @@ def replace_in(dir_fd: int, name: str, data: bytes, mode: int = 0o666) -> str | 
     umask) that is renamed over `name`. Returns a note when `name` was something else (a symbolic
     link, a FIFO): it was replaced, not followed.
     """
+    _refuse_device(dir_fd, name)
     tmp = f".{name}.{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
@@ -453,6 +465,7 @@ def open_append(out_dir: str | os.PathLike[str], name: str, flag: str = "--out-d
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         for _ in range(3):
             try:
+                _refuse_device(dfd, name)
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 what = _planted(st, me)
                 if what:
@@ -497,7 +510,8 @@ def out_file_dir(flag: str, path: str | os.PathLike[str]) -> int:
     text = os.fspath(path)
     parent, _, leaf = text.rpartition("/")
     if leaf in ("", ".", ".."):
-        raise UsageError(f"{flag} {visible(text)} does not name a file", "name a file, e.g. results/bench.csv")
+        what = "is a directory" if os.path.isdir(text) else "does not name a file"
+        raise UsageError(f"{flag} {visible(text)} {what}", "name a file, e.g. results/bench.csv")
     parent = parent or ("/" if text.startswith("/") else ".")
     me = Owner.current()
     try:
@@ -529,8 +543,13 @@ def check_out_file(flag: str, path: str | os.PathLike[str]) -> None:
             st = os.stat(leaf, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
             return
+        except OSError as e:  # a name too long for the file system, say
+            raise UsageError(f"{flag} {visible(os.fspath(path))}: {e.strerror}", "choose another name") from None
         if stat.S_ISDIR(st.st_mode):
             raise UsageError(f"{flag} {visible(os.fspath(path))} is a directory", "name a file inside it")
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            raise UsageError(f"{flag} {visible(os.fspath(path))} is {_kind(st.st_mode)}: mldebug writes regular "
+                             "files only (and never replaces a device)", "name a file, e.g. results/bench.csv")
 
 
 def write_file(flag: str, path: str | os.PathLike[str], data: str | bytes) -> str | None:

@@ -178,10 +178,40 @@ class History:
             os.close(self._dir_fd)
             raise
         try:
-            self._prepare()
+            with self._setup_lock():
+                self._prepare()
         except BaseException:
             self.close()
             raise
+
+    @contextlib.contextmanager
+    def _setup_lock(self) -> Iterator[None]:
+        """One process at a time checks and migrates the schema and sets WAL mode: two hooks opening a new
+        file at once otherwise deadlock in SQLite (switching to WAL needs the file alone) until the busy
+        timeout. A ``<name>-lock`` file beside it, never followed through a link, held with flock."""
+        import fcntl
+
+        name = self.path.name + "-lock"
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._dir_fd)
+        except OSError as e:
+            raise UsageError(f"history database {self.path}: cannot open {name}: {e.strerror}",
+                             "a link or another user's file is there: remove it") from None
+        try:
+            deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise EnvironmentProblem(f"history database {self.path} stayed locked for "
+                                                 f"{BUSY_TIMEOUT_MS // 1000} s (its {name})",
+                                                 "another writer holds it: see `fuser` on the file") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     # ---------------------------------------------------------------- schema
 
