@@ -43,22 +43,10 @@ class LocalSource:
     """This node, sampled in this process on every call (``--pid`` included)."""
 
     def __init__(self, opts: WatchOptions, spec: TargetSpec) -> None:
-        from ml_debug.procs import find_targets
-        from ml_debug.procs.labels import read_environ
-        from ml_debug.sampling.sampler import NodeSampler, is_agent
-
-        pids = list(opts.pids)
-
-        class Sampler(NodeSampler):
-            def discover(self) -> None:
-                found = find_targets(pids=pids or None, pattern=self.opts.pattern, user=self.opts.user,
-                                     env=self.opts.env_filter or None, host=self.host)
-                self.targets = [t for t in found.targets if not is_agent(t.cmdline, read_environ(t.pid))]
-                self.notes = list(found.notes)
-                self._found_at = time.monotonic()
+        from ml_debug.sampling.sampler import NodeSampler
 
         self.label = spec.targets[0].label
-        self.sampler = Sampler(_sampler_options(opts))
+        self.sampler = NodeSampler(_sampler_options(opts), pids=opts.pids)
 
     def poll(self) -> list[Reading]:
         out: list[Reading] = [

@@ -8,7 +8,6 @@ exporter reuses their code as it is.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ml_debug.exporter.options import ExporterOptions
@@ -19,24 +18,12 @@ NODE_LABEL = "local"
 
 def make_sampler(opts: ExporterOptions) -> Any:
     """The node sampler `mldebug top` and `mldebug watch --local` use, with --pid honoured as watch does."""
-    from ml_debug.procs import find_targets
-    from ml_debug.procs.labels import read_environ
     from ml_debug.sampling.options import SamplerOptions
-    from ml_debug.sampling.sampler import NodeSampler, is_agent
-
-    pids = list(opts.pids)
-
-    class Sampler(NodeSampler):
-        def discover(self) -> None:
-            found = find_targets(pids=pids or None, pattern=self.opts.pattern, user=self.opts.user,
-                                 env=self.opts.env_filter or None, host=self.host)
-            self.targets = [t for t in found.targets if not is_agent(t.cmdline, read_environ(t.pid))]
-            self.notes = list(found.notes)
-            self._found_at = time.monotonic()
+    from ml_debug.sampling.sampler import NodeSampler
 
     sampling = SamplerOptions(interval=opts.interval, progress_files=list(opts.progress_files), pattern=opts.pattern,
                               user=opts.user, env=list(opts.env))
-    return Sampler(sampling)
+    return NodeSampler(sampling, pids=opts.pids)
 
 
 def make_tracker(opts: ExporterOptions) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ml_debug import __version__
@@ -57,10 +58,12 @@ def is_agent(cmdline: str, env: dict[str, str] | None) -> bool:
 class NodeSampler:
     """Samples this node; one instance per agent, called once per interval."""
 
-    def __init__(self, opts: SamplerOptions, gpu_sampler: Any = None) -> None:
+    def __init__(self, opts: SamplerOptions, gpu_sampler: Any = None, pids: Sequence[int] = ()) -> None:
+        """``pids``: these processes (a launcher's pid means its ranks, as dump-stacks' --pid), not the pattern."""
         from ml_debug.sampling.gpus import GpuSampler
 
         self.opts = opts
+        self.pids = list(pids)
         self.host = socket.gethostname()
         self.gpus = gpu_sampler if gpu_sampler is not None else GpuSampler()
         self.cpu = CpuMeter()
@@ -92,8 +95,8 @@ class NodeSampler:
         from ml_debug.procs import find_targets
         from ml_debug.procs.labels import read_environ
 
-        found = find_targets(pattern=self.opts.pattern, user=self.opts.user, env=self.opts.env_filter or None,
-                             host=self.host)
+        found = find_targets(pids=self.pids or None, pattern=self.opts.pattern, user=self.opts.user,
+                             env=self.opts.env_filter or None, host=self.host)
         self.targets = [t for t in found.targets if not is_agent(t.cmdline, read_environ(t.pid))]
         self.notes = list(found.notes)
         self._found_at = time.monotonic()
