@@ -99,26 +99,53 @@ def test_self_launch_two_ranks_reports_each_exit_code() -> None:
 
 
 def test_a_launch_removes_the_folders_of_launchers_killed_before_they_could(tmp_path: Path, monkeypatch) -> None:
+    """A folder is in use while its launcher holds its lock, whatever its pid says: a launcher in another PID
+    namespace (a rig node sharing /tmp) has a pid this /proc does not show, and its folder was removed under it."""
+    import fcntl
+    import time
+
     from ml_debug.dist import spawn as launch_mod
 
     require(os.geteuid() == 0, "root (to leave a folder of another user)")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True, timeout=60)
-    dead = tmp_path / f"mldebug-launch-{gone.stdout.strip()}-abc"  # its launcher was SIGKILLed
+    dead = tmp_path / "mldebug-launch-4242-abc"  # its launcher was SIGKILLed: the lock is free
     (dead / "logs" / "run").mkdir(parents=True)
-    alive = tmp_path / f"mldebug-launch-{os.getpid()}-def"  # a launch under way
-    alive.mkdir()
-    other = tmp_path / "mldebug-launch-notapid"
-    other.mkdir()
-    target = tmp_path / "not-ours"
-    target.mkdir()
-    (tmp_path / "mldebug-launch-999999999-link").symlink_to(target)  # never followed
-    made = launch_mod._workdir()
-    assert Path(made).name.startswith(f"mldebug-launch-{os.getpid()}-") and Path(made).is_dir()
-    assert not dead.exists() and alive.is_dir() and other.is_dir() and target.is_dir()
+    (dead / launch_mod.LOCK_NAME).write_text("")
+    elsewhere = tmp_path / "mldebug-launch-999999997-ns"  # a pid no /proc here shows, but its launcher holds the lock
+    elsewhere.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(elsewhere / launch_mod.LOCK_NAME)!r}, os.O_RDWR | os.O_CREAT)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        old = tmp_path / "mldebug-launch-notapid"  # an older mldebug's folder without a lock, an hour old
+        old.mkdir()
+        os.utime(old, (time.time() - 3600, time.time() - 3600))
+        young = tmp_path / "mldebug-launch-77-new"  # made this instant, its lock not yet there
+        young.mkdir()
+        target = tmp_path / "not-ours"
+        target.mkdir()
+        (tmp_path / "mldebug-launch-999999999-link").symlink_to(target)  # never followed
+        made, lock = launch_mod._workdir()
+        try:
+            assert Path(made).name.startswith(f"mldebug-launch-{os.getpid()}-") and Path(made).is_dir()
+            fd = os.open(Path(made) / launch_mod.LOCK_NAME, os.O_RDWR)
+            try:
+                with pytest.raises(BlockingIOError):  # ours is held while the launch runs
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+            assert not dead.exists() and not old.exists()
+            assert elsewhere.is_dir() and young.is_dir() and target.is_dir()
+        finally:
+            os.close(lock)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
     theirs = tmp_path / "mldebug-launch-999999998-xyz"  # another user's leftover is never touched
     theirs.mkdir()
     os.chown(theirs, 65534, 65534)
-    launch_mod._workdir()
+    _, lock = launch_mod._workdir()
+    os.close(lock)
     assert theirs.is_dir()

@@ -16,6 +16,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,28 +76,60 @@ class SpawnInterrupted(KeyboardInterrupt):
 WORKDIR_PREFIX = "mldebug-launch-"
 
 
-def _workdir() -> str:
-    """A fresh folder for one launch (ranks' exit codes, torch's agent logs), named after this process.
+LOCK_NAME = ".launcher.lock"
+
+
+def _abandoned(path: str) -> bool:
+    """Whether no launcher holds the folder's lock any more. The lock (flock), not the pid in the name, says
+    so: a launcher in another PID namespace (a container, a Slurm or netns node sharing /tmp) has a pid this
+    node's /proc does not show, and the kernel drops the lock when its holder dies, SIGKILL included."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:  # an older mldebug's folder, or one a launcher made this instant (its lock comes next)
+        try:
+            return time.time() - os.lstat(path).st_mtime > 60
+        except OSError:
+            return False
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _workdir() -> tuple[str, int]:
+    """A fresh folder for one launch (ranks' exit codes, torch's agent logs) and the fd of the lock that
+    says it is in use, held until the launch ends (:func:`_abandoned`).
 
     A launcher stopped by SIGKILL cannot remove its folder: the next launch removes such leftovers,
-    those of this user whose launcher process is gone (never another user's, never through a link)."""
+    those of this user that no launcher holds (never another user's, never through a link)."""
+    import fcntl
+
     base = tempfile.gettempdir()
     try:
         names = os.listdir(base)
     except OSError:
         names = []
     for name in names:
-        pid = name[len(WORKDIR_PREFIX):].split("-", 1)[0]
-        if not name.startswith(WORKDIR_PREFIX) or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+        if not name.startswith(WORKDIR_PREFIX):
             continue
         path = os.path.join(base, name)
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and _abandoned(path):
             shutil.rmtree(path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+    path = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+    lock = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return path, lock
 
 
 def free_port() -> int:
@@ -159,7 +192,7 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
             logging.getLogger(name).setLevel(logging.CRITICAL)
     addr = spec.master_addr or "127.0.0.1"
     port = spec.master_port or (free_port() if spec.nnodes == 1 else 29500)
-    workdir = _workdir()
+    workdir, workdir_lock = _workdir()
     saved = dict(os.environ)
     handlers = lifecycle.handlers()  # torch's agent installs its own for the launch
     timer: threading.Timer | None = None
@@ -232,3 +265,4 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
         os.environ.clear()
         os.environ.update(saved)
         shutil.rmtree(workdir, ignore_errors=True)
+        os.close(workdir_lock)
