@@ -8,7 +8,7 @@ Prints one line per GPU and field: mldebug's value, nvidia-smi's, and whether th
 Static fields (names, versions, ECC counters, limits, link maxima) must match exactly;
 live ones (temperature, power, clocks, utilization, current PCIe gen) are read a moment apart
 and get a tolerance. Exit 1 when a static field disagrees. Also prints the stress figures
-(TFLOPs vs the card's peak) from a level 2 run. tests/test_health_gpu_real.py runs this too.
+(TFLOPs vs the card's peak) from a level 2 run. tests/gpu/test_health_nvml.py runs this too.
 """
 
 from __future__ import annotations

@@ -229,16 +229,34 @@ def validate_schema(doc: dict, name: str) -> None:
 # ----------------------------------------------------------------------------- order (pytest-xdist)
 
 # tests/run.sh hands tests to the xdist workers two at a time, in collection order (`--dist load
-# --maxschedchunk 2`). The modules with the longest tests (half a minute and more) go first: the two
+# --maxschedchunk 2`). The modules with the longest tests (half a minute and more) go first: the
 # workers share them out and then end together on short tests, instead of one waiting out the other's
-# last long one (the alphabetical order put test_watch.py last).
-LONGEST_FIRST = ("test_drill.py", "test_watch.py", "test_attach.py", "test_exporter.py", "test_train_dist.py",
-                 "test_slurm_hook.py", "test_self_launch.py", "test_lifecycle.py")
+# last long one (the alphabetical order put cli/test_watch.py last). Paths below tests/.
+LONGEST_FIRST = ("cli/test_drill.py", "cli/test_watch.py", "cli/test_attach.py", "cli/test_exporter.py",
+                 "cli/test_train.py", "rig/test_slurm_hook.py", "cli/test_self_launch.py", "cli/test_lifecycle.py")
+
+# The folder a test lives in is its kind (tests/README.md): `unit`, `cli`, `rig`, `gpu`, `package`.
+# A test elsewhere that uses the rig (one of these fixtures) is marked `rig` too, so `-m "not rig"`
+# runs what needs no sshd or Slurm.
+FOLDER_MARKERS = ("unit", "cli", "rig", "gpu", "package")
+RIG_FIXTURES = frozenset({"rig_ssh", "rig_nodes", "rig_slurm", "hung_job"})
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     first = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: each module keeps its order
+    for item in items:
+        kind = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        if kind in FOLDER_MARKERS:
+            item.add_marker(kind)
+        if kind != "rig" and RIG_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("rig")
+
+    def rank(item: pytest.Item) -> int:
+        rel = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+        return first.get(rel, len(first))
+
+    items.sort(key=rank)  # stable: each module keeps its order
 
 
 # ----------------------------------------------------------------------------- Ctrl-C reaches the children

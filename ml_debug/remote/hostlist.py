@@ -7,7 +7,7 @@ Our own small parser rather than python-hostlist because (a) its errors do not s
 expression is wrong, and a user typing ``--hosts`` deserves that, (b) it drops duplicates and
 this module follows ``scontrol show hostnames`` exactly (order and repeats kept; the target
 resolver removes repeats itself), and (c) the rules are short: property tests fuzz this module
-against the real ``scontrol`` (tests/test_hostlist_scontrol.py).
+against the real ``scontrol`` (tests/rig/test_hostlist_scontrol.py).
 
 Rules (as Slurm 22.05 applies them):
 

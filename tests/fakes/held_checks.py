@@ -2,7 +2,7 @@
 
 Loaded through ``MLDEBUG_TEST_HOOKS=tests.fakes.held_checks``: its NVML hook, which `mldebug health`
 calls first thing, leaves a mark that the checks started and, when asked, prints a line on stdout and
-stderr and then holds the process (tests/test_check_options.py, tests/test_health_host.py). Only in
+stderr and then holds the process (tests/cli/test_check_options.py, tests/unit/health/test_host.py). Only in
 `mldebug health` and in the health runs of `mldebug exporter`: the other steps that read NVML run as usual."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ HOLD = "MLDEBUG_TEST_HOLD"
 
 EXPORTER_HEALTH_THREAD = "mldebug-exporter-health"
 """`mldebug exporter` runs its health checks in threads named so; its rank sampler reads NVML too, and
-is left alone (tests/test_exporter.py)."""
+is left alone (tests/cli/test_exporter.py)."""
 
 
 def nvml_backend() -> None:

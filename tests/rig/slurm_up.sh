@@ -13,7 +13,7 @@
 #      more than the real cores, thanks to SlurmdParameters=config_overrides), SLURM_MEM_MB (4000),
 #      SLURM_GPUS (2), SLURM_WAIT_SCHED (1: also wait until slurmctld's scheduler runs, ~3 s),
 #      SLURM_EXTRA_CONF (a file whose lines are added to slurm.conf: a second rig's HealthCheckProgram,
-#      Epilog; tests/test_slurm_hook.py)
+#      Epilog; tests/rig/test_slurm_hook.py)
 # Afterwards:  source $RIG_BASE/slurm/env   (exports SLURM_CONF) ; sinfo ; srun -N3 hostname
 # Idempotent: if the same config is up and every node answers, nothing is restarted.
 set -euo pipefail

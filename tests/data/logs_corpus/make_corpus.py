@@ -6,7 +6,7 @@
 
 Every job is worker.py (or lightning_job.py) with 2 to 4 gloo ranks; the rank that fails and how are in
 CASES. A launcher that is missing is reported and skipped; the files already here are kept. The tests
-(tests/test_logs_launchers.py) read these files: no job runs in the test suite.
+(tests/unit/logs/test_launchers.py) read these files: no job runs in the test suite.
 """
 
 from __future__ import annotations
