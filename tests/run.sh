@@ -73,6 +73,11 @@ echo "tests/run.sh: installed in $(( $(date +%s) - t0 )) s"
   || { cat .venv/lint-imports.log; echo "tests/run.sh: an import breaks the layers" >&2; exit 1; }
 .venv/bin/mypy ml_debug || { echo "tests/run.sh: mypy found type errors" >&2; exit 1; }
 export MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1
+# Bytecode is cached: under a shell that sets PYTHONDONTWRITEBYTECODE (some CI images do) every pytest
+# worker would rewrite the test modules again and every `python -m ml_debug` a test starts would compile
+# the package from source. Compiled once here, before the workers start.
+unset PYTHONDONTWRITEBYTECODE
+.venv/bin/python -m compileall -q -j 0 ml_debug tests > /dev/null
 set +e
 # Three pytest-xdist workers on 2 cores: many tests wait on real jobs, sshd and Slurm, and a third worker
 # fills those waits (measured on a clean clone: 722 s against 775 s with two). Tests marked
