@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.common import RANKS, Result, steps, training_job
+from benchmarks.common import RANKS, Result, step_rate_result, steps, training_job
 
 WINDOW = 60.0
 SCRAPE_EVERY = 15.0
@@ -126,8 +126,7 @@ def run() -> list[Result]:
                f"over {SCRAPES} back-to-back scrapes of {series} series"),
         Result("exporter: CPU % of one core per rank", per_rank_pct,
                f"(8 ranks {pct:.3f} % - no rank {base_pct:.3f} % ({base_series} series)) / {RANKS}"),
-        Result("exporter: job step rate exported / not", exported / unwatched if unwatched else float("nan"),
-               f"{exported:.2f} vs {unwatched:.2f} steps/s of {RANKS} gloo ranks (same job, {WINDOW:.0f} s each)"),
+        step_rate_result("exporter: job step rate exported / not", exported, unwatched, WINDOW),
     ]
 
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RANKS, Result, steps, training_job
+from benchmarks.common import Result, step_rate_result, steps, training_job
 
 WINDOW = 60.0
 
@@ -62,8 +62,7 @@ def run() -> list[Result]:
                f"(interval 5 s, one py-spy round per 60 s; goal < 1 %); exit {code}"),
         Result("watch: CPU % of one core, 8 ranks, with start-up", total_pct,
                f"{cpu:.2f} s CPU over {wall:.0f} s, start-up alone {start_cpu:.2f} s"),
-        Result("watch: job step rate watched / unwatched", watched / unwatched if unwatched else float("nan"),
-               f"{watched:.2f} vs {unwatched:.2f} steps/s of {RANKS} gloo ranks (same job, {WINDOW:.0f} s each)"),
+        step_rate_result("watch: job step rate watched / unwatched", watched, unwatched, WINDOW),
     ]
 
 

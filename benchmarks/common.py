@@ -82,6 +82,12 @@ def training_job(metrics: Path, window: float, env: dict[str, str] | None = None
         _stop(job)
 
 
+def step_rate_result(name: str, rate: float, unwatched: float, window: float) -> Result:
+    """The job's step rate beside a tool over its unwatched rate (the same job, `window` s each)."""
+    return Result(name, rate / unwatched if unwatched else float("nan"),
+                  f"{rate:.2f} vs {unwatched:.2f} steps/s of {RANKS} gloo ranks (same job, {window:.0f} s each)")
+
+
 def _stop(job: subprocess.Popen[bytes]) -> None:
     """The launcher and its ranks (they live in the launcher's session: killed by pid, not by group)."""
     import psutil

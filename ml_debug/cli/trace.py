@@ -87,8 +87,8 @@ def _program_output_on_stderr(json: bool) -> Iterator[None]:
         yield
     finally:
         try:
-            sys.stdout.flush()
-        except OSError:
+            sys.stdout.flush()  # the program's last lines, to stderr where the rest went
+        except (OSError, ValueError):  # the program closed or broke its sys.stdout: nothing of it is left
             pass
         os.dup2(saved, 1)
         os.close(saved)

@@ -334,11 +334,18 @@ def open_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> int:
         raise UsageError(f"{flag}: {visible(str(e))}", "choose a directory that you own") from None
     except OSError as e:
         raise UsageError(f"{flag} {visible(text)}: {e.strerror}", "choose a writable directory") from None
+    return _ours_or_roots(fd, me, f"{flag} {visible(text)} belongs to")
+
+
+def _ours_or_roots(fd: int, me: Owner, refusal: str) -> int:
+    """`fd` when its directory is ours or root's; otherwise it is closed and a usage error starts with `refusal`."""
+    from ml_debug.core.errors import UsageError
+
     st = os.fstat(fd)
     if st.st_uid != 0 and not me.owns(st):
         _close(fd)
-        raise UsageError(f"{flag} {visible(text)} belongs to {_who(st.st_uid)}: another user could replace what "
-                         "mldebug writes there", "choose a directory that you own")
+        raise UsageError(f"{refusal} {_who(st.st_uid)}: another user could replace what mldebug writes there",
+                         "choose a directory that you own")
     return fd
 
 
@@ -518,12 +525,7 @@ def out_file_dir(flag: str, path: str | os.PathLike[str]) -> int:
                          "create it first, or choose another path") from None
     except OSError as e:
         raise UsageError(f"{flag} {visible(text)}: {e.strerror}", "choose another path") from None
-    st = os.fstat(fd)
-    if st.st_uid != 0 and not me.owns(st):
-        _close(fd)
-        raise UsageError(f"{flag} {visible(text)}: its directory belongs to {_who(st.st_uid)}: another user could "
-                         "replace what mldebug writes there", "choose a directory that you own")
-    return fd
+    return _ours_or_roots(fd, me, f"{flag} {visible(text)}: its directory belongs to")
 
 
 def check_out_file(flag: str, path: str | os.PathLike[str]) -> None:
