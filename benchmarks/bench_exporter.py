@@ -23,8 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.bench_watch import RANKS, WARMUP, _steps, _stop
-from benchmarks.common import Result
+from benchmarks.common import RANKS, Result, step_rate_result, steps, training_job
 
 WINDOW = 60.0
 SCRAPE_EVERY = 15.0
@@ -98,38 +97,24 @@ class _Exporter:
 def run() -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="bench-exporter-") as tmp:
         metrics = Path(tmp) / "metrics"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MLDEBUG_BENCH_JOB": "exporter"}
-        job = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", str(RANKS),
-                                "--preset", "tiny", "--steps", "1000000", "--timeout", "600", "--stats-every", "0",
-                                "--metrics-dir", str(metrics)], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
         exporters: list[_Exporter] = []
-        try:
-            deadline = time.monotonic() + 300
-            while _steps(metrics) < 3:
-                if job.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the 8-rank job did not start training")
-                time.sleep(0.5)
-            time.sleep(WARMUP)
-            s0, t0 = _steps(metrics), time.monotonic()
-            time.sleep(WINDOW)
-            unwatched = (_steps(metrics) - s0) / (time.monotonic() - t0)
+        with training_job(metrics, WINDOW, {"MLDEBUG_BENCH_JOB": "exporter"}) as (_, unwatched):
+            try:
+                job_args = ["--env", "MLDEBUG_BENCH_JOB=exporter", "--progress-file",
+                            str(metrics / "rank-{rank}.jsonl")]
+                exporters.append(_Exporter(*job_args))
+                s0, t0 = steps(metrics), time.monotonic()
+                cpu, wall, series = exporters[0].window(WINDOW)
+                exported = (steps(metrics) - s0) / (time.monotonic() - t0)
+                scrape_cpu = exporters[0].per_scrape()
+                exporters[0].close()
 
-            job_args = ["--env", "MLDEBUG_BENCH_JOB=exporter", "--progress-file", str(metrics / "rank-{rank}.jsonl")]
-            exporters.append(_Exporter(*job_args))
-            s0, t0 = _steps(metrics), time.monotonic()
-            cpu, wall, series = exporters[0].window(WINDOW)
-            exported = (_steps(metrics) - s0) / (time.monotonic() - t0)
-            scrape_cpu = exporters[0].per_scrape()
-            exporters[0].close()
-
-            exporters.append(_Exporter("--env", "MLDEBUG_BENCH_JOB=nobody"))  # the same node, no rank found
-            base_cpu, base_wall, base_series = exporters[1].window(WINDOW)
-        finally:
-            for e in exporters:
-                if e.proc.poll() is None:
-                    e.close()
-            _stop(job)
+                exporters.append(_Exporter("--env", "MLDEBUG_BENCH_JOB=nobody"))  # the same node, no rank found
+                base_cpu, base_wall, base_series = exporters[1].window(WINDOW)
+            finally:
+                for e in exporters:
+                    if e.proc.poll() is None:
+                        e.close()
     pct = 100.0 * cpu / wall
     base_pct = 100.0 * base_cpu / base_wall
     per_rank_pct = max(0.0, pct - base_pct) / RANKS
@@ -141,8 +126,7 @@ def run() -> list[Result]:
                f"over {SCRAPES} back-to-back scrapes of {series} series"),
         Result("exporter: CPU % of one core per rank", per_rank_pct,
                f"(8 ranks {pct:.3f} % - no rank {base_pct:.3f} % ({base_series} series)) / {RANKS}"),
-        Result("exporter: job step rate exported / not", exported / unwatched if unwatched else float("nan"),
-               f"{exported:.2f} vs {unwatched:.2f} steps/s of {RANKS} gloo ranks (same job, {WINDOW:.0f} s each)"),
+        step_rate_result("exporter: job step rate exported / not", exported, unwatched, WINDOW),
     ]
 
 

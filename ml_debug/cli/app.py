@@ -157,10 +157,7 @@ def run(argv: list[str] | None = None) -> int:
             return _interrupted(command)
         code = rv if isinstance(rv, int) else ExitCode.OK
         if code != ExitCode.OK and not output.MODE.documents:  # a command that ended with a code and no answer
-            if command == "trace":  # it exits with the traced program's own code
-                output.emit_error(command, code, f"the traced program exited with code {code}", kind="problem")
-            else:
-                output.emit_error(command, code, f"mldebug {command or ''} ended with exit code {code}".replace("  ", " "))
+            output.emit_error(command, code, f"mldebug {command or ''} ended with exit code {code}".replace("  ", " "))
         return code
     except MLDebugError as e:
         if debug:

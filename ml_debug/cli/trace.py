@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import typer
@@ -13,6 +17,7 @@ if TYPE_CHECKING:
 
     from ml_debug.tracing.tail import TailReport
 
+TRACE_SCHEMA = "mldebug.trace"
 TAIL_SCHEMA = "mldebug.trace-tail"
 
 
@@ -23,6 +28,9 @@ last. Read them together with `mldebug trace-tail DIR`.
 
 Options of `mldebug trace` come first: everything after the script (or -m MODULE) goes to the
 program.
+
+With --json, the program's own output goes to stderr and stdout carries one document: how the
+program ended and its trace file.
 
 Exit codes: the program's own exit code (128+N when a signal ended it); 2 bad options."""
 
@@ -53,10 +61,37 @@ def trace_command(opts: TraceCommandOptions) -> int:
     from ml_debug.tracing.run import run_traced
 
     opts.validate()
-    result = run_traced(opts)
+    parent = os.getpid()
+    with _program_output_on_stderr(output.MODE.json):
+        result = run_traced(opts)
     if result.trace_file:
         output.log(f"mldebug trace: wrote {result.trace_file}")
+    if os.getpid() != parent:  # a child the program forked, returning through here: its parent reports the run
+        output.configure(json=False)
+        return result.exit_code
+    output.emit(TRACE_SCHEMA, 1, result)
     return result.exit_code
+
+
+@contextmanager
+def _program_output_on_stderr(json: bool) -> Iterator[None]:
+    """With --json, stdout carries one document: what the program (and every process it starts) writes to
+    stdout goes to stderr meanwhile, at the descriptor, so a C extension's or a child's output moves too."""
+    if not json:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        try:
+            sys.stdout.flush()  # the program's last lines, to stderr where the rest went
+        except (OSError, ValueError):  # the program closed or broke its sys.stdout: nothing of it is left
+            pass
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def tail_command(opts: TailOptions) -> int:

@@ -114,3 +114,13 @@ def tie_to_this_process(sig: int = signal.SIGTERM) -> Callable[[], None]:
                 os.kill(os.getpid(), sig)
 
     return tie
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs: it exists and is not a zombie (one that ended and waits for its
+    parent to reap it, which signal 0 still reaches)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

@@ -334,11 +334,18 @@ def open_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> int:
         raise UsageError(f"{flag}: {visible(str(e))}", "choose a directory that you own") from None
     except OSError as e:
         raise UsageError(f"{flag} {visible(text)}: {e.strerror}", "choose a writable directory") from None
+    return _ours_or_roots(fd, me, f"{flag} {visible(text)} belongs to")
+
+
+def _ours_or_roots(fd: int, me: Owner, refusal: str) -> int:
+    """`fd` when its directory is ours or root's; otherwise it is closed and a usage error starts with `refusal`."""
+    from ml_debug.core.errors import UsageError
+
     st = os.fstat(fd)
     if st.st_uid != 0 and not me.owns(st):
         _close(fd)
-        raise UsageError(f"{flag} {visible(text)} belongs to {_who(st.st_uid)}: another user could replace what "
-                         "mldebug writes there", "choose a directory that you own")
+        raise UsageError(f"{refusal} {_who(st.st_uid)}: another user could replace what mldebug writes there",
+                         "choose a directory that you own")
     return fd
 
 
@@ -402,16 +409,7 @@ def replace_in(dir_fd: int, name: str, data: bytes, mode: int = 0o666) -> str | 
             os.unlink(tmp, dir_fd=dir_fd)
         raise
     _close(fd)
-    note = None
-    try:
-        old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if not stat.S_ISREG(old.st_mode):
-            what = _kind(old.st_mode)
-            if stat.S_ISLNK(old.st_mode):
-                what += f" (to {_readlink(name, dir_fd)})"
-            note = f"{name} was {what}: not followed, replaced by the real file"
-    except FileNotFoundError:
-        pass
+    note = _replaced_note(dir_fd, name)
     try:
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError:
@@ -424,19 +422,22 @@ def replace_in(dir_fd: int, name: str, data: bytes, mode: int = 0o666) -> str | 
 def planted(out_dir: str | os.PathLike[str], name: str) -> str | None:
     """What :func:`write_out` would say about ``<out_dir>/<name>`` (a note when it is not a regular file)."""
     fd = open_out_dir(out_dir)
+    with opened(fd):
+        return _replaced_note(fd, name)
+
+
+def _replaced_note(dir_fd: int, name: str) -> str | None:
+    """The note of a write over `name` (:func:`replace_in`) when something other than a regular file is
+    there: what it is, and where a symbolic link led."""
     try:
-        old = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
-    finally:
-        _close(fd)
     if stat.S_ISREG(old.st_mode):
         return None
     what = _kind(old.st_mode)
     if stat.S_ISLNK(old.st_mode):
-        fd = open_out_dir(out_dir)
-        with opened(fd):
-            what += f" (to {_readlink(name, fd)})"
+        what += f" (to {_readlink(name, dir_fd)})"
     return f"{name} was {what}: not followed, replaced by the real file"
 
 
@@ -524,12 +525,7 @@ def out_file_dir(flag: str, path: str | os.PathLike[str]) -> int:
                          "create it first, or choose another path") from None
     except OSError as e:
         raise UsageError(f"{flag} {visible(text)}: {e.strerror}", "choose another path") from None
-    st = os.fstat(fd)
-    if st.st_uid != 0 and not me.owns(st):
-        _close(fd)
-        raise UsageError(f"{flag} {visible(text)}: its directory belongs to {_who(st.st_uid)}: another user could "
-                         "replace what mldebug writes there", "choose a directory that you own")
-    return fd
+    return _ours_or_roots(fd, me, f"{flag} {visible(text)}: its directory belongs to")
 
 
 def check_out_file(flag: str, path: str | os.PathLike[str]) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from ml_debug.core.errors import EnvironmentProblem, ExitCode, MLDebugError, UsageError
+from ml_debug.core.lifecycle import alive
 from ml_debug.debugger.dap import DapError
 from ml_debug.debugger.model import AttachResult, Evaluation, ThreadInfo
 from ml_debug.debugger.options import AttachOptions
@@ -124,7 +125,7 @@ def attach_local(opts: AttachOptions, prompt: Prompt | None = None) -> AttachRes
             result.exit_code, result.error = ExitCode.PARTIAL, e.message
         else:
             raise EnvironmentProblem(f"cannot debug {who}: {e.message}", hint=e.hint) from None
-    result.alive_after = _alive(pid)
+    result.alive_after = alive(pid)
     result.duration_s = round(time.monotonic() - t0, 2)
     ev = result.evaluation
     if result.error:
@@ -173,14 +174,6 @@ def _read(s: Session, result: AttachResult, opts: AttachOptions) -> None:
         index = last.frame if last and last.frame is not None and not last.error else index
     result.frame = index
     result.locals = s.locals(tid, index)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def failed(opts: AttachOptions, e: MLDebugError) -> AttachResult:

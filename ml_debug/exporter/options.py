@@ -9,6 +9,7 @@ from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option
 from ml_debug.procs.selectors import env_option, pattern_option, user_option
 from ml_debug.sampling.options import parse_pattern
+from ml_debug.watch.options import check_straggler_factor, grace_option, stall_option, straggler_factor_option
 
 SERVE = "Serving"
 WHICH = "Which job"
@@ -74,14 +75,11 @@ class ExporterOptions:
         help="A file whose growth is the job's progress (repeatable; a glob; {rank} stands for a rank's number), "
              "e.g. 'run/metrics/rank-{rank}.jsonl' (mldebug train --metrics-dir). Gives each rank its step and "
              "step rate; with it a rank stalls when its file stops growing.")
-    stall: float = option(300.0, min=1.0, metavar="S", panel=WHEN,
-                          help="A rank without progress for this long is stalled (mldebug_rank_stalled 1).")
-    grace: float = option(60.0, min=0.0, metavar="S", panel=WHEN,
-                          help="A rank is not judged in its first S seconds (start-up, compilation, loading a "
-                               "checkpoint), counted from when the exporter first saw it.")
-    straggler_factor: float = option(2.0, min=0.0, metavar="F", panel=WHEN,
-                                     help="A rank whose step rate stays below the median divided by F is a straggler "
-                                          "(0: never).")
+    stall: float = stall_option(WHEN, "A rank without progress for this long is stalled (mldebug_rank_stalled 1).")
+    grace: float = grace_option(WHEN, "A rank is not judged in its first S seconds (start-up, compilation, loading a "
+                                      "checkpoint), counted from when the exporter first saw it.")
+    straggler_factor: float = straggler_factor_option(
+        WHEN, "A rank whose step rate stays below the median divided by F is a straggler (0: never).")
     health_interval: float = option(60.0, min=1.0, max=86400.0, metavar="S", panel=HEALTH,
                                     help="Seconds between two runs of the node's health checks (mldebug health "
                                          "--level 1: GPUs through NVML, Xids, host checks).")
@@ -105,6 +103,5 @@ class ExporterOptions:
     def validate(self) -> None:
         """Raise UsageError (exit 2) for impossible combinations, before anything starts."""
         split_listen(self.listen)
-        if 0 < self.straggler_factor <= 1:
-            raise UsageError(f"--straggler-factor {self.straggler_factor:g} is not above 1",
-                             "a straggler's step rate is below the median divided by F: e.g. 2, or 0 for never")
+        check_straggler_factor(self.straggler_factor,
+                               "a straggler's step rate is below the median divided by F: e.g. 2, or 0 for never")

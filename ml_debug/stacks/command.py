@@ -25,7 +25,6 @@ from ml_debug.stacks.report import (
     ProcessSamples,
     build_report,
     failed_node,
-    node_kernel,
     node_processes,
     node_summary,
     read_node_document,
@@ -67,7 +66,7 @@ def local_report(req: DumpRequest, stop: threading.Event | None = None) -> DumpS
 
         fr_records = gather(found.targets, found.host, req.fr_timeout)
     result = build_report([node_summary(node)], node_processes(node), _options(req), req.world_size,
-                          fr_records=fr_records, local=True, kernel=node_kernel(node))
+                          fr_records=fr_records, local=True)
     if node.interrupted:  # what was taken is the result (and goes to --out-dir); the exit code says Ctrl-C
         result = dataclasses.replace(result, ok=False, exit_code=ExitCode.INTERRUPTED, interrupted=True,
                                      summary=f"{result.summary} (interrupted after {node.rounds} of {req.samples} "
@@ -115,7 +114,6 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
     nodes: list[NodeSummary] = []
     processes: list[ProcessSamples] = []
     fr_records: list[dict[str, Any]] = []
-    kernel: dict[str, dict[str, Any]] = {}
     for r in results:
         doc = r.document
         body = doc.get("result") if isinstance(doc, dict) else None
@@ -130,11 +128,10 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
         nodes.extend(part.nodes)
         processes.extend(part.processes)
         fr_records.extend(part.fr_records)
-        kernel.update(part.kernel)
     for t in spec.targets:
         if t.label not in reached:
             nodes.append(failed_node(t.label, "no result (interrupted or not started)"))
-    result = build_report(nodes, processes, _options(req), req.world_size, fr_records=fr_records, kernel=kernel)
+    result = build_report(nodes, processes, _options(req), req.world_size, fr_records=fr_records)
     if interrupted:
         result = dataclasses.replace(result, ok=False, exit_code=ExitCode.INTERRUPTED, interrupted=True,
                                      summary=f"{result.summary} (interrupted: the samples each node took before "

@@ -164,20 +164,19 @@ class DumpStacksResult:
     loop_order: dict[str, Any] | None = None  # stacks.loop_order.LoopOrder: who is an iteration behind (--locals)  # Ctrl-C during --samples: the samples completed are the result
 
 
-ProcessSamples = tuple[FoundProcess, list[ProcessDump]]
-"""A process to analyse: the target as found and its dumps, in order."""
+@dataclass(frozen=True)
+class ProcessSamples:
+    """A process to analyse: the target as found, its dumps in order, and what the kernel said of it."""
+
+    target: FoundProcess
+    samples: list[ProcessDump]
+    kernel: dict[str, Any] | None = None  # procs.kernel.KernelView as JSON (dump-stacks --kernel)
 
 
 # ---- the parts of one node ---------------------------------------------------------------------
 
 def node_processes(node: NodeDump) -> list[ProcessSamples]:
-    return [(t, node.samples.get(t.pid, [])) for t in node.targets]
-
-
-def node_kernel(node: NodeDump) -> dict[str, dict[str, Any]]:
-    """What the kernel said of each process of the node, by member id (host:pid)."""
-    hosts = {t.pid: t.host for t in node.targets}
-    return {f"{hosts[pid]}:{pid}": view for pid, view in node.kernel.items() if pid in hosts}
+    return [ProcessSamples(t, node.samples.get(t.pid, []), node.kernel.get(t.pid)) for t in node.targets]
 
 
 def node_summary(node: NodeDump) -> NodeSummary:
@@ -217,7 +216,9 @@ def _node_from_json(d: dict[str, Any], target: str, note: str | None) -> NodeSum
 
 def _process_from_json(d: dict[str, Any]) -> ProcessSamples:
     target = FoundProcess(**{k: d[k] for k in _TARGET_FIELDS if k in d})
-    return target, [dump_from_json(s) for s in d.get("samples") or []]
+    kernel = d.get("kernel")
+    return ProcessSamples(target, [dump_from_json(s) for s in d.get("samples") or []],
+                          kernel if isinstance(kernel, dict) else None)
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,6 @@ class NodeDocument:
     nodes: list[NodeSummary]
     processes: list[ProcessSamples]
     fr_records: list[dict[str, Any]]
-    kernel: dict[str, dict[str, Any]] = field(default_factory=dict)  # host:pid -> the kernel's view
 
 
 def read_node_document(body: dict[str, Any], target: str, note: str | None = None) -> NodeDocument:
@@ -238,10 +238,9 @@ def read_node_document(body: dict[str, Any], target: str, note: str | None = Non
     nodes = [_node_from_json(n, target, note) for n in body.get("nodes") or []]
     processes = [_process_from_json(p) for p in body["processes"]]
     fr = body.get("flight_recorder") or {}
-    kernel = {f"{p['host']}:{p['pid']}": p["kernel"] for p in body["processes"] if isinstance(p.get("kernel"), dict)}
     fr_records = list(fr.get("ranks") or [])
     share_entries(fr_records)  # a node's ranks issue the same collectives: kept once (16k ranks: 3 GiB -> 0.5)
-    return NodeDocument(nodes=nodes, processes=processes, fr_records=fr_records, kernel=kernel)
+    return NodeDocument(nodes=nodes, processes=processes, fr_records=fr_records)
 
 
 # ---- the analysis ------------------------------------------------------------------------------
@@ -327,27 +326,26 @@ def below_python(suspects: list[Suspect], processes: list[DumpedProcess]) -> str
 
 def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], options: dict[str, Any],
                  expected_world: int | None = None, *, fr_records: list[dict[str, Any]] | None = None,
-                 local: bool = False, kernel: dict[str, dict[str, Any]] | None = None) -> DumpStacksResult:
+                 local: bool = False) -> DumpStacksResult:
     """Analyse all processes of all nodes into the result (the human view draws from it).
 
     `fr_records`: the Flight Recorder records of every rank (ranks it finds behind are added to the
     summary's evidence); `local`: the result of this node alone, whose summary names the reasons when
-    no process could be dumped; `kernel`: what the kernel said of each process (host:pid -> view)."""
-    kernel = kernel or {}
-    members = [Member(host=t.host, pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size,
-                      samples=samples) for t, samples in processes]
+    no process could be dumped."""
+    members = [Member(host=p.target.host, pid=p.target.pid, rank=p.target.rank, local_rank=p.target.local_rank,
+                      world_size=p.target.world_size, samples=p.samples) for p in processes]
     # --pid of single ranks picks some of a job on purpose: the others are not "missing" (unless --world-size)
-    picked = bool(processes) and all(t.found_by == "pid" for t, _ in processes)
+    picked = bool(processes) and all(p.target.found_by == "pid" for p in processes)
     analysis = analyse(members, expected_world, infer_world=not picked)
     group_of = {m.id: g.id for g in analysis.groups for m in g.members}
     dumped: list[DumpedProcess] = []
-    for (t, samples), m in zip(processes, members, strict=True):
+    for p, m in zip(processes, members, strict=True):
         ok = m.last_ok() is not None
-        fixes = [s.fix for s in samples if s.fix]
-        dumped.append(DumpedProcess(**asdict(t), samples=samples, group=group_of.get(m.id),
+        fixes = [s.fix for s in p.samples if s.fix]
+        dumped.append(DumpedProcess(**asdict(p.target), samples=p.samples, group=group_of.get(m.id),
                                     state=ProcessState(member_state(m)) if ok else ProcessState.NOT_DUMPED,
                                     error=None if ok else m.error(),
-                                    fix=None if ok or not fixes else fixes[-1], kernel=kernel.get(m.id)))
+                                    fix=None if ok or not fixes else fixes[-1], kernel=p.kernel))
     fix_of = {f"{p.host}:{p.pid}": p.fix for p in dumped}
     groups = [StackGroup(id=g.id, size=g.size, state=GroupState(g.state), ranks=[m.rank for m in g.members],
                          members=[m.id for m in g.members], hosts=sorted({m.host for m in g.members}),

@@ -21,8 +21,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class TraceRun:
+    """How a traced program ended (``mldebug trace --json``'s result, ml_debug/schemas/trace.json)."""
+
+    ok: bool
+    summary: str
+    program: list[str]
+    module: bool
     exit_code: int
     trace_file: str | None
+    out_dir: str
 
 
 # NicerTrace's parameters that `mldebug trace` options set: the option to name in an error, and a hint.
@@ -147,4 +154,6 @@ def run_traced(opts: TraceCommandOptions) -> TraceRun:
         code = 1
     finally:
         sys.stdout.flush()
-    return TraceRun(exit_code=code, trace_file=tracer.path)
+    shown = " ".join((["-m"] if module else []) + [name])
+    return TraceRun(ok=code == 0, summary=f"{shown} exited with code {code}", program=list(target), module=module,
+                    exit_code=code, trace_file=tracer.path, out_dir=os.path.abspath(out_dir))

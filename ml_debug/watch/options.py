@@ -6,6 +6,7 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import option, parse_out_dir
@@ -29,6 +30,30 @@ def incident_argv(text: str) -> list[str]:
     return argv
 
 
+# --stall, --grace and --straggler-factor: the decisions of watch, which the exporter makes the same way.
+# Declared here once (defaults, limits); each command words its own help.
+
+def stall_option(panel: str, help: str) -> Any:
+    """``--stall S``: how long without progress makes a rank stalled."""
+    return option(300.0, min=1.0, metavar="S", panel=panel, help=help)
+
+
+def grace_option(panel: str, help: str) -> Any:
+    """``--grace S``: the first seconds in which no rank is judged."""
+    return option(60.0, min=0.0, metavar="S", panel=panel, help=help)
+
+
+def straggler_factor_option(panel: str, help: str) -> Any:
+    """``--straggler-factor F``: a step rate below the median divided by F is a straggler's (0: never)."""
+    return option(2.0, min=0.0, metavar="F", panel=panel, help=help)
+
+
+def check_straggler_factor(factor: float, hint: str) -> None:
+    """A usage error (exit 2) for F in (0, 1]: it would call half the ranks or more stragglers."""
+    if 0 < factor <= 1:
+        raise UsageError(f"--straggler-factor {factor:g} is not above 1", hint)
+
+
 @dataclass(frozen=True)
 class WatchOptions:
     """What `mldebug watch` watches, when it calls a rank stalled or a straggler, and what it does then."""
@@ -45,15 +70,12 @@ class WatchOptions:
              "rank's number), e.g. 'run/metrics/rank-{rank}.jsonl' (mldebug train --metrics-dir). The step is the "
              "'step' field of the last JSON line. With it, a rank stalls when its file stops growing, whatever "
              "its CPU does, and step rates name stragglers.")
-    stall: float = option(300.0, min=1.0, metavar="S", panel=WHEN,
-                          help="A rank that makes no progress for this long is stalled: an incident.")
-    grace: float = option(60.0, min=0.0, metavar="S", panel=WHEN,
-                          help="No rank is called stalled or a straggler in the first S seconds of watching (start-up, "
-                               "compilation, loading a checkpoint).")
-    straggler_factor: float = option(
-        2.0, min=0.0, metavar="F", panel=WHEN,
-        help="A rank whose step rate is below the median rate divided by F (F > 1), or that computes while "
-             "its peers wait for it in collectives, is a straggler: an incident (0: never).")
+    stall: float = stall_option(WHEN, "A rank that makes no progress for this long is stalled: an incident.")
+    grace: float = grace_option(WHEN, "No rank is called stalled or a straggler in the first S seconds of watching "
+                                      "(start-up, compilation, loading a checkpoint).")
+    straggler_factor: float = straggler_factor_option(
+        WHEN, "A rank whose step rate is below the median rate divided by F (F > 1), or that computes while its "
+              "peers wait for it in collectives, is a straggler: an incident (0: never).")
     now: bool = option(False, panel=ACT, help="Collect the incident bundle at once, without waiting for a stall.")
     keep_watching: bool = option(False, panel=ACT,
                                  help="After an incident, keep watching (a new bundle for each new incident) instead "
@@ -98,10 +120,9 @@ class WatchOptions:
         if self.now and self.keep_watching:
             raise UsageError("--now collects one bundle and exits: --keep-watching would be ignored",
                              "drop --now to watch and write a bundle per incident, or drop --keep-watching")
-        if 0 < self.straggler_factor <= 1:
-            raise UsageError(f"--straggler-factor {self.straggler_factor:g} is not above 1",
-                             "a straggler's step rate is below the median rate divided by F, so F <= 1 calls half "
-                             "the ranks or more stragglers: e.g. 2 (below half the median), or 0 for never")
+        check_straggler_factor(self.straggler_factor,
+                               "a straggler's step rate is below the median rate divided by F, so F <= 1 calls "
+                               "half the ranks or more stragglers: e.g. 2 (below half the median), or 0 for never")
         if self.on_incident is not None:
             incident_argv(self.on_incident)
         if self.stack_every and self.stack_every < self.interval:

@@ -72,9 +72,8 @@ def _kill_tree(pid: int) -> None:
 
 
 def _json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    start = proc.stdout.find("{")
-    assert start >= 0, f"no JSON on stdout (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    doc = json.loads(proc.stdout[start:])
+    assert proc.stdout.strip(), f"no JSON on stdout (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    doc = json.loads(proc.stdout)  # exactly one document, nothing before or after it
     _validate(doc)
     return doc
 

@@ -6,6 +6,10 @@ process: each case ends before anything starts, so no subprocess is needed): wit
 and exactly one JSON document on stdout that validates against ml_debug/schemas/error.json, with
 `result.ok` false and the exit code. Then an internal error, an interrupt by SIGTERM, and a SIGTERM to
 running commands (exec, logs) in subprocesses: exit 130 with the signal named, like Ctrl-C.
+
+Then the success path of every command (docs/conventions.md, "JSON output"): the cheapest one of each, run
+here with --json, prints exactly one document that validates against the command's own schema; a command
+whose success needs a job is named with the existing test that checks its document.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import signal
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from ml_debug.cli.app import run
 from ml_debug.core import lifecycle, output
-from tests.conftest import pids_with_env, validate_schema, wait_until
+from tests.conftest import REPO, pids_with_env, validate_schema, wait_until
 from tests.fakes import pythonpath
 
 
@@ -193,3 +198,100 @@ def test_an_allocation_that_fails_is_a_problem_found_not_unreachable_ranks() -> 
     doc = json.loads(proc.stdout)
     validate_schema(doc, "error")
     assert doc["result"]["exit_code"] == 1 and doc["result"]["error"]["kind"] == "problem"
+
+
+# --------------------------------------------------------------------- one success path of every command
+
+# A command whose success path needs a job, a hung process, a core, a GPU stage or a server: an existing test
+# already runs it with --json, reads ALL of stdout as one document (json.loads of the whole of it) and validates
+# it against the command's schema. Named here rather than started again (each is a job of seconds to minutes).
+SUCCESS_ELSEWHERE = {
+    "check": "test_check.py::test_check_runs_env_alone_with_the_other_steps_skipped",
+    "gpu-test": "test_gpu_test.py::test_torchrun_two_ranks",
+    "allreduce-bench": "test_allreduce_bench.py::test_self_launched_two_ranks_quick_every_collective_csv_and_plot",
+    "health": "test_health_host.py::test_level1_without_gpu_says_so_and_exit_code_follows_host_checks",
+    "dump-stacks": "test_dump_stacks.py::test_local_names_the_odd_rank_and_function_and_reports_what_it_cannot_dump",
+    "core-bt": "test_core_bt.py::test_core_bt_shows_the_crashing_c_frame_and_the_python_frames",
+    "train": "test_train_dist.py::test_golden_run_its_metrics_and_a_bit_identical_resume",
+    "watch": "test_watch.py::test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keeps_the_bundle",
+    "drill": "test_drill.py::test_drills_judged_by_stacks_logs_and_links_name_the_injected_rank",
+    "exporter": "test_exporter.py::test_once_json_follows_the_schema",
+    "attach": "test_attach.py::test_attach_by_pid_reads_a_local_evaluates_and_detaches_leaving_the_loop_running",
+}
+
+TRACED = "import os, sys\nprint('the program speaks')\nsys.exit(int(sys.argv[1]))\n"
+
+# The cheapest success path of every other command: (command line, schema, exit code), run in this process
+# (trace's own runs the program, in a subprocess: the fixture below). {traces}: the trace files that run
+# wrote; {history}: a history database with one check run.
+# `launch` runs ranks whose output is its stdout: its one document is the usage error that says so.
+SUCCESS = [
+    (["env", "--no-torch"], "env", 0),
+    (["tflops", "--params", "1B", "--seq-len", "2048", "--global-batch", "8", "--iter-time", "1", "--gpus", "1"],
+     "tflops", 0),
+    (["history", "--history", "{history}"], "history", 0),
+    (["logs", "tests/data/logs/nccl_ib_two_nodes.log"], "logs", 0),
+    (["exec", "--local", "--", "true"], "exec", 0),
+    (["top", "--local", "--once", "--interval", "0.2"], "top", 0),
+    (["trace-tail", "{traces}"], "trace-tail", 0),
+    (["launch", "--nproc-per-node", "1", "--", "x.py"], "error", 2),
+]
+
+
+@dataclass(frozen=True)
+class Made:
+    """What the success paths read: {dir}, {traces} and {history} of the command lines above, and the run of
+    `mldebug trace --json` that wrote the traces (its own success path)."""
+
+    words: dict[str, str]
+    trace: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Made:
+    from ml_debug.history.store import CheckRow, open_history
+
+    d = tmp_path_factory.mktemp("made")
+    (d / "p.py").write_text(TRACED)
+    with open_history(d / "history.db") as h:
+        h.record_run("node1", "slurm-check", True, "all passed", [CheckRow("gpu.count", "node", "pass", "8", "")])
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "OMP_NUM_THREADS": "1"}
+    env.pop("MLDEBUG_JSON", None)
+    trace = subprocess.run([sys.executable, "-m", "ml_debug", "trace", "--json", "-o", str(d / "traces"), "--",
+                            "p.py", "0"], capture_output=True, text=True, timeout=120, cwd=d, env=env)
+    return Made({"dir": str(d), "traces": str(d / "traces"), "history": str(d / "history.db")}, trace)
+
+
+def test_trace_prints_one_document_and_the_programs_output_on_stderr(made: Made) -> None:
+    proc = made.trace
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # the program's print is not on stdout
+    validate_schema(doc, "trace")
+    result = doc["result"]
+    assert result["ok"] and result["exit_code"] == 0 and result["program"] == ["p.py", "0"]
+    assert Path(result["trace_file"]).parent == Path(made.words["traces"]) and Path(result["trace_file"]).is_file()
+    assert "the program speaks" in proc.stderr
+
+
+@pytest.mark.parametrize("argv, schema, code", SUCCESS, ids=[c[0][0] for c in SUCCESS])
+def test_every_command_succeeds_with_one_document_of_its_schema(argv: list[str], schema: str, code: int,
+                                                                made: Made, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLDEBUG_JSON", raising=False)
+    monkeypatch.chdir(REPO)
+    got, out, err = _run(["--json", *[a.format(**made.words) for a in argv]], capsys)
+    assert got == code, err
+    doc = json.loads(out)  # exactly one document: a second one, or anything else on stdout, fails here
+    validate_schema(doc, schema)
+    assert doc["result"]["ok"] is (code == 0)
+
+
+def test_every_command_is_run_with_json_here_or_by_a_named_test() -> None:
+    """A new command joins SUCCESS or SUCCESS_ELSEWHERE; a renamed test there is noticed."""
+    from ml_debug.cli.app import COMMANDS
+
+    here = {argv[0] for argv, _, _ in SUCCESS} | {"trace"}
+    assert set(COMMANDS) == here | set(SUCCESS_ELSEWHERE), set(COMMANDS) ^ (here | set(SUCCESS_ELSEWHERE))
+    tests = "\n".join(p.read_text() for p in Path(__file__).parent.rglob("test_*.py"))
+    missing = [name for name in SUCCESS_ELSEWHERE.values() if f"def {name.split('::')[1]}(" not in tests]
+    assert not missing, f"named above but not found under tests/: {missing}"

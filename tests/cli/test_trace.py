@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.conftest import REPO, mldebug, wait_in_function
+from tests.conftest import REPO, mldebug, validate_schema, wait_in_function
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "trace-tail.json").read_text())
 
@@ -145,9 +145,13 @@ def _pid(f: Path) -> int:
     (["fail"], 1, "ValueError: bad input"),
 ])
 def test_trace_exit_codes_are_the_programs(tmp_path, script, args, code, stderr):
-    r = mldebug("trace", "--out-dir", str(tmp_path), str(script), *args, cwd=tmp_path)
+    """With --json, the run's one document says how the program ended (it was an error document)."""
+    r = mldebug("trace", "--json", "--out-dir", str(tmp_path), str(script), *args, cwd=tmp_path)
     assert r.returncode == code, r.stderr
     assert stderr in r.stderr
+    doc = json.loads(r.stdout)
+    validate_schema(doc, "trace")
+    assert doc["result"]["ok"] is False and doc["result"]["exit_code"] == code
     if stderr:
         assert "mldebug: error" not in r.stderr and "runpy" not in r.stderr  # the user's traceback only
 
@@ -207,13 +211,19 @@ def test_trace_usage_errors(tmp_path, args):
 
 
 def test_forked_child_gets_its_own_file(tmp_path, script):
+    """With --json, one document: the child, which returns through mldebug too, prints none; the program's own
+    output is on stderr."""
     out = tmp_path / "f"
-    r = mldebug("trace", "-o", str(out), str(script), "fork", cwd=tmp_path)
+    r = mldebug("trace", "--json", "-o", str(out), str(script), "fork", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    validate_schema(doc, "trace")
+    assert "args ['fork']" in r.stderr
     files = _files(out)
     assert len(files) == 2
     child = next(f for f in files if "forked_from=" in f.read_text().splitlines()[0])
     parent = next(f for f in files if f != child)
+    assert doc["result"]["trace_file"] == str(parent) and doc["result"]["ok"]
     assert f"forked_from={_pid(parent)} " in child.read_text().splitlines()[0]
     assert any("busy(100)" in e for e in _events(child))
     assert not any("busy(100)" in e for e in _events(parent))

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from ml_debug.core import lifecycle
+
 RIG_DIR = Path(__file__).resolve().parent
 WORKER = RIG_DIR / "hung_worker.py"
 TOKEN_VAR = "MLDEBUG_RIG_JOB"  # in the environment of every process a hung job starts
@@ -389,7 +391,7 @@ class HungJob:
 
     def alive(self) -> dict[int, bool]:
         """rank -> whether its process still runs (zombies count as dead)."""
-        return {r: _alive(p) for r, p in self.root_pids.items()}
+        return {r: lifecycle.alive(p) for r, p in self.root_pids.items()}
 
     def processes(self) -> list[int]:
         """Root pids of every live process that belongs to this job (ranks, torchrun, srun...)."""
@@ -401,7 +403,7 @@ class HungJob:
             self._slurm.run(["scancel", "-s", "KILL", self.job_id])
         deadline = time.monotonic() + timeout
         while True:
-            victims = set(self.processes()) | {p for p in self.root_pids.values() if _alive(p)}
+            victims = set(self.processes()) | {p for p in self.root_pids.values() if lifecycle.alive(p)}
             victims |= {p.pid for p in self._procs if p.poll() is None}
             for pid in victims:
                 try:
@@ -422,14 +424,6 @@ class HungJob:
             self._slurm.cancel(self.job_id)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def _pids_with_token(token: str) -> list[int]:
     return _pids_with_env_var(f"{TOKEN_VAR}={token}")
 
@@ -446,7 +440,7 @@ def _pids_with_env_var(assignment: str) -> list[int]:
                 env = f.read()
         except OSError:
             continue
-        if needle in env.split(b"\0") and _alive(int(entry)):
+        if needle in env.split(b"\0") and lifecycle.alive(int(entry)):
             out.append(int(entry))
     return out
 

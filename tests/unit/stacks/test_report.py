@@ -53,17 +53,18 @@ def _process(host: str, rank: int, *, odd: bool = False, error: str | None = Non
                     found_by="torchrun pid 999", rank=rank, local_rank=rank % 2, world_size=4, rank_source="RANK",
                     launcher_pid=999, env={"RANK": str(rank)})
     if error:
-        return target, [ProcessDump(pid=pid, ok=False, error=error, fix="sudo mldebug dump-stacks ...",
-                                    attempts=[Attempt("py-spy", False, 0.5, error)], seconds=0.5, taken_at=1.0)]
+        return ProcessSamples(target, [ProcessDump(pid=pid, ok=False, error=error, fix="sudo mldebug dump-stacks ...",
+                                                   attempts=[Attempt("py-spy", False, 0.5, error)], seconds=0.5,
+                                                   taken_at=1.0)])
     native = [Frame("pthread_cond_wait", kind="native", library="/lib/libc.so.6")]
     thread = ThreadDump(thread_id="0x7f", os_thread_id=pid, name="MainThread", is_main=True, frames=_frames(odd),
                         native_frames=native, active=True, owns_gil=False)
-    return target, [ProcessDump(pid=pid, ok=True, dumper="py-spy", threads=[thread],
-                                attempts=[Attempt("py-spy", True, 0.25)], seconds=0.25, taken_at=1.0)]
+    return ProcessSamples(target, [ProcessDump(pid=pid, ok=True, dumper="py-spy", threads=[thread],
+                                               attempts=[Attempt("py-spy", True, 0.25)], seconds=0.25, taken_at=1.0)])
 
 
 def _node(host: str, procs: list[ProcessSamples]) -> NodeSummary:
-    dumped = sum(1 for _, s in procs if s[-1].ok)
+    dumped = sum(1 for p in procs if p.samples[-1].ok)
     return NodeSummary(host=host, ok=dumped == len(procs), error=None, targets=len(procs), dumped=dumped,
                        launchers=[{"pid": 999, "kind": "torchrun", "cmdline": "torchrun train.py"}], skipped=[],
                        notes=[], ptrace={"scope": 1}, seconds=0.5)
