@@ -1,7 +1,7 @@
 """`mldebug attach`: a real debugpy injected (with gdb) into real processes, read by mldebug's own DAP client.
 
 One looping process serves the tests on this node (module scope); one hung Slurm job on two rig nodes
-serves --slurm-job and --hosts. After every attach the process still runs, its loop still advances, and
+serves --slurm-job and --hosts (tests/test_attach_remote.py). After every attach the process still runs, its loop still advances, and
 no debugger process or listening socket is left (the adapter is mldebug's child; the process never
 listens).
 """
@@ -207,40 +207,6 @@ def test_bad_input_is_one_line_with_its_exit_code(looper: Looper) -> None:
         assert proc.returncode == 3, proc.stderr
         assert (f"mldebug: error: cannot attach to pid {looper.pid}: the process belongs to uid 0 and this mldebug "
                 "runs as uid 65534 without CAP_SYS_PTRACE") in proc.stderr
-
-
-def test_attach_to_a_rank_inside_a_slurm_job_and_over_ssh(hung_job, rig_ssh, rig_slurm) -> None:
-    """Done means: `mldebug attach --slurm-job J --rank R --eval 'step'` prints rank R's value."""
-    _parts()
-    job = hung_job(nranks=2, odd_rank=1, odd_function="load_batch", mode="loop", where="slurm", nodes=2)
-    assert job.job_id
-    remote = ["--remote-python", sys.executable]
-    via_slurm = mldebug("--json", "attach", "--slurm-job", job.job_id, "--rank", "1", "--eval", "step", *remote,
-                        env=rig_slurm.env, timeout=240)
-    assert via_slurm.returncode == 0, via_slurm.stderr
-    doc = json.loads(via_slurm.stdout)
-    validate_schema(doc, "attach")
-    r = doc["result"]
-    host1, pid1 = job.ranks[1]
-    assert (r["host"], r["pid"], r["rank"]) == (host1, pid1, 1)
-    assert int(r["evaluation"]["value"]) > 0 and r["alive_after"]
-    assert r["frames"][0]["name"] in ("load_batch", "stuck_here") and r["frames"][1]["name"] == "main"
-
-    nodes = [n for n in rig_ssh.nodes if n.name in job.nodes]
-    via_ssh = mldebug("attach", "--hosts", str(rig_ssh.hostfile(nodes)), "--ssh-config", str(rig_ssh.ssh_config),
-                      "--env", f"MLDEBUG_RIG_JOB={job.token}", "--rank", "1", "--eval", "step", *remote,
-                      timeout=240)
-    assert via_ssh.returncode == 0, via_ssh.stderr
-    value = int(via_ssh.stdout.splitlines()[0].split(" step = ")[1])
-    assert value > int(r["evaluation"]["value"])  # the loop went on between the two attaches
-    assert via_ssh.stdout.splitlines()[0] == f"pid {pid1} (rank 1) on {host1}: step = {value}"
-
-    wrong = mldebug("attach", "--slurm-job", job.job_id, "--rank", "7", "--eval", "step", *remote,
-                    env=rig_slurm.env, timeout=240)
-    assert wrong.returncode == 2, wrong.stderr
-    assert "mldebug: error: rank 7 not found: " in wrong.stderr
-    assert all(f"{h} runs {rank}" in wrong.stderr for rank, (h, _) in job.ranks.items()), wrong.stderr
-    assert all(job.alive().values())
 
 
 DEBUGGED = textwrap.dedent("""
