@@ -136,6 +136,7 @@ def test_the_prompt_here_on_a_rank_of_another_node_over_ssh_and_slurm(job: HungJ
     hosts = ["--hosts", str(rig_ssh.hostfile(nodes)), "--ssh-config", str(rig_ssh.ssh_config),
              "--env", f"MLDEBUG_RIG_JOB={job.token}"]
     first = _check_prompt(job, _prompt([*hosts, "--rank", "1"], COMMANDS), listeners)
+    _killed_client_leaves_nothing(job, hosts, listeners)
     then = _check_prompt(job, _prompt(["--slurm-job", job.job_id, "--rank", "1"], COMMANDS, env=rig_slurm.env),
                          listeners)
     assert then > first  # the loop ran on between the two prompts
@@ -158,6 +159,31 @@ def test_the_prompt_here_on_a_rank_of_another_node_over_ssh_and_slurm(job: HungJ
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.splitlines()[0] == f"mldebug: error: {job.ranks[1][0]}: debugpy is not installed beside mldebug"
     assert all(job.alive().values()) and not _leftovers(job)
+
+
+def _killed_client_leaves_nothing(job: HungJob, hosts: list[str], listeners: set[str]) -> None:
+    """A mldebug killed outright at the prompt: sshd ends the agent's stdin, the agent ends the adapter,
+    the rank resumes (it was stopped at the prompt)."""
+    from tests.fakes import pythonpath
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = pythonpath(env)
+    m = subprocess.Popen([sys.executable, "-m", "ml_debug", "attach", *hosts, "--rank", "1", *REMOTE],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert m.stdout is not None
+        first = m.stdout.readline()
+        assert first.startswith(f"attached to pid {job.ranks[1][1]} "), first
+    finally:
+        m.kill()
+        m.wait(timeout=30)
+        for stream in (m.stdin, m.stdout, m.stderr):
+            if stream is not None:
+                stream.close()
+    wait_until(lambda: not _leftovers(job), 30, "the agent and the adapter to end after their client died")
+    assert _listening(job.root_pids[1]) == listeners
+    wait_until(lambda: (main_thread_functions(job.root_pids[1]) or [""])[0] in ("load_batch", "stuck_here"), 30,
+               "rank 1 to loop again")
 
 
 def _venv_without_debugpy(path: Path) -> Path:
