@@ -277,3 +277,65 @@ def test_launch_debug_rank_waits_for_a_dap_client_while_the_other_rank_waits(tmp
             job.wait(timeout=30)
     text = console()
     assert "rank 0 reduced 2 step 41" in text and "rank 1 reduced 2 step 41" in text, text[-2000:]
+
+
+def test_train_debug_rank_waits_for_a_dap_client_then_the_job_finishes(tmp_path: Path) -> None:
+    """`mldebug train --debug-rank 1 --json`: rank 1 says where it listens (one JSON line on stderr), waits;
+    mldebug's DAP client attaches, pauses it (rank 1, in the training's own code), lets it go; the job ends
+    well with its one document on stdout, and nothing listens on the port after."""
+    import socket
+
+    from ml_debug.debugger.dap import DapClient
+
+    _parts()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--debug-rank", "1",
+                            "--debug-port", str(port), "--preset", "tiny", "--steps", "1", "--data", "synthetic",
+                            "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert job.stderr is not None
+        said = ""
+        while not said.endswith("\n") or not said.splitlines()[-1].startswith('{"schema": "mldebug.debug_rank"'):
+            line = job.stderr.readline()
+            assert line, said
+            said += line
+        info = json.loads(said.splitlines()[-1])
+        validate_schema(info, "debug-rank")
+        assert (info["rank"], info["port"], info["waiting"]) == (1, port, True), info
+        assert info["vscode"]["connect"] == {"host": "127.0.0.1", "port": port}
+        c = DapClient.connect("127.0.0.1", port, 30)
+        try:
+            c.request("initialize", {"clientID": "mldebug", "adapterID": "debugpy", "linesStartAt1": True,
+                                     "columnsStartAt1": True, "pathFormat": "path"})
+            seq = c.send("attach", {"justMyCode": False})
+            assert c.wait_event("initialized", 30) is not None
+            c.request("configurationDone")
+            c.wait_response(seq, "attach", 30)
+            main = next(t for t in c.request("threads")["threads"] if t["name"] == "MainThread")
+            c.request("pause", {"threadId": main["id"]})
+            stopped = c.wait_event("stopped", 60)
+            assert stopped is not None, "rank 1 never stopped"
+            frames = c.request("stackTrace", {"threadId": main["id"], "levels": 100})["stackFrames"]
+            assert any("ml_debug" in (f.get("source") or {}).get("path", "") for f in frames), frames
+            got = c.request("evaluate", {"expression": "__import__('os').environ['RANK']",
+                                         "frameId": frames[0]["id"], "context": "watch"})
+            assert got["result"] == "'1'"
+            c.request("continue", {"threadId": main["id"]})
+            c.request("disconnect", {"terminateDebuggee": False})
+        finally:
+            c.close()
+        out, err = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    assert job.returncode == 0, err[-3000:]
+    doc = json.loads(out)
+    validate_schema(doc, "train")
+    assert doc["result"]["world_size"] == 2, doc["result"]
+    psutil = require_module("psutil")  # debugpy's port went with the rank
+    assert not [c for c in psutil.net_connections(kind="inet") if c.laddr and c.laddr.port == port
+                and c.status == psutil.CONN_LISTEN]
