@@ -196,6 +196,11 @@ def test_bad_input_is_one_line_with_its_exit_code(looper: Looper) -> None:
     finally:
         sleep.kill()
         sleep.wait(timeout=10)
+    for args, words in ((("--debug-rank", "0"), "--debug-rank needs the ranks mldebug starts itself"),
+                        (("--nproc-per-node", "2", "--debug-rank", "2"), "--debug-rank 2: the job has ranks 0..1")):
+        proc = mldebug("train", *args, timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.splitlines()[0].startswith(f"mldebug: error: {words}"), (args, proc.stderr)
     # no ptrace permission: mldebug as another user, without CAP_SYS_PTRACE, on a root-owned process
     setpriv = shutil.which("setpriv")
     require(setpriv, "setpriv (util-linux) to run mldebug as another user")
