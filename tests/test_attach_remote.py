@@ -102,8 +102,9 @@ def test_attach_to_a_rank_inside_a_slurm_job_and_over_ssh(job: HungJob, rig_ssh,
     assert value > int(r["evaluation"]["value"])  # the loop went on between the two attaches
     assert via_ssh.stdout.splitlines()[0] == f"pid {pid1} (rank 1) on {host1}: step = {value}"
 
-    wrong = mldebug("attach", "--slurm-job", job.job_id, "--rank", "7", "--eval", "step", *REMOTE,
-                    env=rig_slurm.env, timeout=240)
+    # without --eval: the prompt's path, which finds the rank's node the same way
+    wrong = mldebug("attach", "--slurm-job", job.job_id, "--rank", "7", *REMOTE, env=rig_slurm.env, input="quit\n",
+                    timeout=240)
     assert wrong.returncode == 2, wrong.stderr
     assert "mldebug: error: rank 7 not found: " in wrong.stderr
     assert all(f"{h} runs {rank}" in wrong.stderr for rank, (h, _) in job.ranks.items()), wrong.stderr
@@ -146,17 +147,16 @@ def test_the_prompt_here_on_a_rank_of_another_node_over_ssh_and_slurm(job: HungJ
     hosts = ["--hosts", str(rig_ssh.hostfile(nodes)), "--ssh-config", str(rig_ssh.ssh_config),
              "--env", f"MLDEBUG_RIG_JOB={job.token}"]
     first = _check_prompt(job, _prompt([*hosts, "--rank", "1"], COMMANDS), listeners)
-    _killed_client_leaves_nothing(job, hosts, listeners)
     then = _check_prompt(job, _prompt(["--slurm-job", job.job_id, "--rank", "1"], COMMANDS, env=rig_slurm.env),
                          listeners)
     assert then > first  # the loop ran on between the two prompts
+    _killed_client_leaves_nothing(job, ["--slurm-job", job.job_id], listeners, rig_slurm.env)
 
     # bad input: one line each, with its exit code
     unreachable = tmp_path / "hosts"
     unreachable.write_text(f"{nodes[0].name}\n127.0.0.1 port=1\n")  # nothing listens on port 1
     no_debugpy = _venv_without_debugpy(tmp_path / "venv")
-    cases = [
-        ([*hosts, "--rank", "7"], 2, "rank 7 not found: "),
+    cases = [  # (a rank on no node: in the test above)
         (["--hosts", str(unreachable), "--ssh-config", str(rig_ssh.ssh_config), "--env",
           f"MLDEBUG_RIG_JOB={job.token}", "--rank", "1"], 4, "; not reached: 127.0.0.1:1 (unreachable"),
     ]
@@ -171,14 +171,15 @@ def test_the_prompt_here_on_a_rank_of_another_node_over_ssh_and_slurm(job: HungJ
     assert all(job.alive().values()) and not _leftovers(job)
 
 
-def _killed_client_leaves_nothing(job: HungJob, hosts: list[str], listeners: set[str]) -> None:
-    """A mldebug killed outright at the prompt: sshd ends the agent's stdin, the agent ends the adapter,
-    the rank resumes (it was stopped at the prompt)."""
+def _killed_client_leaves_nothing(job: HungJob, where: list[str], listeners: set[str],
+                                  env: dict[str, str] | None = None) -> None:
+    """A mldebug killed outright at the prompt: srun (sshd alike) ends the agent's stdin, the agent ends the
+    adapter, the rank resumes (it was stopped at the prompt)."""
     from tests.fakes import pythonpath
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     env["PYTHONPATH"] = pythonpath(env)
-    m = subprocess.Popen([sys.executable, "-m", "ml_debug", "attach", *hosts, "--rank", "1", *REMOTE],
+    m = subprocess.Popen([sys.executable, "-m", "ml_debug", "attach", *where, "--rank", "1", *REMOTE],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert m.stdout is not None

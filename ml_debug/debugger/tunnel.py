@@ -27,7 +27,6 @@ from typing import Any
 from ml_debug.core.errors import EnvironmentProblem, ExitCode, MLDebugError, PartialResult
 from ml_debug.debugger.agent import END, START
 from ml_debug.debugger.dap import Wire
-from ml_debug.debugger.options import AttachOptions
 from ml_debug.remote.targets import Target, TargetSpec
 
 MAX_PREAMBLE = 64 * 1024  # a login banner before the agent's first line; more is not an agent
@@ -42,12 +41,12 @@ class NodeRefused(MLDebugError):
         self.exit_code = ExitCode(exit_code) if exit_code in ExitCode._value2member_map_ else ExitCode.PROBLEM
 
 
-def agent_script(spec: TargetSpec, pid: int, opts: AttachOptions) -> str:
+def agent_script(spec: TargetSpec, pid: int) -> str:
     """What the node's shell runs: ``[prefix &&] exec mldebug attach --pid P --dap-agent``."""
     from ml_debug.remote.runner import build_script, mldebug_base
 
-    return build_script(["exec", *mldebug_base(spec.remote_python), "attach", "--pid", str(pid), "--dap-agent",
-                         "--attach-timeout", f"{opts.attach_timeout:g}"], spec.remote_prefix)
+    return build_script(["exec", *mldebug_base(spec.remote_python), "attach", "--pid", str(pid), "--dap-agent"],
+                        spec.remote_prefix)
 
 
 def _read_header(wire: Wire, where: str, deadline: float, said: Any) -> dict[str, Any]:
@@ -80,7 +79,11 @@ def _read_header(wire: Wire, where: str, deadline: float, said: Any) -> dict[str
         line, buf = bytes(buf).strip(), bytearray()
         if not line.startswith(b'{"' + START.encode()):
             continue  # a login banner
-        doc = json.loads(line)
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            raise PartialResult(f"{where}: mldebug's debugger agent said something this mldebug cannot read: "
+                                f"{line[:120]!r}", "install the same mldebug version on every node") from None
         if not doc.get("ok"):
             raise NodeRefused(f"{doc.get('host') or where}: {doc.get('error')}", doc.get("hint"),
                               int(doc.get("exit_code") or ExitCode.PROBLEM))
@@ -218,9 +221,9 @@ class SrunLink:
                 self.proc.stderr.close()
 
 
-def opener(spec: TargetSpec, target: Target, pid: int, opts: AttachOptions) -> Any:
+def opener(spec: TargetSpec, target: Target, pid: int) -> Any:
     """A link factory for :class:`~ml_debug.debugger.session.Session`: the agent on `target`, for `pid`."""
-    script = agent_script(spec, pid, opts)
+    script = agent_script(spec, pid)
 
     def open_link() -> SshLink | SrunLink:
         deadline = time.monotonic() + spec.connect_timeout_s + 30.0
