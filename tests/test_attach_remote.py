@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -138,8 +139,9 @@ def _check_prompt(job: HungJob, proc: subprocess.CompletedProcess[str], listener
 
 def test_the_prompt_here_on_a_rank_of_another_node_over_ssh_and_slurm(job: HungJob, rig_ssh, rig_slurm,
                                                                        tmp_path: Path) -> None:
-    """`mldebug attach --hosts F --rank 1` and `--slurm-job J --rank 1`, driven through stdin; then the
-    bad input of this path: a rank on no node, a node not reached, no debugpy on the rank's node."""
+    """`mldebug attach --hosts F --rank 1` and `--slurm-job J --rank 1`, driven through stdin; Ctrl-C at the
+    ssh prompt, a mldebug killed at the Slurm prompt; then the bad input of this path: a node not reached,
+    no debugpy on the rank's node."""
     assert job.job_id
     root = job.root_pids[1]
     listeners = _listening(root)
@@ -147,6 +149,7 @@ def test_the_prompt_here_on_a_rank_of_another_node_over_ssh_and_slurm(job: HungJ
     hosts = ["--hosts", str(rig_ssh.hostfile(nodes)), "--ssh-config", str(rig_ssh.ssh_config),
              "--env", f"MLDEBUG_RIG_JOB={job.token}"]
     first = _check_prompt(job, _prompt([*hosts, "--rank", "1"], COMMANDS), listeners)
+    _killed_client_leaves_nothing(job, hosts, listeners, sig=signal.SIGINT)
     then = _check_prompt(job, _prompt(["--slurm-job", job.job_id, "--rank", "1"], COMMANDS, env=rig_slurm.env),
                          listeners)
     assert then > first  # the loop ran on between the two prompts
@@ -172,9 +175,9 @@ def test_the_prompt_here_on_a_rank_of_another_node_over_ssh_and_slurm(job: HungJ
 
 
 def _killed_client_leaves_nothing(job: HungJob, where: list[str], listeners: set[str],
-                                  env: dict[str, str] | None = None) -> None:
+                                  env: dict[str, str] | None = None, sig: int = signal.SIGKILL) -> None:
     """A mldebug killed outright at the prompt: srun (sshd alike) ends the agent's stdin, the agent ends the
-    adapter, the rank resumes (it was stopped at the prompt)."""
+    adapter, the rank resumes (it was stopped at the prompt). Ctrl-C (SIGINT): mldebug detaches, exit 130."""
     from tests.fakes import pythonpath
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -185,6 +188,8 @@ def _killed_client_leaves_nothing(job: HungJob, where: list[str], listeners: set
         assert m.stdout is not None
         first = m.stdout.readline()
         assert first.startswith(f"attached to pid {job.ranks[1][1]} "), first
+        m.send_signal(sig)
+        assert m.wait(timeout=60) == (130 if sig == signal.SIGINT else -sig)
     finally:
         m.kill()
         m.wait(timeout=30)
