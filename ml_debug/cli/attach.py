@@ -18,9 +18,10 @@ HELP = """Attach a debugger to a running Python process (a hung rank) and look i
 Injects debugpy into the process (its attach-by-pid, with gdb: ptrace permission as for dump-stacks),
 stops it, shows the threads, the stack and the chosen frame's locals, evaluates --eval EXPR, and
 detaches: the process resumes and keeps running. With neither --eval nor --json a small pdb-like prompt
-opens (threads, bt, up/down, locals, p EXPR, continue, quit). With --rank R and --hosts/--slurm-job,
-the node that runs rank R does all of it itself: nothing listens on the network. The debugger can run
-any code in the process: only the job's owner (or root) can attach.
+opens (threads, bt, up/down, locals, p EXPR, continue, quit), also for a rank on another node (--rank R
+with --hosts/--slurm-job): the debugger runs on the rank's node and speaks to the prompt through the
+ssh session or a step of the Slurm job. Nothing listens on the network. The debugger can run any code
+in the process: only the job's owner (or root) can attach.
 
 Exit codes: 0 read and detached; 1 --eval raised an error; 2 bad options, no such pid or rank, not a
 Python process; 3 no debugpy, no gdb, no ptrace permission, or debugpy could not start in the process;
@@ -31,6 +32,7 @@ EXAMPLES = (
     "mldebug attach --rank 3 --eval 'step'                  # rank 3 on this node, one value",
     "mldebug attach --slurm-job 12345 --rank 3 --eval 'step' --json",
     "mldebug attach --hosts node[01-04] --rank 5 --eval 'len(batch)'",
+    "mldebug attach --slurm-job 12345 --rank 3                # the prompt here, the debugger on rank 3's node",
 )
 
 
@@ -46,27 +48,28 @@ def attach(opts: AttachOptions, targets: TargetOptions) -> int:
     from ml_debug.debugger.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.debugger.render import render
 
+    if opts.dap_agent:  # the rank's node, for a prompt elsewhere: stdout carries DAP, not a document
+        from ml_debug.debugger.agent import serve
+
+        return serve(opts)
     prompt = None
+    if opts.eval is None and not output.MODE.json:
+        from ml_debug.debugger.prompt import run_prompt
+
+        def write(text: str) -> None:
+            print(text, flush=True)
+
+        def prompt(s: Session, r: AttachResult) -> None:
+            run_prompt(s, r, input, write)
     if targets.remote:
-        from ml_debug.debugger.remote import attach_remote
+        from ml_debug.debugger.remote import attach_remote, prompt_remote
 
         spec = targets.resolve()
-        result = attach_remote(opts, spec)
-        if opts.eval is None and not output.MODE.json and result.pid is not None:
-            on_node = (f"srun --jobid {spec.slurm_job} --overlap -w {result.host} --pty" if spec.kind == "slurm"
-                       else f"ssh -t {result.host}")
-            output.log(f"hint: the prompt runs on the rank's node: {on_node} mldebug attach --pid {result.pid}")
+        # the prompt: here, on the user's terminal, with the debugger on the rank's node
+        result = prompt_remote(opts, spec, prompt) if prompt is not None else attach_remote(opts, spec)
     else:
         from ml_debug.debugger.run import attach_local, failed
 
-        if opts.eval is None and not output.MODE.json:
-            from ml_debug.debugger.prompt import run_prompt
-
-            def write(text: str) -> None:
-                print(text, flush=True)
-
-            def prompt(s: Session, r: AttachResult) -> None:
-                run_prompt(s, r, input, write)
         try:
             result = attach_local(opts, prompt=prompt)
         except MLDebugError as e:

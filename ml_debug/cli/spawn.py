@@ -42,7 +42,7 @@ def default_nproc(backend: str, device: str) -> tuple[int, int]:
 
 def spawn_ranks(command: str, configs: Sequence[Any], launch: SpawnOptions, *, gpus: int,
                 rdzv_timeout_s: float = 30.0, run_timeout_s: float | None = None,
-                linger_s: float = 30.0, extra: Sequence[str] = ()) -> int:
+                linger_s: float = 30.0, extra: Sequence[str] = (), wrapper: Sequence[str] = ()) -> int:
     """Run ``mldebug <command>`` as ``--nproc-per-node`` ranks of a (multi-node) world; the exit code.
 
     Rank 0 prints the verdict. A rank killed or stopped is named on stderr, and the run is partial.
@@ -54,7 +54,7 @@ def spawn_ranks(command: str, configs: Sequence[Any], launch: SpawnOptions, *, g
     nproc = ranks_to_start(launch, gpus)
     spec = SpawnSpec(nproc, nnodes=launch.nnodes, node_rank=launch.node_rank, master_addr=launch.master_addr,
                       master_port=launch.master_port, rdzv_timeout_s=rdzv_timeout_s, run_timeout_s=run_timeout_s,
-                      linger_s=linger_s, cpu_ranks=not gpus)
+                      linger_s=linger_s, cpu_ranks=not gpus, wrapper=tuple(wrapper))
     try:
         result = run_ranks(forward_argv(command, *configs, extra=extra), spec)
     except SpawnInterrupted as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ml_debug.dist.options import OptInSpawnOptions, SpawnOptions
+from ml_debug.dist.options import DebugRankOptions, OptInSpawnOptions, SpawnOptions
 from ml_debug.train.config import TrainConfig
 
 HELP = """Train a small Llama-style model with FSDP2, on CPU (gloo) or GPUs (NCCL), and break it on purpose.
@@ -21,16 +21,18 @@ EXAMPLES = (
     "torchrun --nproc-per-node 8 -m ml_debug.train --preset 1b --numerics fp8 --steps 100",
     "mldebug train --nproc-per-node 2 --inject hang@step=3,rank=1 --timeout 60",
     "mldebug train --nproc-per-node 2 --checkpoint-dir ckpt --checkpoint-every 10 --metrics-dir m",
+    "mldebug train --nproc-per-node 2 --debug-rank 1         # rank 1 waits for VS Code (or any DAP client)",
 )
 
 
 def register(app: typer.Typer) -> None:
     from ml_debug.cli.params import command
 
-    command(app, "train", train, help=HELP, examples=EXAMPLES, cfg=TrainConfig, launch=OptInSpawnOptions)
+    command(app, "train", train, help=HELP, examples=EXAMPLES, cfg=TrainConfig, launch=OptInSpawnOptions,
+            debug=DebugRankOptions)
 
 
-def train(cfg: TrainConfig, launch: SpawnOptions) -> int:
+def train(cfg: TrainConfig, launch: SpawnOptions, debug: DebugRankOptions | None = None) -> int:
     from ml_debug.core.extras import require_torch
 
     require_torch("mldebug train")
@@ -43,12 +45,38 @@ def train(cfg: TrainConfig, launch: SpawnOptions) -> int:
 
         check_nproc(launch.nproc_per_node or 1, launch.max_nproc_per_node)
     cfg.validate(world_size=(launch.nproc_per_node or 1) * launch.nnodes if launching else 1 << 30)
+    wrapper = _debug_wrapper(debug, launch, launching)
     if not launching:
         return _run_rank(cfg)
     from ml_debug.cli.spawn import default_nproc, spawn_ranks
 
     _, gpus = default_nproc(cfg.backend, cfg.device)
-    return spawn_ranks("train", [_absolute_paths(cfg)], launch, gpus=gpus, linger_s=min(cfg.timeout, 30.0) + 10)
+    return spawn_ranks("train", [_absolute_paths(cfg)], launch, gpus=gpus, linger_s=min(cfg.timeout, 30.0) + 10,
+                       wrapper=wrapper)
+
+
+def _debug_wrapper(debug: DebugRankOptions | None, launch: SpawnOptions, launching: bool) -> list[str]:
+    """--debug-rank R: every rank through `mldebug launch --debug-rank`'s wrapper (ml_debug.debugger.rank)."""
+    if debug is None or debug.debug_rank is None:
+        return []
+    import importlib.util
+
+    from ml_debug.core import output
+    from ml_debug.core.errors import EnvironmentProblem, UsageError
+
+    if not launching:
+        raise UsageError("--debug-rank needs the ranks mldebug starts itself (--nproc-per-node N)",
+                         "under torchrun or srun: mldebug launch --debug-rank R -- python -m ml_debug.train ...")
+    world = (launch.nproc_per_node or 1) * launch.nnodes
+    if debug.debug_rank >= world:
+        raise UsageError(f"--debug-rank {debug.debug_rank}: the job has ranks 0..{world - 1}",
+                         "pick a rank below --nproc-per-node x --nnodes")
+    if importlib.util.find_spec("debugpy") is None:
+        raise EnvironmentProblem("debugpy is not installed beside mldebug",
+                                 hint="pip install 'mldebug[debug]' (or pip install debugpy)")
+    from ml_debug.dist.options import debug_rank_argv
+
+    return debug_rank_argv(debug.debug_rank, debug.debug_port, debug.debug_no_wait, json=output.MODE.json)
 
 
 def _absolute_paths(cfg: TrainConfig) -> TrainConfig:

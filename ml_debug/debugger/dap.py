@@ -14,7 +14,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ml_debug.core.errors import MLDebugError
 
@@ -70,11 +70,20 @@ class Framer:
                 out.append(msg)
 
 
+class Wire(Protocol):
+    """What the DAP client reads and writes: a socket, or a paramiko channel (the same calls)."""
+
+    def settimeout(self, value: float | None) -> None: ...
+    def recv(self, size: int) -> bytes: ...
+    def sendall(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
 @dataclass
 class DapClient:
     """One connection to a debug adapter (debugpy's), every call bounded by `timeout` seconds."""
 
-    sock: socket.socket
+    sock: Wire
     timeout: float
     events: deque[dict[str, Any]] = field(default_factory=deque)
     _seq: int = 0

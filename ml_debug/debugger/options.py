@@ -34,6 +34,13 @@ class AttachOptions:
     timeout: float = option(10.0, min=0.5, metavar="S", panel=WHAT,
                             help="Seconds for each debugger request, and for the thread to stop.")
 
+    # The two halves of the prompt on a remote rank (ml_debug/debugger/remote.py): every node answers
+    # where rank R is and whether it can be attached (--locate-only); then the rank's node serves DAP
+    # on its stdin and stdout for the prompt here (--dap-agent). Internal words, not for people.
+    locate_only: bool = option(False, hidden=True, help="Only find the process and check that it can be attached.")
+    dap_agent: bool = option(False, hidden=True, forward=False,
+                             help="Serve debugpy's adapter for --pid on stdin/stdout (mldebug's node agent).")
+
     @property
     def env_filter(self) -> dict[str, str]:
         return dict(self.env)

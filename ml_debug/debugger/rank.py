@@ -1,9 +1,11 @@
-"""One rank under debugpy: ``python -m ml_debug.debugger.rank --rank R --port P [-m] -- SCRIPT ARGS``.
+"""One rank under debugpy: ``python -m ml_debug.debugger.rank --rank R --port P [--json] [-m] -- SCRIPT ARGS``.
 
-`mldebug launch --debug-rank R` starts every rank through this module. Rank R (its ``RANK``) opens
+`mldebug launch --debug-rank R` and `mldebug train --debug-rank R` start every rank through this module. Rank R (its ``RANK``) opens
 debugpy on 127.0.0.1:P and, unless ``--no-wait``, waits for a client before running the script;
 every rank, R included, gets its process-group timeout raised to ``--pg-timeout`` seconds (at least),
 so the ranks that reach a collective first keep waiting while a person steps through rank R.
+With ``--json`` rank R also writes one JSON line (schema ``mldebug.debug_rank``: node, port, the VS Code
+configuration, the tunnel command) to stderr: stdout stays the job's own (train's --json document).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--no-wait", action="store_true")
     p.add_argument("--pg-timeout", type=float, default=7200.0)
+    p.add_argument("--json", action="store_true")
     p.add_argument("-m", dest="module", action="store_true")
     p.add_argument("target", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -68,8 +71,13 @@ def main(argv: list[str] | None = None) -> None:
               + ("" if a.no_wait else ", waiting for a client"), file=sys.stderr, flush=True)
         print(f"mldebug: VS Code attach configuration: {json.dumps(vscode_config(rank, a.port))}",
               file=sys.stderr, flush=True)
-        print(f"mldebug: from your machine: ssh -N -L {a.port}:127.0.0.1:{a.port} {host}",
-              file=sys.stderr, flush=True)
+        tunnel = f"ssh -N -L {a.port}:127.0.0.1:{a.port} {host}"
+        print(f"mldebug: from your machine: {tunnel}", file=sys.stderr, flush=True)
+        if a.json:
+            doc = {"schema": "mldebug.debug_rank", "schema_version": 1, "rank": rank, "node": host,
+                   "host": "127.0.0.1", "port": a.port, "pid": os.getpid(), "waiting": not a.no_wait,
+                   "vscode": vscode_config(rank, a.port), "tunnel": tunnel}
+            print(json.dumps(doc), file=sys.stderr, flush=True)
         if not a.no_wait:
             debugpy.wait_for_client()
     sys.argv = list(target)  # as the script would see them without this wrapper

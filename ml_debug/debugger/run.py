@@ -19,7 +19,7 @@ from ml_debug.core.lifecycle import alive
 from ml_debug.debugger.dap import DapError
 from ml_debug.debugger.model import AttachResult, Evaluation, ThreadInfo
 from ml_debug.debugger.options import AttachOptions
-from ml_debug.debugger.session import Session
+from ml_debug.debugger.session import AdapterLink, Link, Session
 
 Prompt = Callable[[Session, AttachResult], None]
 
@@ -98,15 +98,31 @@ def check_can_attach(pid: int) -> None:
 
 
 def attach_local(opts: AttachOptions, prompt: Prompt | None = None) -> AttachResult:
-    """Attach on this node, read what the options ask, detach; MLDebugError for bad input."""
+    """Attach on this node, read what the options ask, detach; MLDebugError for bad input.
+
+    With --locate-only: find the process and check that it can be attached, nothing more (a remote
+    prompt's first step: which node runs rank R)."""
     t0 = time.monotonic()
     pid, rank, ranks_here = find_pid(opts)
     check_can_attach(pid)
-    result = AttachResult(ok=False, summary="", exit_code=ExitCode.OK, host=socket.gethostname(), pid=pid,
+    if opts.locate_only:
+        who = f"pid {pid}" + (f" (rank {rank})" if rank is not None else "")
+        return AttachResult(ok=True, summary=f"{who} on {socket.gethostname()} can be attached",
+                            exit_code=ExitCode.OK, host=socket.gethostname(), pid=pid, rank=rank, found=True,
+                            ranks_here=ranks_here, alive_after=True, duration_s=round(time.monotonic() - t0, 2))
+    return read_process(opts, pid, rank, ranks_here, socket.gethostname(), prompt=prompt)
+
+
+def read_process(opts: AttachOptions, pid: int, rank: int | None, ranks_here: list[int], host: str,
+                 prompt: Prompt | None = None, link: Callable[[], Link] = AdapterLink) -> AttachResult:
+    """Attach to `pid` (on `host`, reached through `link`), read, serve the prompt if any, detach."""
+    t0 = time.monotonic()
+    result = AttachResult(ok=False, summary="", exit_code=ExitCode.OK, host=host, pid=pid,
                           rank=rank, found=True, ranks_here=ranks_here)
     who = f"pid {pid}" + (f" (rank {rank})" if rank is not None else "")
+    session = Session(pid, opts.timeout, opts.attach_timeout, link=link)
     try:
-        with Session(pid, opts.timeout, opts.attach_timeout) as s:
+        with session as s:
             result.threads = s.threads()
             result.thread = _pick_thread(result, opts.thread)
             result.stopped = s.stop(result.thread.id)
@@ -124,8 +140,10 @@ def attach_local(opts: AttachOptions, prompt: Prompt | None = None) -> AttachRes
         if result.threads:
             result.exit_code, result.error = ExitCode.PARTIAL, e.message
         else:
-            raise EnvironmentProblem(f"cannot debug {who}: {e.message}", hint=e.hint) from None
-    result.alive_after = alive(pid)
+            raise EnvironmentProblem(f"cannot debug {who}" + ("" if host == socket.gethostname() else f" on {host}")
+                                     + f": {e.message}", hint=e.hint) from None
+    result.alive_after = session.alive_after if isinstance(session.alive_after, bool) else \
+        alive(pid) if host == socket.gethostname() else None
     result.duration_s = round(time.monotonic() - t0, 2)
     ev = result.evaluation
     if result.error:

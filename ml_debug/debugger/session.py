@@ -19,9 +19,9 @@ import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
-from ml_debug.debugger.dap import DapClient, DapError
+from ml_debug.debugger.dap import DapClient, DapError, Wire
 from ml_debug.debugger.model import Evaluation, FrameInfo, ThreadInfo, Variable
 
 ADAPTER = [sys.executable, "-m", "debugpy.adapter"]
@@ -34,30 +34,83 @@ GDB_SCAN = "libc.so,libdl.so,libpthread.so,libpython"
 GROUPS = frozenset({"function variables", "class variables", "special variables", "protected variables"})
 
 
-class Session:
-    """``with Session(pid, timeout) as s:`` attached on entry, detached (the process running) on exit."""
+class Link(Protocol):
+    """How the DAP client reaches debugpy's adapter: a child here (:class:`AdapterLink`), or mldebug's
+    agent on the rank's node over ssh or a Slurm step (ml_debug/debugger/tunnel.py)."""
 
-    def __init__(self, pid: int, timeout: float, attach_timeout: float = 60.0) -> None:
+    @property
+    def wire(self) -> Wire: ...
+
+    def close(self) -> bool | None:
+        """End the adapter (after the DAP disconnect); True/False: the process still ran, None: not known."""
+        ...
+
+
+def start_adapter() -> tuple[socket.socket, subprocess.Popen[bytes]]:
+    """``python -m debugpy.adapter`` as this process's child, its stdin and stdout on one end of a socket
+    pair (returned with it), in its own process group, ended by the kernel if we die."""
+    ours, theirs = socket.socketpair()
+    try:
+        adapter = subprocess.Popen(ADAPTER, stdin=theirs.fileno(), stdout=theirs.fileno(),
+                                   stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                                   preexec_fn=_die_with_parent(os.getpid()),
+                                   env={"PYDEVD_GDB_SCAN_SHARED_LIBRARIES": GDB_SCAN, **os.environ})
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return ours, adapter
+
+
+def end_adapter(adapter: subprocess.Popen[bytes]) -> None:
+    """The adapter and whatever it started (gdb): a moment to end by itself, then SIGKILL to its group."""
+    try:
+        adapter.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(adapter.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        adapter.wait(timeout=5)
+
+
+class AdapterLink:
+    """The adapter as mldebug's own child: the process is on this node."""
+
+    def __init__(self) -> None:
+        self.wire, self.adapter = start_adapter()
+
+    def close(self) -> bool | None:
+        with contextlib.suppress(OSError):
+            self.wire.close()
+        end_adapter(self.adapter)
+        return None
+
+
+class Session:
+    """``with Session(pid, timeout) as s:`` attached on entry, detached (the process running) on exit.
+
+    ``link`` opens the way to the adapter (default: the adapter as a child here); the process `pid` is
+    on the adapter's node."""
+
+    def __init__(self, pid: int, timeout: float, attach_timeout: float = 60.0,
+                 link: Callable[[], Link] = AdapterLink) -> None:
         self.pid = pid
         self.timeout = timeout
         self.attach_timeout = attach_timeout
         self.client: DapClient | None = None
-        self.adapter: subprocess.Popen[bytes] | None = None
+        self.link: Link | None = None
+        self._open_link = link
+        self.alive_after: bool | None = None  # what the link said after the detach (a remote node's word)
         self.output: list[str] = []  # what the adapter's injector said (gdb's complaints, for errors)
         self._frames: dict[int, list[tuple[int, FrameInfo]]] = {}  # thread id -> (DAP frame id, frame)
 
     # ------------------------------------------------------------------ lifetime
 
     def __enter__(self) -> Session:
-        ours, theirs = socket.socketpair()
-        try:
-            self.adapter = subprocess.Popen(ADAPTER, stdin=theirs.fileno(), stdout=theirs.fileno(),
-                                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                                            preexec_fn=_die_with_parent(os.getpid()),
-                                            env={"PYDEVD_GDB_SCAN_SHARED_LIBRARIES": GDB_SCAN, **os.environ})
-        finally:
-            theirs.close()
-        self.client = DapClient(sock=ours, timeout=self.timeout)
+        self.link = self._open_link()
+        self.client = DapClient(sock=self.link.wire, timeout=self.timeout)
         try:
             self._attach()
         except BaseException:
@@ -99,18 +152,10 @@ class Session:
             with contextlib.suppress(DapError, OSError):
                 self.client.request("disconnect", {"terminateDebuggee": False, "restart": False},
                                     timeout=min(5.0, self.timeout))
-            self.client.close()
             self.client = None
-        if self.adapter is not None:
-            try:
-                self.adapter.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                pass
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.adapter.pid, signal.SIGKILL)  # the adapter and whatever it started (gdb)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.adapter.wait(timeout=5)
-            self.adapter = None
+        if self.link is not None:
+            link, self.link = self.link, None
+            self.alive_after = link.close()
 
     @property
     def _c(self) -> DapClient:

@@ -51,6 +51,44 @@ class OptInSpawnOptions(SpawnOptions):
     nproc_per_node: int | None = _nproc_per_node("none: one plain process, no ranks")
 
 
+# ----------------------------------------------------------------------------- one rank under debugpy
+
+DEBUG_RANK_MODULE = "ml_debug.debugger.rank"  # each rank's wrapper (named, not imported: it is a feature above)
+
+
+def debug_rank_option(panel: str) -> Any:
+    return option(
+        None, min=0, metavar="R", panel=panel, forward=False,
+        help="Run rank R under debugpy, listening on 127.0.0.1 (--debug-port) and waiting for a client; every rank's "
+             "process-group timeout is raised so the others wait. Rank R prints the VS Code attach configuration "
+             "and the ssh tunnel command. Needs mldebug[debug]. See docs/commands/attach.md.")
+
+
+def debug_port_option(panel: str) -> Any:
+    return option(5678, min=1, max=65535, metavar="PORT", panel=panel, forward=False,
+                  help="With --debug-rank: debugpy's port (127.0.0.1 only).")
+
+
+def debug_no_wait_option(panel: str) -> Any:
+    return option(False, panel=panel, forward=False, help="With --debug-rank: start at once, attach later.")
+
+
+@dataclass(frozen=True)
+class DebugRankOptions:
+    """One rank under debugpy (``mldebug train``; ``mldebug launch`` has the same three options)."""
+
+    debug_rank: int | None = debug_rank_option("Debugger")
+    debug_port: int = debug_port_option("Debugger")
+    debug_no_wait: bool = debug_no_wait_option("Debugger")
+
+
+def debug_rank_argv(rank: int, port: int, no_wait: bool, json: bool = False) -> list[str]:
+    """The words before a rank's ``[-m] -- target``: ``-m ml_debug.debugger.rank --rank R --port P ...``
+    (every rank runs through it; only rank R listens)."""
+    return ["-m", DEBUG_RANK_MODULE, "--rank", str(rank), "--port", str(port), *(["--no-wait"] if no_wait else []),
+            *(["--json"] if json else [])]
+
+
 def parse_backend(word: str) -> str:
     """--backend: auto, nccl or gloo; an empty word (an unset shell variable) is refused, not read as auto."""
     from ml_debug.core.errors import UsageError

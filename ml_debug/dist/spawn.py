@@ -41,6 +41,7 @@ class SpawnSpec:
     run_timeout_s: float | None = None  # stop every rank after this long, whatever they do
     linger_s: float = 30.0  # once one rank has finished, stop the others after this long
     cpu_ranks: bool = True  # set OMP_NUM_THREADS=1 unless the user set it
+    wrapper: tuple[str, ...] = ()  # python's words before ``[-m] -- worker``: a rank under debugpy (debug_rank_argv)
 
 
 @dataclass
@@ -229,7 +230,8 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
         failures: dict[int, int] = {}
         interrupted = False
         try:
-            elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE, *argv)
+            entry = [*spec.wrapper, "-m", "--"] if spec.wrapper else ["-m"]
+            elastic_launch(config, sys.executable)("-u", *entry, WORKER_MODULE, *argv)
         except ChildFailedError as e:
             failures = {int(r): int(f.exitcode) for r, f in e.failures.items()}
         except SignalException as e:

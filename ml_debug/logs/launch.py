@@ -35,6 +35,7 @@ from typing import IO, Any
 
 from ml_debug.core import lifecycle
 from ml_debug.core.errors import ExitCode, UsageError
+from ml_debug.dist.options import debug_rank_argv
 from ml_debug.logs.options import LaunchJobOptions
 from ml_debug.logs.sources import LAUNCH_MANIFEST, LAUNCH_SCHEMA
 
@@ -129,9 +130,8 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
         if no_python or opts.trace:
             raise UsageError("--debug-rank runs a Python script or module under debugpy, without --trace or "
                              "--no-python", "drop --trace, or launch the Python script itself")
-        cmd = [sys.executable, "-m", "ml_debug.debugger.rank", "--rank", str(opts.debug_rank), "--port",
-               str(opts.debug_port), *(["--no-wait"] if opts.debug_no_wait else []), *(["-m"] if module else []),
-               "--", *cmd]
+        cmd = [sys.executable, *debug_rank_argv(opts.debug_rank, opts.debug_port, opts.debug_no_wait),
+               *(["-m"] if module else []), "--", *cmd]
         module, no_python = False, True
     if opts.trace:
         if no_python:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import argument, option
+from ml_debug.dist.options import debug_no_wait_option, debug_port_option, debug_rank_option
 
 SHOW = "What to show"
 TORCHRUN = "torchrun"
@@ -141,13 +142,8 @@ class LaunchJobOptions:
         help="Make asynchronous errors point at their cause: CUDA_LAUNCH_BLOCKING=1 (a failing kernel raises at its "
              "own Python line), TORCH_USE_CUDA_DSA=1 (device-side asserts say which), TORCH_NCCL_BLOCKING_WAIT=1 (a "
              "hung collective raises in the rank that called it). Slower: for rerunning a failure, not for training.")
-    debug_rank: int | None = option(
-        None, min=0, metavar="R", panel=EXTRAS,
-        help="Run rank R under debugpy, listening on 127.0.0.1 (--debug-port) and waiting for a client; every rank's "
-             "process-group timeout is raised so the others wait. Rank R prints the VS Code attach configuration "
-             "and the ssh tunnel command. Needs mldebug[debug]. See docs/commands/attach.md.")
-    debug_port: int = option(5678, min=1, max=65535, metavar="PORT", panel=EXTRAS,
-                             help="With --debug-rank: debugpy's port (127.0.0.1 only).")
-    debug_no_wait: bool = option(False, panel=EXTRAS, help="With --debug-rank: start at once, attach later.")
+    debug_rank: int | None = debug_rank_option(EXTRAS)
+    debug_port: int = debug_port_option(EXTRAS)
+    debug_no_wait: bool = debug_no_wait_option(EXTRAS)
     verdict: bool = option(True, flags=("--verdict/--no-verdict",), panel=EXTRAS,
                            help="When the job fails, print the `mldebug logs` verdict of this node's logs.")

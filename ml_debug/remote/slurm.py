@@ -105,11 +105,13 @@ def srun_argv(job_id: str, nodes: list[str], script: str, gres_gpu: bool) -> lis
 STREAM_WRAPPER = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; else exec sh -c "$1"; fi'
 
 
-def stream_argv(job_id: str, node: str, script: str, gres_gpu: bool, name: str) -> list[str]:
+def stream_argv(job_id: str, node: str, script: str, gres_gpu: bool, name: str,
+                unbuffered: bool = False) -> list[str]:
     """One step on one node of the job that runs for as long as its stdin stays open (a streaming agent,
-    such as top's), sharing the job's CPUs and taking none of its GPUs."""
+    such as top's), sharing the job's CPUs and taking none of its GPUs. ``unbuffered`` (``-u``): srun
+    passes the output on as it comes, not line by line (a byte stream such as DAP has no lines)."""
     argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node,
-            "--kill-on-bad-exit=0", "-J", name]
+            "--kill-on-bad-exit=0", "-J", name, *(["-u"] if unbuffered else [])]
     if gres_gpu:
         argv.append("--gres=gpu:0")
     return [*argv, "sh", "-c", STREAM_WRAPPER, name, script]
@@ -189,7 +191,7 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
         interrupted = True
     finally:
         if proc.poll() is None:
-            _stop_srun(proc)
+            stop_srun(proc)
         for r in readers:
             r.join(timeout=5)
     elapsed = time.monotonic() - t0
@@ -218,7 +220,7 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
         raise KeyboardInterrupt
 
 
-def _stop_srun(proc: subprocess.Popen[bytes]) -> None:
+def stop_srun(proc: subprocess.Popen[bytes]) -> None:
     # srun cancels its step on two SIGINTs within a second; then make sure it is gone.
     import signal
 

@@ -1,7 +1,7 @@
 """`mldebug attach`: a real debugpy injected (with gdb) into real processes, read by mldebug's own DAP client.
 
 One looping process serves the tests on this node (module scope); one hung Slurm job on two rig nodes
-serves --slurm-job and --hosts. After every attach the process still runs, its loop still advances, and
+serves --slurm-job and --hosts (tests/test_attach_remote.py). After every attach the process still runs, its loop still advances, and
 no debugger process or listening socket is left (the adapter is mldebug's child; the process never
 listens).
 """
@@ -196,6 +196,11 @@ def test_bad_input_is_one_line_with_its_exit_code(looper: Looper) -> None:
     finally:
         sleep.kill()
         sleep.wait(timeout=10)
+    for args, words in ((("--debug-rank", "0"), "--debug-rank needs the ranks mldebug starts itself"),
+                        (("--nproc-per-node", "2", "--debug-rank", "2"), "--debug-rank 2: the job has ranks 0..1")):
+        proc = mldebug("train", *args, timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.splitlines()[0].startswith(f"mldebug: error: {words}"), (args, proc.stderr)
     # no ptrace permission: mldebug as another user, without CAP_SYS_PTRACE, on a root-owned process
     setpriv = shutil.which("setpriv")
     require(setpriv, "setpriv (util-linux) to run mldebug as another user")
@@ -207,40 +212,6 @@ def test_bad_input_is_one_line_with_its_exit_code(looper: Looper) -> None:
         assert proc.returncode == 3, proc.stderr
         assert (f"mldebug: error: cannot attach to pid {looper.pid}: the process belongs to uid 0 and this mldebug "
                 "runs as uid 65534 without CAP_SYS_PTRACE") in proc.stderr
-
-
-def test_attach_to_a_rank_inside_a_slurm_job_and_over_ssh(hung_job, rig_ssh, rig_slurm) -> None:
-    """Done means: `mldebug attach --slurm-job J --rank R --eval 'step'` prints rank R's value."""
-    _parts()
-    job = hung_job(nranks=2, odd_rank=1, odd_function="load_batch", mode="loop", where="slurm", nodes=2)
-    assert job.job_id
-    remote = ["--remote-python", sys.executable]
-    via_slurm = mldebug("--json", "attach", "--slurm-job", job.job_id, "--rank", "1", "--eval", "step", *remote,
-                        env=rig_slurm.env, timeout=240)
-    assert via_slurm.returncode == 0, via_slurm.stderr
-    doc = json.loads(via_slurm.stdout)
-    validate_schema(doc, "attach")
-    r = doc["result"]
-    host1, pid1 = job.ranks[1]
-    assert (r["host"], r["pid"], r["rank"]) == (host1, pid1, 1)
-    assert int(r["evaluation"]["value"]) > 0 and r["alive_after"]
-    assert r["frames"][0]["name"] in ("load_batch", "stuck_here") and r["frames"][1]["name"] == "main"
-
-    nodes = [n for n in rig_ssh.nodes if n.name in job.nodes]
-    via_ssh = mldebug("attach", "--hosts", str(rig_ssh.hostfile(nodes)), "--ssh-config", str(rig_ssh.ssh_config),
-                      "--env", f"MLDEBUG_RIG_JOB={job.token}", "--rank", "1", "--eval", "step", *remote,
-                      timeout=240)
-    assert via_ssh.returncode == 0, via_ssh.stderr
-    value = int(via_ssh.stdout.splitlines()[0].split(" step = ")[1])
-    assert value > int(r["evaluation"]["value"])  # the loop went on between the two attaches
-    assert via_ssh.stdout.splitlines()[0] == f"pid {pid1} (rank 1) on {host1}: step = {value}"
-
-    wrong = mldebug("attach", "--slurm-job", job.job_id, "--rank", "7", "--eval", "step", *remote,
-                    env=rig_slurm.env, timeout=240)
-    assert wrong.returncode == 2, wrong.stderr
-    assert "mldebug: error: rank 7 not found: " in wrong.stderr
-    assert all(f"{h} runs {rank}" in wrong.stderr for rank, (h, _) in job.ranks.items()), wrong.stderr
-    assert all(job.alive().values())
 
 
 DEBUGGED = textwrap.dedent("""
@@ -311,3 +282,65 @@ def test_launch_debug_rank_waits_for_a_dap_client_while_the_other_rank_waits(tmp
             job.wait(timeout=30)
     text = console()
     assert "rank 0 reduced 2 step 41" in text and "rank 1 reduced 2 step 41" in text, text[-2000:]
+
+
+def test_train_debug_rank_waits_for_a_dap_client_then_the_job_finishes(tmp_path: Path) -> None:
+    """`mldebug train --debug-rank 1 --json`: rank 1 says where it listens (one JSON line on stderr), waits;
+    mldebug's DAP client attaches, pauses it (rank 1, in the training's own code), lets it go; the job ends
+    well with its one document on stdout, and nothing listens on the port after."""
+    import socket
+
+    from ml_debug.debugger.dap import DapClient
+
+    _parts()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--debug-rank", "1",
+                            "--debug-port", str(port), "--preset", "tiny", "--steps", "1", "--data", "synthetic",
+                            "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert job.stderr is not None
+        said = ""
+        while not said.endswith("\n") or not said.splitlines()[-1].startswith('{"schema": "mldebug.debug_rank"'):
+            line = job.stderr.readline()
+            assert line, said
+            said += line
+        info = json.loads(said.splitlines()[-1])
+        validate_schema(info, "debug-rank")
+        assert (info["rank"], info["port"], info["waiting"]) == (1, port, True), info
+        assert info["vscode"]["connect"] == {"host": "127.0.0.1", "port": port}
+        c = DapClient.connect("127.0.0.1", port, 30)
+        try:
+            c.request("initialize", {"clientID": "mldebug", "adapterID": "debugpy", "linesStartAt1": True,
+                                     "columnsStartAt1": True, "pathFormat": "path"})
+            seq = c.send("attach", {"justMyCode": False})
+            assert c.wait_event("initialized", 30) is not None
+            c.request("configurationDone")
+            c.wait_response(seq, "attach", 30)
+            main = next(t for t in c.request("threads")["threads"] if t["name"] == "MainThread")
+            c.request("pause", {"threadId": main["id"]})
+            stopped = c.wait_event("stopped", 60)
+            assert stopped is not None, "rank 1 never stopped"
+            frames = c.request("stackTrace", {"threadId": main["id"], "levels": 100})["stackFrames"]
+            assert any("ml_debug" in (f.get("source") or {}).get("path", "") for f in frames), frames
+            got = c.request("evaluate", {"expression": "__import__('os').environ['RANK']",
+                                         "frameId": frames[0]["id"], "context": "watch"})
+            assert got["result"] == "'1'"
+            c.request("continue", {"threadId": main["id"]})
+            c.request("disconnect", {"terminateDebuggee": False})
+        finally:
+            c.close()
+        out, err = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    assert job.returncode == 0, err[-3000:]
+    doc = json.loads(out)
+    validate_schema(doc, "train")
+    assert doc["result"]["world_size"] == 2, doc["result"]
+    psutil = require_module("psutil")  # debugpy's port went with the rank
+    assert not [c for c in psutil.net_connections(kind="inet") if c.laddr and c.laddr.port == port
+                and c.status == psutil.CONN_LISTEN]
