@@ -206,17 +206,17 @@ def test_an_allocation_that_fails_is_a_problem_found_not_unreachable_ranks() -> 
 # already runs it with --json, reads ALL of stdout as one document (json.loads of the whole of it) and validates
 # it against the command's schema. Named here rather than started again (each is a job of seconds to minutes).
 SUCCESS_ELSEWHERE = {
-    "check": "test_check.py::test_check_runs_env_alone_with_the_other_steps_skipped",
-    "gpu-test": "test_gpu_test.py::test_torchrun_two_ranks",
-    "allreduce-bench": "test_allreduce_bench.py::test_self_launched_two_ranks_quick_every_collective_csv_and_plot",
-    "health": "test_health_host.py::test_level1_without_gpu_says_so_and_exit_code_follows_host_checks",
-    "dump-stacks": "test_dump_stacks.py::test_local_names_the_odd_rank_and_function_and_reports_what_it_cannot_dump",
-    "core-bt": "test_core_bt.py::test_core_bt_shows_the_crashing_c_frame_and_the_python_frames",
-    "train": "test_train_dist.py::test_golden_run_its_metrics_and_a_bit_identical_resume",
-    "watch": "test_watch.py::test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keeps_the_bundle",
-    "drill": "test_drill.py::test_drills_judged_by_stacks_logs_and_links_name_the_injected_rank",
-    "exporter": "test_exporter.py::test_once_json_follows_the_schema",
-    "attach": "test_attach.py::test_attach_by_pid_reads_a_local_evaluates_and_detaches_leaving_the_loop_running",
+    "check": "cli/test_check.py::test_check_runs_env_alone_with_the_other_steps_skipped",
+    "gpu-test": "cli/test_gpu_test.py::test_torchrun_two_ranks",
+    "allreduce-bench": "cli/test_allreduce_bench.py::test_self_launched_two_ranks_quick_every_collective_csv_and_plot",
+    "health": "unit/health/test_host.py::test_level1_without_gpu_says_so_and_exit_code_follows_host_checks",
+    "dump-stacks": "cli/test_dump_stacks.py::test_local_names_the_odd_rank_and_function_and_reports_what_it_cannot_dump",
+    "core-bt": "cli/test_core_bt.py::test_core_bt_shows_the_crashing_c_frame_and_the_python_frames",
+    "train": "cli/test_train.py::test_golden_run_its_metrics_and_a_bit_identical_resume",
+    "watch": "cli/test_watch.py::test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keeps_the_bundle",
+    "drill": "cli/test_drill.py::test_drills_judged_by_stacks_logs_and_links_name_the_injected_rank",
+    "exporter": "cli/test_exporter.py::test_once_json_follows_the_schema",
+    "attach": "cli/test_attach.py::test_attach_by_pid_reads_a_local_evaluates_and_detaches_leaving_the_loop_running",
 }
 
 TRACED = "import os, sys\nprint('the program speaks')\nsys.exit(int(sys.argv[1]))\n"
@@ -292,6 +292,10 @@ def test_every_command_is_run_with_json_here_or_by_a_named_test() -> None:
 
     here = {argv[0] for argv, _, _ in SUCCESS} | {"trace"}
     assert set(COMMANDS) == here | set(SUCCESS_ELSEWHERE), set(COMMANDS) ^ (here | set(SUCCESS_ELSEWHERE))
-    tests = "\n".join(p.read_text() for p in Path(__file__).parent.rglob("test_*.py"))
-    missing = [name for name in SUCCESS_ELSEWHERE.values() if f"def {name.split('::')[1]}(" not in tests]
+    def found(name: str) -> bool:
+        path, _, function = name.partition("::")
+        module = REPO / "tests" / path
+        return module.is_file() and f"def {function}(" in module.read_text()
+
+    missing = [name for name in SUCCESS_ELSEWHERE.values() if not found(name)]
     assert not missing, f"named above but not found under tests/: {missing}"
