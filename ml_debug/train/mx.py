@@ -12,7 +12,7 @@ Two ways to pick the scale:
   nothing saturates, small values lose a little more precision.
 
 For every format torchao also has, the scales and elements are bit-identical to
-``torchao.prototype.mx_formats.mx_tensor.to_mx`` (tests/test_mx_*.py uses torchao as the
+``torchao.prototype.mx_formats.mx_tensor.to_mx`` (tests/unit/train/test_mx_quantiser.py uses torchao as the
 oracle) except in two corners where we follow the spec and torchao does not: a block whose
 amax is so small that the scale clamps to 2^-127 (torchao divides by 2^-126 there) and, in
 rceil mode, the same clamp (torchao multiplies by 1.0). Both need amax < ~2^-118.

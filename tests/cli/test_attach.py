@@ -1,7 +1,7 @@
 """`mldebug attach`: a real debugpy injected (with gdb) into real processes, read by mldebug's own DAP client.
 
 One looping process serves the tests on this node (module scope); one hung Slurm job on two rig nodes
-serves --slurm-job and --hosts (tests/test_attach_remote.py). After every attach the process still runs, its loop still advances, and
+serves --slurm-job and --hosts (tests/cli/test_attach_remote.py). After every attach the process still runs, its loop still advances, and
 no debugger process or listening socket is left (the adapter is mldebug's child; the process never
 listens).
 """

@@ -113,7 +113,7 @@ def test_drills_judged_by_stacks_logs_and_links_name_the_injected_rank(tmp_path:
     link = by["slow-link"]["injected"]
     assert [(x["a"], x["b"]) for x in pairs["slow_links"]] == [(link["rank"], link["peer"])] and not pairs["slow_units"]
     assert "slow link" in bench["summary"] and bench["test_faults"].startswith("mldebug drill: slow-pair:"), bench
-    # Each fault did what `mldebug train --inject` says, read from the drills' evidence (tests/test_train_faults.py
+    # Each fault did what `mldebug train --inject` says, read from the drills' evidence (tests/cli/test_train_faults.py
     # has the other faults): the hung rank sleeps outside any collective while its peer waits in one ...
     hang = by["hang"]["injected"]["rank"]
     stacks = json.loads((Path(by["hang"]["evidence"]) / "dump-stacks.json").read_text())["result"]
