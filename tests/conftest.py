@@ -119,6 +119,37 @@ def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def exclusive(name: str, timeout: float = 240) -> Iterator[None]:
+    """Hold the machine-wide lock `name` for a block. Tests that judge every process of a kind on this
+    machine ("no debugger process is left anywhere") take one: the same kind of test on another xdist
+    worker then waits instead of showing up in their count. Only tests sharing `name` wait for each other."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / f"mldebug-tests-{name}.lock", "a") as f:
+        wait_until(lambda: _try_flock(f.fileno(), fcntl), timeout, f"the test lock {name!r}", interval=0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _try_flock(fd: int, fcntl: ModuleType) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@pytest.fixture
+def debuggers_alone() -> Iterator[None]:
+    """The test counts every debugpy process on the machine: no other such test runs meanwhile."""
+    with exclusive("debuggers"):
+        yield
+
+
 @pytest.fixture
 def refused_port() -> Iterator[int]:
     """A port on 127.0.0.1 where connections are refused for the whole test (see closed_port)."""

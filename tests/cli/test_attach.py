@@ -23,6 +23,9 @@ import pytest
 
 from tests.conftest import REPO, mldebug, require, require_module, validate_schema, wait_until
 
+# every test counts the debugger processes of the whole machine (conftest.exclusive)
+pytestmark = pytest.mark.usefixtures("debuggers_alone")
+
 LOOPER = textwrap.dedent("""
     import os, sys, threading, time
 

@@ -24,6 +24,9 @@ from tests.cli.test_attach import _parts
 from tests.conftest import main_thread_functions, mldebug, require_module, validate_schema, wait_until
 from tests.rig.fixtures import HungJob
 
+# every test counts the debugger processes of the whole machine (conftest.exclusive)
+pytestmark = pytest.mark.usefixtures("debuggers_alone")
+
 REMOTE = ["--remote-python", sys.executable]
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from ml_debug.core.lifecycle import alive as _alive
 from tests.conftest import REPO, require
-from tests.rig.fixtures import HungJob, NetnsNode, SlurmRig, SshHost, SshRig, _alive
+from tests.rig.fixtures import HungJob, NetnsNode, SlurmRig, SshHost, SshRig
 
 pytestmark = pytest.mark.rig
 
