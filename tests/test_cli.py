@@ -116,11 +116,18 @@ def test_library_errors_become_one_line_with_their_exit_code():
 
 
 
+@pytest.fixture(scope="module")
+def taking_out_dir() -> list[str]:
+    """The commands whose `--help` offers --out-dir (read once for both words below)."""
+    return [c for c in _commands() if "--out-dir" in mldebug(c, "--help", timeout=60).stdout]
+
+
 @pytest.mark.parametrize(("word", "said"), [("", "--out-dir is empty"), ("/etc/hostname", "is not a directory")])
-def test_every_out_dir_refuses_an_empty_word_and_a_file(word: str, said: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_every_out_dir_refuses_an_empty_word_and_a_file(word: str, said: str, taking_out_dir: list[str],
+                                                        tmp_path) -> None:  # type: ignore[no-untyped-def]
     """An unset shell variable (`--out-dir "$OUT"`) wrote exec's and watch's files into the current
     directory (gpu-test's, dump-stacks' and drill's too): every command's --out-dir refuses it, before any work."""
-    taking = [c for c in _commands() if "--out-dir" in mldebug(c, "--help", timeout=60).stdout]
+    taking = taking_out_dir
     assert {"check", "health", "dump-stacks", "gpu-test", "watch", "exec", "drill", "trace"} <= set(taking), taking
     for name in taking:
         args = [name, "--out-dir", word] + {"exec": ["--", "true"], "trace": [__file__]}.get(name, [])
