@@ -298,3 +298,16 @@ def pytest_configure(config: pytest.Config) -> None:
     here becomes the default disposition in children (exec resets handlers; only "ignored" is inherited)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# ----------------------------------------------------------------------------- the collector and a big heap
+
+@pytest.fixture(scope="session", autouse=True)
+def _heap_of_collection_frozen() -> Iterator[None]:
+    """What collection loaded (torch, every test module and item) lives as long as the run: frozen, the
+    cyclic collector stops walking it in every full collection that a test's allocations trigger."""
+    import gc
+
+    gc.collect()
+    gc.freeze()  # 7 in-process modules (train_unit, hostlist, stacks_merge, ...): 19.2 -> 14.8 CPU s
+    yield

@@ -116,11 +116,39 @@ def test_library_errors_become_one_line_with_their_exit_code():
 
 
 
+HELPS = """
+import contextlib, io, json, sys
+from ml_debug.cli.app import run
+pages = {}
+for name in sys.argv[1:]:
+    page = io.StringIO()
+    with contextlib.redirect_stdout(page):
+        code = run([name, "--help"])
+    pages[name] = (code, page.getvalue())
+print(json.dumps(pages))
+"""
+
+
+@pytest.fixture(scope="module")
+def taking_out_dir() -> list[str]:
+    """The commands whose `--help` offers --out-dir: every page from one interpreter (the same text as
+    `mldebug C --help`, which the help tests above run one by one), not twenty more interpreters."""
+    commands = _commands()
+    proc = subprocess.run([sys.executable, "-c", HELPS, *commands], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pages = json.loads(proc.stdout)
+    assert sorted(pages) == commands and all(code == 0 and f"Usage: mldebug {c}" in text
+                                             for c, (code, text) in pages.items()), proc.stderr[-3000:]
+    return [c for c, (_, text) in pages.items() if "--out-dir" in text]
+
+
 @pytest.mark.parametrize(("word", "said"), [("", "--out-dir is empty"), ("/etc/hostname", "is not a directory")])
-def test_every_out_dir_refuses_an_empty_word_and_a_file(word: str, said: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_every_out_dir_refuses_an_empty_word_and_a_file(word: str, said: str, taking_out_dir: list[str],
+                                                        tmp_path) -> None:  # type: ignore[no-untyped-def]
     """An unset shell variable (`--out-dir "$OUT"`) wrote exec's and watch's files into the current
     directory (gpu-test's, dump-stacks' and drill's too): every command's --out-dir refuses it, before any work."""
-    taking = [c for c in _commands() if "--out-dir" in mldebug(c, "--help", timeout=60).stdout]
+    taking = taking_out_dir
     assert {"check", "health", "dump-stacks", "gpu-test", "watch", "exec", "drill", "trace"} <= set(taking), taking
     for name in taking:
         args = [name, "--out-dir", word] + {"exec": ["--", "true"], "trace": [__file__]}.get(name, [])

@@ -109,7 +109,6 @@ def _alive(pid: int) -> bool:
     return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
 
 
-@pytest.mark.serial  # under load the dump came before rank 0's 3rd all_reduce was marked completed (seen in CI)
 def test_dump_stacks_reports_flight_recorder_of_a_hung_gloo_job(tmp_path: Path) -> None:
     require(shutil.which("py-spy") or (VENV_BIN / "py-spy").exists(), "py-spy")
     fr_dir, markers = tmp_path / "fr", tmp_path / "markers"
@@ -132,6 +131,15 @@ def test_dump_stacks_reports_flight_recorder_of_a_hung_gloo_job(tmp_path: Path) 
         wait_until(markers_in, 60, "both ranks to write their markers")
         wait_in_function(ranks[0], {"all_reduce"})  # rank 0 blocked in its 4th all_reduce
         wait_in_function(ranks[1], {"odd_one_out"})
+        # gloo marks a collective completed after the call returned: under load a dump taken now showed rank 0's
+        # 3rd all_reduce not yet completed (seen in CI). Wait until rank 0's own record says it is.
+        fr_env = {"MLDEBUG_FR_DIR": str(fr_dir)}
+
+        def third_completed() -> bool:
+            rec = flight.fetch(fr_env, 0, ranks[0], timeout=10)
+            return bool(rec["ok"] and rec["process_groups"] and rec["process_groups"][0]["last_completed_seq"] == 3)
+
+        wait_until(third_completed, 60, "rank 0's Flight Recorder to mark its 3rd all_reduce completed", interval=0.5)
 
         proc = mldebug("dump-stacks", "--local", "--pid", str(torchrun.pid), "--json", "--fr-timeout", "10",
                        timeout=120)
