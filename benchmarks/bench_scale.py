@@ -181,19 +181,24 @@ def child(n: int) -> dict[str, Any]:
     from ml_debug.stacks.flight import section
     from ml_debug.stacks.fr_analysis import analyse as fr_analyse
     from ml_debug.stacks.merge import Member, analyse
+    from ml_debug.stacks.fr_analysis import EntryPool
     from ml_debug.stacks.report import read_node_document
 
-    # what arrives: one JSON text per node, read as dump-stacks reads it
+    # what arrives: one JSON text per node, read as dump-stacks reads it (one entry pool for the run)
     members: list[Member] = []
     records: list[dict[str, Any]] = []
+    pool = EntryPool()
+    read = 0.0
     for i in range(n // PER_NODE):
         text = json.dumps({**stacks_node(i, n), **fr_node(i, n)})
-        doc = read_node_document(json.loads(text), host_of(i * PER_NODE))
+        t0 = time.process_time()
+        doc = read_node_document(json.loads(text), host_of(i * PER_NODE), pool=pool)
+        read += time.process_time() - t0
         members += [Member(host=t.host, pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size,
                            samples=samples) for t, samples in doc.processes]
         records += doc.fr_records
     repeat = 3 if n <= 4096 else 2
-    out: dict[str, Any] = {"n": n}
+    out: dict[str, Any] = {"n": n, "read": read}
     out["merge"] = _best(lambda: analyse(members), repeat)
     out["fr_analysis"] = _best(lambda: fr_analyse(records), repeat)
     out["fr_section"] = _best(lambda: section(records), repeat)

@@ -145,3 +145,37 @@ def test_the_whole_run_comparison_finds_what_comparing_number_by_number_finds(mo
     slow = [fr_analyse(c) for c in cases]
     assert fast == slow
     assert sum(1 for a in fast if a and a["process_groups"][0]["mismatch"]) > 50  # desyncs were there to find
+
+
+def test_one_entry_pool_for_every_node_shares_equal_entries_across_nodes_and_4k_culprits_stay_named(
+        fr_records: list[dict[str, Any]]) -> None:
+    from ml_debug.stacks.fr_analysis import EntryPool
+    from ml_debug.stacks.report import read_node_document
+
+    pool = EntryPool()  # as dump-stacks reads its nodes: one pool for the run
+    read = [r for node in range(N // job.PER_NODE)
+            for r in read_node_document({"processes": [], **job.fr_node(node, N)}, job.host_of(node * 8),
+                                        pool=pool).fr_records]
+    assert read == fr_records
+    # rank 0 (node 1) and rank 32 (node 5) are in one DP group: their entries are now the same objects,
+    # and so are two TP groups' on nodes far apart
+    for a, b, g in ((0, 32, 3), (0, 8 * 300, 1)):
+        assert all(x is y for x, y in zip(read[a]["collectives"][g]["entries"], read[b]["collectives"][g]["entries"],
+                                          strict=True))
+    desync = ODD["desync"]  # its odd entry stays its own
+    odd = read[desync]["collectives"][3]["entries"][-11]
+    assert odd["input_sizes"] == [[1 << 19]] and sum(1 for r in read if r.get("ok")
+                                                     and r["collectives"][3]["entries"][-11] is odd) == 1
+    import gc
+
+    a = fr_analyse(read)
+    assert gc.isenabled()  # the collector, held off during the analysis, is back
+    assert a == fr_analyse(fr_records)
+    assert a is not None and sorted((c["rank"], c["why"]) for c in a["culprits"]) == sorted(
+        [(ODD["not_enqueued"], "not-enqueued"), (desync, "desync")])
+    # more distinct entries under one number than the pool keeps: the rest stay unshared, unchanged
+    many = [{"rank": r, "ok": True, "collectives": [{"pg_id": "0", "entries": [
+        {"seq": 1, "op": "nccl:all_reduce", "input_sizes": [[r]], "state": "completed"}]}]} for r in range(40)]
+    before = [e for r in many for e in r["collectives"][0]["entries"]]
+    read_node_document({"processes": [], "flight_recorder": {"ranks": many}}, "y", pool=pool)
+    assert [e for r in many for e in r["collectives"][0]["entries"]] == before

@@ -19,7 +19,7 @@ from ml_debug.core.errors import ExitCode
 from ml_debug.procs.find import FoundProcess
 from ml_debug.stacks.collect import NodeDump
 from ml_debug.stacks.flight import section
-from ml_debug.stacks.fr_analysis import share_entries
+from ml_debug.stacks.fr_analysis import EntryPool, share_entries
 from ml_debug.stacks.loop_order import LoopOrder, RankFrames, loop_order
 from ml_debug.stacks.merge import Analysis, Member, Suspect, analyse, member_state
 from ml_debug.stacks.model import Frame, ProcessDump, dump_from_json
@@ -230,9 +230,11 @@ class NodeDocument:
     kernel: dict[str, dict[str, Any]] = field(default_factory=dict)  # host:pid -> the kernel's view
 
 
-def read_node_document(body: dict[str, Any], target: str, note: str | None = None) -> NodeDocument:
+def read_node_document(body: dict[str, Any], target: str, note: str | None = None, *,
+                       pool: EntryPool | None = None) -> NodeDocument:
     """The parts of a node's `dump-stacks --local --json` result; `target`: the name it was reached by,
-    `note`: said on each of its nodes (e.g. that it runs another mldebug version).
+    `note`: said on each of its nodes (e.g. that it runs another mldebug version); `pool`: one for all
+    the nodes of a run, so that equal Flight Recorder entries of every node are kept once.
 
     Raises KeyError, TypeError or ValueError when the document lacks what every version writes."""
     nodes = [_node_from_json(n, target, note) for n in body.get("nodes") or []]
@@ -240,7 +242,7 @@ def read_node_document(body: dict[str, Any], target: str, note: str | None = Non
     fr = body.get("flight_recorder") or {}
     kernel = {f"{p['host']}:{p['pid']}": p["kernel"] for p in body["processes"] if isinstance(p.get("kernel"), dict)}
     fr_records = list(fr.get("ranks") or [])
-    share_entries(fr_records)  # a node's ranks issue the same collectives: kept once (16k ranks: 3 GiB -> 0.5)
+    share_entries(fr_records, pool)  # the ranks issue the same collectives: kept once (16k ranks: 3 GiB -> 0.8)
     return NodeDocument(nodes=nodes, processes=processes, fr_records=fr_records, kernel=kernel)
 
 
