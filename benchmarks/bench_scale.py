@@ -51,7 +51,8 @@ RSS_GOAL_MIB = 2048
 
 def culprits(n: int) -> dict[str, int]:
     """The odd ranks of the synthetic job of n ranks (also what the tests expect to be named)."""
-    return {"stack": n * 5 // 7, "not_enqueued": n * 3 // 5 + 3, "desync": n // 3 + 17, "no_dump": n // 2 + 1}
+    return {"stack": n * 5 // 7, "not_enqueued": n * 3 // 5 + 3, "desync": n // 3 + 17, "no_dump": n // 2 + 1,
+            "logs": n * 2 // 3 + 5}
 
 
 def host_of(rank: int) -> str:
@@ -162,6 +163,67 @@ def fr_record(rank: int, n: int) -> dict[str, Any]:
 
 def fr_node(node: int, n: int) -> dict[str, Any]:
     return {"flight_recorder": {"ranks": [fr_record(r, n) for r in range(node * PER_NODE, (node + 1) * PER_NODE)]}}
+
+
+# ---- one log file per rank ----------------------------------------------------------------------
+
+LOG_BYTES = 64 * 1024
+
+
+def _log_body(target: int) -> bytes:
+    """The training lines every rank writes (the same on every rank, as in a synchronous job)."""
+    lines, size, step = [], 0, 0
+    while size < target:
+        line = (f"2025-03-02 01:{step // 120 % 60:02d}:{step // 2 % 60:02d},{step * 37 % 1000:03d} [INFO] trainer: "
+                f"step {step} | loss {2.0 + 1.0 / (1 + step / 500):.4f} | lr 3.00e-04 | grad_norm "
+                f"{0.5 + (step % 17) / 40:.3f} | {41000 + step % 977:,} tok/s | mfu 41.{step % 10}%\n")
+        lines.append(line)
+        size += len(line)
+        step += 1
+    return "".join(lines).encode()
+
+
+def _log_head(rank: int, n: int) -> bytes:
+    node, local = divmod(rank, PER_NODE)
+    p = f"{host_of(rank)}:{40000 + local}:{40000 + local}"
+    return (f"{p} [{local}] NCCL INFO Bootstrap : Using ib0:10.1.{node % 256}.{node // 256}<0>\n"
+            f"{p} [{local}] NCCL INFO comm 0x55d1c2a{rank:05x} rank {rank} nRanks {n} nNodes {n // PER_NODE} "
+            f"localRanks {PER_NODE} localRank {local} MNNVL 0\n"
+            f"{p} [{local}] NCCL INFO comm 0x55d1c2a{rank:05x} rank {rank} nranks {n} cudaDev {local} "
+            f"busId {local + 1}8000 - Init COMPLETE\n").encode()
+
+
+def _log_end(rank: int, n: int) -> bytes:
+    if rank == culprits(n)["logs"]:
+        return (f"[rank{rank}]:[E0302 03:14:07.123456 ProcessGroupNCCL.cpp:1595] [PG 0 Rank {rank}] Process group "
+                "watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered\n"
+                f"[rank{rank}]: Traceback (most recent call last):\n"
+                f"[rank{rank}]:   File \"/work/train.py\", line 212, in <module>\n"
+                f"[rank{rank}]:     loss = model(batch).sum()\n"
+                f"[rank{rank}]: RuntimeError: CUDA error: an illegal memory access was encountered\n").encode()
+    return (f"2025-03-02 03:14:08,{rank % 1000:03d} [ERROR] trainer: step 9876 failed\n"
+            f"[rank{rank}]: Traceback (most recent call last):\n"
+            f"[rank{rank}]:   File \"/work/train.py\", line 214, in <module>\n"
+            f"[rank{rank}]:     optimizer.step()\n"
+            f"[rank{rank}]: torch.distributed.DistNetworkError: recvValue failed on SocketImpl(fd=42, "
+            f"addr=[{host_of(rank)}]:{50000 + rank % 8}, remote=[gpu00001]:29500): Connection reset by peer\n"
+            ).encode()
+
+
+def write_logs(root: str, n: int) -> int:
+    """n files of LOG_BYTES (``<node>/rank<R>.log``) under root, one failing rank; the bytes written."""
+    body = _log_body(LOG_BYTES - 1200)
+    total = 0
+    for node in range(n // PER_NODE):
+        d = os.path.join(root, host_of(node * PER_NODE))
+        os.makedirs(d, exist_ok=True)
+        for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
+            head, end = _log_head(rank, n), _log_end(rank, n)
+            data = head + body[:LOG_BYTES - len(head) - len(end)] + end
+            with open(os.path.join(d, f"rank{rank:05d}.log"), "wb") as f:
+                f.write(data)
+            total += len(data)
+    return total
 
 
 # ---- one size, in a child ------------------------------------------------------------------------
