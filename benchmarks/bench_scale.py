@@ -210,16 +210,16 @@ def _log_end(rank: int, n: int) -> bytes:
             ).encode()
 
 
-def write_logs(root: str, n: int) -> int:
-    """n files of LOG_BYTES (``<node>/rank<R>.log``) under root, one failing rank; the bytes written."""
-    body = _log_body(LOG_BYTES - 1200)
+def write_logs(root: str, n: int, size: int = LOG_BYTES) -> int:
+    """n files of `size` bytes (``<node>/rank<R>.log``) under root, one failing rank; the bytes written."""
+    body = _log_body(size)
     total = 0
     for node in range(n // PER_NODE):
         d = os.path.join(root, host_of(node * PER_NODE))
         os.makedirs(d, exist_ok=True)
         for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
             head, end = _log_head(rank, n), _log_end(rank, n)
-            data = head + body[:LOG_BYTES - len(head) - len(end)] + end
+            data = head + body[:max(0, size - len(head) - len(end))] + end
             with open(os.path.join(d, f"rank{rank:05d}.log"), "wb") as f:
                 f.write(data)
             total += len(data)

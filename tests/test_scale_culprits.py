@@ -179,3 +179,36 @@ def test_one_entry_pool_for_every_node_shares_equal_entries_across_nodes_and_4k_
     before = [e for r in many for e in r["collectives"][0]["entries"]]
     read_node_document({"processes": [], "flight_recorder": {"ranks": many}}, "y", pool=pool)
     assert [e for r in many for e in r["collectives"][0]["entries"]] == before
+
+
+def test_lines_that_cannot_hold_a_label_skip_the_label_expressions_and_get_the_same_labels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from itertools import product
+
+    from ml_debug.logs import labels
+
+    heads = ["", " ", "   3: ", "3: ", "12 ", "12", "١٢: ", "[rank3]: ", "[rank3]:", "[default0]: ", "[node1:3 rank7]: ",
+             "[1,3]<stderr>: ", "job7.node12 [stderr] ", "[stdout] ", "2025-03-02 01:00:00,123 ",
+             "2025-03-02T01:00:00Z [rank2]: ", "2025-03-02 01:00:00,123 [INFO] ", "01:02:03 [default1]: ",
+             "[2024-05-01 03:14:07] ", "Jan  3 01:00:00 ", "node12: ", "[2024-05-01] ", "E0302 03:14:07.1 ", "x" * 70]
+    tails = ["", "Traceback (most recent call last):", "[INFO] step 3", "loss 1.0", ": x", "[stderr] y", "[1]: z",
+             "[rank5]: w", "3: v"]
+    lines = [h + t for h, t in product(heads, tails)]
+    fast = [(labels.split_label(ln), labels.split_label(ln, True)) for ln in lines]
+    assert sum(1 for ln in lines if labels._unlabelled(ln)) > 20  # the quick path was taken, and often
+    monkeypatch.setattr(labels, "_unlabelled", lambda _line: False)
+    assert fast == [(labels.split_label(ln), labels.split_label(ln, True)) for ln in lines]
+
+
+def test_logs_of_4k_ranks_one_file_each_name_the_rank_whose_cuda_error_came_first(tmp_path: Any) -> None:
+    from ml_debug.logs.triage import triage
+
+    job.write_logs(str(tmp_path), N, size=1024)  # bench_scale's files, shortened (it reads 16k of 64 KiB)
+    report = triage([str(tmp_path)])
+    odd = ODD["logs"]
+    primary = report.verdict.primary
+    assert primary is not None and primary.who.rank == odd and primary.who.node == job.host_of(odd)
+    assert report.verdict.summary.startswith(f"first failure: rank {odd} ({job.host_of(odd)}) at ")
+    assert ": RuntimeError: CUDA error: an illegal memory access was encountered (" in report.verdict.summary
+    assert f"{N - 1} x \"Connection reset by peer\"" in report.verdict.summary
+    assert report.ranks_seen == f"0-{N - 1}" and report.world_size == N and len(report.sources) == N

@@ -61,9 +61,33 @@ class Label:
     """A time stamp taken off the front of ``rest`` by :func:`unstamped` (kubectl/docker ``-t``, ``ts``)."""
 
 
+_NOBODY = Who()
+_DIGITS = "0123456789"
+
+
+def _unlabelled(line: str) -> bool:
+    """No label can start this line (a few C-speed tests; False means: look with the expressions below).
+
+    Every label starts with "[" (torch, torchrun, mpirun, mldebug launch), a time stamp then "[", spaces
+    or digits then ": " (srun), or holds "[stdout] "/"[stderr] " (a stream tag); most lines of a
+    training log start otherwise, and a job of 16k ranks hands over half a million of them."""
+    if "[std" in line:
+        return False
+    c = line[:1]
+    if c in _DIGITS:
+        if not c:
+            return False
+        rest = line.lstrip(_DIGITS)
+        # a time stamp is under 64 characters and only a label's "[" after it makes it one
+        return not rest[:1].isdigit() and not rest.startswith(": ") and "[" not in line[:64]
+    return c != "[" and c != " " and not c.isdigit()
+
+
 def split_label(line: str, node_prefix: bool = False) -> Label:
     """The labels at the start of ``line`` and the text after them (``node_prefix``: the source's lines start
     with a node's name, as pdsh writes them)."""
+    if not node_prefix and _unlabelled(line):
+        return Label(_NOBODY, "", line)
     rank = local = task = None
     node: str | None = None
     pos = 0
@@ -113,7 +137,8 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
     key = line[len(stamp):pos]
     if m2 and local is not None:
         key = line[len(stamp):m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line
-    return Label(Who(rank, node, local), key, line[pos:], task, m2 is not None, stamp)
+    who = _NOBODY if rank is None and node is None and local is None else Who(rank, node, local)
+    return Label(who, key, line[pos:], task, m2 is not None, stamp)
 
 
 # ANSI escape sequences (colour: Python 3.13 tracebacks, coloured loggers): CSI, OSC, and two-byte ones.
