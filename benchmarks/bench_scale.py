@@ -52,7 +52,7 @@ RSS_GOAL_MIB = 2048
 def culprits(n: int) -> dict[str, int]:
     """The odd ranks of the synthetic job of n ranks (also what the tests expect to be named)."""
     return {"stack": n * 5 // 7, "not_enqueued": n * 3 // 5 + 3, "desync": n // 3 + 17, "no_dump": n // 2 + 1,
-            "logs": n * 2 // 3 + 5}
+            "logs": n * 2 // 3 + 5, "slow": n // 4 + 9, "stalled": n * 7 // 8 + 2}
 
 
 def host_of(rank: int) -> str:
@@ -226,6 +226,46 @@ def write_logs(root: str, n: int, size: int = LOG_BYTES) -> int:
     return total
 
 
+# ---- node samples for top and watch -------------------------------------------------------------
+
+SAMPLE_INTERVAL = 2.0
+
+
+def node_sample(node: int, n: int, seq: int) -> dict[str, Any]:
+    """One node's `top --agent` sample (its JSON line) at round `seq`: 8 GPUs, 8 ranks with their own
+    progress file; rank culprits(n)["slow"] steps at a fifth of the others' rate, rank
+    culprits(n)["stalled"]'s file stopped changing at round 1 and its GPU idles."""
+    from ml_debug.sampling.sample import GpuSample, NodeInfo, NodeSample, NvmlStatus, ProgressFile, RankSample
+
+    c = culprits(n)
+    host = host_of(node * PER_NODE)
+    gpus, ranks = [], []
+    for local in range(PER_NODE):
+        rank = node * PER_NODE + local
+        stalled = rank == c["stalled"]
+        gpus.append(GpuSample(index=local, name="NVIDIA H100 80GB HBM3", uuid=f"GPU-{rank:08x}",
+                              bus_id=f"00000000:{local + 1:02X}:00.0", mem_total_bytes=85899345920,
+                              util_pct=3.0 if stalled else 97.0 + local % 3, power_w=120.0 if stalled else 640.0,
+                              power_limit_w=700.0, power_pct=17.0 if stalled else 91.0 + local % 4,
+                              mem_used_bytes=71000000000, temp_c=61.0 + local, throttle=[], ecc_uncorrected=0,
+                              xid=[], pids=[50000 + local]))
+        rate = 0.4 if rank == c["slow"] else 0.0 if stalled else 2.0
+        step = (1 if stalled else int(seq * SAMPLE_INTERVAL * rate)) + 1
+        progress = ProgressFile(path=f"/scratch/job/metrics/rank-{rank}.jsonl", kind="step", step=step,
+                                lines=step, rate=rate, age_s=seq * SAMPLE_INTERVAL if stalled else 0.5,
+                                pattern="/scratch/job/metrics/rank-{rank}.jsonl", rank=rank, has_rank=True)
+        ranks.append(RankSample(pid=50000 + local, label=f"rank {rank}", rank=rank, local_rank=local, world_size=n,
+                                rank_source="RANK", user="alice", cmdline="python train.py --config llama3.yaml",
+                                state="R", cpu_pct=100.0 + local, rss_bytes=30 << 30, threads=64, gpu=[local],
+                                progress=progress))
+    s = NodeSample(node=NodeInfo(host=host, cpus=224, cpu_pct=40.0, load1=60.0, mem_total_bytes=2 << 40,
+                                 mem_used_bytes=1 << 40, agent_cpu_pct=0.4),
+                   seq=seq, tick=seq, time=1.7e9 + seq * SAMPLE_INTERVAL, interval_s=SAMPLE_INTERVAL,
+                   nvml=NvmlStatus(available=True, source="libnvidia-ml.so.1"), gpus=gpus, ranks=ranks,
+                   mldebug_version=None)
+    return s.to_json()
+
+
 # ---- one size, in a child ------------------------------------------------------------------------
 
 def _best(fn: Callable[[], object], repeat: int) -> float:
@@ -235,6 +275,54 @@ def _best(fn: Callable[[], object], repeat: int) -> float:
         fn()
         best = min(best, time.process_time() - t0)
     return best
+
+
+def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
+    """CPU seconds of one `top` round and one `watch` round over the n/8 nodes' samples (each: the JSON
+    lines parsed into NodeSample as the client's feeds do, then top's table model and outliers, or
+    watch's tracker with its stall/straggler decisions and snapshot; no drawing), best of the last
+    rounds; and what each found."""
+    from ml_debug.remote.targets import Target, TargetSpec
+    from ml_debug.sampling.sample import NodeSample
+    from ml_debug.sampling.streams import Feed
+    from ml_debug.top.model import snapshot
+    from ml_debug.top.options import TopOptions
+    from ml_debug.watch.model import Tracker
+
+    nodes = n // PER_NODE
+    labels = [host_of(i * PER_NODE) for i in range(nodes)]
+    spec = TargetSpec(kind="ssh", targets=[Target(x) for x in labels])
+    opts = TopOptions(interval=SAMPLE_INTERVAL, timeout=30)
+    feeds = [Feed(target=t, label=t.label) for t in spec.targets]
+    t0 = 1000.0
+    tracker = Tracker(stall=10.0, grace=0.0, straggler_factor=2.0, interval=SAMPLE_INTERVAL, node_timeout=30.0,
+                      started=t0)
+    top_t, watch_t = math.inf, math.inf
+    incidents: list[Any] = []
+    result: dict[str, Any] = {}
+    for seq in range(1, rounds + 1):
+        lines = [json.dumps(node_sample(i, n, seq)).encode() for i in range(nodes)]
+        now = t0 + seq * SAMPLE_INTERVAL
+        c0 = time.process_time()
+        for feed, line in zip(feeds, lines, strict=True):
+            feed.sample, feed.received = NodeSample.from_json(json.loads(line)), now
+        cp = time.process_time()
+        result = snapshot(feeds, spec, opts, started=t0, now=now)
+        c1 = time.process_time()
+        for feed in feeds:
+            tracker.add_node(feed.label, feed.sample, now)
+        inc = tracker.evaluate(now)
+        tracker.snapshot(now)
+        tracker.status_line(now)
+        c2 = time.process_time()
+        if inc is not None:
+            incidents.append((inc.kind, sorted(r["rank"] for r in inc.ranks)))
+        if seq > rounds - 3:
+            top_t = min(top_t, c1 - c0)
+            watch_t = min(watch_t, (cp - c0) + (c2 - c1))  # both parse the lines
+    return {"top_round": top_t, "watch_round": watch_t, "top_outliers": sorted(
+        {(o.get("rank"), o.get("kind")) for o in result["outliers"] if o.get("rank") is not None}),
+        "watch_incidents": incidents}
 
 
 def child(n: int) -> dict[str, Any]:
