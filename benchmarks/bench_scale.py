@@ -42,7 +42,7 @@ TP, PP = 8, 4
 KEEP = 64  # collectives kept per group and rank (fr_analysis.KEEP_PER_GROUP)
 STEPS = 1000  # TP all_reduces issued so far; the DP group issued half as many
 
-GOALS = {"merge": 1.0, "fr_analysis": 2.0, "fr_section": 2.0}
+GOALS = {"merge": 1.0, "fr_analysis": 2.0, "fr_section": 2.0, "logs": 15.0, "top_round": 0.5, "watch_round": 0.5}
 EXPONENT_GOAL = 1.15
 RSS_GOAL_MIB = 2048
 
@@ -329,9 +329,9 @@ def child(n: int) -> dict[str, Any]:
     from ml_debug.core.ranges import compress, expand
     from ml_debug.remote.hostlist import compress_hostlist, expand_hostlist
     from ml_debug.stacks.flight import section
+    from ml_debug.stacks.fr_analysis import EntryPool
     from ml_debug.stacks.fr_analysis import analyse as fr_analyse
     from ml_debug.stacks.merge import Member, analyse
-    from ml_debug.stacks.fr_analysis import EntryPool
     from ml_debug.stacks.report import read_node_document
 
     # what arrives: one JSON text per node, read as dump-stacks reads it (one entry pool for the run)
@@ -376,9 +376,39 @@ def exponent(ns: list[int], ts: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
-def _run_child(n: int) -> dict[str, Any]:
+def logs_child(n: int) -> dict[str, Any]:
+    """`mldebug logs` (the library's triage) over n rank files of LOG_BYTES, written to a temporary
+    directory first (not timed) and removed after: CPU and wall time, peak RSS, the rank it names."""
+    import shutil
+    import tempfile
+
+    from ml_debug.logs.triage import triage
+
+    root = tempfile.mkdtemp(prefix="bench-scale-logs-")
+    try:
+        total = write_logs(root, n)
+        c0, w0 = time.process_time(), time.perf_counter()
+        report = triage([root])
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    p = report.verdict.primary
+    return {"n": n, "logs": cpu, "logs_wall": wall, "logs_bytes": total, "logs_summary": report.verdict.summary,
+            "logs_rank": p.who.rank if p is not None else None,
+            "logs_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def sampling_child(n: int) -> dict[str, Any]:
+    return {"n": n, **sampling_rounds(n)}
+
+
+CHILDREN = {"stacks": child, "logs": logs_child, "sampling": sampling_child}
+
+
+def _run_child(n: int, part: str) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", str(n)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", str(n), part], capture_output=True,
+                          text=True,
                           timeout=1800, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if proc.returncode != 0:
         raise RuntimeError(f"scale child N={n} failed: {proc.stderr.strip()[-2000:]}")
@@ -386,22 +416,35 @@ def _run_child(n: int) -> dict[str, Any]:
 
 
 def run() -> list[Result]:
-    rows = [_run_child(n) for n in SIZES]
+    rows = []
+    for n in SIZES:
+        row: dict[str, Any] = {}
+        for part in CHILDREN:
+            row.update(_run_child(n, part))
+        rows.append(row)
     ns = [r["n"] for r in rows]
     out = []
     labels = {"merge": "stack merge + verdict", "fr_analysis": "flight recorder analysis",
               "fr_section": "flight recorder section (+ behind)", "ranges": "rank ranges compress+expand",
-              "hostlist": "hostlist compress+expand (N/8 nodes)"}
+              "hostlist": "hostlist compress+expand (N/8 nodes)",
+              "logs": "mldebug logs, one 64 KiB file per rank (CPU)",
+              "top_round": "top round: N/8 node samples parsed + table + outliers",
+              "watch_round": "watch round: N/8 node samples parsed + stall/straggler decisions"}
     for key, label in labels.items():
         ts = [r[key] for r in rows]
         k = exponent(ns, ts) if len(ns) > 1 else float("nan")
         goal = GOALS.get(key)
         at = ", ".join(f"{n // 1024 if n >= 1024 else n}{'k' if n >= 1024 else ''} {t * 1e3:.1f} ms"
                        for n, t in zip(ns, ts, strict=True))
-        verdict = "met" if k <= EXPONENT_GOAL and (goal is None or ts[-1] < goal) else "NOT MET"
+        verdict = "PASS" if k <= EXPONENT_GOAL and (goal is None or ts[-1] < goal) else "FAIL"
         goal_text = f"; goal at {ns[-1]}: < {goal} s" if goal else ""
         out.append(Result(f"scale: {label} (exponent)", k,
                           f"{at}; goal k <= {EXPONENT_GOAL}{goal_text}: {verdict}"))
+    walls = [r["logs_wall"] for r in rows]
+    out.append(Result("scale: mldebug logs wall time (exponent)", exponent(ns, walls) if len(ns) > 1 else float("nan"),
+                      ", ".join(f"{n} files {w:.1f} s" for n, w in zip(ns, walls, strict=True))
+                      + f"; peak RSS {rows[-1]['logs_rss_mib']:.0f} MiB at {ns[-1]}; goal < 15 s: "
+                      + ("PASS" if walls[-1] < GOALS["logs"] else "FAIL")))
     rss = [r["rss_mib"] for r in rows]
     out.append(Result("scale: client peak RSS (MiB / goal)", rss[-1] / RSS_GOAL_MIB,
                       ", ".join(f"{n} ranks {m:.0f} MiB" for n, m in zip(ns, rss, strict=True))
@@ -410,11 +453,14 @@ def run() -> list[Result]:
     c = culprits(last["n"])
     named = dict(last["fr_culprits"])
     right = named.get(c["not_enqueued"]) == "not-enqueued" and named.get(c["desync"]) == "desync" \
-        and f"rank {c['stack']} " in last["verdict"]
+        and f"rank {c['stack']} " in last["verdict"] and last["logs_rank"] == c["logs"] \
+        and [tuple(x) for x in last["top_outliers"]] == [(c["slow"], "step_rate"), (c["stalled"], "step_rate")] \
+        and [tuple(x[1]) for x in last["watch_incidents"]] == [(c["slow"], c["stalled"]), (c["stalled"],)]
     out.append(Result("scale: culprits named at the largest size", 1.0 if right else 0.0,
-                      f"verdict: {last['verdict'][:100]}...; flight recorder: {last['fr_culprits']}"))
+                      f"verdict: {last['verdict'][:80]}...; flight recorder: {last['fr_culprits']}; logs: "
+                      f"{last['logs_summary'][:70]}...; top: {last['top_outliers']}; watch: {last['watch_incidents']}"))
     return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(child(int(sys.argv[1]))))
+    print(json.dumps(CHILDREN[sys.argv[2] if len(sys.argv) > 2 else "stacks"](int(sys.argv[1]))))

@@ -32,8 +32,9 @@ from typing import Any
 
 from ml_debug.core import safefs
 from ml_debug.core.frfiles import DIR_VAR, NCCL_FILE_VARS, NCCL_PIPE_VAR, dump_name, trigger_name
+from ml_debug.core.gcpause import gc_paused
 from ml_debug.core.safefs import Owner, Refused
-from ml_debug.stacks.fr_analysis import analyse, compact, gc_paused
+from ml_debug.stacks.fr_analysis import analyse, compact
 
 FR_DIR_VAR = DIR_VAR
 NCCL_FILE_DEFAULT = "/tmp/nccl_trace_rank_"

@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ml_debug.core.gcpause import gc_paused
 from ml_debug.core.ranges import compress
 from ml_debug.sampling.sample import GpuSample, NodeSample, ProgressFile, RankSample
 
@@ -404,6 +405,10 @@ class Tracker:
     def evaluate(self, now: float) -> Incident | None:
         """Update every rank's status; the incident to act on now, if any (each rank/node reported once
         until it recovers)."""
+        with gc_paused():  # 16k ranks judged: many small objects (core/gcpause.py)
+            return self._evaluate(now)
+
+    def _evaluate(self, now: float) -> Incident | None:
         self._judge_rates()
         self.check_nodes(now)
         watching = now - self.started >= self.grace
@@ -509,6 +514,10 @@ class Tracker:
                 + (f"; not answering: {', '.join(silent)}" if silent else ""))
 
     def snapshot(self, now: float) -> dict[str, Any]:
+        with gc_paused():
+            return self._snapshot(now)
+
+    def _snapshot(self, now: float) -> dict[str, Any]:
         ranks = sorted(self.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.host, r.pid))
         return {"ranks": [r.as_dict(now) for r in ranks],
                 "nodes": [n.as_dict() for n in sorted(self.nodes.values(), key=lambda n: n.label)],
