@@ -212,3 +212,42 @@ def test_logs_of_4k_ranks_one_file_each_name_the_rank_whose_cuda_error_came_firs
     assert ": RuntimeError: CUDA error: an illegal memory access was encountered (" in report.verdict.summary
     assert f"{N - 1} x \"Connection reset by peer\"" in report.verdict.summary
     assert report.ranks_seen == f"0-{N - 1}" and report.world_size == N and len(report.sources) == N
+
+
+def test_top_and_watch_rounds_over_512_nodes_name_the_slow_and_the_stalled_rank_of_4k() -> None:
+    got = job.sampling_rounds(N, rounds=5)  # a straggler after 3 samples, the stall after 10 s (5 x 2 s)
+    slow, stalled = ODD["slow"], ODD["stalled"]
+    # top: the two ranks whose step rate is far below the median; the 4,094 at the median are not outliers
+    assert got["top_outliers"] == [(slow, "step_rate"), (stalled, "step_rate")]
+    # watch: first both below 1/2 of the median rate for 3 samples, then the one whose file stopped: stalled
+    assert got["watch_incidents"] == [("straggler", [slow, stalled]), ("stall", [stalled])]
+
+
+def test_a_value_at_the_median_is_no_outlier_even_with_a_floor_of_zero() -> None:
+    from ml_debug.top.outliers import far_from_median
+
+    assert far_from_median([(i, 2.0) for i in range(6)], floor=0.0, ratio=2.0, z=3.5, min_peers=3, high=False) == []
+    (far,) = far_from_median([*((i, 2.0) for i in range(6)), (9, 0.4)], floor=0.0, ratio=2.0, z=3.5, min_peers=3,
+                             high=False)
+    assert (far.key, far.value, far.median) == (9, 0.4, 2.0)
+
+
+def test_watch_marks_a_nodes_missing_rank_exited_and_tolerates_ranks_its_owner_removed() -> None:
+    from ml_debug.sampling.sample import NodeSample
+    from ml_debug.watch.model import Tracker
+
+    t = Tracker(stall=60.0, grace=0.0, straggler_factor=2.0, interval=2.0, node_timeout=30.0, started=0.0)
+    a, b = (NodeSample.from_json(job.node_sample(i, 64, 1)) for i in (0, 1))
+    t.add_node("a", a, 1.0)
+    t.add_node("b", b, 1.0)
+    t.take_events()
+    del t.ranks["a:50003"]  # as the exporter forgets an exited rank
+    a2 = NodeSample.from_json(job.node_sample(0, 64, 2))
+    a2.ranks = [r for r in a2.ranks if r.pid not in (50003, 50005)]
+    t.add_node("a", a2, 3.0)
+    assert t.take_events() == ["rank 5 (gpu00001, pid 50005) exited"]
+    assert [k for k, r in t.ranks.items() if r.status == "exited"] == ["a:50005"]
+    t.add_node("a", NodeSample.from_json(job.node_sample(0, 64, 3)), 5.0)  # rank 3 comes back: watched again
+    assert t.take_events() == ["watching rank 3 (gpu00001, pid 50003)"]
+    assert list(t.ranks)[-1] == "a:50003" and t.ranks["a:50005"].status == "ok"
+    assert all(r.status == "ok" for k, r in t.ranks.items() if k.startswith("b:"))
