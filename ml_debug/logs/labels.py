@@ -24,6 +24,7 @@ modification time.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import re
 from dataclasses import dataclass, replace
 
@@ -101,22 +102,24 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
         if m0:
             node = m0.group(1)
             pos = m0.end()
-    ms = _STREAM_TAG.match(line, pos)
+    # each expression is tried only where its first characters are (the same answers, fewer calls)
+    ms = _STREAM_TAG.match(line, pos) if "[std" in line else None
     if ms:
         if ms.group("src") and node is None:
             node = ms.group("src").rsplit(".", 1)[-1]  # <job>.<node>: the node is the last part
         pos = ms.end()
-    m = _SRUN.match(line, pos)
+    c = line[pos:pos + 1]
+    m = _SRUN.match(line, pos) if c == " " or c.isdigit() else None
     if m:
         task = int(m.group(1))
         pos = m.end()
-    mt = _MPI_TAG.match(line, pos)
+    mt = _MPI_TAG.match(line, pos) if line.startswith("[", pos) else None
     if mt:
         rank = int(mt.group(1))
         pos = mt.end()
-    m2 = _TORCH_RANK.match(line, pos)
+    m2 = _TORCH_RANK.match(line, pos) if line.startswith("[rank", pos) else None
     if not m2:
-        m1 = _ROLE.match(line, pos)
+        m1 = _ROLE.match(line, pos) if line.startswith("[", pos) else None
         # "[1]:" alone is torchrun's failure summary numbering its entries, not a label
         if m1 and (m1.group("role") or (m1.group("colon") and m1.end() < len(line))):
             role = m1.group("role")
@@ -128,7 +131,7 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
             elif task is not None and node is None:
                 node = srun_task_node(task)  # srun started one agent per node: the task is a node
             pos = m1.end()
-        m2 = _TORCH_RANK.match(line, pos)
+        m2 = _TORCH_RANK.match(line, pos) if line.startswith("[rank", pos) else None
     if m2:
         rank = int(m2.group(1))
         pos = m2.end()
@@ -179,8 +182,16 @@ def _fraction(digits: str | None) -> float:
 
 
 def _local(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: float) -> float | None:
+    t = _local_second(year, month, day, hh, mm, ss)
+    return None if t is None else t + frac
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_second(year: int, month: int, day: int, hh: int, mm: int, ss: int) -> float | None:
+    """The Unix time of a local date and time (kept: the ranks of a job log the same seconds, and the
+    local-time conversion is most of what reading a time stamp costs)."""
     try:
-        return _dt.datetime(year, month, day, hh, mm, ss).timestamp() + frac
+        return _dt.datetime(year, month, day, hh, mm, ss).timestamp()
     except (ValueError, OverflowError):
         return None
 
