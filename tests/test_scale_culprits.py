@@ -152,11 +152,17 @@ def test_one_entry_pool_for_every_node_shares_equal_entries_across_nodes_and_4k_
     from ml_debug.stacks.fr_analysis import EntryPool
     from ml_debug.stacks.report import read_node_document
 
+    def copied(r: dict[str, Any]) -> dict[str, Any]:  # new lists, the same (per rank distinct) entries
+        if "collectives" not in r:  # the rank whose dump never came
+            return dict(r)
+        return {**r, "collectives": [{**g, "entries": list(g["entries"])} for g in r["collectives"]]}
+
     pool = EntryPool()  # as dump-stacks reads its nodes: one pool for the run
     read = [r for node in range(N // job.PER_NODE)
-            for r in read_node_document({"processes": [], **job.fr_node(node, N)}, job.host_of(node * 8),
-                                        pool=pool).fr_records]
+            for r in read_node_document({"processes": [], "flight_recorder": {"ranks": [
+                copied(x) for x in fr_records[node * 8:node * 8 + 8]]}}, job.host_of(node * 8), pool=pool).fr_records]
     assert read == fr_records
+    assert fr_records[0]["collectives"][3]["entries"][0] is not fr_records[32]["collectives"][3]["entries"][0]
     # rank 0 (node 1) and rank 32 (node 5) are in one DP group: their entries are now the same objects,
     # and so are two TP groups' on nodes far apart
     for a, b, g in ((0, 32, 3), (0, 8 * 300, 1)):
