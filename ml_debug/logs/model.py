@@ -51,6 +51,8 @@ class Who:
 
     def merged(self, other: Who) -> Who:
         """This identity with the gaps filled from ``other``."""
+        if self.rank is None and self.node is None and self.local_rank is None:
+            return other  # no label: the source's identity (a frozen value, shared as it is)
         return Who(self.rank if self.rank is not None else other.rank, self.node or other.node,
                    self.local_rank if self.local_rank is not None else other.local_rank)
 

@@ -134,9 +134,19 @@ def _is_reversed(lines: list[str]) -> bool:
 
     day = _dt.date.today()
     step = max(1, len(lines) // 40)  # a few dozen lines say which way time goes
-    times = [t for ln in lines[::step] if (t := find_time(ln[:60], day)) is not None]
-    up = sum(1 for a, b in zip(times, times[1:], strict=False) if b > a)
-    down = sum(1 for a, b in zip(times, times[1:], strict=False) if b < a)
+    picked = lines[::step]
+    up = down = 0
+    prev: float | None = None
+    for i, ln in enumerate(picked):
+        t = find_time(ln[:60], day)
+        if t is None:
+            continue
+        if prev is not None:
+            up += t > prev
+            down += t < prev
+        prev = t
+        if down + len(picked) - 1 - i <= 3 * up:  # the rest cannot turn it: most logs stop after a few lines
+            return False
     return down >= 3 and down > 3 * up
 
 
@@ -146,10 +156,15 @@ def _node_prefixed(lines: list[str]) -> bool:
     if len(body) < 3:
         return False
     names: Counter[str] = Counter()
+    misses, most = 0, 0.3 * len(body)
     for ln in body:
         m = NODE_PREFIX.match(ln)
         if m and not _NOT_A_NODE.search(m.group(1)) and not m.group(1).startswith(("pdsh", "srun")):
             names[m.group(1)] += 1
+        else:
+            misses += 1
+            if misses > most:  # fewer than 70% can be prefixed now
+                return False
     return sum(names.values()) >= 0.7 * len(body) and len(names) <= max(2, len(body) // 4)
 
 
@@ -179,7 +194,8 @@ def sniff(head: bytes, complete: bool) -> Damage:
         if sum(1 for ln in lines if ln.startswith(">")) >= 0.8 * len([ln for ln in lines if ln.strip()]):
             d.quoted = True  # numbers outside the quoting
             lines = _unquote(lines)
-    lines = [_TMUX.sub("", ln) for ln in lines]
+    # only a line ending in "]" can end in a tmux counter: the others skip the regular expression
+    lines = [_TMUX.sub("", ln) if ln.rstrip().endswith("]") else ln for ln in lines]
     d.wrap_width = _wrap_width(lines, complete or len(head) <= SNIFF_BYTES)
     if d.wrap_width:
         lines, _ = _unwrap(lines, d.wrap_width)

@@ -30,10 +30,13 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+# Each reader first takes the common case (None, or exactly the type: a bool is no int) in one test: a
+# round of 2,048 nodes reads ~600k fields; what is left goes through the full checks.
+
 def _opt_int(d: dict[str, Any], key: str) -> int | None:
     v = d.get(key)
-    if v is None:
-        return None
+    if v is None or type(v) is int:
+        return v
     if isinstance(v, bool) or not isinstance(v, int):
         raise SampleError(f"{key} is {v!r}, not a whole number")
     return v
@@ -48,8 +51,8 @@ def _req_int(d: dict[str, Any], key: str, where: str) -> int:
 
 def _opt_float(d: dict[str, Any], key: str) -> float | None:
     v = d.get(key)
-    if v is None:
-        return None
+    if v is None or type(v) is float or type(v) is int:
+        return v
     if not _num(v):
         raise SampleError(f"{key} is {v!r}, not a number")
     return v  # an int stays an int: the wire format keeps what was sent
@@ -57,8 +60,8 @@ def _opt_float(d: dict[str, Any], key: str) -> float | None:
 
 def _opt_str(d: dict[str, Any], key: str) -> str | None:
     v = d.get(key)
-    if v is None:
-        return None
+    if v is None or type(v) is str:
+        return v
     if not isinstance(v, str):
         raise SampleError(f"{key} is {v!r}, not text")
     return v

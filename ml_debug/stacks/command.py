@@ -17,6 +17,7 @@ from typing import Any
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
 from ml_debug.remote.targets import TargetSpec
+from ml_debug.stacks.fr_analysis import EntryPool
 from ml_debug.stacks.report import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -114,6 +115,7 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
     nodes: list[NodeSummary] = []
     processes: list[ProcessSamples] = []
     fr_records: list[dict[str, Any]] = []
+    pool = EntryPool()  # equal Flight Recorder entries of all nodes kept once: compared by identity
     for r in results:
         doc = r.document
         body = doc.get("result") if isinstance(doc, dict) else None
@@ -121,7 +123,7 @@ def dump_stacks_result(spec: TargetSpec, req: DumpRequest, out_dir: Path | None 
             nodes.append(failed_node(r.node.host, r.error or "no dump-stacks result in its output"))
             continue
         try:  # e.g. another mldebug version: its data is used, the difference said in its notes
-            part = read_node_document(body, r.node.host, r.error)
+            part = read_node_document(body, r.node.host, r.error, pool=pool)
         except (KeyError, TypeError, ValueError) as e:
             nodes.append(failed_node(r.node.host, f"its dump-stacks result could not be read ({type(e).__name__}: {e})"))
             continue

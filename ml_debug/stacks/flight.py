@@ -32,6 +32,7 @@ from typing import Any
 
 from ml_debug.core import safefs
 from ml_debug.core.frfiles import DIR_VAR, NCCL_FILE_VARS, NCCL_PIPE_VAR, dump_name, trigger_name
+from ml_debug.core.gcpause import gc_paused
 from ml_debug.core.safefs import Owner, Refused
 from ml_debug.stacks.fr_analysis import analyse, compact
 
@@ -179,7 +180,8 @@ def section(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     ranks = sorted(ranks, key=lambda r: (r.get("rank") is None, r.get("rank") or 0, r.get("host") or "",
                                          r.get("pid") or 0))
-    behind = behind_ranks(ranks)
+    with gc_paused():  # many small objects over a large heap: see gc_paused
+        behind = behind_ranks(ranks)
     got = sum(1 for r in ranks if r.get("ok"))
     if behind:
         evidence = "flight recorder: " + "; ".join(describe_behind(b) for b in behind)

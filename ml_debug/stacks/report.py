@@ -19,7 +19,7 @@ from ml_debug.core.errors import ExitCode
 from ml_debug.procs.find import FoundProcess
 from ml_debug.stacks.collect import NodeDump
 from ml_debug.stacks.flight import section
-from ml_debug.stacks.fr_analysis import share_entries
+from ml_debug.stacks.fr_analysis import EntryPool, share_entries
 from ml_debug.stacks.loop_order import LoopOrder, RankFrames, loop_order
 from ml_debug.stacks.merge import Analysis, Member, Suspect, analyse, member_state
 from ml_debug.stacks.model import Frame, ProcessDump, dump_from_json
@@ -230,16 +230,18 @@ class NodeDocument:
     fr_records: list[dict[str, Any]]
 
 
-def read_node_document(body: dict[str, Any], target: str, note: str | None = None) -> NodeDocument:
+def read_node_document(body: dict[str, Any], target: str, note: str | None = None, *,
+                       pool: EntryPool | None = None) -> NodeDocument:
     """The parts of a node's `dump-stacks --local --json` result; `target`: the name it was reached by,
-    `note`: said on each of its nodes (e.g. that it runs another mldebug version).
+    `note`: said on each of its nodes (e.g. that it runs another mldebug version); `pool`: one for all
+    the nodes of a run, so that equal Flight Recorder entries of every node are kept once.
 
     Raises KeyError, TypeError or ValueError when the document lacks what every version writes."""
     nodes = [_node_from_json(n, target, note) for n in body.get("nodes") or []]
     processes = [_process_from_json(p) for p in body["processes"]]
     fr = body.get("flight_recorder") or {}
     fr_records = list(fr.get("ranks") or [])
-    share_entries(fr_records)  # a node's ranks issue the same collectives: kept once (16k ranks: 3 GiB -> 0.5)
+    share_entries(fr_records, pool)  # the ranks issue the same collectives: kept once (16k ranks: 3 GiB -> 0.8)
     return NodeDocument(nodes=nodes, processes=processes, fr_records=fr_records)
 
 

@@ -70,7 +70,9 @@ def far_from_median(values: Sequence[tuple[Any, float]], *, floor: float, ratio:
     out = []
     for key, v in values:
         diff = v - med
-        if abs(diff) < floor or (diff > 0 and not high) or (diff < 0 and not low):
+        # a value at the median is never far from it (with a floor of 0, step rates: a synchronous job's
+        # ranks all step at the same rate, and each was reported "1.00x: slower than its peers")
+        if diff == 0 or abs(diff) < floor or (diff > 0 and not high) or (diff < 0 and not low):
             continue
         if diff > 0 and med > 0 and v < ratio * med:
             continue

@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ml_debug.core.gcpause import gc_paused
 from ml_debug.core.ranges import compress
 from ml_debug.sampling.sample import GpuSample, NodeSample, ProgressFile, RankSample
 
@@ -193,6 +194,12 @@ class Tracker:
         self.reported: set[tuple[str, str]] = set()  # (kind, rank key or node label) already in an incident
         self.samples = 0
         self.stack_rounds = 0
+        # per node, its ranks' keys in the order they were first seen (self.ranks's order): a node's sample
+        # looks at its own ranks only, not at every rank of the job (16k ranks, 2k nodes: 33M steps a round)
+        self._on_node: dict[str, dict[str, None]] = {}
+        self._with_files: set[str] = set()  # the nodes whose job-wide progress files are known
+        # (rank, its file) updated since the step rates were last judged: judged together against one median
+        self._to_rate: list[tuple[RankTrack, ProgressFile]] = []
 
     # -- input ----------------------------------------------------------------------------------
     def node(self, label: str) -> NodeTrack:
@@ -219,6 +226,11 @@ class Tracker:
             self.events.append(f"node {label} answers again")
         gpus = {g.index: g for g in sample.gpus}
         n.progress = [f for f in sample.progress if f.rank is None]
+        if n.progress:
+            self._with_files.add(label)
+        else:
+            self._with_files.discard(label)
+        mine = self._on_node.setdefault(label, {})
         seen: set[str] = set()
         for row in sample.ranks:
             key = f"{label}:{row.pid}"
@@ -229,10 +241,16 @@ class Tracker:
                                                 rank=row.rank, local_rank=row.local_rank,
                                                 world_size=row.world_size, first_seen=received,
                                                 last_progress=received)
+                mine.pop(key, None)  # (a key removed from self.ranks and seen again is last there too)
+                mine[key] = None
                 self.events.append(f"watching {r.label}")
             self._update_rank(r, row, gpus, n, received)
-        for key, r in self.ranks.items():
-            if r.node == label and key not in seen and r.status != "exited":
+        for key in list(mine):
+            r = self.ranks.get(key)
+            if r is None:  # removed by its owner (the exporter forgets exited ranks)
+                del mine[key]
+                continue
+            if key not in seen and r.status != "exited":
                 r.status, r.state = "exited", None
                 r.signs.append(f"exited by {clock(received)}")
                 self.events.append(f"{r.label} exited")
@@ -261,8 +279,8 @@ class Tracker:
                          "(a kernel spinning while it waits for a peer)")
         r.signs = signs
         own = row.progress
-        files = [own] if own else list(n.progress) + [f for other in self.nodes.values() if other is not n
-                                                      for f in other.progress]
+        files = [own] if own else list(n.progress) + ([f for other in self.nodes.values() if other is not n
+                                                       for f in other.progress] if self._with_files else [])
         r.file = own  # shown, an unreadable one with its error
         files = [f for f in files if not f.error]  # one that cannot be read says nothing: judge by CPU/GPU
         if files:
@@ -279,7 +297,7 @@ class Tracker:
                     step = f" (step {f.step})" if f.step is not None else ""
                     r.progress_why = f"{f.path} grew{step}"
             if own is not None and not own.error:
-                self._rate(r, own)
+                self._to_rate.append((r, own))
             return
         cpu = r.cpu_pct or 0.0
         working = [g for g in mine if (g.util_pct or 0) >= GPU_WORKING[0] and (g.power_pct or 0) >= GPU_WORKING[1]]
@@ -290,15 +308,24 @@ class Tracker:
         elif cpu >= CPU_ACTIVE_PCT and not spinning and r.state not in ("D", "Z", "T", "t"):
             r.last_progress, r.progress_why = received, f"CPU {cpu:.0f}%"
 
-    def _rate(self, r: RankTrack, f: ProgressFile) -> None:
-        rates = [rk.file.rate for rk in self.ranks.values()
-                 if rk.file and rk.file.rate is not None and rk.status != "exited"]
+    def _judge_rates(self) -> None:
+        """Each rank's step rate since the last judgement against the median of every rank's (computed
+        once: per rank, it made a round of a 16k-rank job cost 16k sorts of 16k rates)."""
+        todo, self._to_rate = self._to_rate, []
+        if not todo:
+            return
+        rates = sorted(rk.file.rate for rk in self.ranks.values()
+                       if rk.file and rk.file.rate is not None and rk.status != "exited")
+        median = None if len(rates) < 2 else rates[len(rates) // 2] if len(rates) % 2 else \
+            (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
+        for r, f in todo:
+            self._rate(r, f, median)
+
+    def _rate(self, r: RankTrack, f: ProgressFile, median: float | None) -> None:
         rate = f.rate
-        if self.factor <= 0 or rate is None or len(rates) < 2:
+        if self.factor <= 0 or rate is None or median is None:
             r.slow = 0
             return
-        median = sorted(rates)[len(rates) // 2] if len(rates) % 2 else \
-            (sorted(rates)[len(rates) // 2 - 1] + sorted(rates)[len(rates) // 2]) / 2
         if median > 0 and rate < median / self.factor:
             r.slow += 1
             r.straggler_why = (f"{rate:.3g} steps/s while the median rank makes {median:.3g} "
@@ -343,15 +370,22 @@ class Tracker:
     def _progressing(self, r: RankTrack, now: float) -> bool:
         return now - r.last_progress <= max(3 * self.interval, self.stall / 4)
 
-    def _stack_straggler(self, r: RankTrack, live: list[RankTrack], now: float) -> str | None:
+    def _stack_pool(self, live: list[RankTrack], now: float) -> tuple[list[RankTrack], bool, int, int]:
+        """The ranks with enough stack samples, whether all of them progress, and their samples and waits
+        in all: counted once a round, each rank's peers are these less itself."""
+        sampled = [o for o in live if len(o.stacks) >= MIN_STACK_SAMPLES]
+        return (sampled, all(self._progressing(x, now) for x in sampled), sum(len(o.stacks) for o in sampled),
+                sum(sum(s.in_collective for s in o.stacks) for o in sampled))
+
+    def _stack_straggler(self, r: RankTrack, pool: tuple[list[RankTrack], bool, int, int]) -> str | None:
         """Why `r` is a lockstep straggler (its peers wait for it in collectives), or None."""
+        sampled, progressing, n_all, w_all = pool
         if len(r.stacks) < MIN_STACK_SAMPLES:
             return None
-        others = [o for o in live if o is not r and len(o.stacks) >= MIN_STACK_SAMPLES]
-        if not others or not all(self._progressing(x, now) for x in [r, *others]):
+        if len(sampled) < 2 or not progressing:
             return None
         n_r, w_r = len(r.stacks), sum(s.in_collective for s in r.stacks)
-        n_o, w_o = sum(len(o.stacks) for o in others), sum(sum(s.in_collective for s in o.stacks) for o in others)
+        n_o, w_o = n_all - n_r, w_all - w_r
         p_r, p_o = w_r / n_r, w_o / n_o
         if p_o < STRAGGLER_OTHERS_WAIT or p_r > STRAGGLER_OWN_WAIT:
             return None
@@ -364,13 +398,18 @@ class Tracker:
             if not s.in_collective and s.where:
                 places[s.where] = places.get(s.where, 0) + 1
         top = max(places, key=lambda k: places[k]) if places else None
-        peers = _who(others)
+        peers = _who([o for o in sampled if o is not r])
         return (f"{peers} waited in collectives in {w_o} of {n_o} stack samples, it in {w_r} of {n_r}"
                 + (f" (mostly in {top}: {places[top]} of {n_r})" if top else ""))
 
     def evaluate(self, now: float) -> Incident | None:
         """Update every rank's status; the incident to act on now, if any (each rank/node reported once
         until it recovers)."""
+        with gc_paused():  # 16k ranks judged: many small objects (core/gcpause.py)
+            return self._evaluate(now)
+
+    def _evaluate(self, now: float) -> Incident | None:
+        self._judge_rates()
         self.check_nodes(now)
         watching = now - self.started >= self.grace
         live = [r for r in self.ranks.values() if r.status not in ("exited", "unknown")]
@@ -380,6 +419,7 @@ class Tracker:
         stall = min(self.stall, max(3 * self.interval, EXITED_STALL_S)) if exited else self.stall
         stalled: list[RankTrack] = []
         stragglers: list[RankTrack] = []
+        pool: tuple[list[RankTrack], bool, int, int] | None = None
         for r in live:
             idle = now - r.last_progress
             if watching and idle >= stall:
@@ -397,7 +437,9 @@ class Tracker:
                 if r.slow >= SLOW_SAMPLES:
                     why = r.straggler_why
                 else:
-                    why = self._stack_straggler(r, live, now)
+                    if pool is None:
+                        pool = self._stack_pool(live, now)
+                    why = self._stack_straggler(r, pool)
             if why:
                 if r.status != "straggler":
                     self.events.append(f"{r.label}: straggler: {why}")
@@ -472,6 +514,10 @@ class Tracker:
                 + (f"; not answering: {', '.join(silent)}" if silent else ""))
 
     def snapshot(self, now: float) -> dict[str, Any]:
+        with gc_paused():
+            return self._snapshot(now)
+
+    def _snapshot(self, now: float) -> dict[str, Any]:
         ranks = sorted(self.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.host, r.pid))
         return {"ranks": [r.as_dict(now) for r in ranks],
                 "nodes": [n.as_dict() for n in sorted(self.nodes.values(), key=lambda n: n.label)],

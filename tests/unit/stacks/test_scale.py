@@ -159,3 +159,119 @@ def test_the_whole_run_comparison_finds_what_comparing_number_by_number_finds(mo
     slow = [fr_analyse(c) for c in cases]
     assert fast == slow
     assert sum(1 for a in fast if a and a["process_groups"][0]["mismatch"]) > 50  # desyncs were there to find
+
+
+def test_one_entry_pool_for_every_node_shares_equal_entries_across_nodes_and_4k_culprits_stay_named(
+        fr_records: list[dict[str, Any]]) -> None:
+    from ml_debug.stacks.fr_analysis import EntryPool
+    from ml_debug.stacks.report import read_node_document
+
+    def copied(r: dict[str, Any]) -> dict[str, Any]:  # new lists, the same (per rank distinct) entries
+        if "collectives" not in r:  # the rank whose dump never came
+            return dict(r)
+        return {**r, "collectives": [{**g, "entries": list(g["entries"])} for g in r["collectives"]]}
+
+    pool = EntryPool()  # as dump-stacks reads its nodes: one pool for the run
+    read = [r for node in range(N // job.PER_NODE)
+            for r in read_node_document({"processes": [], "flight_recorder": {"ranks": [
+                copied(x) for x in fr_records[node * 8:node * 8 + 8]]}}, job.host_of(node * 8), pool=pool).fr_records]
+    assert read == fr_records
+    assert fr_records[0]["collectives"][3]["entries"][0] is not fr_records[32]["collectives"][3]["entries"][0]
+    # rank 0 (node 1) and rank 32 (node 5) are in one DP group: their entries are now the same objects,
+    # and so are two TP groups' on nodes far apart
+    for a, b, g in ((0, 32, 3), (0, 8 * 300, 1)):
+        assert all(x is y for x, y in zip(read[a]["collectives"][g]["entries"], read[b]["collectives"][g]["entries"],
+                                          strict=True))
+    desync = ODD["desync"]  # its odd entry stays its own
+    odd = read[desync]["collectives"][3]["entries"][-11]
+    assert odd["input_sizes"] == [[1 << 19]] and sum(1 for r in read if r.get("ok")
+                                                     and r["collectives"][3]["entries"][-11] is odd) == 1
+    import gc
+
+    gc.enable()  # (this module's fixture holds it off while the records are built)
+    try:
+        a = fr_analyse(read)
+        assert gc.isenabled()  # the collector, held off during the analysis, is back
+    finally:
+        gc.disable()
+    assert a == fr_analyse(fr_records)
+    assert a is not None and sorted((c["rank"], c["why"]) for c in a["culprits"]) == sorted(
+        [(ODD["not_enqueued"], "not-enqueued"), (desync, "desync")])
+    # more distinct entries under one number than the pool keeps: the rest stay unshared, unchanged
+    many = [{"rank": r, "ok": True, "collectives": [{"pg_id": "0", "entries": [
+        {"seq": 1, "op": "nccl:all_reduce", "input_sizes": [[r]], "state": "completed"}]}]} for r in range(40)]
+    before = [e for r in many for e in r["collectives"][0]["entries"]]
+    read_node_document({"processes": [], "flight_recorder": {"ranks": many}}, "y", pool=pool)
+    assert [e for r in many for e in r["collectives"][0]["entries"]] == before
+
+
+def test_lines_that_cannot_hold_a_label_skip_the_label_expressions_and_get_the_same_labels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from itertools import product
+
+    from ml_debug.logs import labels
+
+    heads = ["", " ", "   3: ", "3: ", "12 ", "12", "١٢: ", "[rank3]: ", "[rank3]:", "[default0]: ", "[node1:3 rank7]: ",
+             "[1,3]<stderr>: ", "job7.node12 [stderr] ", "[stdout] ", "2025-03-02 01:00:00,123 ",
+             "2025-03-02T01:00:00Z [rank2]: ", "2025-03-02 01:00:00,123 [INFO] ", "01:02:03 [default1]: ",
+             "[2024-05-01 03:14:07] ", "Jan  3 01:00:00 ", "node12: ", "[2024-05-01] ", "E0302 03:14:07.1 ", "x" * 70]
+    tails = ["", "Traceback (most recent call last):", "[INFO] step 3", "loss 1.0", ": x", "[stderr] y", "[1]: z",
+             "[rank5]: w", "3: v"]
+    lines = [h + t for h, t in product(heads, tails)]
+    fast = [(labels.split_label(ln), labels.split_label(ln, True)) for ln in lines]
+    assert sum(1 for ln in lines if labels._unlabelled(ln)) > 20  # the quick path was taken, and often
+    monkeypatch.setattr(labels, "_unlabelled", lambda _line: False)
+    assert fast == [(labels.split_label(ln), labels.split_label(ln, True)) for ln in lines]
+
+
+def test_logs_of_4k_ranks_one_file_each_name_the_rank_whose_cuda_error_came_first(tmp_path: Any) -> None:
+    from ml_debug.logs.triage import triage
+
+    job.write_logs(str(tmp_path), N, size=1024)  # bench_scale's files, shortened (it reads 16k of 64 KiB)
+    report = triage([str(tmp_path)])
+    odd = ODD["logs"]
+    primary = report.verdict.primary
+    assert primary is not None and primary.who.rank == odd and primary.who.node == job.host_of(odd)
+    assert report.verdict.summary.startswith(f"first failure: rank {odd} ({job.host_of(odd)}) at ")
+    assert ": RuntimeError: CUDA error: an illegal memory access was encountered (" in report.verdict.summary
+    assert f"{N - 1} x \"Connection reset by peer\"" in report.verdict.summary
+    assert report.ranks_seen == f"0-{N - 1}" and report.world_size == N and len(report.sources) == N
+
+
+def test_top_and_watch_rounds_over_512_nodes_name_the_slow_and_the_stalled_rank_of_4k() -> None:
+    got = job.sampling_rounds(N, rounds=5)  # a straggler after 3 samples, the stall after 10 s (5 x 2 s)
+    slow, stalled = ODD["slow"], ODD["stalled"]
+    # top: the two ranks whose step rate is far below the median; the 4,094 at the median are not outliers
+    assert got["top_outliers"] == [(slow, "step_rate"), (stalled, "step_rate")]
+    # watch: first both below 1/2 of the median rate for 3 samples, then the one whose file stopped: stalled
+    assert got["watch_incidents"] == [("straggler", [slow, stalled]), ("stall", [stalled])]
+
+
+def test_a_value_at_the_median_is_no_outlier_even_with_a_floor_of_zero() -> None:
+    from ml_debug.top.outliers import far_from_median
+
+    assert far_from_median([(i, 2.0) for i in range(6)], floor=0.0, ratio=2.0, z=3.5, min_peers=3, high=False) == []
+    (far,) = far_from_median([*((i, 2.0) for i in range(6)), (9, 0.4)], floor=0.0, ratio=2.0, z=3.5, min_peers=3,
+                             high=False)
+    assert (far.key, far.value, far.median) == (9, 0.4, 2.0)
+
+
+def test_watch_marks_a_nodes_missing_rank_exited_and_tolerates_ranks_its_owner_removed() -> None:
+    from ml_debug.sampling.sample import NodeSample
+    from ml_debug.watch.model import Tracker
+
+    t = Tracker(stall=60.0, grace=0.0, straggler_factor=2.0, interval=2.0, node_timeout=30.0, started=0.0)
+    a, b = (NodeSample.from_json(job.node_sample(i, 64, 1)) for i in (0, 1))
+    t.add_node("a", a, 1.0)
+    t.add_node("b", b, 1.0)
+    t.take_events()
+    del t.ranks["a:50003"]  # as the exporter forgets an exited rank
+    a2 = NodeSample.from_json(job.node_sample(0, 64, 2))
+    a2.ranks = [r for r in a2.ranks if r.pid not in (50003, 50005)]
+    t.add_node("a", a2, 3.0)
+    assert t.take_events() == ["rank 5 (gpu00001, pid 50005) exited"]
+    assert [k for k, r in t.ranks.items() if r.status == "exited"] == ["a:50005"]
+    t.add_node("a", NodeSample.from_json(job.node_sample(0, 64, 3)), 5.0)  # rank 3 comes back: watched again
+    assert t.take_events() == ["watching rank 3 (gpu00001, pid 50003)"]
+    assert list(t.ranks)[-1] == "a:50003" and t.ranks["a:50005"].status == "ok"
+    assert all(r.status == "ok" for k, r in t.ranks.items() if k.startswith("b:"))
