@@ -239,7 +239,8 @@ SUCCESS = [
     (["history", "--history", "{history}"], "history", 0),
     (["logs", "tests/data/logs/nccl_ib_two_nodes.log"], "logs", 0),
     (["exec", "--local", "--", "true"], "exec", 0),
-    (["top", "--local", "--once", "--interval", "0.2"], "top", 0),
+    # only processes no other test starts: a job of a test on another xdist worker would be judged too (exit 1)
+    (["top", "--local", "--once", "--interval", "0.2", "--pattern", "no-such-job-a7f3c2"], "top", 0),
     (["trace-tail", "{traces}"], "trace-tail", 0),
     (["launch", "--nproc-per-node", "1", "--", "x.py"], "error", 2),
 ]
