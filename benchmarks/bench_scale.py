@@ -282,10 +282,9 @@ def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
     lines parsed into NodeSample as the client's feeds do, then top's table model and outliers, or
     watch's tracker with its stall/straggler decisions and snapshot; no drawing), best of the last
     rounds; and what each found."""
+    from ml_debug.core.gcpause import tuned_for_rounds
     from ml_debug.remote.targets import Target, TargetSpec
-    from ml_debug.sampling.sample import NodeSample
     from ml_debug.sampling.streams import Feed
-    from ml_debug.top.model import snapshot
     from ml_debug.top.options import TopOptions
     from ml_debug.watch.model import Tracker
 
@@ -297,6 +296,15 @@ def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
     t0 = 1000.0
     tracker = Tracker(stall=10.0, grace=0.0, straggler_factor=2.0, interval=SAMPLE_INTERVAL, node_timeout=30.0,
                       started=t0)
+    with tuned_for_rounds():  # as the sampling Client (top, watch) runs its rounds
+        return _rounds(n, nodes, rounds, feeds, spec, opts, tracker, t0)
+
+
+def _rounds(n: int, nodes: int, rounds: int, feeds: list[Any], spec: Any, opts: Any, tracker: Any,
+            t0: float) -> dict[str, Any]:
+    from ml_debug.sampling.sample import NodeSample
+    from ml_debug.top.model import snapshot
+
     top_t, watch_t = math.inf, math.inf
     incidents: list[Any] = []
     result: dict[str, Any] = {}
@@ -344,8 +352,8 @@ def child(n: int) -> dict[str, Any]:
         t0 = time.process_time()
         doc = read_node_document(json.loads(text), host_of(i * PER_NODE), pool=pool)
         read += time.process_time() - t0
-        members += [Member(host=t.host, pid=t.pid, rank=t.rank, local_rank=t.local_rank, world_size=t.world_size,
-                           samples=samples) for t, samples in doc.processes]
+        members += [Member(host=p.target.host, pid=p.target.pid, rank=p.target.rank, local_rank=p.target.local_rank,
+                           world_size=p.target.world_size, samples=p.samples) for p in doc.processes]
         records += doc.fr_records
     repeat = 7 if n <= 1024 else 5 if n <= 4096 else 3  # best of: the small sizes are the noisiest
     out: dict[str, Any] = {"n": n, "read": read}

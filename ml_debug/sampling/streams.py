@@ -15,6 +15,7 @@ started again after a back-off in the live view; a node that stops sending is no
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ml_debug import __version__
+from ml_debug.core.gcpause import tuned_for_rounds
 from ml_debug.core.options import to_argv
 from ml_debug.remote.runner import MISSING_HINT, build_script, mldebug_base
 from ml_debug.remote.slurm import stream_argv
@@ -244,6 +246,7 @@ class Client:
         self._pool: Any = None
         self._script = remote_script(opts, spec)
         self._reader = threading.Thread(target=self._read_loop, name="mldebug-top-reader", daemon=True)
+        self._gc = contextlib.ExitStack()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Client:
@@ -254,6 +257,7 @@ class Client:
         self.close()
 
     def start(self) -> None:
+        self._gc.enter_context(tuned_for_rounds())  # thousands of samples a round (core/gcpause.py)
         if self.spec.kind == "ssh":
             from ml_debug.remote.ssh import SshPool
 
@@ -284,6 +288,7 @@ class Client:
                 os.close(fd)
             except OSError:
                 pass
+        self._gc.close()
 
     # -- connecting ----------------------------------------------------------------------------
     def _connect_later(self, feed: Feed) -> None:
