@@ -31,7 +31,7 @@ def gc_paused() -> Iterator[None]:
 # round, all kept until the next) would otherwise run a young collection every 700 allocations and walk
 # its whole start-up heap (rich, typer, paramiko...) in every full one. The samples are acyclic: reference
 # counting frees them. 16k ranks, one round's client CPU (`python benchmarks/run.py scale`): top
-# 0.73-0.87 -> 0.42-0.44 s, watch 0.76-0.94 -> 0.47 s.
+# 0.73-0.87 -> 0.42-0.45 s, watch 0.76-0.94 -> 0.47-0.49 s.
 ROUND_THRESHOLDS = (200_000, 50, 100)
 
 
