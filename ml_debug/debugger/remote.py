@@ -37,7 +37,7 @@ def prompt_remote(opts: AttachOptions, spec: TargetSpec, prompt: Prompt) -> Atta
         raise NodeRefused(f"{found.host}: {found.error or found.summary}", found.hint, found.exit_code)
     target = next(t for t in spec.targets if t.label == label)
     return read_process(opts, found.pid, found.rank, found.ranks_here, found.host, prompt=prompt,
-                        link=opener(spec, target, found.pid))
+                        link=opener(spec, target, found.pid, opts.attach_timeout))
 
 
 def _on_the_rank_node(opts: AttachOptions, spec: TargetSpec) -> tuple[AttachResult, str]:

@@ -221,12 +221,13 @@ class SrunLink:
                 self.proc.stderr.close()
 
 
-def opener(spec: TargetSpec, target: Target, pid: int) -> Any:
-    """A link factory for :class:`~ml_debug.debugger.session.Session`: the agent on `target`, for `pid`."""
+def opener(spec: TargetSpec, target: Target, pid: int, attach_timeout: float) -> Any:
+    """A link factory for :class:`~ml_debug.debugger.session.Session`: the agent on `target`, for `pid`;
+    its first line is awaited for the connection's time plus `attach_timeout` (--attach-timeout)."""
     script = agent_script(spec, pid)
 
     def open_link() -> SshLink | SrunLink:
-        deadline = time.monotonic() + spec.connect_timeout_s + 30.0
+        deadline = time.monotonic() + spec.connect_timeout_s + attach_timeout
         if spec.kind == "ssh":
             return SshLink(spec, target, script, deadline)
         if spec.kind == "slurm":

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,15 +73,21 @@ def _parts() -> None:
     require(shutil.which("gdb"), "gdb (debugpy injects itself into a running process with gdb)")
 
 
-def _debugger_processes() -> list[str]:
-    """Every debugpy adapter or injector on this machine (none may outlive an attach)."""
+def processes_matching(match: Callable[[str], bool]) -> list[str]:
+    """"PID command line" of every process on this machine whose command line `match`es."""
     psutil = require_module("psutil")
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "debugpy.adapter" in cmd or "debugpy --connect" in cmd or ("debugpy" in cmd and "--pid" in cmd):
+        if match(cmd):
             out.append(f"{p.pid} {cmd}")
     return out
+
+
+def _debugger_processes() -> list[str]:
+    """Every debugpy adapter or injector on this machine (none may outlive an attach)."""
+    return processes_matching(lambda cmd: "debugpy.adapter" in cmd or "debugpy --connect" in cmd
+                              or ("debugpy" in cmd and "--pid" in cmd))
 
 
 def _listening(pid: int) -> list[object]:

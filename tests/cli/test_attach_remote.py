@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_attach import _parts
-from tests.conftest import main_thread_functions, mldebug, require_module, validate_schema, wait_until
+from tests.cli.test_attach import _parts, processes_matching
+from tests.conftest import main_thread_functions, mldebug, validate_schema, wait_until
 from tests.rig.fixtures import HungJob
 
 # every test counts the debugger processes of the whole machine (conftest.exclusive)
@@ -49,13 +49,8 @@ def job(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 
 def _leftovers(job: HungJob) -> list[str]:
     """Agents, adapters and srun steps of an attach still running, here or in the job's nodes."""
-    psutil = require_module("psutil")
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "--dap-agent" in cmd or "debugpy" in cmd or ("mldebug-attach" in cmd and "srun" in cmd):
-            out.append(f"{p.pid} {cmd}")
-    return out
+    return processes_matching(lambda cmd: "--dap-agent" in cmd or "debugpy" in cmd
+                              or ("mldebug-attach" in cmd and "srun" in cmd))
 
 
 def _listening(root_pid: int) -> set[str]:
