@@ -1,4 +1,4 @@
-"""`mldebug logs` on 1 GB of job logs: 512 ranks x 2 MB, generated, triaged in one process.
+"""`mldebug logs` on 1 GB of job logs: 512 ranks x 2 MB, generated, triaged in one process (`--jobs 1`).
 
     python benchmarks/run.py logs
     python benchmarks/bench_logs.py [--ranks 512] [--mb-per-rank 2]
@@ -11,7 +11,8 @@ temporary directory, which is deleted at the end.
 
 Printed: the wall and CPU time of the triage and its peak RSS (the triage runs in a child process,
 so the peak is its own), beside `grep -c` over the same files for the same words (a floor: grep
-reads every byte once and understands nothing). The verdict is checked: the benchmark fails if the
+reads every byte once and understands nothing). One reader, to compare with one grep: `mldebug logs` reads
+logs this large with one reader process per CPU by default (`python benchmarks/run.py scale` measures that). The verdict is checked: the benchmark fails if the
 triage names the wrong rank.
 """
 
@@ -133,11 +134,11 @@ def generate(root: Path, ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RAN
 
 
 def _triage(root: Path) -> tuple[float, float, int, dict[str, object]]:
-    """(wall s, CPU s, peak RSS bytes, verdict) of `mldebug --json logs root` in a child process."""
+    """(wall s, CPU s, peak RSS bytes, verdict) of `mldebug --json logs --jobs 1 root` in a child process."""
     code = ("import json, resource, sys, time\n"
             "from ml_debug.logs.triage import triage\n"
             "t0, c0 = time.perf_counter(), time.process_time()\n"
-            "report = triage([sys.argv[1]])\n"
+            "report = triage([sys.argv[1]], jobs=1)\n"
             "wall, cpu = time.perf_counter() - t0, time.process_time() - c0\n"
             "from ml_debug.core.output import to_jsonable\n"
             "v = to_jsonable(report.verdict)\n"

@@ -48,7 +48,8 @@ def logs(opts: LogsOptions) -> int:
     if opts.rank is not None or opts.node is not None:
         return _demux(opts)
     with output.progress(None, "reading logs") as bar:
-        report = triage(list(opts.paths), on_source=lambda i, n: bar.advance(1, f"reading logs ({i + 1}/{n})"))
+        report = triage(list(opts.paths), jobs=opts.jobs,
+                        on_source=lambda i, n: bar.advance(1, f"reading logs ({i + 1}/{n})"))
     output.emit(SCHEMA, SCHEMA_VERSION, report,
                 lambda console: render(report, console, full=opts.full, tracebacks=opts.tracebacks))
     if report.verdict.failed:
@@ -84,7 +85,7 @@ def _demux(opts: LogsOptions) -> int:
         sys.stdout.write(visible(text, keep="\t") + "\n")  # a job's \r, \b, ESC, U+009B shown, not obeyed
 
     # the text view streams every line; a JSON document is built in memory, so it holds at most a bound
-    got = demux(list(opts.paths), rank=opts.rank, node=opts.node, emit=emit,
+    got = demux(list(opts.paths), rank=opts.rank, node=opts.node, emit=emit, jobs=opts.jobs,
                 limit=MAX_DEMUX_LINES if output.MODE.json else None)
     if not got["lines"]:
         raise UsageError(f"no line of {who_of(opts)} in {' '.join(opts.paths)}",

@@ -22,6 +22,9 @@ the context as keyword arguments. The product calls these points where a fault w
 ``logs_verdict(verdict) -> Verdict | None``
     `mldebug logs`' verdict as its rules found it; a verdict replaces it (a test switches the rule off
     to see that `mldebug drill` reports a crash drill as missed);
+``logs_reader_share(share)``
+    an `mldebug logs` reader process is about to read share number ``share`` (a hook may end the reader,
+    to see that its shares are read again and nothing is lost);
 ``nvml_backend() -> (backend, source) | None``
     a pynvml look-alike for the NVML gateway, and the source it reports (``fake:<source>``).
 
@@ -47,9 +50,10 @@ BENCH_TIMED_REGION = "bench_timed_region"
 BENCH_VERIFY_RESULT = "bench_verify_result"
 BENCH_PAIR_EXCHANGE = "bench_pair_exchange"
 LOGS_VERDICT = "logs_verdict"
+LOGS_READER_SHARE = "logs_reader_share"
 NVML_BACKEND = "nvml_backend"
 POINTS = (GPU_TEST_STAGE_START, GPU_TEST_CONTRIBUTION, BENCH_TIMED_REGION, BENCH_VERIFY_RESULT,
-          BENCH_PAIR_EXCHANGE, LOGS_VERDICT, NVML_BACKEND)
+          BENCH_PAIR_EXCHANGE, LOGS_VERDICT, LOGS_READER_SHARE, NVML_BACKEND)
 
 _loaded: tuple[str, tuple[ModuleType, ...]] | None = None
 

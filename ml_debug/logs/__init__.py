@@ -6,6 +6,8 @@
 - ``labels.py``: the per-line labels launchers add (``srun --label``, torchrun ``--tee``/``--role``,
   torch's own ``[rankN]:``) and the time stamps log lines carry.
 - ``scan.py``: one streaming pass per source; only lines that can matter reach Python code.
+- ``readers.py``: every source read into one collector, here or by reader processes (one per CPU for
+  large logs), their collectors taken in in source order.
 - ``events.py``: failure events from those lines (tracebacks kept whole, torchrun's failure summary,
   Slurm's messages), each classed primary (a cause) or secondary (a consequence of a peer).
 - ``nccl.py``: what ``NCCL_DEBUG=INFO`` lines say about versions, transports, rings and trees, and the

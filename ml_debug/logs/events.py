@@ -289,7 +289,7 @@ class Collector:
         self.launch_world: int | None = None  # nnodes x nproc-per-node from `mldebug launch` manifests
         self.launch_exit: int | None = None  # the exit code the `mldebug launch` manifests record
         self.nodes_seen: set[str] = set()
-        self.sampled: set[tuple[int, Who]] = set()  # (source index, who) of labels sampled from ordinary lines
+        self.sampled: dict[tuple[int, Who], None] = {}  # (source index, who) of labels sampled from ordinary lines
         self.last_work: dict[int, tuple[int, int]] = {}
         self.repairs: dict[int, dict[str, int]] = {}  # source index -> what was cut off lines -> how many
         self.launchers: dict[int, set[str]] = {}  # source index -> the launchers whose lines it holds
@@ -316,6 +316,44 @@ class Collector:
         """The source ended: whatever is still open becomes an event as it stands."""
         for key in list(self._blocks):
             self._close(key)
+
+    def absorb(self, later: Collector) -> int:
+        """Take in what ``later`` collected from the sources that come after this collector's (another
+        reader process's share, readers.py): the result is what one collector reading all of them in order
+        would hold. Facts kept by source index are disjoint; the first word on a rank's node, local rank or
+        srun host stays (``setdefault``), the last word on a rank's progress wins; the caps hold as if
+        one collector had read everything. Returns how many of ``later``'s events were kept (the first ones)."""
+        room = max(0, MAX_EVENTS - len(self.events))
+        self.events.extend(later.events[:room])
+        self.dropped += later.dropped + max(0, len(later.events) - room)
+        self._per_stream.update(later._per_stream)
+        self.local_rank_pairs.update(later.local_rank_pairs)
+        for pair, rank in later.node_local_rank.items():
+            self.node_local_rank.setdefault(pair, rank)
+        for rank, node in later.rank_node.items():
+            self.rank_node.setdefault(rank, node)
+        for task_node, host in later.srun_hosts.items():
+            self.srun_hosts.setdefault(task_node, host)
+        self.ranks_seen |= later.ranks_seen
+        self.nodes_seen |= later.nodes_seen
+        for key in later.sampled:
+            if len(self.sampled) >= MAX_SAMPLED:
+                break
+            self.sampled[key] = None
+        self.last_work.update(later.last_work)
+        self.repairs.update(later.repairs)
+        self.launchers.update(later.launchers)
+        self.node_prefixed |= later.node_prefixed
+        self.notes.update(later.notes)
+        self.suspects.extend(later.suspects[:max(0, MAX_SUSPECTS - len(self.suspects))])
+        self.nccl.absorb(later.nccl)
+        return min(room, len(later.events))
+
+    def portable(self) -> Collector:
+        """This collector without the source being read (to send to another process between sources)."""
+        assert not self._blocks, "a source is still being read"
+        self.ctx, self.here, self._stamp = None, (b"", 0), ""
+        return self
 
     @property
     def open(self) -> bool:
@@ -380,7 +418,7 @@ class Collector:
         lab = split_label(text, ctx.node_prefix)
         who = lab.who.merged(ctx.who)
         if who.known and len(self.sampled) < MAX_SAMPLED:
-            self.sampled.add((ctx.index, who))
+            self.sampled[(ctx.index, who)] = None
         if "[default" in lab.key or (lab.srun_task is not None and lab.who.local_rank is not None):
             self._mark("torchrun")  # torchrun --tee's "[default3]:" (its default role)
         if lab.srun_task is not None:

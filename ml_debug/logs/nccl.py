@@ -91,6 +91,7 @@ class NcclCollector:
         self.versions: Counter[str] = Counter()
         self.proc_rank: dict[tuple[str, int], int] = {}
         self.rank_host: dict[int, str] = {}
+        self._host_said: set[int] = set()  # ranks whose host a comm line said (a channel line only suggests one)
         self.nranks: Counter[int] = Counter()
         self.nnodes: Counter[int] = Counter()
         self.bootstrap: dict[str, set[str]] = defaultdict(set)
@@ -164,6 +165,7 @@ class NcclCollector:
             r = int(m.group(1))
             self.proc_rank[(host, pid)] = r
             self.rank_host[r] = host
+            self._host_said.add(r)
             self.nranks[int(m.group(2))] += 1
             if m.group(3):
                 self.nnodes[int(m.group(3))] += 1
@@ -207,6 +209,57 @@ class NcclCollector:
             got = self.pairs[key] = set()
         got.add(fam)
         self.rank_host.setdefault(src, host)
+
+    def absorb(self, later: NcclCollector) -> None:
+        """Take in what ``later`` read from the sources after this collector's (see ``Collector.absorb``).
+        Below the caps the result is what one collector reading everything in order would hold; past
+        MAX_PAIRS or MAX_WARNINGS the counts of what was not kept may differ slightly."""
+        self.lines += later.lines
+        self.versions += later.versions
+        self.nranks += later.nranks
+        self.nnodes += later.nnodes
+        self.proc_rank.update(later.proc_rank)
+        for rank, host in later.rank_host.items():
+            if rank in later._host_said:
+                self.rank_host[rank] = host
+                self._host_said.add(rank)
+            else:
+                self.rank_host.setdefault(rank, host)
+        for mine, theirs in ((self.bootstrap, later.bootstrap), (self.socket_ifaces, later.socket_ifaces),
+                             (self.ib_devices, later.ib_devices), (self.network, later.network)):
+            for host, names in theirs.items():
+                mine[host] |= names
+        for what, ranks in later.connected.items():
+            self.connected[what] |= ranks
+        self.no_ib |= later.no_ib
+        for var, counts in later.env.items():
+            self.env[var] += counts
+        for pair, families in later.pairs.items():
+            got = self.pairs.get(pair)
+            if got is not None:
+                got |= families
+            elif len(self.pairs) < MAX_PAIRS:
+                self.pairs[pair] = set(families)
+            else:
+                self.pairs_dropped += 1
+        self.pairs_dropped += later.pairs_dropped
+        for family, example in later.pair_examples.items():
+            self.pair_examples.setdefault(family, example)
+        for ring, order in later.rings.items():
+            if len(self.rings) < 64:
+                self.rings.setdefault(ring, order)
+        self.trees.update(later.trees)
+        for key, w in later.warnings.items():
+            seen = self.warnings.get(key)
+            if seen is None and len(self.warnings) >= MAX_WARNINGS:
+                self.warnings_dropped += w.count
+            elif seen is None:
+                self.warnings[key] = w
+            else:
+                seen.count += w.count
+                seen.hosts |= w.hosts
+                seen.ranks |= w.ranks
+        self.warnings_dropped += later.warnings_dropped
 
     # ------------------------------------------------------------------ summing up
 

@@ -86,6 +86,9 @@ class LogsOptions:
                         help="Show every traceback group in full and the whole timeline (shortened otherwise).")
     tracebacks: int = option(3, min=0, metavar="N", panel=SHOW,
                              help="How many distinct tracebacks to show (most important first).")
+    jobs: int | None = option(None, min=1, metavar="N",
+                              help="Reader processes (1: read everything in this process). Default: one per CPU, "
+                                   "at most 16, when the logs are over 64 MiB; smaller logs are read in this process.")
 
 
 @dataclass(frozen=True)

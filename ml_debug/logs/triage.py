@@ -12,7 +12,8 @@ from ml_debug.core.ranges import compress
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import split_label, strip_ansi
 from ml_debug.logs.model import PRIMARY, LogsReport, SourceInfo, Who
-from ml_debug.logs.scan import BLOCK, MAX_LINE, feed_source, opened
+from ml_debug.logs.readers import read_all
+from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.verdict import (
     Identities,
@@ -38,41 +39,21 @@ def _expand(paths: list[str]) -> Expanded:
     return exp
 
 
-def triage(paths: list[str], *, on_source: Callable[[int, int], None] | None = None) -> LogsReport:
-    """Read every source once and name the first failure (see :mod:`ml_debug.logs`)."""
-    return build_report(*_collect(_expand(paths), on_source))
+def triage(paths: list[str], *, on_source: Callable[[int, int], None] | None = None,
+           jobs: int | None = None) -> LogsReport:
+    """Read every source once and name the first failure (see :mod:`ml_debug.logs`); ``jobs`` reader
+    processes (None: one per CPU when the input is large, readers.py; 1: all in this process)."""
+    return build_report(*_collect(_expand(paths), on_source, jobs))
 
 
-def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None
+def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None, jobs: int | None = None
              ) -> tuple[Collector, list[SourceInfo], list[dict[str, Any]], list[dict[str, str]]]:
-    collector = Collector()
-    infos: list[SourceInfo] = []
-    metrics: list[dict[str, Any]] = []
-    skipped = list(exp.skipped)
-    for i, src in enumerate(exp.sources):
-        before = len(collector.events)
-        info = SourceInfo(path=src.path, shape=src.shape, who=src.who)
-        try:
-            got = feed_source(src, i, collector)
-        except OSError as e:  # unreadable
-            info.error = f"{type(e).__name__}: {e}"
-            skipped.append({"path": src.path, "reason": info.error})
-        else:
-            info.bytes, info.lines = int(got.get("bytes", 0)), int(got.get("lines", 0))
-            if got.get("progress"):
-                metrics.append(got["progress"])
-            if got.get("last_line"):
-                info.note = f"last line: {got['last_line']}"
-            if src.cut:  # read up to its damaged end: the failure may be in what is missing
-                info.error = src.cut
-                skipped.append({"path": src.path, "reason": src.cut})
-        info.events = len(collector.events) - before
-        infos.append(info)
-        if on_source is not None:
-            on_source(i, len(exp.sources))
+    collector, reads = read_all(exp, on_source, jobs=jobs)
+    skipped = list(exp.skipped) + [r.skipped for r in reads if r.skipped is not None]
+    metrics = [r.metrics for r in reads if r.metrics is not None]
     collector.launch_world = launch_world(exp.manifests)
     collector.launch_exit = launch_exit(exp.manifests)
-    return collector, infos, metrics, skipped
+    return collector, [r.info for r in reads], metrics, skipped
 
 
 def launch_world(manifests: dict[str, dict[str, object]]) -> int | None:
@@ -174,7 +155,7 @@ def _view(info: SourceInfo, c: Collector, index: int, ids: Identities) -> str | 
 
 
 def demux(paths: list[str], *, rank: int | None, node: str | None,
-          emit: Callable[[str, int, str], None], limit: int | None = None) -> dict[str, Any]:
+          emit: Callable[[str, int, str], None], limit: int | None = None, jobs: int | None = None) -> dict[str, Any]:
     """Every line written by one rank (or one node), labels removed, in order: ``emit(source, line, text)``.
 
     A first, fast pass over the sources learns who is who (local ranks, nodes), so a line labelled
@@ -188,7 +169,7 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
     if any(src.stdin for src in exp.sources):
         raise UsageError("--rank/--node cannot read standard input (it is read twice)",
                          "save it to a file first")
-    collected = _collect(exp)
+    collected = _collect(exp, jobs=jobs)
     ids = Identities(collected[0])
     report = build_report(*collected)
     count = 0

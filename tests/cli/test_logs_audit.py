@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ml_debug.logs.triage import MAX_DEMUX_LINES, demux, triage
-from tests.conftest import REPO, validate_schema
+from tests.conftest import REPO, pids_with_env, validate_schema, wait_until
+from tests.fakes import hooks_env
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -157,3 +158,46 @@ def test_launch_quotes_the_log_dir_it_names(tmp_path: Path) -> None:
     said = next(ln for ln in got.stderr.splitlines() if "read the logs with:" in ln)
     command = said.split("read the logs with: ", 1)[1]
     assert shlex.split(command) == ["mldebug", "logs", str(tmp_path / "sp ace" / "ünï")]
+
+
+def test_reader_processes_give_the_same_document_and_ignore_the_working_directory(tmp_path: Path) -> None:
+    """`mldebug logs --jobs 2` (the installed command, as a user runs it) writes the document `--jobs 1` writes;
+    its readers do not import from the working directory (a job user's, when root reads their logs)."""
+    planted = tmp_path / "ml_debug"
+    planted.mkdir()
+    (planted / "__init__.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    corpus = str(REPO / "tests" / "data" / "logs_corpus")
+    mldebug = str(Path(sys.executable).parent / "mldebug")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLDEBUG_JSON", "COLUMNS", "PYTHONPATH")}
+    docs = []
+    for jobs in ("1", "2"):
+        run = subprocess.run([mldebug, "--json", "logs", "--jobs", jobs, corpus], capture_output=True, text=True,
+                             timeout=60, env=env, cwd=tmp_path)
+        assert run.returncode == 1, run.stderr
+        doc = json.loads(run.stdout)
+        validate_schema(doc, "logs")
+        docs.append(doc["result"])
+    assert docs[0] == docs[1] and docs[0]["verdict"]["primary"] is not None
+    assert not (tmp_path / "imported").exists()
+
+
+def test_sigterm_ends_mldebug_and_its_readers() -> None:
+    """`timeout`/`scancel` while reader processes are stuck (a dead file system): exit 130, one document,
+    and no reader left."""
+    token = f"readers-{os.getpid()}"
+    env = {**os.environ, "MLDEBUG_LOGS_READERS_TEST": token,
+           **hooks_env("tests.fakes.logs_readers", {"MLDEBUG_FAKE_READER": "stall"})}
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "logs", "--jobs", "2",
+                             str(REPO / "tests" / "data" / "logs_corpus")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_until(lambda: len(pids_with_env("MLDEBUG_LOGS_READERS_TEST", token)) == 3, 30, "two readers to start")
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "interrupted by SIGTERM" in err, err
+        validate_schema(json.loads(out), "error")
+        wait_until(lambda: not pids_with_env("MLDEBUG_LOGS_READERS_TEST", token), 10, "no reader left")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

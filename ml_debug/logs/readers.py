@@ -1,0 +1,240 @@
+"""Every source read into one collector: in this process, or shared among reader processes.
+
+Reading is CPU work (finding the lines that matter, sampling labels, following tracebacks) and
+sources are independent, so a job's many files are cut into shares of neighbouring sources (a
+directory's files stay together: a rank's stdout and stderr) and read by reader processes, one per
+CPU (at most :data:`MAX_JOBS`). Each reader reads its shares into collectors of their own and sends
+them back; this process takes them in, in source order (``Collector.absorb``), so the report is the
+one a single reader would write. Small inputs are read here: starting readers costs more than it
+saves below :data:`PARALLEL_BYTES`. Standard input is always read here.
+
+A reader is ``python -c`` with the working directory taken off the import path (``-m`` would put it
+first: a job user's directory, when root reads their logs, could shadow mldebug). It dies with this
+process, ignores Ctrl-C (this process decides), and a reader that fails (killed, out of memory) loses
+nothing: its shares are read again here.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any
+
+from ml_debug.core import lifecycle, testhooks
+from ml_debug.logs.events import Collector
+from ml_debug.logs.model import SourceInfo
+from ml_debug.logs.scan import feed_source
+from ml_debug.logs.sources import Expanded, Source
+
+MAX_JOBS = 16
+"""Reader processes at most: past this, taking in their collectors costs about what one more saves."""
+PARALLEL_BYTES = 64 << 20
+"""Below this much input (or with fewer sources than two shares) every source is read in this process."""
+SHARES_PER_JOB = 4
+"""Shares per reader: progress moves in steps of one share, and a share of big files holds no one up long."""
+READER = [sys.executable, "-c", "import sys; del sys.path[0]; from ml_debug.logs.readers import serve; serve()"]
+_FRAME = struct.Struct("!Q")
+
+OnSource = Callable[[int, int], None]
+
+
+@dataclass
+class Read:
+    """What reading one source gave, beside what went into the collector."""
+
+    info: SourceInfo
+    metrics: dict[str, Any] | None = None
+    skipped: dict[str, str] | None = None
+
+
+def read_source(src: Source, index: int, collector: Collector) -> Read:
+    """One source into ``collector``; an unreadable one (or the damaged end of one) is said, not raised."""
+    info = SourceInfo(path=src.path, shape=src.shape, who=src.who)
+    before = len(collector.events)
+    got = Read(info)
+    try:
+        done = feed_source(src, index, collector)
+    except OSError as e:
+        info.error = f"{type(e).__name__}: {e}"
+        got.skipped = {"path": src.path, "reason": info.error}
+    else:
+        info.bytes, info.lines = int(done.get("bytes", 0)), int(done.get("lines", 0))
+        got.metrics = done.get("progress") or None
+        if done.get("last_line"):
+            info.note = f"last line: {done['last_line']}"
+        if src.cut:  # read up to its damaged end: the failure may be in what is missing
+            info.error = src.cut
+            got.skipped = {"path": src.path, "reason": src.cut}
+    info.events = len(collector.events) - before
+    return got
+
+
+def default_jobs() -> int:
+    """One reader per CPU this process may run on, at most MAX_JOBS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_JOBS))
+
+
+def read_all(exp: Expanded, on_source: OnSource | None = None, *,
+             jobs: int | None = None) -> tuple[Collector, list[Read]]:
+    """Every source of ``exp`` read, in source order, by ``jobs`` readers (None: one per CPU when the input is
+    over PARALLEL_BYTES, else here; 1: here)."""
+    if jobs is None:
+        jobs = default_jobs() if sum(s.size for s in exp.sources) >= PARALLEL_BYTES else 1
+    shares = _shares(exp.sources, jobs * SHARES_PER_JOB) if jobs > 1 else []
+    if len(shares) < 2 or any(s.stdin for s in exp.sources):
+        collector = Collector()
+        return collector, _read_here(exp.sources, range(len(exp.sources)), collector, on_source)
+    return _read_shared(exp.sources, shares, min(jobs, len(shares)), on_source)
+
+
+def _read_here(sources: list[Source], share: range, collector: Collector, on_source: OnSource | None) -> list[Read]:
+    reads = []
+    for i in share:
+        reads.append(read_source(sources[i], i, collector))
+        if on_source is not None:
+            on_source(i, len(sources))
+    return reads
+
+
+def _shares(sources: list[Source], want: int) -> list[range]:
+    """The sources cut into about ``want`` runs of neighbours of similar size. A cut waits for the next
+    directory (a rank's stdout and stderr, one process's lines, stay in one share) up to twice a share's
+    size: a flat directory of many files is still shared out."""
+    step = sum(max(1, s.size) for s in sources) / max(1, want)
+    out: list[range] = []
+    start, acc = 0, 0
+    for i, src in enumerate(sources):
+        acc += max(1, src.size)
+        due = step * (len(out) + 1)
+        if i + 1 == len(sources) or (acc >= due and (acc >= due + step or os.path.dirname(sources[i + 1].path)
+                                                     != os.path.dirname(src.path))):
+            out.append(range(start, i + 1))
+            start = i + 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------- this process
+
+Share = tuple[Collector, list[Read], list[str | None]]
+"""What a reader sends back for one share: its collector, each source's Read, each source's cut."""
+
+
+def _read_shared(sources: list[Source], shares: list[range], jobs: int,
+                 on_source: OnSource | None) -> tuple[Collector, list[Read]]:
+    done: dict[int, Share] = {}
+    got: queue.Queue[tuple[int, Share] | None] = queue.Queue()
+    readers = [_Reader([(n, shares[n].start, sources[shares[n].start:shares[n].stop])
+                        for n in range(k, len(shares), jobs)], got) for k in range(jobs)]
+    try:
+        running = len(readers)
+        while running:
+            try:
+                item = got.get(timeout=0.5)  # a timeout: Ctrl-C is seen while waiting
+            except queue.Empty:
+                continue
+            if item is None:  # a reader finished (or failed: what it did not send is read below)
+                running -= 1
+                continue
+            n, share = item
+            done[n] = share
+            for i, cut in zip(shares[n], share[2], strict=True):
+                sources[i].cut = cut
+                if on_source is not None:
+                    on_source(i, len(sources))
+    finally:
+        for r in readers:
+            r.stop()
+    merged = Collector()
+    reads: list[Read] = []
+    for n, share_range in enumerate(shares):
+        if n in done:
+            collector, share_reads, _ = done.pop(n)
+        else:
+            collector = Collector()
+            share_reads = _read_here(sources, share_range, collector, on_source)
+        reads.extend(take_in(merged, collector, share_reads))
+    return merged, reads
+
+
+def take_in(merged: Collector, share: Collector, reads: list[Read]) -> list[Read]:
+    """A share's collector taken into ``merged`` (after the shares before it); its sources' event counts
+    are those ``merged`` kept, as if one collector had read them."""
+    kept = merged.absorb(share)
+    for r in reads:  # a share's events are in the order of its sources
+        r.info.events = min(r.info.events, kept)
+        kept -= r.info.events
+    return reads
+
+
+class _Reader:
+    """One reader process, fed its shares at once; a thread puts each share it sends back on ``out``,
+    then None."""
+
+    def __init__(self, work: list[tuple[int, int, list[Source]]], out: queue.Queue[tuple[int, Share] | None]) -> None:
+        # its errors are not kept: a share it fails on is read again here, where an error shows as it would
+        self.proc = subprocess.Popen(READER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, **lifecycle.child_env(signal.SIGKILL)})
+        self._thread = threading.Thread(target=self._relay, args=(pickle.dumps(work), out), daemon=True)
+        self._thread.start()
+
+    def _relay(self, payload: bytes, out: queue.Queue[tuple[int, Share] | None]) -> None:
+        try:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            with self.proc.stdin:
+                self.proc.stdin.write(payload)
+            while True:
+                frame = _read_frame(self.proc.stdout)
+                if frame is None:
+                    break
+                out.put(pickle.loads(frame))
+        except (OSError, EOFError, pickle.UnpicklingError):
+            pass  # the reader failed: its shares not sent are read in the first process
+        finally:
+            out.put(None)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._thread.join()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+def _read_frame(stream: IO[bytes]) -> bytes | None:
+    head = stream.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        return None
+    (size,) = _FRAME.unpack(head)
+    body = stream.read(size)
+    return body if len(body) == size else None
+
+
+# ---------------------------------------------------------------------------------------- a reader
+
+def serve() -> None:
+    """A reader process: its shares (pickled, on standard input) read and sent back one by one."""
+    lifecycle.adopt_parent_tie()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    work: list[tuple[int, int, list[Source]]] = pickle.load(sys.stdin.buffer)
+    out = sys.stdout.buffer
+    for n, first, sources in work:
+        testhooks.call(testhooks.LOGS_READER_SHARE, share=n)
+        collector = Collector()
+        reads = [read_source(src, first + k, collector) for k, src in enumerate(sources)]
+        body = pickle.dumps((n, (collector.portable(), reads, [src.cut for src in sources])),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        out.write(_FRAME.pack(len(body)) + body)
+        out.flush()
