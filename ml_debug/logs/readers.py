@@ -135,9 +135,14 @@ def _read_shared(sources: list[Source], shares: list[range], jobs: int,
                  on_source: OnSource | None) -> tuple[Collector, list[Read]]:
     done: dict[int, Share] = {}
     got: queue.Queue[tuple[int, Share] | None] = queue.Queue()
-    readers = [_Reader([(n, shares[n].start, sources[shares[n].start:shares[n].stop])
-                        for n in range(k, len(shares), jobs)], got) for k in range(jobs)]
+    readers: list[_Reader] = []
     try:
+        for k in range(jobs):
+            try:
+                readers.append(_Reader([(n, shares[n].start, sources[shares[n].start:shares[n].stop])
+                                        for n in range(k, len(shares), jobs)], got))
+            except OSError:  # no more processes: its shares are read here below
+                break
         running = len(readers)
         while running:
             try:
