@@ -120,8 +120,8 @@ def expand(paths: list[str]) -> Expanded:
     out = Expanded([], [], {})
     seen: set[str] = set()
 
-    def add(src: Source, st: os.stat_result | None) -> None:
-        key = os.path.realpath(src.path) if not src.stdin else "-"
+    def add(src: Source, st: os.stat_result | None, real: str | None = None) -> None:
+        key = real or (os.path.realpath(src.path) if not src.stdin else "-")
         if key in seen:
             return
         seen.add(key)
@@ -145,7 +145,7 @@ def expand(paths: list[str]) -> Expanded:
     return out
 
 
-_Add = Callable[[Source, "os.stat_result | None"], None]
+_Add = Callable[[Source, "os.stat_result | None", "str | None"], None]
 
 
 def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
@@ -174,7 +174,7 @@ def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
     src = classify_path(path, node)
     if man is not None and os.path.basename(path) in ("console.log", "console.log.gz"):
         src.shape = "launch"
-    add(src, st)
+    add(src, st, None)
 
 
 def _walk(root: str, out: Expanded, add: _Add) -> None:
@@ -188,6 +188,7 @@ def _walk(root: str, out: Expanded, add: _Add) -> None:
             out.manifests[dirpath] = man
         node = _node_for(dirpath, out.manifests)
         launch_dir = _launch_root(dirpath, out.manifests)
+        real_dir = os.path.realpath(dirpath)  # its files are no links (lstat below): their real path is this + name
         for name in sorted(filenames):
             if not _is_log_name(name):
                 continue
@@ -208,7 +209,7 @@ def _walk(root: str, out: Expanded, add: _Add) -> None:
                 src.shape = "launch"
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console
-            add(src, st)
+            add(src, st, os.path.join(real_dir, name))
 
 
 def _node_for(dirpath: str, manifests: dict[str, dict[str, object]]) -> str | None:
