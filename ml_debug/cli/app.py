@@ -146,12 +146,6 @@ def run(argv: list[str] | None = None) -> int:
     if invoked in COMMANDS and invoked not in TAKES_COMMAND and "--" in argv:
         argv.remove("--")
     try:
-        if invoked == "health":  # Slurm's health hook, every few minutes on every node: no Typer build
-            from ml_debug.cli.fastpath import slurm_check
-
-            fast = slurm_check(argv)
-            if fast is not None:
-                return fast
         rv = build_app(argv)(args=argv, prog_name="mldebug", standalone_mode=False)
         if rv == ExitCode.INTERRUPTED:  # Typer turns a Ctrl-C inside a command into Exit(130)
             return _interrupted(command)

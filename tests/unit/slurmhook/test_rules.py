@@ -67,30 +67,6 @@ def test_a_node_name_is_never_more_than_a_name(name: str) -> None:
         check_node_name(name)
 
 
-def test_the_hooks_own_parser_reads_the_options_as_typer_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pathlib import Path
-
-    from ml_debug.cli.fastpath import parse
-    from ml_debug.health.options import HealthOptions
-    from ml_debug.slurmhook.options import SlurmCheckOptions
-
-    monkeypatch.delenv("MLDEBUG_HISTORY", raising=False)
-    opts, slurm = parse(["--slurm-check", "--path", "/scratch", "--path=/tmp", "--expect-gpus", "8", "--dry-run",
-                         "--no-cpu-stress", "--outlier-pct=5.5", "--node", "node17", "--no-record",
-                         "--history", "/var/h.db", "-l", "1"], HealthOptions, SlurmCheckOptions)
-    assert (opts.paths, opts.expect_gpus, opts.cpu_stress, opts.outlier_pct, opts.level) == (
-        ["/scratch", "/tmp"], 8, False, 5.5, 1)
-    assert (slurm.slurm_check, slurm.dry_run, slurm.node, slurm.record, slurm.history, slurm.exit_zero) == (
-        True, True, "node17", False, Path("/var/h.db"), False)
-    monkeypatch.setenv("MLDEBUG_HISTORY", "/shared/h.db")
-    assert parse(["--slurm-check"], HealthOptions, SlurmCheckOptions)[1].history == Path("/shared/h.db")
-    # what it does not fully understand goes to Typer, which says what is wrong
-    for words in (["--slurm-check", "--level", "5"], ["--slurm-check", "--levle", "1"], ["--slurm-check", "--node"],
-                  ["--slurm-check", "--expect-gpus", "eight"], ["--slurm-check", "--hosts", "node1"],
-                  ["--slurm-check", "--dry-run=yes"], ["--slurm-check", "--node", "a", "--node", "b"]):
-        assert parse(words, HealthOptions, SlurmCheckOptions) is None, words
-
-
 @pytest.mark.parametrize("argv,message", [
     (["health", "--slurm-check", "--level", "5"], "--level"),
     (["health", "--slurm-check", "--levle", "1"], "No such option"),
