@@ -126,20 +126,22 @@ def run_step(step: Step, timeout_s: float | None = None, out_dir: Path | None = 
     env = {**os.environ, "MLDEBUG_JSON": "0", **lifecycle.child_env()}  # the step dies with check, even SIGKILLed
     env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            stdin=subprocess.DEVNULL)
-    try:
-        stdout, stderr = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc)
-        _keep(out_dir, step, *_printed(proc))
-        return StepResult(step.name, shown, TIMEOUT, None, round(time.monotonic() - t0, 2),
-                          f"no answer within {limit:g} s; stopped it")
-    except KeyboardInterrupt:  # Ctrl-C: the step and its ranks go; what it printed is kept
-        _kill_tree(proc)
-        _keep(out_dir, step, *_printed(proc))
-        return StepResult(step.name, shown, INTERRUPTED, None, round(time.monotonic() - t0, 2),
-                          "interrupted (Ctrl-C); stopped it")
+    with lifecycle.held_signals() as held:  # a Ctrl-C while it starts is raised in the try, which stops it
+        proc = held.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          stdin=subprocess.DEVNULL)
+        try:
+            held.release()
+            stdout, stderr = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            _keep(out_dir, step, *_printed(proc))
+            return StepResult(step.name, shown, TIMEOUT, None, round(time.monotonic() - t0, 2),
+                              f"no answer within {limit:g} s; stopped it")
+        except KeyboardInterrupt:  # Ctrl-C: the step and its ranks go; what it printed is kept
+            _kill_tree(proc)
+            _keep(out_dir, step, *_printed(proc))
+            return StepResult(step.name, shown, INTERRUPTED, None, round(time.monotonic() - t0, 2),
+                              "interrupted (Ctrl-C); stopped it")
     seconds = round(time.monotonic() - t0, 2)
     rc = proc.returncode
     _keep(out_dir, step, stdout, stderr)

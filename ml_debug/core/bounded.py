@@ -16,6 +16,8 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 
+from ml_debug.core import lifecycle
+
 _live: set[int] = set()  # process groups of commands still running (threads may run several at once)
 _lock = threading.Lock()
 
@@ -24,21 +26,23 @@ def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = Non
     """Like ``subprocess.run(argv, capture_output=True, text=True, stdin=DEVNULL, timeout=timeout)``,
     but the command's whole process group is gone when this returns or raises
     (``subprocess.TimeoutExpired``, ``OSError``, ``KeyboardInterrupt``)."""
-    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=None if env is None else dict(env), start_new_session=True)
-    with _lock:
-        _live.add(proc.pid)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise subprocess.TimeoutExpired(list(argv), timeout) from None
-    except BaseException:
-        _kill_group(proc)
-        raise
-    finally:
+    with lifecycle.held_signals() as held:  # a Ctrl-C while it starts is raised in the try, which kills it
+        proc = held.popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=None if env is None else dict(env), start_new_session=True)
         with _lock:
-            _live.discard(proc.pid)
+            _live.add(proc.pid)
+        try:
+            held.release()
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise subprocess.TimeoutExpired(list(argv), timeout) from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            with _lock:
+                _live.discard(proc.pid)
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 

@@ -9,6 +9,10 @@ then its group) and is not a second interruption.
 A process that mldebug starts and that must not outlive it (a self-launched rank, `mldebug launch`'s
 torchrun, the commands `check` and `drill` run) is tied to it with Linux's parent-death signal
 (``prctl(PR_SET_PDEATHSIG)``): a SIGKILL of the launcher, which no handler sees, still ends them.
+
+A child that mldebug stops when interrupted is started inside :func:`held_signals`: an interrupt that
+comes while ``subprocess.Popen`` runs, after the fork, would otherwise raise before mldebug holds the
+child, which would then run on after mldebug ends.
 """
 
 from __future__ import annotations
@@ -16,9 +20,13 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from ml_debug.core import testhooks
 
 SAME_CTRL_C_S = 1.0
 PR_SET_PDEATHSIG = 1
@@ -55,6 +63,86 @@ def install(*, terminate: bool = True) -> None:
         signal.signal(signal.SIGINT, _interrupt)
     if terminate and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
+
+
+class HeldSignals:
+    """SIGINT and SIGTERM held back in the main thread while a child starts (:func:`held_signals`)."""
+
+    def __init__(self) -> None:
+        self._saved: dict[int, Any] = {}
+        self.pending: list[int] = []
+        """The held signals that came, in order, not yet delivered."""
+
+    def __enter__(self) -> HeldSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # only the main thread sets handlers, and only it gets KeyboardInterrupt
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                # SIG_IGN (nohup) and SIG_DFL stay: nothing raises there; any Python handler is held, ours
+                # or not (torch's agent), and gets the signal afterwards
+                if callable(signal.getsignal(sig)):
+                    self._saved[sig] = signal.signal(sig, self._record)
+        except BaseException:  # a signal that came before the child: delivered now, nothing started yet
+            self._put_back()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+        """``subprocess.Popen(*args, **kwargs)``, the signals still held after it returns."""
+        proc = subprocess.Popen(*args, **kwargs)
+        testhooks.call(testhooks.CHILD_STARTED, pid=proc.pid, argv=proc.args)
+        return proc
+
+    def release(self) -> None:
+        """Put the handlers back and deliver the signals that came, each as it would have been delivered
+        then (``_interrupt`` raises KeyboardInterrupt, or passes over the same Ctrl-C twice). Call it first
+        thing in the ``try`` whose ``except`` stops the child; the end of the block calls it too."""
+        self._put_back()
+        pending, self.pending = self.pending, []
+        for sig in pending:  # after a KeyboardInterrupt, the rest would only interrupt the stopping
+            signal.raise_signal(sig)
+
+    def _record(self, signum: int, _frame: object) -> None:
+        self.pending.append(int(signum))
+
+    def _put_back(self) -> None:
+        # signal.signal() first runs the handlers of signals that came: a held one is recorded, one already
+        # put back may raise; the handler is then not changed yet, so every one is tried until all are back
+        raised: BaseException | None = None
+        while self._saved:
+            sig, handler = next(iter(self._saved.items()))
+            try:
+                signal.signal(sig, handler)
+            except BaseException as e:
+                raised = raised or e
+                continue
+            del self._saved[sig]
+        if raised is not None:
+            raise raised
+
+
+def held_signals() -> HeldSignals:
+    """A block in which SIGINT and SIGTERM are recorded instead of raised: start a child that mldebug must
+    stop, and hold it where the stop finds it, before an interrupt can land::
+
+        with lifecycle.held_signals() as held:
+            proc = held.popen(argv, ...)
+            try:
+                held.release()  # a Ctrl-C that came while it started raises here, and the child is stopped
+                ...
+            except KeyboardInterrupt:
+                stop(proc)
+                raise
+
+    The signals are not blocked (``pthread_sigmask``): a child inherits the blocked mask through fork and
+    exec (a ``grep SigBlk /proc/self/status`` started so shows SIGINT and SIGTERM blocked), and an ssh,
+    srun or py-spy that ignores SIGTERM could not be stopped. Only a Python handler is replaced, and only
+    in the main thread (elsewhere the block changes nothing); the child gets the default handlers at exec.
+    """
+    return HeldSignals()
 
 
 def handlers() -> dict[int, Any]:

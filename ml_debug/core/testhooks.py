@@ -28,6 +28,10 @@ the context as keyword arguments. The product calls these points where a fault w
 ``nvml_backend() -> (backend, source) | None``
     a pynvml look-alike for the NVML gateway, and the source it reports (``fake:<source>``).
 
+``child_started(pid, argv)``
+    a child that mldebug stops when interrupted has just started, SIGINT and SIGTERM held
+    (core/lifecycle.py ``held_signals``): a hook may signal this process, as a Ctrl-C in that instant would.
+
 ``describe(command) -> str | None`` in a module says what it changes in ``command``
 (``gpu-test``, ``allreduce-bench``); runs put that in their notes, so a result that a hook shaped
 can never pass for a real one.
@@ -52,8 +56,9 @@ BENCH_PAIR_EXCHANGE = "bench_pair_exchange"
 LOGS_VERDICT = "logs_verdict"
 LOGS_READER_SHARE = "logs_reader_share"
 NVML_BACKEND = "nvml_backend"
+CHILD_STARTED = "child_started"
 POINTS = (GPU_TEST_STAGE_START, GPU_TEST_CONTRIBUTION, BENCH_TIMED_REGION, BENCH_VERIFY_RESULT,
-          BENCH_PAIR_EXCHANGE, LOGS_VERDICT, LOGS_READER_SHARE, NVML_BACKEND)
+          BENCH_PAIR_EXCHANGE, LOGS_VERDICT, LOGS_READER_SHARE, NVML_BACKEND, CHILD_STARTED)
 
 _loaded: tuple[str, tuple[ModuleType, ...]] | None = None
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
+from ml_debug.core import lifecycle
 from ml_debug.debugger.dap import DapClient, DapError, Wire
 from ml_debug.debugger.model import Evaluation, FrameInfo, ThreadInfo, Variable
 
@@ -50,16 +51,23 @@ def start_adapter() -> tuple[socket.socket, subprocess.Popen[bytes]]:
     """``python -m debugpy.adapter`` as this process's child, its stdin and stdout on one end of a socket
     pair (returned with it), in its own process group, ended by the kernel if we die."""
     ours, theirs = socket.socketpair()
-    try:
-        adapter = subprocess.Popen(ADAPTER, stdin=theirs.fileno(), stdout=theirs.fileno(),
-                                   stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                                   preexec_fn=_die_with_parent(os.getpid()),
-                                   env={"PYDEVD_GDB_SCAN_SHARED_LIBRARIES": GDB_SCAN, **os.environ})
-    except BaseException:
-        ours.close()
-        raise
-    finally:
-        theirs.close()
+    with lifecycle.held_signals() as held:  # a Ctrl-C while it starts is raised in the try, which ends it
+        try:
+            adapter = held.popen(ADAPTER, stdin=theirs.fileno(), stdout=theirs.fileno(),
+                                 stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                                 preexec_fn=_die_with_parent(os.getpid()),
+                                 env={"PYDEVD_GDB_SCAN_SHARED_LIBRARIES": GDB_SCAN, **os.environ})
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        try:
+            held.release()
+        except BaseException:
+            ours.close()
+            _kill(adapter)
+            raise
     return ours, adapter
 
 
@@ -69,6 +77,10 @@ def end_adapter(adapter: subprocess.Popen[bytes]) -> None:
         adapter.wait(timeout=3)
     except subprocess.TimeoutExpired:
         pass
+    _kill(adapter)
+
+
+def _kill(adapter: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(adapter.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):

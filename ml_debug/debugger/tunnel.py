@@ -24,6 +24,7 @@ import time
 from collections import deque
 from typing import Any
 
+from ml_debug.core import lifecycle
 from ml_debug.core.errors import EnvironmentProblem, ExitCode, MLDebugError, PartialResult
 from ml_debug.debugger.agent import END, START
 from ml_debug.debugger.dap import Wire
@@ -172,25 +173,28 @@ class SrunLink:
         assert spec.slurm_job is not None
         ours, theirs = socket.socketpair()
         self.err: deque[bytes] = deque(maxlen=64)
-        try:
-            self.proc = subprocess.Popen(
-                stream_argv(spec.slurm_job, target.host, script, spec.slurm_gres_gpu, name="mldebug-attach",
-                            unbuffered=True),
-                stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.PIPE, start_new_session=True)
-        except FileNotFoundError:
-            ours.close()
-            raise EnvironmentProblem("srun is not installed here", "run from a login node of the cluster") from None
-        finally:
-            theirs.close()
-        self.wire: Wire = ours
-        self._sock = ours
-        threading.Thread(target=self._drain, name="mldebug-attach-srun", daemon=True).start()
-        try:
-            self.header = _read_header(ours, target.host, deadline,
-                                       lambda: b"".join(self.err).decode(errors="replace"))
-        except BaseException:
-            self._end()
-            raise
+        with lifecycle.held_signals() as held:  # a Ctrl-C while srun starts is raised in the try, which ends it
+            try:
+                self.proc = held.popen(
+                    stream_argv(spec.slurm_job, target.host, script, spec.slurm_gres_gpu, name="mldebug-attach",
+                                unbuffered=True),
+                    stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.PIPE, start_new_session=True)
+            except FileNotFoundError:
+                ours.close()
+                raise EnvironmentProblem("srun is not installed here",
+                                         "run from a login node of the cluster") from None
+            finally:
+                theirs.close()
+            self.wire: Wire = ours
+            self._sock = ours
+            threading.Thread(target=self._drain, name="mldebug-attach-srun", daemon=True).start()
+            try:
+                held.release()
+                self.header = _read_header(ours, target.host, deadline,
+                                           lambda: b"".join(self.err).decode(errors="replace"))
+            except BaseException:
+                self._end()
+                raise
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None

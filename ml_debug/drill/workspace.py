@@ -93,10 +93,11 @@ class Workspace:
         full = list(argv) if os.path.isabs(argv[0]) else [sys.executable, "-m", "ml_debug", *argv]
         # an mldebug job dies with the drill, even a SIGKILLed one (only mldebug itself reads the tie)
         tie = lifecycle.child_env() if full[:3] == [sys.executable, "-m", "ml_debug"] else {}
-        with open(self.dir / log, "wb") as out:
-            proc = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=self.env({**(extra_env or {}), **tie}), cwd=self.dir, start_new_session=True)
-        self.jobs.append(proc)
+        # a Ctrl-C while it starts comes once it is among the jobs, which teardown stops
+        with open(self.dir / log, "wb") as out, lifecycle.held_signals() as held:
+            proc = held.popen(full, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env=self.env({**(extra_env or {}), **tie}), cwd=self.dir, start_new_session=True)
+            self.jobs.append(proc)
         return proc
 
     def alive(self, proc: subprocess.Popen[bytes], log: str) -> None:

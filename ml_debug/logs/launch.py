@@ -240,11 +240,12 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
     from ml_debug.core import safefs
 
     fd, _note = safefs.open_append(p.node_dir, CONSOLE, "--log-dir")  # a planted link: removed, not followed
-    with open(fd, "ab") as log:
+    # a Ctrl-C or SIGTERM while torchrun starts is raised in the loop's try, which stops it
+    with open(fd, "ab") as log, lifecycle.held_signals() as held:
         try:
             # torchrun gets SIGTERM (and stops its ranks) when this process dies, even by SIGKILL
-            proc = subprocess.Popen(p.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                    stdin=subprocess.DEVNULL, preexec_fn=lifecycle.tie_to_this_process(signal.SIGTERM))
+            proc = held.popen(p.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                              stdin=subprocess.DEVNULL, preexec_fn=lifecycle.tie_to_this_process(signal.SIGTERM))
         except OSError as e:
             raise UsageError(f"cannot start torchrun: {e}", "is torch installed in this Python?") from e
         assert proc.stdout is not None and proc.stderr is not None
@@ -256,6 +257,7 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
         interrupted = False
         while True:
             try:
+                held.release()  # the first time round: what came while torchrun started
                 rc = proc.wait(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:

@@ -138,11 +138,13 @@ def _read_shared(sources: list[Source], shares: list[range], jobs: int,
     readers: list[_Reader] = []
     try:
         for k in range(jobs):
-            try:
-                readers.append(_Reader([(n, shares[n].start, sources[shares[n].start:shares[n].stop])
-                                        for n in range(k, len(shares), jobs)], got))
-            except OSError:  # no more processes: its shares are read here below
-                break
+            work = [(n, shares[n].start, sources[shares[n].start:shares[n].stop]) for n in range(k, len(shares), jobs)]
+            # a Ctrl-C while a reader starts is raised once it is in `readers`, which the finally stops
+            with lifecycle.held_signals() as held:
+                try:
+                    readers.append(_Reader(held.popen, work, got))
+                except OSError:  # no more processes: its shares are read here below
+                    break
         running = len(readers)
         while running:
             try:
@@ -187,10 +189,11 @@ class _Reader:
     """One reader process, fed its shares at once; a thread puts each share it sends back on ``out``,
     then None."""
 
-    def __init__(self, work: list[tuple[int, int, list[Source]]], out: queue.Queue[tuple[int, Share] | None]) -> None:
+    def __init__(self, popen: Callable[..., subprocess.Popen[bytes]], work: list[tuple[int, int, list[Source]]],
+                 out: queue.Queue[tuple[int, Share] | None]) -> None:
         # its errors are not kept: a share it fails on is read again here, where an error shows as it would
-        self.proc = subprocess.Popen(READER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env={**os.environ, **lifecycle.child_env(signal.SIGKILL)})
+        self.proc = popen(READER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          env={**os.environ, **lifecycle.child_env(signal.SIGKILL)})
         self._thread = threading.Thread(target=self._relay, args=(pickle.dumps(work), out), daemon=True)
         self._thread.start()
 

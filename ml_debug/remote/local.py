@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from ml_debug.core import lifecycle
 from ml_debug.remote.result import (
     INTERRUPTED,
     TIMED_OUT,
@@ -33,30 +34,32 @@ def run_process(label: str, argv: list[str], timeout_s: float,
                 env: dict[str, str] | None = None) -> NodeResult:
     """Run argv with a deadline; on timeout kill its whole process group (children too)."""
     t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, env=env)
-    except OSError as e:
-        return failed(label, UNREACHABLE, f"cannot start {argv[0]}: {e.strerror or e}", time.monotonic() - t0)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, err = proc.communicate()
-        return failed(label, TIMED_OUT, f"still running after {timeout_s:g} s; killed",
-                      time.monotonic() - t0, stdout=decode(out), stderr=decode(err))
-    except KeyboardInterrupt:  # stop it, and keep what it printed
-        _kill_group(proc)
+    with lifecycle.held_signals() as held:  # a Ctrl-C while it starts is raised in the try, which stops it
         try:
-            out, err = proc.communicate(timeout=5)  # what the pipes still hold (a process outside the group may hold them)
-        except subprocess.TimeoutExpired as e:
-            out, err = e.output or b"", e.stderr or b""
-        raise Interrupted([failed(label, INTERRUPTED, "stopped by Ctrl-C", time.monotonic() - t0,
-                                  stdout=decode(out), stderr=decode(err))]) from None
-    except BaseException:
-        _kill_group(proc)
-        proc.wait()
-        raise
+            proc = held.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, start_new_session=True, env=env)
+        except OSError as e:
+            return failed(label, UNREACHABLE, f"cannot start {argv[0]}: {e.strerror or e}", time.monotonic() - t0)
+        try:
+            held.release()
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, err = proc.communicate()
+            return failed(label, TIMED_OUT, f"still running after {timeout_s:g} s; killed",
+                          time.monotonic() - t0, stdout=decode(out), stderr=decode(err))
+        except KeyboardInterrupt:  # stop it, and keep what it printed
+            _kill_group(proc)
+            try:
+                out, err = proc.communicate(timeout=5)  # what the pipes still hold (a process outside the group may hold them)
+            except subprocess.TimeoutExpired as e:
+                out, err = e.output or b"", e.stderr or b""
+            raise Interrupted([failed(label, INTERRUPTED, "stopped by Ctrl-C", time.monotonic() - t0,
+                                      stdout=decode(out), stderr=decode(err))]) from None
+        except BaseException:
+            _kill_group(proc)
+            proc.wait()
+            raise
     return finished(label, proc.returncode, decode(out), decode(err), time.monotonic() - t0)
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ml_debug.core import bounded
+from ml_debug.core import bounded, lifecycle
 from ml_debug.core.errors import EnvironmentProblem, UsageError
 from ml_debug.remote.hostlist import expand_hostlist
 from ml_debug.remote.result import INTERRUPTED, TIMED_OUT, UNREACHABLE, NodeResult, decode, failed, finished
@@ -173,27 +173,29 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
                 complete(task)
 
     argv = srun_argv(job_id, nodes, script, gres_gpu)
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-    except FileNotFoundError:
-        raise EnvironmentProblem("srun is not installed here", "run from a login node of the cluster") from None
-    readers = [threading.Thread(target=reader, args=(proc.stdout, False), daemon=True),
-               threading.Thread(target=reader, args=(proc.stderr, True), daemon=True)]
-    for r in readers:
-        r.start()
-    timed_out = interrupted = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    except KeyboardInterrupt:  # the step is cancelled below; what each task printed is kept
-        interrupted = True
-    finally:
-        if proc.poll() is None:
-            stop_srun(proc)
+    with lifecycle.held_signals() as held:  # a Ctrl-C while srun starts is raised in the try, which stops it
+        try:
+            proc = held.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, start_new_session=True)
+        except FileNotFoundError:
+            raise EnvironmentProblem("srun is not installed here", "run from a login node of the cluster") from None
+        readers = [threading.Thread(target=reader, args=(proc.stdout, False), daemon=True),
+                   threading.Thread(target=reader, args=(proc.stderr, True), daemon=True)]
         for r in readers:
-            r.join(timeout=5)
+            r.start()
+        timed_out = interrupted = False
+        try:
+            held.release()
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except KeyboardInterrupt:  # the step is cancelled below; what each task printed is kept
+            interrupted = True
+        finally:
+            if proc.poll() is None:
+                stop_srun(proc)
+            for r in readers:
+                r.join(timeout=5)
     elapsed = time.monotonic() - t0
     with lock:
         by_node = {t.node: t for t in tasks.values() if t.node is not None}

@@ -7,12 +7,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from ml_debug.core import lifecycle
 from ml_debug.procs.tree import process_state
 
 INSTALL_HINTS = {
@@ -53,48 +51,30 @@ def run_tool(argv: list[str], timeout: float, target_pid: int | None = None) -> 
     before = process_state(target_pid) if target_pid else None
     env = {**os.environ, "RUST_BACKTRACE": "0", "PYTHONWARNINGS": "ignore"}
     t0 = time.monotonic()
-    proc, ctrl_c = _start(argv, env)
-    try:
-        if ctrl_c is not None:
-            ctrl_c(signal.SIGINT, None)
-        out, err = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        proc.send_signal(signal.SIGTERM)  # py-spy and gdb detach cleanly on TERM
+    with lifecycle.held_signals() as held:  # a Ctrl-C while it starts is raised in the try, which stops it
+        proc = held.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            out, err = proc.communicate(timeout=2)
+            held.release()
+            out, err = proc.communicate(timeout=timeout)
+            timed_out = False
         except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-    except KeyboardInterrupt:  # the tool is in a session of its own, out of the terminal's Ctrl-C: stop it
-        os.killpg(proc.pid, signal.SIGKILL)  # and whatever it started (gdb forks helpers)
-        proc.communicate()
-        _resume(target_pid, before)
-        raise
+            timed_out = True
+            proc.send_signal(signal.SIGTERM)  # py-spy and gdb detach cleanly on TERM
+            try:
+                out, err = proc.communicate(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+        except KeyboardInterrupt:  # the tool is in a session of its own, out of the terminal's Ctrl-C: stop it
+            os.killpg(proc.pid, signal.SIGKILL)  # and whatever it started (gdb forks helpers)
+            proc.communicate()
+            _resume(target_pid, before)
+            raise
     seconds = time.monotonic() - t0
     _resume(target_pid, before)
     return ToolRun(rc=None if timed_out else proc.returncode, stdout=out or "", stderr=err or "",
                    seconds=seconds, timed_out=timed_out)
-
-
-def _start(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], Callable[[int, Any], Any] | None]:
-    """(the tool started, the SIGINT handler to call now that it can be stopped: a Ctrl-C came meanwhile).
-
-    In the main thread Ctrl-C is held back while the tool starts: a KeyboardInterrupt raised inside
-    Popen, after the fork, lost the process, which then ran on in its session of its own."""
-    came: list[int] = []
-    held = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum)) if held else None
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    finally:
-        if held:
-            signal.signal(signal.SIGINT, previous)
-    if not came or previous == signal.SIG_IGN:
-        return proc, None
-    return proc, previous if callable(previous) else signal.default_int_handler
 
 
 def _resume(target_pid: int | None, before: str | None) -> None:

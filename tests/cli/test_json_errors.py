@@ -14,6 +14,7 @@ whose success needs a job is named with the existing test that checks its docume
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ import pytest
 from ml_debug.cli.app import run
 from ml_debug.core import lifecycle, output
 from tests.conftest import REPO, pids_with_env, validate_schema, wait_until
-from tests.fakes import pythonpath
+from tests.fakes import pythonpath, signal_at_start
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +191,34 @@ def test_sigterm_ends_a_running_command_like_ctrl_c(argv: list[str]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_command_starts_its_child_leaves_no_child(sig: str, tmp_path: Path) -> None:
+    """The instant after Popen returned, before mldebug holds the child (a hook signals mldebug there,
+    tests/fakes/signal_at_start.py): the interrupt still finds the child and stops it. Exit 130, one JSON
+    document, and exec's `sleep` (in a session of its own) is gone."""
+    token = uuid.uuid4().hex
+    pids = tmp_path / "pids"
+    env = {**os.environ, MARKER: token, **signal_at_start.env(sig, "sleep", pids)}
+    try:
+        r = subprocess.run([sys.executable, "-m", "ml_debug", "--json", "exec", "--local", "--", "sleep", "60"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert pids.read_text().strip().isdigit(), "the hook did not signal at the start of the sleep"
+        assert r.returncode == 130, r.stderr
+        assert ("interrupted by SIGTERM" if sig == "SIGTERM" else "interrupted") in r.stderr, r.stderr
+        doc = json.loads(r.stdout)  # one document, nothing else
+        if doc["schema"] == "mldebug.error":
+            validate_schema(doc, "error")
+            assert doc["result"]["error"]["signal"] == sig
+        else:  # exec's own report, the node marked as interrupted
+            validate_schema(doc, "exec")
+            assert doc["result"]["ok"] is False, doc["result"]
+        wait_until(lambda: not pids_with_env(MARKER, token), 10, "no child left running")
+    finally:
+        for pid in pids_with_env(MARKER, token):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_an_allocation_that_fails_is_a_problem_found_not_unreachable_ranks() -> None:

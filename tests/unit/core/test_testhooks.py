@@ -31,6 +31,7 @@ contexts = {
     testhooks.BENCH_PAIR_EXCHANGE: dict(rank=0, pair=(0, 1), elapsed_s=lambda: 0.0),
     testhooks.LOGS_VERDICT: dict(verdict=None),
     testhooks.LOGS_READER_SHARE: dict(share=0),
+    testhooks.CHILD_STARTED: dict(pid=0, argv=["true"]),
 }
 assert set(contexts) | {testhooks.NVML_BACKEND} == set(testhooks.POINTS)
 for point, context in contexts.items():
