@@ -386,9 +386,9 @@ def exponent(ns: list[int], ts: list[float]) -> float:
 
 def logs_child(n: int) -> dict[str, Any]:
     """`mldebug logs` (the library's triage) over n rank files of LOG_BYTES, written to a temporary
-    directory first (not timed) and removed after, read twice side by side: by one reader (this process:
-    its CPU and wall time) and as `mldebug logs` reads by default (reader processes, one per CPU: wall
-    time, and the CPU of this process and of the readers); peak RSS, the rank each run names."""
+    directory first (not timed) and removed after, read twice side by side: as `mldebug logs` reads by
+    default (reader processes, one per CPU: wall time, and the CPU of this process and of the readers),
+    then by one reader (this process: its CPU and wall time); peak RSS, the rank both runs name."""
     import shutil
     import tempfile
 
@@ -398,20 +398,21 @@ def logs_child(n: int) -> dict[str, Any]:
     root = tempfile.mkdtemp(prefix="bench-scale-logs-")
     try:
         total = write_logs(root, n)
-        c0, w0 = time.process_time(), time.perf_counter()
-        alone = triage([root], jobs=1)
-        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
         kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         c0, w0 = time.process_time(), time.perf_counter()
-        report = triage([root])
+        report = triage([root])  # first: a fresh process, as a user's `mldebug logs`
         shared_cpu, shared_wall = time.process_time() - c0, time.perf_counter() - w0
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        summary, p = report.verdict.summary, report.verdict.primary
+        del report
+        c0, w0 = time.process_time(), time.perf_counter()
+        q = triage([root], jobs=1).verdict.primary
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    p, q = report.verdict.primary, alone.verdict.primary
     return {"n": n, "logs": cpu, "logs_alone_wall": wall, "logs_wall": shared_wall, "logs_client_cpu": shared_cpu,
             "logs_readers_cpu": kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime,
-            "logs_jobs": default_jobs(), "logs_bytes": total, "logs_summary": report.verdict.summary,
+            "logs_jobs": default_jobs(), "logs_bytes": total, "logs_summary": summary,
             "logs_rank": p.who.rank if p is not None and q is not None and p.who == q.who else None,
             "logs_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
