@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ml_debug.stacks.loop_order import RankFrames, loop_order
 from ml_debug.stacks.model import Frame
-from tests.conftest import REPO, mldebug, require, wait_until
+from tests.conftest import REPO, kill_pids, mldebug, pids_with_env, require, wait_until
 
 WORKER = r'''
 import json, os, time
@@ -82,7 +82,9 @@ def test_a_4_rank_gloo_job_with_one_rank_an_iteration_behind(tmp_path: Path) -> 
     markers.mkdir()
     script = tmp_path / "train_loop.py"
     script.write_text(WORKER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOOP_MARKERS": str(markers), "PYTHONPATH": str(REPO)}
+    token = tmp_path.name  # torchrun starts each rank in a session of its own: they are found by this mark
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOOP_MARKERS": str(markers), "PYTHONPATH": str(REPO),
+           "MLDEBUG_LOOP_ORDER_TEST": token}
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                             str(script)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
@@ -101,3 +103,5 @@ def test_a_4_rank_gloo_job_with_one_rank_an_iteration_behind(tmp_path: Path) -> 
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=30)
+        kill_pids(pids_with_env("MLDEBUG_LOOP_ORDER_TEST", token))  # rank 2 sleeps outside any collective
+        wait_until(lambda: not pids_with_env("MLDEBUG_LOOP_ORDER_TEST", token), 30, "no rank left")
