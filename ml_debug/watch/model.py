@@ -123,15 +123,16 @@ class RankTrack:
         return self.stacks[-1].where if self.stacks else None
 
     def as_dict(self, now: float) -> dict[str, Any]:
+        stacks = self.stacks
         return {"rank": self.rank, "host": self.host, "node": self.node, "pid": self.pid,
                 "local_rank": self.local_rank, "world_size": self.world_size, "status": self.status,
                 "state": self.state, "cpu_pct": self.cpu_pct, "gpu": self.gpu,
                 "progress_file": None if self.file is None else self.file.to_json(),
                 "last_progress": round(self.last_progress, 3), "idle_s": round(max(0.0, now - self.last_progress), 1),
-                "progress_why": self.progress_why, "where": self.where(), "signs": list(self.signs),
-                "straggler_why": self.straggler_why,
-                "stack_samples": len(self.stacks),
-                "waits_in_collectives": sum(s.in_collective for s in self.stacks)}
+                "progress_why": self.progress_why, "where": stacks[-1].where if stacks else None,
+                "signs": list(self.signs), "straggler_why": self.straggler_why,
+                "stack_samples": len(stacks),
+                "waits_in_collectives": sum(s.in_collective for s in stacks) if stacks else 0}
 
 
 @dataclass
@@ -257,19 +258,21 @@ class Tracker:
 
     def _update_rank(self, r: RankTrack, row: RankSample, gpus: dict[int, GpuSample], n: NodeTrack,
                      received: float) -> None:
+        # once per rank and sample (16k ranks a round): the common case (a rank on its GPU, with its own
+        # readable progress file) takes no detour
         r.last_seen = received
         if r.status in ("exited", "unknown"):
             r.status = "ok"
-        r.state = row.state
+        r.state = state = row.state
         r.cpu_pct = row.cpu_pct
-        mine = [gpus[i] for i in row.gpu or [] if i in gpus]
+        mine = [gpus[i] for i in row.gpu if i in gpus] if row.gpu else []
         r.gpu = [{"index": g.index, "util_pct": g.util_pct, "power_pct": g.power_pct,
                   "mem_used_bytes": g.mem_used_bytes, "mem_total_bytes": g.mem_total_bytes}
                  for g in mine]
-        signs = [s for s in r.signs if s.startswith("exited")]
-        if r.state == "D":
+        signs = [s for s in r.signs if s.startswith("exited")] if r.signs else []
+        if state == "D":
             signs.append("in D state (uninterruptible: I/O or a driver call)")
-        elif r.state == "Z":
+        elif state == "Z":
             signs.append("a zombie (exited, not reaped)")
         spinning = [g for g in mine if (g.util_pct or 0) >= GPU_BUSY_PCT
                     and g.power_pct is not None and g.power_pct <= GPU_LOW_POWER_PCT]
@@ -279,10 +282,14 @@ class Tracker:
                          "(a kernel spinning while it waits for a peer)")
         r.signs = signs
         own = row.progress
-        files = [own] if own else list(n.progress) + ([f for other in self.nodes.values() if other is not n
-                                                       for f in other.progress] if self._with_files else [])
         r.file = own  # shown, an unreadable one with its error
-        files = [f for f in files if not f.error]  # one that cannot be read says nothing: judge by CPU/GPU
+        # one that cannot be read says nothing: judge by CPU/GPU
+        if own is not None:
+            files = [] if own.error else [own]
+        else:
+            files = [f for f in n.progress if not f.error]
+            if self._with_files:
+                files += [f for other in self.nodes.values() if other is not n for f in other.progress if not f.error]
         if files:
             first = not r.by_file  # the file knows better than "first seen": it may have stopped long ago
             r.by_file = True
@@ -294,8 +301,7 @@ class Tracker:
                 if first or changed > r.last_progress + 1e-6:
                     first = False
                     r.last_progress = changed
-                    step = f" (step {f.step})" if f.step is not None else ""
-                    r.progress_why = f"{f.path} grew{step}"
+                    r.progress_why = f"{f.path} grew (step {f.step})" if f.step is not None else f"{f.path} grew"
             if own is not None and not own.error:
                 self._to_rate.append((r, own))
             return
@@ -305,7 +311,7 @@ class Tracker:
             g = working[0]
             r.last_progress, r.progress_why = received, f"GPU {g.index} computing ({g.util_pct or 0:.0f}% busy, " \
                                                          f"{g.power_pct or 0:.0f}% power)"
-        elif cpu >= CPU_ACTIVE_PCT and not spinning and r.state not in ("D", "Z", "T", "t"):
+        elif cpu >= CPU_ACTIVE_PCT and not spinning and state not in ("D", "Z", "T", "t"):
             r.last_progress, r.progress_why = received, f"CPU {cpu:.0f}%"
 
     def _judge_rates(self) -> None:
