@@ -30,6 +30,7 @@ itself is an incident.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -124,11 +125,12 @@ class RankTrack:
 
     def as_dict(self, now: float) -> dict[str, Any]:
         stacks = self.stacks
+        idle = now - self.last_progress
         return {"rank": self.rank, "host": self.host, "node": self.node, "pid": self.pid,
                 "local_rank": self.local_rank, "world_size": self.world_size, "status": self.status,
                 "state": self.state, "cpu_pct": self.cpu_pct, "gpu": self.gpu,
                 "progress_file": None if self.file is None else self.file.to_json(),
-                "last_progress": round(self.last_progress, 3), "idle_s": round(max(0.0, now - self.last_progress), 1),
+                "last_progress": round(self.last_progress, 3), "idle_s": round(idle if idle > 0.0 else 0.0, 1),
                 "progress_why": self.progress_why, "where": stacks[-1].where if stacks else None,
                 "signs": list(self.signs), "straggler_why": self.straggler_why,
                 "stack_samples": len(stacks),
@@ -201,6 +203,8 @@ class Tracker:
         self._with_files: set[str] = set()  # the nodes whose job-wide progress files are known
         # (rank, its file) updated since the step rates were last judged: judged together against one median
         self._to_rate: list[tuple[RankTrack, ProgressFile]] = []
+        self._seen_ranks: list[RankTrack] = []  # self.ranks's values when they were last sorted, and sorted
+        self._sorted_ranks: list[RankTrack] = []
 
     # -- input ----------------------------------------------------------------------------------
     def node(self, label: str) -> NodeTrack:
@@ -324,20 +328,16 @@ class Tracker:
                        if rk.file and rk.file.rate is not None and rk.status != "exited")
         median = None if len(rates) < 2 else rates[len(rates) // 2] if len(rates) % 2 else \
             (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
+        factor = self.factor
+        slow_below = median / factor if factor > 0 and median is not None and median > 0 else None
         for r, f in todo:
-            self._rate(r, f, median)
-
-    def _rate(self, r: RankTrack, f: ProgressFile, median: float | None) -> None:
-        rate = f.rate
-        if self.factor <= 0 or rate is None or median is None:
-            r.slow = 0
-            return
-        if median > 0 and rate < median / self.factor:
-            r.slow += 1
-            r.straggler_why = (f"{rate:.3g} steps/s while the median rank makes {median:.3g} "
-                               f"(below 1/{self.factor:g} of it for {r.slow} samples)")
-        else:
-            r.slow = 0
+            rate = f.rate
+            if slow_below is not None and rate is not None and rate < slow_below:
+                r.slow += 1
+                r.straggler_why = (f"{rate:.3g} steps/s while the median rank makes {median:.3g} "
+                                   f"(below 1/{factor:g} of it for {r.slow} samples)")
+            else:
+                r.slow = 0
 
     def add_stacks(self, observations: list[dict[str, Any]], taken: float) -> None:
         """One stack round: ``{"host", "pid", "key", "where", "in_collective", "collective"}`` per rank."""
@@ -524,8 +524,13 @@ class Tracker:
             return self._snapshot(now)
 
     def _snapshot(self, now: float) -> dict[str, Any]:
-        ranks = sorted(self.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.host, r.pid))
-        return {"ranks": [r.as_dict(now) for r in ranks],
+        ranks = list(self.ranks.values())
+        # sorted again only when the ranks changed (the same objects in the same order: an identity test at C
+        # speed; a rank's number, host and pid never change)
+        if len(ranks) != len(self._seen_ranks) or not all(map(operator.is_, ranks, self._seen_ranks)):
+            self._seen_ranks = ranks
+            self._sorted_ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.host, r.pid))
+        return {"ranks": [r.as_dict(now) for r in self._sorted_ranks],
                 "nodes": [n.as_dict() for n in sorted(self.nodes.values(), key=lambda n: n.label)],
                 "samples": self.samples, "stack_rounds": self.stack_rounds,
                 "watched_s": round(now - self.started, 1)}
