@@ -442,7 +442,7 @@ class Tracker:
             if watching and self.factor > 0:
                 if r.slow >= SLOW_SAMPLES:
                     why = r.straggler_why
-                else:
+                elif len(r.stacks) >= MIN_STACK_SAMPLES:  # (fewer: no verdict, and no pool to count)
                     if pool is None:
                         pool = self._stack_pool(live, now)
                     why = self._stack_straggler(r, pool)
