@@ -13,6 +13,7 @@ counter look the same to every reader.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import contains, itemgetter
 from typing import Any
@@ -25,6 +26,7 @@ class SampleError(ValueError):
     """A line that is not a node sample this mldebug can read."""
 
 
+_fast_loads: Callable[[bytes], Any] | None
 try:  # orjson parses a node's line ~3x faster than json (2,048 nodes: ~70 ms of client CPU a round)
     from orjson import loads as _fast_loads
 except ImportError:  # a dependency; without it (a partial install) json reads every line
@@ -122,7 +124,7 @@ def _objects(d: dict[str, Any], key: str) -> list[dict[str, Any]]:
 # int, a float, a str, None; a list of exactly ints or strs): the tests are C-level (a frozenset lookup per
 # field, `issuperset` over a list's item types) instead of a Python call per field. Anything else (a
 # missing key, a bool, an int subclass, a wrong type) goes to the checked reader, which accepts or refuses
-# it, and says why, as before: the two paths agree on every input (tests/unit/sampling/test_node_sample.py).
+# it, and says why, as before: the two paths agree on every input (tests/unit/sampling/test_sample_readers.py).
 _NONE = type(None)
 _INT = frozenset({int})
 _STR = frozenset({str})
@@ -131,11 +133,6 @@ _I = frozenset({int, _NONE})
 _F = frozenset({int, float, _NONE})  # an int stays an int, as _opt_float keeps it
 _S = frozenset({str, _NONE})
 _L = frozenset({list, _NONE})  # the items are tested apart
-
-
-def _kinds_ok(kinds: tuple[frozenset[type], ...], values: tuple[Any, ...]) -> bool:
-    """Whether each value's type is one of its field's plain kinds."""
-    return all(map(contains, kinds, map(type, values)))
 
 
 def _copy(v: list[Any] | None) -> list[Any] | None:
@@ -175,7 +172,7 @@ class ProgressFile:
         except KeyError:
             return cls._checked(d)
         rank = d.get("rank")
-        if _kinds_ok(_PROGRESS_KINDS, v) and (rank is None or type(rank) is int):
+        if all(map(contains, _PROGRESS_KINDS, map(type, v))) and (rank is None or type(rank) is int):
             path, kind, step, lines, rate, age_s, error, pattern = v
             return cls(path, kind or "lines", step, lines or 0, rate, age_s, error, pattern, rank, "rank" in d)
         return cls._checked(d)
@@ -227,7 +224,8 @@ class GpuSample:
             return cls._checked(d)
         (index, name, uuid, bus_id, mem_total, util, power, limit, power_pct, mem_used, temp, throttle, ecc, xid,
          pids) = v
-        if _kinds_ok(_GPU_KINDS, v) and (throttle is None or _STR.issuperset(map(type, throttle))) \
+        if all(map(contains, _GPU_KINDS, map(type, v))) \
+                and (throttle is None or _STR.issuperset(map(type, throttle))) \
                 and (xid is None or _INT.issuperset(map(type, xid))) \
                 and (pids is None or _INT.issuperset(map(type, pids))):
             return cls(index, name, uuid, bus_id, mem_total, util, power, limit, power_pct, mem_used, temp,
@@ -277,7 +275,7 @@ class RankSample:
         except KeyError:
             return cls._checked(d)
         pid, label, rank, local_rank, world_size, rank_source, user, cmdline, state, cpu, rss, threads, gpu, prog = v
-        if _kinds_ok(_RANK_KINDS, v) and (gpu is None or _INT.issuperset(map(type, gpu))):
+        if all(map(contains, _RANK_KINDS, map(type, v))) and (gpu is None or _INT.issuperset(map(type, gpu))):
             own = None
             if prog is not None:  # a rank's own file names no rank on the wire: it is this rank's
                 own = ProgressFile.from_json(prog)

@@ -273,14 +273,14 @@ def find_outliers(nodes: Sequence[dict[str, Any]], rules: Rules = RULES) -> list
         groups += [([gpus[i] for i in at], [gpu_nodes[i] for i in at], [utils[i] for i in at],
                     [powers[i] for i in at]) for at in members.values()]
     for same, owners, util_raw, power_raw in groups:
-        util, key_of = _present(util_raw, same, owners)
-        for f in _far_from_median(util, key_of, floor=rules.util_floor, ratio=rules.ratio, z=rules.z,
+        util_nums, key_of = _present(util_raw, same, owners)
+        for f in _far_from_median(util_nums, key_of, floor=rules.util_floor, ratio=rules.ratio, z=rules.z,
                                   min_peers=rules.min_peers):
             n, g = f.key
             out.append(_entry("gpu_util", n, f"{_gpu_name(n, g)}: {f.value:.0f}% busy vs median {f.median:.0f}% of "
                                              f"{f.peers} GPUs ({_times(f)})", gpu=g, far=f))
-        power, key_of = _present(power_raw, same, owners)
-        for f in _far_from_median(power, key_of, floor=rules.power_floor, ratio=rules.ratio, z=rules.z,
+        power_nums, key_of = _present(power_raw, same, owners)
+        for f in _far_from_median(power_nums, key_of, floor=rules.power_floor, ratio=rules.ratio, z=rules.z,
                                   min_peers=rules.min_peers):
             n, g = f.key
             out.append(_entry("gpu_power", n, f"{_gpu_name(n, g)}: power {f.value:.0f}% of its limit vs median "

@@ -250,6 +250,8 @@ class Tracker:
                 mine[key] = None
                 self.events.append(f"watching {r.label}")
             self._update_rank(r, row, gpus, n, received)
+        if mine.keys() <= seen and mine.keys() <= self.ranks.keys():
+            return  # every rank of the node is still there (the common case, tested at C speed)
         for key in list(mine):
             r = self.ranks.get(key)
             if r is None:  # removed by its owner (the exporter forgets exited ranks)
