@@ -287,6 +287,20 @@ def _best(fn: Callable[[], object], repeat: int, budget: float = BUDGET_S) -> fl
     return best
 
 
+def _calls(fn: Callable[[], object]) -> int:
+    """The Python function calls of one fn() (cProfile's count): the work done, whatever the machine does
+    beside it; its exponent says whether the code is linear where the time's also carries the caches
+    (a 1k-rank job's data fits in them, a 16k one's does not)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    return int(pstats.Stats(prof).total_calls)  # type: ignore[attr-defined]
+
+
 def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
     """CPU seconds of one `top` round and one `watch` round over the n/8 nodes' samples (each: the JSON
     lines parsed into NodeSample as the client's feeds do, then top's table model and outliers, or
@@ -370,6 +384,8 @@ def child(n: int) -> dict[str, Any]:
     out["merge"] = _best(lambda: analyse(members), repeat)
     out["fr_analysis"] = _best(lambda: fr_analyse(records), repeat)
     out["fr_section"] = _best(lambda: section(records), repeat)
+    out["calls"] = {"merge": _calls(lambda: analyse(members)), "fr_analysis": _calls(lambda: fr_analyse(records)),
+                    "fr_section": _calls(lambda: section(records))}
     verdict = analyse(members).verdict
     fr = fr_analyse(records)
     assert fr is not None
@@ -456,8 +472,11 @@ def run() -> list[Result]:
                        for n, t in zip(ns, ts, strict=True))
         verdict = "PASS" if k <= EXPONENT_GOAL and (goal is None or ts[-1] < goal) else "FAIL"
         goal_text = f"; goal at {ns[-1]}: < {goal} s" if goal else ""
+        calls = [r["calls"][key] for r in rows if key in r.get("calls", {})]
+        work = f"; Python calls {calls[0]:,} at {ns[0]}, k {exponent(ns, calls):.2f}" \
+            if len(calls) == len(ns) > 1 else ""
         out.append(Result(f"scale: {label} (exponent)", k,
-                          f"{at}; goal k <= {EXPONENT_GOAL}{goal_text}: {verdict}"))
+                          f"{at}{work}; goal k <= {EXPONENT_GOAL}{goal_text}: {verdict}"))
     walls = [r["logs_wall"] for r in rows]
     out.append(Result("scale: mldebug logs wall time (exponent)", exponent(ns, walls) if len(ns) > 1 else float("nan"),
                       ", ".join(f"{n} files {w:.1f} s" for n, w in zip(ns, walls, strict=True))
