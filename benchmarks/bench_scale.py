@@ -6,8 +6,8 @@
 Each size runs in a fresh child process that builds what the client holds after a 16k-rank
 `dump-stacks`: every node's document as JSON text, parsed back and read by
 `stacks.report.read_node_document` as the client reads it, then times (CPU time of the child: steadier
-than wall time on a shared machine, the analyses are single-threaded; the least of at least 7/5/3 runs at
-1k/4k/16k and of as many more as fit in 2 s of CPU, up to 100: see `_best`):
+than wall time on a shared machine, the analyses are single-threaded; the least of REPEAT = 11 runs at
+every size):
 
 - stack merge and verdict (`stacks.merge.analyse`): every rank waits in one all_reduce under a
   20-frame stack, 2 samples each, except one rank stuck in its data loader;
@@ -269,21 +269,16 @@ def node_sample(node: int, n: int, seq: int) -> dict[str, Any]:
 
 # ---- one size, in a child ------------------------------------------------------------------------
 
-BUDGET_S = 2.0  # each figure: repeated until this much CPU time was spent on it (and at least `repeat` times)
-MAX_REPEAT = 100
+REPEAT = 11  # the dump-stacks paths: the least of this many runs, at every size
 
 
-def _best(fn: Callable[[], object], repeat: int, budget: float = BUDGET_S) -> float:
-    """The least CPU time of fn() over at least `repeat` runs, and as many more as fit in `budget` seconds
-    (at most MAX_REPEAT): a 20 ms path at 1k ranks is timed ~100 times, a 0.6 s one at 16k 3 times, so the
-    small sizes, where a busy moment weighs most, are the most repeated and the fitted exponent is the
-    code's, not the machine's."""
-    best, spent, runs = math.inf, 0.0, 0
-    while runs < repeat or (spent < budget and runs < MAX_REPEAT):
+def _best(fn: Callable[[], object], repeat: int) -> float:
+    """The least CPU time of fn() over `repeat` runs."""
+    best = math.inf
+    for _ in range(repeat):
         t0 = time.process_time()
         fn()
-        took = time.process_time() - t0
-        best, spent, runs = min(best, took), spent + took, runs + 1
+        best = min(best, time.process_time() - t0)
     return best
 
 
@@ -379,7 +374,10 @@ def child(n: int) -> dict[str, Any]:
         members += [Member(host=p.target.host, pid=p.target.pid, rank=p.target.rank, local_rank=p.target.local_rank,
                            world_size=p.target.world_size, samples=p.samples) for p in doc.processes]
         records += doc.fr_records
-    repeat = 7 if n <= 1024 else 5 if n <= 4096 else 3  # at least; then as many as fit in BUDGET_S (_best)
+    # The same number of runs at every size: the least of many more runs at 1k than at 16k would favour the
+    # small size (the more runs, the lower their least) and so raise the fitted exponent; of 3-7 runs (as
+    # before) a 20 ms path at 1k was often timed in a busy moment only, and lowered it.
+    repeat = REPEAT
     out: dict[str, Any] = {"n": n, "read": read}
     out["merge"] = _best(lambda: analyse(members), repeat)
     out["fr_analysis"] = _best(lambda: fr_analyse(records), repeat)
@@ -396,9 +394,9 @@ def child(n: int) -> dict[str, Any]:
     names = [host_of(r) for r in range(0, n, PER_NODE) if (r // PER_NODE) % 61 != 7]
     expr = compress_hostlist(names)
     rounds = max(1, 65536 // n)  # enough work to time at the smallest size
-    out["ranges"] = _best(lambda: [(compress(ranks), expand(text)) for _ in range(rounds)], repeat, 0.5) / rounds
+    out["ranges"] = _best(lambda: [(compress(ranks), expand(text)) for _ in range(rounds)], repeat) / rounds
     out["hostlist"] = _best(lambda: [(compress_hostlist(names), expand_hostlist(expr)) for _ in range(rounds)],
-                            repeat, 0.5) / rounds
+                            repeat) / rounds
     out["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
