@@ -123,8 +123,9 @@ def _objects(d: dict[str, Any], key: str) -> list[dict[str, Any]]:
 # field's value is taken as it is when its type is exactly one the checked reader returns unchanged (an
 # int, a float, a str, None; a list of exactly ints or strs): the tests are C-level (a frozenset lookup per
 # field, `issuperset` over a list's item types) instead of a Python call per field. Anything else (a
-# missing key, a bool, an int subclass, a wrong type) goes to the checked reader, which accepts or refuses
-# it, and says why, as before: the two paths agree on every input (tests/unit/sampling/test_sample_readers.py).
+# missing key, a bool, an int subclass, a wrong type, a dict subclass) goes to the checked reader, which
+# accepts or refuses it, and says why, as before: the two paths agree on every input
+# (tests/unit/sampling/test_sample_readers.py).
 _NONE = type(None)
 _INT = frozenset({int})
 _STR = frozenset({str})
@@ -167,6 +168,8 @@ class ProgressFile:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ProgressFile:
+        if type(d) is not dict:  # (a dict's subclass, or not a dict: as the checked reader takes it)
+            return cls._checked(d)
         try:
             v = _PROGRESS_GET(d)
         except KeyError:
@@ -218,6 +221,8 @@ class GpuSample:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GpuSample:
+        if type(d) is not dict:  # (a dict's subclass, or not a dict: as the checked reader takes it)
+            return cls._checked(d)
         try:
             v = _GPU_GET(d)
         except KeyError:
@@ -270,6 +275,8 @@ class RankSample:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RankSample:
+        if type(d) is not dict:  # (a dict's subclass, or not a dict: as the checked reader takes it)
+            return cls._checked(d)
         try:
             v = _RANK_GET(d)
         except KeyError:

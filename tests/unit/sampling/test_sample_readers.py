@@ -87,3 +87,12 @@ def test_a_whole_number_beyond_64_bits_is_read_as_json_reads_it() -> None:
     sample = NodeSample.from_line(read_json(line), line)
     assert sample.node.mem_total_bytes == 1 << 70 and type(sample.node.mem_total_bytes) is int
     assert sample == NodeSample.from_json(json.loads(line))
+
+
+def test_a_dict_subclass_is_read_by_the_checked_reader() -> None:
+    from collections import defaultdict
+
+    golden = json.loads(GOLDEN.read_text())
+    gpu: defaultdict[str, Any] = defaultdict(lambda: 1, golden["gpus"][0])
+    del gpu["name"]  # the fast path's lookup would have made it 1
+    assert GpuSample.from_json(gpu) == GpuSample._checked(gpu) and GpuSample.from_json(gpu).name is None
