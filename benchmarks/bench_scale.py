@@ -5,8 +5,9 @@
 
 Each size runs in a fresh child process that builds what the client holds after a 16k-rank
 `dump-stacks`: every node's document as JSON text, parsed back and read by
-`stacks.report.read_node_document` as the client reads it, then times (CPU time of the child,
-best of 2-3 runs: steadier than wall time on a shared machine; the analyses are single-threaded):
+`stacks.report.read_node_document` as the client reads it, then times (CPU time of the child: steadier
+than wall time on a shared machine, the analyses are single-threaded; the least of REPEAT = 11 runs at
+every size):
 
 - stack merge and verdict (`stacks.merge.analyse`): every rank waits in one all_reduce under a
   20-frame stack, 2 samples each, except one rank stuck in its data loader;
@@ -268,13 +269,31 @@ def node_sample(node: int, n: int, seq: int) -> dict[str, Any]:
 
 # ---- one size, in a child ------------------------------------------------------------------------
 
+REPEAT = 11  # the dump-stacks paths: the least of this many runs, at every size
+
+
 def _best(fn: Callable[[], object], repeat: int) -> float:
+    """The least CPU time of fn() over `repeat` runs."""
     best = math.inf
     for _ in range(repeat):
         t0 = time.process_time()
         fn()
         best = min(best, time.process_time() - t0)
     return best
+
+
+def _calls(fn: Callable[[], object]) -> int:
+    """The Python function calls of one fn() (cProfile's count): the work done, whatever the machine does
+    beside it; its exponent says whether the code is linear where the time's also carries the caches
+    (a 1k-rank job's data fits in them, a 16k one's does not)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    return int(pstats.Stats(prof).total_calls)  # type: ignore[attr-defined]
 
 
 def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
@@ -302,7 +321,7 @@ def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
 
 def _rounds(n: int, nodes: int, rounds: int, feeds: list[Any], spec: Any, opts: Any, tracker: Any,
             t0: float) -> dict[str, Any]:
-    from ml_debug.sampling.sample import NodeSample
+    from ml_debug.sampling.sample import NodeSample, read_json
     from ml_debug.top.model import snapshot
 
     top_t, watch_t = math.inf, math.inf
@@ -313,7 +332,7 @@ def _rounds(n: int, nodes: int, rounds: int, feeds: list[Any], spec: Any, opts: 
         now = t0 + seq * SAMPLE_INTERVAL
         c0 = time.process_time()
         for feed, line in zip(feeds, lines, strict=True):
-            feed.sample, feed.received = NodeSample.from_json(json.loads(line)), now
+            feed.sample, feed.received = NodeSample.from_line(read_json(line), line), now  # as Client._lines
         cp = time.process_time()
         result = snapshot(feeds, spec, opts, started=t0, now=now)
         c1 = time.process_time()
@@ -355,11 +374,16 @@ def child(n: int) -> dict[str, Any]:
         members += [Member(host=p.target.host, pid=p.target.pid, rank=p.target.rank, local_rank=p.target.local_rank,
                            world_size=p.target.world_size, samples=p.samples) for p in doc.processes]
         records += doc.fr_records
-    repeat = 7 if n <= 1024 else 5 if n <= 4096 else 3  # best of: the small sizes are the noisiest
+    # The same number of runs at every size: the least of many more runs at 1k than at 16k would favour the
+    # small size (the more runs, the lower their least) and so raise the fitted exponent; of 3-7 runs (as
+    # before) a 20 ms path at 1k was often timed in a busy moment only, and lowered it.
+    repeat = REPEAT
     out: dict[str, Any] = {"n": n, "read": read}
     out["merge"] = _best(lambda: analyse(members), repeat)
     out["fr_analysis"] = _best(lambda: fr_analyse(records), repeat)
     out["fr_section"] = _best(lambda: section(records), repeat)
+    out["calls"] = {"merge": _calls(lambda: analyse(members)), "fr_analysis": _calls(lambda: fr_analyse(records)),
+                    "fr_section": _calls(lambda: section(records))}
     verdict = analyse(members).verdict
     fr = fr_analyse(records)
     assert fr is not None
@@ -457,8 +481,11 @@ def run() -> list[Result]:
                        for n, t in zip(ns, ts, strict=True))
         verdict = "PASS" if k <= EXPONENT_GOAL and (goal is None or ts[-1] < goal) else "FAIL"
         goal_text = f"; goal at {ns[-1]}: < {goal} s" if goal else ""
+        calls = [r["calls"][key] for r in rows if key in r.get("calls", {})]
+        work = f"; Python calls {calls[0]:,} at {ns[0]}, k {exponent(ns, calls):.2f}" \
+            if len(calls) == len(ns) > 1 else ""
         out.append(Result(f"scale: {label} (exponent)", k,
-                          f"{at}; goal k <= {EXPONENT_GOAL}{goal_text}: {verdict}"))
+                          f"{at}{work}; goal k <= {EXPONENT_GOAL}{goal_text}: {verdict}"))
     walls = [r["logs_wall"] for r in rows]
     largest = rows[-1]
     out.append(Result("scale: mldebug logs wall time, default readers (exponent)",

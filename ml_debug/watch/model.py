@@ -29,9 +29,11 @@ itself is an incident.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,15 +125,17 @@ class RankTrack:
         return self.stacks[-1].where if self.stacks else None
 
     def as_dict(self, now: float) -> dict[str, Any]:
+        stacks = self.stacks
+        idle = now - self.last_progress
         return {"rank": self.rank, "host": self.host, "node": self.node, "pid": self.pid,
                 "local_rank": self.local_rank, "world_size": self.world_size, "status": self.status,
                 "state": self.state, "cpu_pct": self.cpu_pct, "gpu": self.gpu,
                 "progress_file": None if self.file is None else self.file.to_json(),
-                "last_progress": round(self.last_progress, 3), "idle_s": round(max(0.0, now - self.last_progress), 1),
-                "progress_why": self.progress_why, "where": self.where(), "signs": list(self.signs),
-                "straggler_why": self.straggler_why,
-                "stack_samples": len(self.stacks),
-                "waits_in_collectives": sum(s.in_collective for s in self.stacks)}
+                "last_progress": round(self.last_progress, 3), "idle_s": round(idle if idle > 0.0 else 0.0, 1),
+                "progress_why": self.progress_why, "where": stacks[-1].where if stacks else None,
+                "signs": list(self.signs), "straggler_why": self.straggler_why,
+                "stack_samples": len(stacks),
+                "waits_in_collectives": sum(s.in_collective for s in stacks) if stacks else 0}
 
 
 @dataclass
@@ -200,6 +204,8 @@ class Tracker:
         self._with_files: set[str] = set()  # the nodes whose job-wide progress files are known
         # (rank, its file) updated since the step rates were last judged: judged together against one median
         self._to_rate: list[tuple[RankTrack, ProgressFile]] = []
+        self._seen_ranks: list[RankTrack] = []  # self.ranks's values when they were last sorted, and sorted
+        self._sorted_ranks: list[RankTrack] = []
 
     # -- input ----------------------------------------------------------------------------------
     def node(self, label: str) -> NodeTrack:
@@ -245,6 +251,8 @@ class Tracker:
                 mine[key] = None
                 self.events.append(f"watching {r.label}")
             self._update_rank(r, row, gpus, n, received)
+        if mine.keys() <= seen and mine.keys() <= self.ranks.keys():
+            return  # every rank of the node is still there (the common case, tested at C speed)
         for key in list(mine):
             r = self.ranks.get(key)
             if r is None:  # removed by its owner (the exporter forgets exited ranks)
@@ -257,19 +265,21 @@ class Tracker:
 
     def _update_rank(self, r: RankTrack, row: RankSample, gpus: dict[int, GpuSample], n: NodeTrack,
                      received: float) -> None:
+        # once per rank and sample (16k ranks a round): the common case (a rank on its GPU, with its own
+        # readable progress file) takes no detour
         r.last_seen = received
         if r.status in ("exited", "unknown"):
             r.status = "ok"
-        r.state = row.state
+        r.state = state = row.state
         r.cpu_pct = row.cpu_pct
-        mine = [gpus[i] for i in row.gpu or [] if i in gpus]
+        mine = [gpus[i] for i in row.gpu if i in gpus] if row.gpu else []
         r.gpu = [{"index": g.index, "util_pct": g.util_pct, "power_pct": g.power_pct,
                   "mem_used_bytes": g.mem_used_bytes, "mem_total_bytes": g.mem_total_bytes}
                  for g in mine]
-        signs = [s for s in r.signs if s.startswith("exited")]
-        if r.state == "D":
+        signs = [s for s in r.signs if s.startswith("exited")] if r.signs else []
+        if state == "D":
             signs.append("in D state (uninterruptible: I/O or a driver call)")
-        elif r.state == "Z":
+        elif state == "Z":
             signs.append("a zombie (exited, not reaped)")
         spinning = [g for g in mine if (g.util_pct or 0) >= GPU_BUSY_PCT
                     and g.power_pct is not None and g.power_pct <= GPU_LOW_POWER_PCT]
@@ -279,10 +289,14 @@ class Tracker:
                          "(a kernel spinning while it waits for a peer)")
         r.signs = signs
         own = row.progress
-        files = [own] if own else list(n.progress) + ([f for other in self.nodes.values() if other is not n
-                                                       for f in other.progress] if self._with_files else [])
         r.file = own  # shown, an unreadable one with its error
-        files = [f for f in files if not f.error]  # one that cannot be read says nothing: judge by CPU/GPU
+        # one that cannot be read says nothing: judge by CPU/GPU
+        if own is not None:
+            files = [] if own.error else [own]
+        else:
+            files = [f for f in n.progress if not f.error]
+            if self._with_files:
+                files += [f for other in self.nodes.values() if other is not n for f in other.progress if not f.error]
         if files:
             first = not r.by_file  # the file knows better than "first seen": it may have stopped long ago
             r.by_file = True
@@ -294,8 +308,7 @@ class Tracker:
                 if first or changed > r.last_progress + 1e-6:
                     first = False
                     r.last_progress = changed
-                    step = f" (step {f.step})" if f.step is not None else ""
-                    r.progress_why = f"{f.path} grew{step}"
+                    r.progress_why = f"{f.path} grew (step {f.step})" if f.step is not None else f"{f.path} grew"
             if own is not None and not own.error:
                 self._to_rate.append((r, own))
             return
@@ -305,7 +318,7 @@ class Tracker:
             g = working[0]
             r.last_progress, r.progress_why = received, f"GPU {g.index} computing ({g.util_pct or 0:.0f}% busy, " \
                                                          f"{g.power_pct or 0:.0f}% power)"
-        elif cpu >= CPU_ACTIVE_PCT and not spinning and r.state not in ("D", "Z", "T", "t"):
+        elif cpu >= CPU_ACTIVE_PCT and not spinning and state not in ("D", "Z", "T", "t"):
             r.last_progress, r.progress_why = received, f"CPU {cpu:.0f}%"
 
     def _judge_rates(self) -> None:
@@ -314,24 +327,20 @@ class Tracker:
         todo, self._to_rate = self._to_rate, []
         if not todo:
             return
-        rates = sorted(rk.file.rate for rk in self.ranks.values()
-                       if rk.file and rk.file.rate is not None and rk.status != "exited")
+        rates = sorted([rate for rk in self.ranks.values()
+                        if (f := rk.file) is not None and (rate := f.rate) is not None and rk.status != "exited"])
         median = None if len(rates) < 2 else rates[len(rates) // 2] if len(rates) % 2 else \
             (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
+        factor = self.factor
+        slow_below = median / factor if factor > 0 and median is not None and median > 0 else None
         for r, f in todo:
-            self._rate(r, f, median)
-
-    def _rate(self, r: RankTrack, f: ProgressFile, median: float | None) -> None:
-        rate = f.rate
-        if self.factor <= 0 or rate is None or median is None:
-            r.slow = 0
-            return
-        if median > 0 and rate < median / self.factor:
-            r.slow += 1
-            r.straggler_why = (f"{rate:.3g} steps/s while the median rank makes {median:.3g} "
-                               f"(below 1/{self.factor:g} of it for {r.slow} samples)")
-        else:
-            r.slow = 0
+            rate = f.rate
+            if slow_below is not None and rate is not None and rate < slow_below:
+                r.slow += 1
+                r.straggler_why = (f"{rate:.3g} steps/s while the median rank makes {median:.3g} "
+                                   f"(below 1/{factor:g} of it for {r.slow} samples)")
+            else:
+                r.slow = 0
 
     def add_stacks(self, observations: list[dict[str, Any]], taken: float) -> None:
         """One stack round: ``{"host", "pid", "key", "where", "in_collective", "collective"}`` per rank."""
@@ -436,7 +445,7 @@ class Tracker:
             if watching and self.factor > 0:
                 if r.slow >= SLOW_SAMPLES:
                     why = r.straggler_why
-                else:
+                elif len(r.stacks) >= MIN_STACK_SAMPLES:  # (fewer: no verdict, and no pool to count)
                     if pool is None:
                         pool = self._stack_pool(live, now)
                     why = self._stack_straggler(r, pool)
@@ -503,12 +512,11 @@ class Tracker:
         live = [r for r in self.ranks.values() if r.status != "exited"]
         if not live:
             return "no rank process found yet"
-        counts: dict[str, int] = {}
-        for r in live:
-            counts[r.status] = counts.get(r.status, 0) + 1
-        idle = max(now - r.last_progress for r in live)
+        # (16k ranks: each pass at C speed)
+        counts = Counter(map(operator.attrgetter("status"), live))
+        idle = max(map(operator.sub, itertools.repeat(now), map(operator.attrgetter("last_progress"), live)))
         silent = [n.label for n in self.nodes.values() if not n.answering]
-        return (f"{len(live)} rank(s) on {len({r.node for r in live})} node(s): "
+        return (f"{len(live)} rank(s) on {len(set(map(operator.attrgetter('node'), live)))} node(s): "
                 + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
                 + f"; longest without progress {seconds(idle)}"
                 + (f"; not answering: {', '.join(silent)}" if silent else ""))
@@ -518,8 +526,13 @@ class Tracker:
             return self._snapshot(now)
 
     def _snapshot(self, now: float) -> dict[str, Any]:
-        ranks = sorted(self.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.host, r.pid))
-        return {"ranks": [r.as_dict(now) for r in ranks],
+        ranks = list(self.ranks.values())
+        # sorted again only when the ranks changed (the same objects in the same order: an identity test at C
+        # speed; a rank's number, host and pid never change)
+        if len(ranks) != len(self._seen_ranks) or not all(map(operator.is_, ranks, self._seen_ranks)):
+            self._seen_ranks = ranks
+            self._sorted_ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.host, r.pid))
+        return {"ranks": [r.as_dict(now) for r in self._sorted_ranks],
                 "nodes": [n.as_dict() for n in sorted(self.nodes.values(), key=lambda n: n.label)],
                 "samples": self.samples, "stack_rounds": self.stack_rounds,
                 "watched_s": round(now - self.started, 1)}
