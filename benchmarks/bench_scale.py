@@ -321,7 +321,7 @@ def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
 
 def _rounds(n: int, nodes: int, rounds: int, feeds: list[Any], spec: Any, opts: Any, tracker: Any,
             t0: float) -> dict[str, Any]:
-    from ml_debug.sampling.sample import NodeSample, read_json
+    from ml_debug.sampling.sample import NodeSample
     from ml_debug.top.model import snapshot
 
     top_t, watch_t = math.inf, math.inf
@@ -332,7 +332,7 @@ def _rounds(n: int, nodes: int, rounds: int, feeds: list[Any], spec: Any, opts: 
         now = t0 + seq * SAMPLE_INTERVAL
         c0 = time.process_time()
         for feed, line in zip(feeds, lines, strict=True):
-            feed.sample, feed.received = NodeSample.from_line(read_json(line), line), now  # as Client._lines
+            feed.sample, feed.received = NodeSample.from_json(json.loads(line)), now  # as Client._lines
         cp = time.process_time()
         result = snapshot(feeds, spec, opts, started=t0, now=now)
         c1 = time.process_time()

@@ -12,8 +12,6 @@ counter look the same to every reader.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import contains, itemgetter
 from typing import Any
@@ -24,26 +22,6 @@ SAMPLE_VERSION = 1
 
 class SampleError(ValueError):
     """A line that is not a node sample this mldebug can read."""
-
-
-_fast_loads: Callable[[bytes], Any] | None
-try:  # orjson parses a node's line ~3x faster than json (2,048 nodes: ~70 ms of client CPU a round)
-    from orjson import loads as _fast_loads
-except ImportError:  # a dependency; without it (a partial install) json reads every line
-    _fast_loads = None
-
-
-def read_json(line: bytes) -> Any:
-    """One JSON line as the client reads it: by orjson, and by json where orjson refuses it (NaN, a number
-    beyond a float, a lone surrogate, a byte order mark), so that every line json reads is read. The one
-    difference, an integer literal beyond 64 bits that orjson reads as a float, is settled by
-    :meth:`NodeSample.from_line`; a line neither reads raises ValueError."""
-    if _fast_loads is not None:
-        try:
-            return _fast_loads(line)
-        except ValueError:  # orjson.JSONDecodeError is one
-            pass
-    return json.loads(line)
 
 
 # -------------------------------------------------------------------------------- field readers
@@ -397,17 +375,6 @@ class NodeSample:
             "progress_missing": [p.to_json() for p in self.progress_missing],
             "notes": list(self.notes),
         }
-
-    @classmethod
-    def from_line(cls, doc: Any, line: bytes) -> NodeSample:
-        """The sample of a line the client read with :func:`read_json` (`doc`): a refusal is json's reading's,
-        so that an integer beyond 64 bits, a float to orjson, is judged as json reads it (a whole number)."""
-        try:
-            return cls.from_json(doc)
-        except SampleError:
-            if _fast_loads is None:
-                raise
-        return cls.from_json(json.loads(line))
 
     @classmethod
     def from_json(cls, doc: Any) -> NodeSample:

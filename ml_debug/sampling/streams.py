@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import selectors
 import signal
@@ -36,7 +37,7 @@ from ml_debug.remote.runner import MISSING_HINT, build_script, mldebug_base
 from ml_debug.remote.slurm import stream_argv
 from ml_debug.remote.targets import Target, TargetSpec
 from ml_debug.sampling.options import SamplerOptions
-from ml_debug.sampling.sample import NodeSample, SampleError, read_json
+from ml_debug.sampling.sample import NodeSample, SampleError
 from ml_debug.sampling.sampler import AGENT_MARK
 
 MAX_LINE = 16 * 1024 * 1024
@@ -430,14 +431,14 @@ class Client:
             line = bytes(feed.buf[:cut])
             del feed.buf[:cut + 1]
             try:
-                doc = read_json(line)
+                doc = json.loads(line)
             except ValueError:
                 continue  # a stray line (a login banner, a warning on stdout) is not a sample
             if isinstance(doc, dict) and doc.get("schema") == "mldebug.error":  # the agent ended, and said why
                 feed.note = f"{feed.label}: mldebug failed: {(doc.get('result') or {}).get('summary')}"
                 continue
             try:
-                sample = NodeSample.from_line(doc, line)
+                sample = NodeSample.from_json(doc)
             except SampleError as e:
                 feed.note = f"{feed.label} sent a sample this mldebug cannot read: {e}"
                 continue

@@ -1,5 +1,5 @@
 """The node sample's fast readers (sampling/sample.py): for every input the fast path and the checked reader
-give the same sample or the same refusal, and read_json reads every line json reads, as json reads it."""
+give the same sample or the same refusal,"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ml_debug.sampling.sample import GpuSample, NodeSample, ProgressFile, RankSample, SampleError, read_json
+from ml_debug.sampling.sample import GpuSample, ProgressFile, RankSample, SampleError
 from tests.conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "top-sample.json"
@@ -68,25 +68,6 @@ def test_a_rank_reads_its_own_progress_file_as_its_own_on_both_paths() -> None:
     fast, checked = RankSample.from_json(rank), RankSample._checked(rank)
     assert fast == checked and fast.progress is not None and fast.progress.rank == 5
     assert fast.gpu is not rank["gpu"]  # the sample holds its own lists, not the document's
-
-
-def test_read_json_reads_every_line_json_reads_as_json_reads_it() -> None:
-    lines = [b'{"a": NaN}', b'{"a": 1e400}', b'\xef\xbb\xbf{"a": 1}', b'{"a": "\\ud800"}', b'{"a": -0.0, "b": [1, 2.5]}',
-             b'{"a": 1, "a": 2}', b'  {"a": "\\u00e9"}\n', b'{"a": 18446744073709551615}']
-    for line in lines:
-        assert repr(read_json(line)) == repr(json.loads(line))
-    for bad in (b"a login banner", b'{"a": 1}{"b": 2}', b'{"a": 00}', b""):
-        with pytest.raises(ValueError):
-            read_json(bad)
-
-
-def test_a_whole_number_beyond_64_bits_is_read_as_json_reads_it() -> None:
-    golden = json.loads(GOLDEN.read_text())
-    golden["node"]["mem_total_bytes"] = 1 << 70  # orjson reads such a literal as a float
-    line = json.dumps(golden).encode()
-    sample = NodeSample.from_line(read_json(line), line)
-    assert sample.node.mem_total_bytes == 1 << 70 and type(sample.node.mem_total_bytes) is int
-    assert sample == NodeSample.from_json(json.loads(line))
 
 
 def test_a_dict_subclass_is_read_by_the_checked_reader() -> None:
