@@ -12,6 +12,7 @@ counter look the same to every reader.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import contains, itemgetter
 from typing import Any
@@ -25,6 +26,17 @@ class SampleError(ValueError):
 
 
 # -------------------------------------------------------------------------------- field readers
+
+
+def _plain_fields(d: Any, get: Callable[[dict[str, Any]], tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    """A plain dict's fields in one C-level lookup (``get``: an ``itemgetter``); None for anything else (a
+    dict's subclass, not a dict, a field missing), which the checked reader takes."""
+    if type(d) is not dict:
+        return None
+    try:
+        return get(d)
+    except KeyError:
+        return None
 
 
 def _num(v: Any) -> bool:
@@ -146,11 +158,8 @@ class ProgressFile:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ProgressFile:
-        if type(d) is not dict:  # (a dict's subclass, or not a dict: as the checked reader takes it)
-            return cls._checked(d)
-        try:
-            v = _PROGRESS_GET(d)
-        except KeyError:
+        v = _plain_fields(d, _PROGRESS_GET)
+        if v is None:
             return cls._checked(d)
         rank = d.get("rank")
         if all(map(contains, _PROGRESS_KINDS, map(type, v))) and (rank is None or type(rank) is int):
@@ -199,11 +208,8 @@ class GpuSample:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GpuSample:
-        if type(d) is not dict:  # (a dict's subclass, or not a dict: as the checked reader takes it)
-            return cls._checked(d)
-        try:
-            v = _GPU_GET(d)
-        except KeyError:
+        v = _plain_fields(d, _GPU_GET)
+        if v is None:
             return cls._checked(d)
         (index, name, uuid, bus_id, mem_total, util, power, limit, power_pct, mem_used, temp, throttle, ecc, xid,
          pids) = v
@@ -253,11 +259,8 @@ class RankSample:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RankSample:
-        if type(d) is not dict:  # (a dict's subclass, or not a dict: as the checked reader takes it)
-            return cls._checked(d)
-        try:
-            v = _RANK_GET(d)
-        except KeyError:
+        v = _plain_fields(d, _RANK_GET)
+        if v is None:
             return cls._checked(d)
         pid, label, rank, local_rank, world_size, rank_source, user, cmdline, state, cpu, rss, threads, gpu, prog = v
         if all(map(contains, _RANK_KINDS, map(type, v))) and (gpu is None or _INT.issuperset(map(type, gpu))):
