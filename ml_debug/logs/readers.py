@@ -5,8 +5,11 @@ sources are independent, so a job's many files are cut into shares of neighbouri
 directory's files stay together: a rank's stdout and stderr) and read by reader processes, one per
 CPU (at most :data:`MAX_JOBS`). Each reader reads its shares into collectors of their own and sends
 them back; this process takes them in, in source order (``Collector.absorb``), so the report is the
-one a single reader would write. Small inputs are read here: starting readers costs more than it
-saves below :data:`PARALLEL_BYTES`. Standard input is always read here.
+one a single reader would write. One thing a reader cannot know from another's files: the rank of an
+NCCL process (its ``comm ... rank R`` line) when that process's later NCCL lines (a WARN, its trees)
+are in a file of another run; a directory's files are kept in one run for that reason. Small inputs
+are read here: starting readers costs more than it saves below :data:`PARALLEL_BYTES`. Standard input
+is always read here.
 
 A reader is ``python -c`` with the working directory taken off the import path (``-m`` would put it
 first: a job user's directory, when root reads their logs, could shadow mldebug). It dies with this
