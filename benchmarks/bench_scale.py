@@ -212,7 +212,8 @@ def _log_end(rank: int, n: int) -> bytes:
 
 
 def write_logs(root: str, n: int, size: int = LOG_BYTES) -> int:
-    """n files of `size` bytes (``<node>/rank<R>.log``) under root, one failing rank; the bytes written."""
+    """n files of about `size` bytes (``<node>/rank<R>.log``, whole lines) under root, one failing rank; the bytes
+    written."""
     body = _log_body(size)
     total = 0
     for node in range(n // PER_NODE):
@@ -220,7 +221,8 @@ def write_logs(root: str, n: int, size: int = LOG_BYTES) -> int:
         os.makedirs(d, exist_ok=True)
         for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
             head, end = _log_head(rank, n), _log_end(rank, n)
-            data = head + body[:max(0, size - len(head) - len(end))] + end
+            room = max(0, size - len(head) - len(end))
+            data = head + body[:body.rfind(b"\n", 0, room) + 1] + end  # whole lines: the end's lines start a line
             with open(os.path.join(d, f"rank{rank:05d}.log"), "wb") as f:
                 f.write(data)
             total += len(data)

@@ -196,6 +196,21 @@ def _local_second(year: int, month: int, day: int, hh: int, mm: int, ss: int) ->
         return None
 
 
+YEAR_SLACK = _dt.timedelta(days=2)
+"""How far past the file's day a stamp without a year may be and still be of that year (the writer's
+time zone may be ahead of the reader's)."""
+
+
+def _year_of(month: int, day: int, default_day: _dt.date) -> int:
+    """The year of a stamp that has none (glog's ``E1231``, syslog's ``Dec 31``): the file's, unless that puts
+    the stamp after the file was last written (a job that ran across New Year, logs read in January)."""
+    try:
+        later = _dt.date(default_day.year, month, day) > default_day + YEAR_SLACK
+    except ValueError:  # February 29 of another year, or no such day
+        return default_day.year
+    return default_day.year - 1 if later else default_day.year
+
+
 def find_time(text: str, default_day: _dt.date) -> float | None:
     """The Unix time of the first time stamp in ``text`` (local time unless it says its zone), or None."""
     m = _ISO.search(text)
@@ -214,12 +229,12 @@ def find_time(text: str, default_day: _dt.date) -> float | None:
     m = _GLOG.search(text)
     if m:
         mo, d, hh, mi, ss = (int(g) for g in m.groups()[:5])
-        return _local(default_day.year, mo, d, hh, mi, ss, _fraction(m.group(6)))
+        return _local(_year_of(mo, d, default_day), mo, d, hh, mi, ss, _fraction(m.group(6)))
     m = _SYSLOG.search(text)
     if m:
         mo = _MONTHS.index(m.group(1)) + 1
         d, hh, mi, ss = (int(g) for g in m.groups()[1:5])
-        return _local(default_day.year, mo, d, hh, mi, ss, 0.0)
+        return _local(_year_of(mo, d, default_day), mo, d, hh, mi, ss, 0.0)
     m = _CLOCK.search(text)
     if m:
         hh, mi, ss = (int(g) for g in m.groups()[:3])

@@ -79,6 +79,24 @@ def test_time_stamps(text: str, expect: str) -> None:
     assert _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] == expect
 
 
+@pytest.mark.parametrize(("text", "day", "expect"), [
+    ("E1231 23:59:58.000000 ProcessGroupNCCL.cpp:1] x", _dt.date(2027, 1, 2), "2026-12-31 23:59:58"),
+    ("Dec 31 23:59:58 node kernel: x", _dt.date(2027, 1, 2), "2026-12-31 23:59:58"),
+    ("E1231 23:59:58.000000 x", _dt.date(2026, 12, 31), "2026-12-31 23:59:58"),
+    ("E0101 00:00:01.000000 x", _dt.date(2026, 12, 31), "2026-01-01 00:00:01"),
+    # a writer whose time zone is ahead of the reader's: a day past the file's day is still its year
+    ("E1101 00:30:00.000000 x", _dt.date(2026, 10, 31), "2026-11-01 00:30:00"),
+    ("E1104 00:30:00.000000 x", _dt.date(2026, 10, 31), "2025-11-04 00:30:00"),
+    ("E0229 12:00:00.000000 x", _dt.date(2028, 3, 1), "2028-02-29 12:00:00"),
+    ("E0229 12:00:00.000000 x", _dt.date(2027, 3, 1), None),  # a day the file's year has not: no time
+])
+def test_a_stamp_without_a_year_is_never_after_its_file(text: str, day: _dt.date, expect: str | None) -> None:
+    """glog's and syslog's stamps have no year: a job that ran across New Year, read in January, is in the
+    old year (it was the file's year, a year too late)."""
+    t = find_time(text, day)
+    assert (None if t is None else _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")) == expect
+
+
 def test_no_time_stamp() -> None:
     assert find_time("step 1234 | loss 2.34 | lr 3e-4", DAY) is None
 
