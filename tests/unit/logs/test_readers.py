@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from typing import Any
 
 import pytest
@@ -17,8 +18,18 @@ from tests.fakes import hooks_env
 DATA = REPO / "tests" / "data"
 # every kind of log the tests keep: launch directories with manifests, torchelastic trees and error files,
 # NCCL_DEBUG=INFO consoles, srun/torchrun/mpirun/pdsh/deepspeed/accelerate/lightning consoles, pasted logs
-CORPUS = sorted(str(p) for p in (DATA / "logs").iterdir() if p.name != "README.md") + sorted(
+KEPT = sorted(str(p) for p in (DATA / "logs").iterdir() if p.name != "README.md") + sorted(
     str(p) for p in (DATA / "logs_corpus").glob("*.log"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The logs the tests keep, and two gzip copies of one: whole, and cut half-way (read up to the cut)."""
+    d = tmp_path_factory.mktemp("gz")
+    data = gzip.compress((DATA / "logs_corpus" / "torchrun-oom.log").read_bytes())
+    (d / "whole.log.gz").write_bytes(data)
+    (d / "cut.log.gz").write_bytes(data[:len(data) // 2])
+    return [*KEPT, str(d)]
 
 
 def _report(collector: Collector, reads: list[readers.Read], exp: Any) -> dict[str, Any]:
@@ -27,24 +38,26 @@ def _report(collector: Collector, reads: list[readers.Read], exp: Any) -> dict[s
     return to_jsonable(report)
 
 
-def test_the_corpus_has_many_sources_and_every_shape() -> None:
-    exp = expand(CORPUS)
+def test_the_corpus_has_many_sources_and_every_shape(corpus: list[str]) -> None:
+    exp = expand(corpus)
     assert len(exp.sources) >= 30
     assert {"launch", "torchelastic", "error-file", "console"} <= {s.shape for s in exp.sources}
+    assert sum(s.gz for s in exp.sources) == 2
 
 
 @pytest.mark.parametrize("caps", [False, True], ids=["as-shipped", "small-caps"])
-def test_collectors_taken_in_give_what_one_collector_reads(caps: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_collectors_taken_in_give_what_one_collector_reads(caps: bool, corpus: list[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every source read into a collector of its own, then taken in in order (the most merges there can
     be) gives the report of one collector; with caps small enough to be reached too."""
     if caps:
         for name, value in (("MAX_EVENTS", 9), ("MAX_SUSPECTS", 2), ("MAX_SAMPLED", 5)):
             monkeypatch.setattr(events, name, value)
-    exp = expand(CORPUS)
+    exp = expand(corpus)
     one = Collector()
     alone = [readers.read_source(src, i, one) for i, src in enumerate(exp.sources)]
 
-    exp = expand(CORPUS)
+    exp = expand(corpus)
     merged = Collector()
     shared = []
     for i, src in enumerate(exp.sources):
@@ -80,18 +93,20 @@ def _document(paths: list[str], jobs: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def one_reader() -> dict[str, Any]:
-    return _document(CORPUS, 1)
+def one_reader(corpus: list[str]) -> dict[str, Any]:
+    return _document(corpus, 1)
 
 
-def test_reader_processes_give_the_report_of_one_reader(one_reader: dict[str, Any]) -> None:
+def test_reader_processes_give_the_report_of_one_reader(corpus: list[str], one_reader: dict[str, Any]) -> None:
     seen: list[int] = []
-    report = triage(CORPUS, jobs=3, on_source=lambda i, n: seen.append(i))
+    report = triage(corpus, jobs=3, on_source=lambda i, n: seen.append(i))
     assert to_jsonable(report) == one_reader
+    assert any("truncated" in s["reason"] for s in one_reader["skipped"])  # the cut file, said by a reader too
     assert sorted(seen) == list(range(len(report.sources)))
 
 
-def test_a_reader_that_dies_loses_nothing(one_reader: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reader_that_dies_loses_nothing(corpus: list[str], one_reader: dict[str, Any],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     for var, value in hooks_env("tests.fakes.logs_readers", {"MLDEBUG_FAKE_READER": "die"}).items():
         monkeypatch.setenv(var, value)
-    assert _document(CORPUS, 2) == one_reader
+    assert _document(corpus, 2) == one_reader
