@@ -7,7 +7,7 @@ CPU (at most :data:`MAX_JOBS`). Each reader reads its shares into collectors of 
 them back; this process takes them in, in source order (``Collector.absorb``), so the report is the
 one a single reader would write. One thing a reader cannot know from another's files: the rank of an
 NCCL process (its ``comm ... rank R`` line) when that process's later NCCL lines (a WARN, its trees)
-are in a file of another run; a directory's files are kept in one run for that reason. Small inputs
+are in a file of another share; a directory's files are kept in one share for that reason. Small inputs
 are read here: starting readers costs more than it saves below :data:`PARALLEL_BYTES`. Standard input
 is always read here.
 
@@ -39,7 +39,8 @@ from ml_debug.logs.scan import feed_source
 from ml_debug.logs.sources import Expanded, Source
 
 MAX_JOBS = 16
-"""Reader processes at most: past this, taking in their collectors costs about what one more saves."""
+"""Reader processes at most: what they find is taken in by this process alone (16k files: 1.1 s of CPU
+here against 15 s in the readers), which more readers do not shorten."""
 PARALLEL_BYTES = 64 << 20
 """Below this much input (or with fewer sources than two shares) every source is read in this process."""
 SHARES_PER_JOB = 4
