@@ -36,6 +36,7 @@ rc=0
 left=$(ours); [ -z "$left" ] || { echo "ERROR: slurm daemons survive: $left" >&2; rc=1; }
 
 if [ "${1:-}" != --keep-munge ]; then
+  bash "$RIG_HERE/slurmdbd_down.sh" || rc=1
   pid=$(cat "$S/munge/munged.pid" 2>/dev/null || true)
   if [ -n "$pid" ] && alive "$pid" && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = munged ]; then
     kill "$pid"; wait_gone "$pid" || { echo "ERROR: munged $pid survives" >&2; rc=1; }

@@ -10,7 +10,8 @@
 # to, so slurmctld runs in a private mount namespace whose /etc/hosts maps the name to the bridge);
 # each slurmd listens inside its node's network namespace, whose only interfaces are lo and eth0.
 # Env: RIG_BASE, SLURMCTLD_PORT (6817), SLURMD_PORT (6818, inside each node), SLURM_CPUS (8 per node;
-#      more than the real cores, thanks to SlurmdParameters=config_overrides), SLURM_MEM_MB (4000),
+#      more than the real cores, thanks to SlurmdParameters=config_overrides), SLURM_MEM_MB (64000, shared out
+#      to the CPUs: a job's steps get --mem or the share of its CPUs as their memory limit),
 #      SLURM_GPUS (2), SLURM_WAIT_SCHED (1: also wait until slurmctld's scheduler runs, ~3 s),
 #      SLURM_EXTRA_CONF (a file whose lines are added to slurm.conf: a second rig's HealthCheckProgram,
 #      Epilog; tests/rig/test_slurm_hook.py)
@@ -21,14 +22,16 @@ source "$(dirname "$0")/common.sh"
 rig_lock
 S=$RIG_BASE/slurm
 CPUS=${SLURM_CPUS:-8}
-MEM=${SLURM_MEM_MB:-4000}
+MEM=${SLURM_MEM_MB:-64000}
 GPUS=${SLURM_GPUS:-2}
 CTLD_PORT=${SLURMCTLD_PORT:-6817}
 SLURMD_PORT=${SLURMD_PORT:-6818}
+DBD_PORT=${SLURMDBD_PORT:-6819}
+NET_PFX=${NET_PREFIX:-10.213.7}
 CONF=$S/etc/slurm.conf
 export SLURM_CONF=$CONF
 
-need "${SLURM_PKGS[@]}" "${SSH_PKGS[@]}" ss:iproute2 mount:mount
+need "${SLURM_PKGS[@]}" "${SLURMDBD_PKGS[@]}" "${SSH_PKGS[@]}" ss:iproute2 mount:mount
 [ -s "$RIG_BASE/netns/nodes" ] || { echo "ERROR: no netns nodes: run $RIG_HERE/netns_up.sh first" >&2; exit 1; }
 mkdir -p "$S/etc" "$S/state" "$S/spool" "$S/log" "$S/run" "$S/munge" "$S/jobs"
 # munged insists that every directory on its socket path be world-executable
@@ -82,9 +85,20 @@ SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+# memory is allocated with the CPUs (each brings its share: a job's --mem becomes its steps' limit, which
+# OverMemoryKill below enforces), so jobs pack on CPUs alone as before
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU=$((MEM / CPUS))
+# accounting (sacct) through slurmdbd (slurmdbd_up.sh); each step's tasks polled every second from /proc,
+# and a step over its --mem killed by that poll (no cgroups here), recorded OUT_OF_MEMORY
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=task=1
+JobAcctGatherParams=OverMemoryKill
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=$NET_PFX.2
+AccountingStoragePort=$DBD_PORT
+# the munge socket for talking to slurmdbd (AuthInfo's is not used there)
+AccountingStoragePass=$SOCK
 JobCompType=jobcomp/none
 MpiDefault=none
 SwitchType=switch/none
@@ -135,7 +149,7 @@ daemons_alive() {  # slurmctld + one `slurmd -N <name>` per node in that node's 
   done
 }
 
-if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && cmp -s "$S/etc/gres.conf" "$S/etc/gres.conf.new" \
+if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && bash "$RIG_HERE/slurmdbd_up.sh" --check && cmp -s "$S/etc/gres.conf" "$S/etc/gres.conf.new" \
    && cmp -s "$S/etc/hosts" "$S/etc/hosts.new" \
    && daemons_alive && timeout 10 scontrol ping 2>/dev/null | grep UP >/dev/null && all_up; then
   rm -f "$CONF.new" "$S/etc/gres.conf.new" "$S/etc/hosts.new"
@@ -149,6 +163,8 @@ mv "$CONF.new" "$CONF"; mv "$S/etc/gres.conf.new" "$S/etc/gres.conf"; mv "$S/etc
 rm -rf "$S/state"/* "$S/spool"/* "$S/log"/* "$S/run"/*
 for n in "${NAMES[@]}"; do mkdir -p "$S/spool/slurmd-$n"; done
 echo "export SLURM_CONF=$CONF" > "$S/env"
+# accounting before slurmctld, which registers the cluster with slurmdbd as it starts
+bash "$RIG_HERE/slurmdbd_up.sh" --reset
 
 # daemonizes; its private mount namespace (and the bind-mounted hosts file) lives as long as it does
 unshare --mount --propagation private -- \
