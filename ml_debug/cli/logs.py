@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from ml_debug.logs.options import LogsOptions
+from ml_debug.postmortem.options import PostmortemOptions
 
 HELP = """Read a job's logs and name the rank that failed first, and why.
 
@@ -17,9 +18,15 @@ other failure (an exception, a CUDA error, an out-of-memory, a crash by signal) 
 Then: identical tracebacks with their rank sets, a timeline, and what NCCL_DEBUG=INFO lines say
 (version, transports, rings and trees, slow-path causes such as sockets instead of InfiniBand).
 
+With --slurm-job J, no path is needed: the job's output files, the torchrun and `mldebug launch`
+log directories under its WorkDir, its Slurm accounting (sacct per step and node), the kernel logs of
+its nodes since it started (Xid, the OOM killer, segfaults, hung tasks) and its Flight Recorder dumps
+(nccl_trace_rank_N, fr-N.json, --fr-prefix) feed one verdict that says where the sources disagree.
+Flight Recorder dumps among the paths are read the same way without --slurm-job.
+
 Exit codes: 0 no failure found; 1 a failure found (named in the first line); 2 no logs to read,
-bad options, or no line of the given --rank/--node; 4 no failure found but some files could not be
-read."""
+bad options, or no line of the given --rank/--node; 4 no failure found but some files (or a node's
+kernel log) could not be read."""
 
 EXAMPLES = (
     "mldebug logs slurm-12345.out",
@@ -27,24 +34,31 @@ EXAMPLES = (
     "mldebug logs /tmp/torchelastic_x/ 'logs/*.log.gz'",
     "mldebug logs job.log --rank 37           # rank 37's own lines, labels removed",
     "srun --label python train.py 2>&1 | mldebug logs -",
+    "mldebug logs --slurm-job 12345          # everything the job left, from its id alone",
+    "mldebug logs /scratch/fr/ --fr-prefix /scratch/fr/trace_   # Flight Recorder dumps",
 )
 
 
 def register(app: typer.Typer) -> None:
     from ml_debug.cli.params import command
 
-    command(app, "logs", logs, help=HELP, examples=EXAMPLES, opts=LogsOptions)
+    command(app, "logs", logs, help=HELP, examples=EXAMPLES, opts=LogsOptions, pm=PostmortemOptions)
 
 
-def logs(opts: LogsOptions) -> int:
+def logs(opts: LogsOptions, pm: PostmortemOptions | None = None) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import ExitCode, UsageError
     from ml_debug.logs.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.logs.render import render
     from ml_debug.logs.triage import triage
 
+    if pm is not None and (pm.wanted or _has_dumps(opts, pm)):
+        from ml_debug.cli.logs_postmortem import postmortem
+
+        return postmortem(opts, pm)
     if not opts.paths:
-        raise UsageError("no logs given", "mldebug logs PATH... (files, directories, globs, or - for standard input)")
+        raise UsageError("no logs given", "mldebug logs PATH... (files, directories, globs, or - for standard input)"
+                         " or --slurm-job ID")
     if opts.rank is not None or opts.node is not None:
         return _demux(opts)
     with output.progress(None, "reading logs") as bar:
@@ -58,6 +72,15 @@ def logs(opts: LogsOptions) -> int:
         record_logs_incident(report, list(opts.paths))
         return ExitCode.PROBLEM
     return ExitCode.PARTIAL if report.skipped else ExitCode.OK
+
+
+def _has_dumps(opts: LogsOptions, pm: PostmortemOptions) -> bool:
+    """Flight Recorder dumps among the paths (by name, prefix or content) make the run a post-mortem."""
+    if opts.rank is not None or opts.node is not None or not opts.paths:
+        return False
+    from ml_debug.postmortem.frdumps import find
+
+    return bool(find([p for p in opts.paths if p != "-"], prefix=pm.fr_prefix))
 
 
 def _demux(opts: LogsOptions) -> int:
