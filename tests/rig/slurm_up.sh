@@ -129,12 +129,18 @@ fi
 for k in "${!NAMES[@]}"; do
   echo "NodeName=${NAMES[$k]} NodeHostname=${NAMES[$k]} NodeAddr=${ADDRS[$k]} CPUs=$CPUS RealMemory=$MEM$GRES State=UNKNOWN" >> "$CONF.new"
 done
-echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >> "$CONF.new"
+# spare1: a node of its own partition (spare), whose slurmd runs in the last node's namespace on the next
+# port. Tests that must take a node DOWN (NODE_FAIL) take this one, so no other test's job dies with it.
+LAST=$((${#NAMES[@]} - 1))
+SPARE=spare1
+echo "NodeName=$SPARE NodeHostname=${NAMES[$LAST]} NodeAddr=${ADDRS[$LAST]} Port=$((SLURMD_PORT + 1)) CPUs=$CPUS RealMemory=$MEM State=UNKNOWN" >> "$CONF.new"
+echo "PartitionName=debug Nodes=$ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >> "$CONF.new"
+echo "PartitionName=spare Nodes=$SPARE Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO" >> "$CONF.new"
 
 all_up() {
   local states
   states=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
-  [ "$(awk '$2 ~ /^(idle|allocated|mixed|completing)$/' <<<"$states" | wc -l)" -eq "${#NAMES[@]}" ]
+  [ "$(awk '$2 ~ /^(idle|allocated|mixed|completing)$/' <<<"$states" | wc -l)" -eq "$((${#NAMES[@]} + 1))" ]
 }
 daemons_alive() {  # slurmctld + one `slurmd -N <name>` per node in that node's pid namespace
   local p k cmds=""
@@ -147,6 +153,7 @@ daemons_alive() {  # slurmctld + one `slurmd -N <name>` per node in that node's 
   for k in "${!NAMES[@]}"; do
     grep -qxF "slurmd -N ${NAMES[$k]}  $(readlink "/proc/${INITS[$k]}/ns/pid")" <<<"$cmds" || return 1
   done
+  grep -qxF "slurmd -N $SPARE  $(readlink "/proc/${INITS[$LAST]}/ns/pid")" <<<"$cmds"
 }
 
 if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && bash "$RIG_HERE/slurmdbd_up.sh" --check && cmp -s "$S/etc/gres.conf" "$S/etc/gres.conf.new" \
@@ -161,7 +168,7 @@ fi
 "$RIG_HERE/slurm_down.sh" --keep-munge >/dev/null 2>&1 || true
 mv "$CONF.new" "$CONF"; mv "$S/etc/gres.conf.new" "$S/etc/gres.conf"; mv "$S/etc/hosts.new" "$S/etc/hosts"
 rm -rf "$S/state"/* "$S/spool"/* "$S/log"/* "$S/run"/*
-for n in "${NAMES[@]}"; do mkdir -p "$S/spool/slurmd-$n"; done
+for n in "${NAMES[@]}" "$SPARE"; do mkdir -p "$S/spool/slurmd-$n"; done
 echo "export SLURM_CONF=$CONF" > "$S/env"
 # accounting before slurmctld, which registers the cluster with slurmdbd as it starts
 bash "$RIG_HERE/slurmdbd_up.sh" --reset
@@ -178,6 +185,7 @@ fi
 for k in "${!NAMES[@]}"; do
   nsenter -t "${INITS[$k]}" -n -p -m -u -- slurmd -N "${NAMES[$k]}" 9>&-
 done
+nsenter -t "${INITS[$LAST]}" -n -p -m -u -- slurmd -N "$SPARE" 9>&-
 for _ in $(seq 1 300); do all_up && break; sleep 0.1; done
 if ! all_up; then
   echo "ERROR: nodes not idle after 30 s:" >&2; sinfo -N -l >&2 || true
