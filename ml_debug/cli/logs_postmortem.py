@@ -44,11 +44,13 @@ def postmortem(opts: LogsOptions, pm: PostmortemOptions) -> int:
 
 
 def _empty_report(ok: bool, summary: str, block: dict[str, object]) -> dict[str, object]:
-    """The logs' document when no log file could be read: the report's fields, empty, and the post-mortem."""
-    return {"ok": ok, "summary": summary, "verdict": {"status": "none", "summary": "no log file read"}, "sources": [],
-            "events": [], "tracebacks": [], "timeline": [], "ranks_seen": "", "world_size": None, "nodes": [],
-            "progress": {}, "nccl": None, "skipped": [], "dropped_events": 0, "demux": None, "launchers": [],
-            "postmortem": block}
+    """The logs' document when no log file could be read: an empty report, and the post-mortem."""
+    from ml_debug.core.output import to_jsonable
+    from ml_debug.logs.model import LogsReport, Verdict
+
+    empty = LogsReport(verdict=Verdict(status="none", summary="no log file read"), sources=[], events=[],
+                       tracebacks=[], timeline=[], ranks_seen="", world_size=None, nodes=[], progress={}, nccl=None)
+    return {**to_jsonable(empty), "ok": ok, "summary": summary, "postmortem": block}
 
 
 def _record(result: object, opts: LogsOptions) -> None:

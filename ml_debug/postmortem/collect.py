@@ -27,6 +27,8 @@ from ml_debug.postmortem.options import PostmortemOptions
 from ml_debug.postmortem.verdict import PostmortemVerdict, decide, kernel_event_json
 
 QUERY_TIMEOUT_S = 30.0
+EVENT_SLACK_S = 60.0
+"""A node event this long after the job ended may still be what ended it (the DOWN is recorded late)."""
 SCHEMA_BLOCK_VERSION = 1
 """The version of the ``postmortem`` block in the mldebug.logs document."""
 
@@ -91,16 +93,15 @@ def slurm_record(job_id: str) -> tuple[dict[str, str] | None, accounting.Account
             acc = None
     if acc is not None and acc.job is not None and acc.job.nodes:
         start = acc.job.raw.get("Start", "")
-        end = acc.job.raw.get("End", "")
         argv = ["sacctmgr", "-n", "-P", "show", "event", f"nodes={','.join(acc.job.nodes)}",
                 "format=" + ",".join(accounting.EVENT_FIELDS)]
         if start and start not in ("Unknown", "None"):
             argv.append(f"start={start}")
-        if end and end not in ("Unknown", "None"):
-            argv.append(f"end={end}")
-        ev = _cmd(argv)
+        ev = _cmd(argv)  # no end= : sacctmgr leaves out an event that starts in the job's last second
         if ev is not None and ev.returncode == 0:
-            acc.node_events = accounting.parse_events(ev.stdout)
+            last = acc.job.end
+            acc.node_events = [e for e in accounting.parse_events(ev.stdout)
+                               if last is None or e.start is None or e.start <= last + EVENT_SLACK_S]
     if fields is None and acc is None:
         raise UsageError(f"slurm job {job_id}: neither scontrol nor sacct knows it",
                          "; ".join(notes) or "check the id with `sacct -j ID` or `squeue -j ID`")
