@@ -22,7 +22,7 @@ from ml_debug.remote.hostlist import expand_hostlist
 
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "DerivedExitCode", "NodeList", "NNodes", "NTasks",
                 "Layout", "MaxRSS", "MaxRSSNode", "MaxRSSTask", "ReqMem", "AllocCPUS", "Start", "End",
-                "Elapsed", "WorkDir", "User", "Reason", "Timelimit")
+                "Elapsed", "WorkDir", "User", "Reason", "Timelimit", "Partition")
 EVENT_FIELDS = ("NodeName", "Start", "End", "State", "Reason", "User")
 
 FAILING_STATES = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "CANCELLED", "BOOT_FAIL", "DEADLINE",
@@ -83,7 +83,7 @@ class Step:
     max_rss_node: str | None
     max_rss_task: int | None
     req_mem: int | None
-    """The memory limit it ran under, in bytes per node (from the job's ReqMem)."""
+    """The memory limit it ran under, in bytes per node (the job's ReqMem shared out to its nodes)."""
     start: float | None
     end: float | None
     raw: dict[str, str] = field(default_factory=dict)
@@ -159,6 +159,9 @@ def parse_sacct(text: str, job_id: str) -> Accounting:
         else:
             steps.append(s)
     if job is not None and job.req_mem is not None:
+        # Slurm 22.05 writes the job's whole memory (each node's share times the nodes): a step's limit is per node
+        nnodes = job.raw.get("NNodes", "")
+        job.req_mem //= int(nnodes) if nnodes.isdigit() and int(nnodes) > 0 else 1
         for s in steps:
             s.req_mem = s.req_mem or job.req_mem
     return Accounting(job_id=job_id, job=job, steps=steps,
@@ -236,6 +239,17 @@ def _oom_by_rss(s: Step) -> bool:
             and s.max_rss >= OOM_FRACTION * s.req_mem)
 
 
+EVENT_SLACK_S = 60.0
+"""A node event this long after the job ended may still be what ended it (the DOWN is recorded late)."""
+
+
+def _during(e: NodeEvent, job: Step) -> bool:
+    """A node event while the job ran (its start time within the job's, give or take the slack)."""
+    if e.start is None:
+        return True
+    return (job.start is None or e.start >= job.start - 1) and (job.end is None or e.start <= job.end + EVENT_SLACK_S)
+
+
 def judge(acc: Accounting) -> AccountingJudgement:
     """The first failing step and what it means (see the module docstring)."""
     job = acc.job
@@ -249,7 +263,8 @@ def judge(acc: Accounting) -> AccountingJudgement:
     failing = [s for s in steps if s.failed and s.state != "RUNNING"]
     oom = next((s for s in [*steps, *acc.steps] if _oom_by_rss(s)), None)
     if state == "NODE_FAIL" or any(s.state == "NODE_FAIL" for s in acc.steps):
-        down = [e for e in acc.node_events if e.state.upper().startswith("DOWN") and e.node in set(job.nodes)]
+        down = [e for e in acc.node_events if e.state.upper().startswith("DOWN") and e.node in set(job.nodes)
+                and _during(e, job)]
         node = down[0].node if down else None
         ranks = sorted(r for r, n in tasks.items() if n == node) if node else []
         why = f" ({down[0].reason})" if down and down[0].reason else ""

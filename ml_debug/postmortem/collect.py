@@ -27,8 +27,8 @@ from ml_debug.postmortem.options import PostmortemOptions
 from ml_debug.postmortem.verdict import PostmortemVerdict, decide, kernel_event_json
 
 QUERY_TIMEOUT_S = 30.0
-EVENT_SLACK_S = 60.0
-"""A node event this long after the job ended may still be what ended it (the DOWN is recorded late)."""
+KERNEL_SLACK_S = 60.0
+"""Kernel lines this long after the job ended still count (the OOM killer's, a GPU's late Xid)."""
 SCHEMA_BLOCK_VERSION = 1
 """The version of the ``postmortem`` block in the mldebug.logs document."""
 
@@ -99,9 +99,7 @@ def slurm_record(job_id: str) -> tuple[dict[str, str] | None, accounting.Account
             argv.append(f"start={start}")
         ev = _cmd(argv)  # no end= : sacctmgr leaves out an event that starts in the job's last second
         if ev is not None and ev.returncode == 0:
-            last = acc.job.end
-            acc.node_events = [e for e in accounting.parse_events(ev.stdout)
-                               if last is None or e.start is None or e.start <= last + EVENT_SLACK_S]
+            acc.node_events = accounting.parse_events(ev.stdout)
     if fields is None and acc is None:
         raise UsageError(f"slurm job {job_id}: neither scontrol nor sacct knows it",
                          "; ".join(notes) or "check the id with `sacct -j ID` or `squeue -j ID`")
@@ -179,12 +177,15 @@ def run(opts: PostmortemOptions, paths: list[str], triage: Callable[[list[str]],
         prefixes = list(dict.fromkeys([*([opts.fr_prefix] if opts.fr_prefix else []),
                                        *frdumps.default_prefixes()]))
         t0 = since if since is not None else 0.0
+        end = (jf.end if jf else None) or (acc.job.end if acc and acc.job else None)
+        until = end + KERNEL_SLACK_S if end is not None and not running else None
         spec = _node_spec(opts, job_nodes, running, opts.slurm_job)
         try:
             if spec is not None:
-                evidence = nodes.fetch_over(spec, t0, prefixes, opts.node_timeout)
+                evidence = nodes.fetch_over(spec, t0, prefixes, opts.node_timeout, until)
             else:
-                evidence = nodes.fetch_new_step(job_nodes, t0, prefixes, opts.node_timeout)
+                part = acc.job.raw.get("Partition") if acc and acc.job else None
+                evidence = nodes.fetch_new_step(job_nodes, t0, prefixes, opts.node_timeout, part or None, until)
         except (EnvironmentProblem, UsageError):
             raise
         except MLDebugError as e:

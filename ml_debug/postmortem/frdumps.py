@@ -157,10 +157,24 @@ def record_of(data: bytes, rank: int | None, path: str, host: str | None) -> dic
         rec["process_groups"] = summarise_dump(dump)
         rec["collectives"] = compact(dump)
         rec["version"] = str(dump.get("version", "")) or None
+        rec["world"] = world_of(dump)
         rec["ok"] = True
     except (ValueError, pickle.UnpicklingError, EOFError, TypeError, KeyError, AttributeError, IndexError) as e:
         rec["error"] = f"not a Flight Recorder dump: {type(e).__name__}: {e}"
     return rec
+
+
+def world_of(dump: dict[str, Any]) -> int | None:
+    """The job's rank count from the dump's process group configuration (the largest group's ranks)."""
+    config = dump.get("pg_config")
+    sizes = []
+    for g in (config.values() if isinstance(config, dict) else []):
+        ranks = g.get("ranks") if isinstance(g, dict) else None
+        if isinstance(ranks, (list, tuple)):
+            sizes.append(len(ranks))
+        elif isinstance(ranks, str):
+            sizes.append(len(re.findall(r"\d+", ranks)))
+    return max(sizes) if sizes else None
 
 
 def read(files: list[DumpFile]) -> FrSource:
@@ -186,17 +200,22 @@ def analysed(src: FrSource) -> FrSource:
             src.unreadable.append({"path": r["file"], "reason": r["error"]})
     src.section = section(src.records) if any(r["ok"] for r in src.records) else None
     if src.section is not None:
-        missing = missing_ranks([r["rank"] for r in src.records if r["ok"]])
+        worlds = [r["world"] for r in src.records if r.get("world")]
+        missing = missing_ranks([r["rank"] for r in src.records if r["ok"]], max(worlds) if worlds else None)
+        src.section["missing_dumps"] = missing
         if missing:
-            src.section["missing_dumps"] = missing
             src.section["evidence"] += f"; no dump from rank(s) {', '.join(map(str, missing))}"
     return src
 
 
-def missing_ranks(ranks: list[int | None]) -> list[int]:
-    """Ranks below the highest one that dumped and left no dump (a rank that died before the timeout)."""
+def missing_ranks(ranks: list[int | None], world: int | None = None) -> list[int]:
+    """The ranks of the job (its world size, else up to the highest one that dumped) that left no dump: a
+    rank that died before the timeout, or whose node's files were not reached."""
     have = {r for r in ranks if r is not None}
-    return [r for r in range(max(have) + 1) if r not in have] if have else []
+    if not have:
+        return []
+    top = max(world or 0, max(have) + 1)
+    return [r for r in range(top) if r not in have]
 
 
 def analyse_dump_dir(path: str | os.PathLike[str], prefix: str | None = None) -> dict[str, Any]:

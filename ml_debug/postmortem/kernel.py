@@ -157,13 +157,15 @@ def parse_line(line: str, node: str | None = None) -> KernelEvent | None:
     return None
 
 
-def parse_lines(lines: list[str], node: str | None = None, since: float | None = None) -> list[KernelEvent]:
-    """Every event in these kernel lines; with `since`, those before it are left out (a line without a
-    wall-clock time is kept: it cannot be placed)."""
+def parse_lines(lines: list[str], node: str | None = None, since: float | None = None,
+                until: float | None = None) -> list[KernelEvent]:
+    """Every event in these kernel lines; with `since` and `until`, those outside that time are left out (a
+    line without a wall-clock time is kept: it cannot be placed)."""
     out = []
     for line in lines:
         ev = parse_line(line, node)
-        if ev is not None and (since is None or ev.time is None or ev.time >= since):
+        if ev is not None and (ev.time is None or ((since is None or ev.time >= since)
+                                                   and (until is None or ev.time <= until))):
             out.append(ev)
     return out
 
@@ -172,7 +174,7 @@ _REFUSALS = ("Operation not permitted", "Permission denied", "read kernel buffer
              "No journal files", "command not found", "not found")
 
 
-def parse_node_output(text: str, node: str, since: float | None = None) -> NodeKernelLog:
+def parse_node_output(text: str, node: str, since: float | None = None, until: float | None = None) -> NodeKernelLog:
     """What :data:`NODE_SCRIPT` printed on one node."""
     log = NodeKernelLog(node=node)
     body: list[str] = []
@@ -192,5 +194,5 @@ def parse_node_output(text: str, node: str, since: float | None = None) -> NodeK
     if not log.readable and log.reason is None:
         log.reason = "the node printed no kernel log"
     log.lines = len(body)
-    log.events = parse_lines(body, log.node, since) if log.readable else []
+    log.events = parse_lines(body, log.node, since, until) if log.readable else []
     return log

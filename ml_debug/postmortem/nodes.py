@@ -52,7 +52,7 @@ class NodeEvidence:
     """The node was not reached, or its step did not run (then nothing of it was read)."""
 
 
-def parse_node(text: str, node: str, since: float | None) -> NodeEvidence:
+def parse_node(text: str, node: str, since: float | None, until: float | None = None) -> NodeEvidence:
     """What :data:`SCRIPT` printed on one node."""
     kernel_part: list[str] = []
     dumps: dict[str, bytes] = {}
@@ -74,7 +74,7 @@ def parse_node(text: str, node: str, since: float | None) -> NodeEvidence:
             current = None
             continue
         kernel_part.append(line)
-    kernel = parse_node_output("\n".join(kernel_part), node, since)
+    kernel = parse_node_output("\n".join(kernel_part), node, since, until)
     return NodeEvidence(node=kernel.node or node, kernel=kernel, dumps=dumps, dump_errors=errors)
 
 
@@ -98,14 +98,15 @@ def _split_labelled(out: str) -> dict[int, list[str]]:
     return tasks
 
 
-def fetch_new_step(nodes: list[str], since: float, prefixes: list[str], timeout_s: float) -> list[NodeEvidence]:
+def fetch_new_step(nodes: list[str], since: float, prefixes: list[str], timeout_s: float,
+                   partition: str | None = None, until: float | None = None) -> list[NodeEvidence]:
     """The job has ended: one step of a new allocation on its nodes (``srun -N K -w NODES --immediate``).
     A node that is down, drained or busy makes the step fail at once: each node then says why."""
     from ml_debug.core import bounded
 
     argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "-w", ",".join(nodes),
             "--label", "--immediate=10", "--time=5", "-J", "mldebug-postmortem", "--input=none",
-            "--kill-on-bad-exit=0", *script_argv(since, prefixes)]
+            "--kill-on-bad-exit=0", *([f"--partition={partition}"] if partition else []), *script_argv(since, prefixes)]
     try:
         proc = bounded.run(argv, timeout=timeout_s + 15)
     except FileNotFoundError:
@@ -118,12 +119,13 @@ def fetch_new_step(nodes: list[str], since: float, prefixes: list[str], timeout_
         first = next((ln for ln in lines if ln.startswith("@@node ")), None)
         name = first[7:].strip() if first else None
         if name:
-            got[name] = parse_node("\n".join(lines), name, since)
+            got[name] = parse_node("\n".join(lines), name, since, until)
     why = (proc.stderr.strip().splitlines() or [f"srun exit status {proc.returncode}"])[-1]
     return [got.get(n) or unreached(n, f"not read: {why}") for n in nodes]
 
 
-def fetch_over(spec: object, since: float, prefixes: list[str], timeout_s: float) -> list[NodeEvidence]:
+def fetch_over(spec: object, since: float, prefixes: list[str], timeout_s: float,
+               until: float | None = None) -> list[NodeEvidence]:
     """Over ``remote/``: ssh to ``--hosts``, or ``srun --jobid --overlap`` inside a running job."""
     from ml_debug.remote.runner import run_everywhere
     from ml_debug.remote.targets import TargetSpec
@@ -135,7 +137,7 @@ def fetch_over(spec: object, since: float, prefixes: list[str], timeout_s: float
         if "@@node " not in r.stdout:
             out.append(unreached(r.host, f"{r.failure or 'no answer'}: {r.detail or r.stderr.strip()[-200:]}"))
         else:
-            out.append(parse_node(r.stdout, r.host, since))
+            out.append(parse_node(r.stdout, r.host, since, until))
     return out
 
 
