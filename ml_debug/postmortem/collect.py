@@ -141,8 +141,10 @@ def run(opts: PostmortemOptions, paths: list[str], triage: Callable[[list[str]],
         notes += jf.notes
         from ml_debug.remote.hostlist import expand_hostlist
 
-        job_nodes = acc.job.nodes if acc and acc.job and acc.job.nodes else (
-            expand_hostlist(jf.nodes) if jf.nodes and jf.nodes != "(null)" else [])
+        # every node the job had, by every record (a job line read as the job ends may name fewer)
+        named = [*(expand_hostlist(jf.nodes) if jf.nodes and jf.nodes not in ("(null)", "None assigned") else []),
+                 *(n for s in ([acc.job] if acc and acc.job else []) + (acc.steps if acc else []) for n in s.nodes)]
+        job_nodes = sorted(dict.fromkeys(named))
         since = jf.start or jstart
         running = (jf.state or (acc.job.state if acc and acc.job else "")) == "RUNNING"
     # the paths: the user's, then what the job left; dumps apart from logs

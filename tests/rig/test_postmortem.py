@@ -130,7 +130,7 @@ def test_a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
     assert pm["slurm"]["known_by"] == "scontrol" and pm["slurm"]["stdout"] == out
     # the kernel log of each node, read by a new step on the job's nodes (the job has ended)
     kernel = {k["node"]: k for k in pm["kernel"]}
-    assert sorted(kernel) == sorted(main["nodes"])
+    assert sorted(kernel) == sorted(main["nodes"]), pm["kernel"]
     assert all(k["readable"] and k["source"] in ("journalctl", "dmesg") and k["lines"] > 0 for k in kernel.values())
     # recorded in the node history as a `mldebug logs` run, under the job's id
     with sqlite3.connect(history) as db:
