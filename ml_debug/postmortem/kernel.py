@@ -18,11 +18,12 @@ from ml_debug.health.xid import describe
 
 KINDS = ("xid", "oom-kill", "segfault", "hung-task")
 
-# Runs on each node with the job's start time (Unix seconds) as $1. journalctl first: it keeps what
+# Runs on each node with the job's start time (Unix seconds) as $1; names the node as Slurm does inside a
+# step (several slurmd may share a host), else by its host name. journalctl first: it keeps what
 # the ring buffer has dropped and takes --since; a node without a journal (or where journalctl says
 # nothing) falls back to the ring buffer. No input from the job reaches this text: the time is an argument.
 NODE_SCRIPT = r"""
-echo "@@node $(hostname)"
+echo "@@node ${SLURMD_NODENAME:-$(hostname)}"
 if command -v journalctl >/dev/null 2>&1 && out=$(journalctl -k -q --no-pager -o short-iso --since "@$1" 2>&1) \
    && [ -n "$out" ] && ! printf '%s\n' "$out" | grep -qi -e '^No journal files' -e '^-- No entries --'; then
   echo "@@source journalctl"; printf '%s\n' "$out" | tail -n 200000

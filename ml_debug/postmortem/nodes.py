@@ -121,7 +121,7 @@ def fetch_new_step(nodes: list[str], since: float, prefixes: list[str], timeout_
         if name:
             got[name] = parse_node("\n".join(lines), name, since, until)
     why = (proc.stderr.strip().splitlines() or [f"srun exit status {proc.returncode}"])[-1]
-    return [got.get(n) or unreached(n, f"not read: {why}") for n in nodes]
+    return [got.get(n) or unreached(n, f"its step did not run there: {why}") for n in nodes]
 
 
 def fetch_over(spec: object, since: float, prefixes: list[str], timeout_s: float,

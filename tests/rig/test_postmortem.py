@@ -164,8 +164,8 @@ def test_a_job_whose_node_went_down_is_named_node_fail(rig_slurm: SlurmRig, jobs
     v = result["postmortem"]["verdict"]
     assert (v["rank"], v["node"], v["cause"]) == (0, "spare1", "node-fail")
     assert "NODE_FAIL" in v["summary"] and "spare1 went DOWN (mldebug test: node lost)" in v["summary"]
-    # spare1 is back: a new step read its kernel log
-    assert [k["node"] for k in result["postmortem"]["kernel"]] == ["spare1"]
+    # spare1 is back: a new step in its partition read its kernel log
+    assert [(k["node"], k["readable"]) for k in result["postmortem"]["kernel"]] == [("spare1", True)]
 
 
 def test_a_file_the_job_left_that_is_gone_is_said_and_the_result_is_partial(
