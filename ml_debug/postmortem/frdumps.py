@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,11 +102,20 @@ def is_dump_path(path: str, prefix: str | None = None) -> bool:
     """A path given to `mldebug logs` that is a Flight Recorder dump (by name or by content), not a log."""
     if rank_from_name(path, prefix)[1] is not None:
         return True
-    try:
-        with open(path, "rb") as f:
-            return looks_like_dump(f.read(SNIFF_BYTES))
+    try:  # a regular file only: a FIFO or a device named here is `mldebug logs`' to refuse, never to open
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return looks_like_dump(os.read(fd, SNIFF_BYTES))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def find(paths: list[str], prefix: str | None = None, max_depth: int = 4) -> list[DumpFile]:

@@ -51,7 +51,7 @@ class PostmortemOptions:
     kernel: bool = option(True, flags=("--kernel/--no-kernel",), panel=PANEL, forward=False,
                           help="Read the kernel logs (journalctl -k, else dmesg) and dumps on the job's nodes.")
     node_timeout: float = option(
-        30.0, min=1.0, metavar="SECONDS", panel=PANEL, forward=False,
+        30.0, min=1.0, metavar="S", panel=PANEL, forward=False,
         help="Give up on a node that has not sent its kernel log and dumps in this time.")
 
     @property

@@ -63,7 +63,9 @@ def test_finding_by_name_prefix_and_content(tmp_path: Path) -> None:
     (tmp_path / "rank0.bin").write_bytes(data)
     (tmp_path / "train.log").write_text("step 1\n")
     assert is_dump_path(str(tmp_path / "rank0.bin")) and not is_dump_path(str(tmp_path / "train.log"))
-    found = find([str(tmp_path / "rank0.bin"), str(tmp_path / "train.log")])
+    os.mkfifo(tmp_path / "pipe0")  # never opened (nothing would ever write to it)
+    assert not is_dump_path(str(tmp_path / "pipe0"))
+    found = find([str(tmp_path / "rank0.bin"), str(tmp_path / "train.log"), str(tmp_path / "pipe0")])
     assert [(os.path.basename(f.path), f.rank, f.how) for f in found] == [("rank0.bin", 0, "content")]
 
 
