@@ -119,6 +119,20 @@ def test_the_rig_listens_on_loopback_and_its_bridge_only(rig_ssh: SshRig, rig_sl
     assert all(addresses == {"127.0.0.1"} for port, addresses in listening.items() if port != 6817), listening
     bridge = next(iter(rig_slurm.node_ips.values())).rsplit(".", 1)[0] + ".1"  # the nodes' gateway
     assert listening[6817] == {bridge}, listening  # slurmctld on the rig's bridge, where the nodes reach it
+    # accounting: slurmdbd and MariaDB in a namespace of their own, whose only link is the rig's bridge
+    ns = f"/run/netns/{os.environ.get('RIG_TAG', 'mldrig')}db"
+    links = subprocess.run(["nsenter", f"--net={ns}", "ip", "-o", "-4", "addr"], capture_output=True, text=True,
+                           check=True).stdout
+    assert sorted(line.split()[1] for line in links.splitlines()) == ["eth0", "lo"], links
+    assert f"inet {bridge.rsplit('.', 1)[0]}.2/24" in links
+    inside: dict[int, set[str]] = {}
+    for line in subprocess.run(["nsenter", f"--net={ns}", "ss", "-ltnH"], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+        address, _, port = line.split()[3].rpartition(":")
+        inside.setdefault(int(port), set()).add(address)
+    dbd = int(os.environ.get("SLURMDBD_PORT", "6819"))
+    assert inside.get(3306) == {"127.0.0.1"} and inside.get(dbd) == {"0.0.0.0"}, inside  # MariaDB on loopback only
+    assert rig_slurm.run(["sacct", "-n", "-X", "-S", "now-1minute"]).returncode == 0  # sacct reaches slurmdbd
 
 
 def test_bad_hostkey_host_presents_another_key(rig_ssh: SshRig) -> None:
