@@ -100,6 +100,9 @@ def slurm_record(job_id: str) -> tuple[dict[str, str] | None, accounting.Account
         ev = _cmd(argv)  # no end= : sacctmgr leaves out an event that starts in the job's last second
         if ev is not None and ev.returncode == 0:
             acc.node_events = accounting.parse_events(ev.stdout)
+    if sc is None and sa is None:
+        raise EnvironmentProblem(f"slurm job {job_id}: neither scontrol nor sacct answered ({'; '.join(notes)})",
+                                 "run on a login node of the cluster (Slurm's client tools on PATH, SLURM_CONF set)")
     if fields is None and acc is None:
         raise UsageError(f"slurm job {job_id}: neither scontrol nor sacct knows it",
                          "; ".join(notes) or "check the id with `sacct -j ID` or `squeue -j ID`")

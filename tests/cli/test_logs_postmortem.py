@@ -96,3 +96,12 @@ def test_the_library_call_reads_a_directory_of_dumps(dumps: dict[str, Path]) -> 
     got = analyse_dump_dir(dumps["missing"])
     assert [(c["rank"], c["why"]) for c in got["analysis"]["culprits"]] == [(1, "not-enqueued")]
     assert got["behind"][0]["rank"] == 1 and got["unreadable"] == []
+
+
+def test_without_slurm_tools_the_environment_is_said(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    proc = mldebug("logs", "--slurm-job", "12345", env={"PATH": str(tmp_path / "bin")}, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "neither scontrol nor sacct answered" in proc.stderr and "hint: run on a login node" in proc.stderr
+    proc = mldebug("logs", "--slurm-job", "12;rm", timeout=60)
+    assert proc.returncode == 2 and "is not a Slurm job id" in proc.stderr
