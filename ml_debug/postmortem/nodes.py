@@ -23,7 +23,8 @@ MAX_NODE_DUMP_BYTES = 64 * 1024 * 1024
 """The largest dump file a node sends back (base64 on the wire)."""
 
 # $1 start time (Unix seconds), then the dump prefixes. Files are those of the prefix's name written since
-# the start, regular (find -type f: never a link), at most MAX_NODE_DUMP_BYTES.
+# the start, regular (find -type f: never a link), at most MAX_NODE_DUMP_BYTES; base64 in short lines (srun
+# cuts an output line at 1 KiB), up to an end mark.
 _DUMPS = r"""
 shift
 for prefix in "$@"; do
@@ -31,7 +32,7 @@ for prefix in "$@"; do
   [ -d "$dir" ] || continue
   find "$dir" -maxdepth 1 -type f -name "${base}[0-9]*" -newermt "@$START" -size -@MAX@c 2>/dev/null | head -n 4096 |
   while IFS= read -r f; do
-    echo "@@dump $f"; base64 -w0 < "$f" 2>/dev/null || echo "@@dump-error cannot read"; echo
+    echo "@@dump $f"; base64 < "$f" 2>/dev/null || echo "@@dump-error cannot read"; echo "@@end"
   done
 done
 """.replace("@MAX@", str(MAX_NODE_DUMP_BYTES + 1))
@@ -58,22 +59,27 @@ def parse_node(text: str, node: str, since: float | None, until: float | None = 
     dumps: dict[str, bytes] = {}
     errors: dict[str, str] = {}
     current: str | None = None
+    chunks: list[str] = []
     for line in text.splitlines():
-        if line.startswith("@@dump "):
-            current = line[7:]
+        if current is None:
+            if line.startswith("@@dump "):
+                current, chunks = line[7:], []
+            else:
+                kernel_part.append(line)
             continue
-        if line.startswith("@@dump-error") and current:
+        if line.startswith("@@dump-error"):
             errors[current] = line[12:].strip() or "cannot read"
+        elif line == "@@end":
+            if current not in errors:
+                try:
+                    dumps[current] = base64.b64decode("".join(chunks), validate=True)
+                except (binascii.Error, ValueError):
+                    errors[current] = "sent back damaged"
             current = None
-            continue
-        if current is not None:
-            try:
-                dumps[current] = base64.b64decode(line.strip(), validate=True)
-            except (binascii.Error, ValueError):
-                errors[current] = "sent back damaged"
-            current = None
-            continue
-        kernel_part.append(line)
+        else:
+            chunks.append(line.strip())
+    if current is not None:
+        errors[current] = "cut short (the node's output ended before the file did)"
     kernel = parse_node_output("\n".join(kernel_part), node, since, until)
     return NodeEvidence(node=kernel.node or node, kernel=kernel, dumps=dumps, dump_errors=errors)
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import mldebug, validate_schema, wait_until
-from tests.rig.fixtures import SlurmRig, load_ssh_rig
+from tests.rig.fixtures import SlurmRig, load_nodes, load_ssh_rig
 
 pytestmark = pytest.mark.rig
 
@@ -91,6 +93,10 @@ def jobs(rig_slurm: SlurmRig, tmp_path_factory: pytest.TempPathFactory) -> Itera
             assert down.returncode == 0, down.stderr
             for job in submitted:
                 rig_slurm.wait_end(job, timeout=180)
+            # slurmdbd records a step's end a moment after the job leaves the queue
+            for job in submitted:
+                wait_until(lambda job=job: _accounted(rig_slurm, job, with_rss=job == oom_job), 60,
+                           f"job {job}'s steps in the accounting")
         finally:
             rig_slurm.run(["scontrol", "update", "nodename=spare1", "state=resume"])
             wait_until(lambda: rig_slurm.run(["sinfo", "-h", "-N", "-n", "spare1", "-o", "%T"]).stdout.strip()
@@ -100,6 +106,16 @@ def jobs(rig_slurm: SlurmRig, tmp_path_factory: pytest.TempPathFactory) -> Itera
     finally:
         for job in submitted:
             rig_slurm.cancel(job)
+
+
+def _accounted(rig: SlurmRig, job: str, with_rss: bool) -> bool:
+    """sacct has the job's final record: the job, its batch step and step 0, none still running (and the
+    step's MaxRSS when asked)."""
+    lines = rig.run(["sacct", "-j", job, "-a", "-P", "-n", "-o", "JobID,State,MaxRSS"]).stdout.splitlines()
+    rows = {line.split("|")[0]: line.split("|") for line in lines if line.count("|") == 2}
+    want = [job, f"{job}.batch", f"{job}.0"]
+    return all(w in rows and rows[w][1] not in ("RUNNING", "PENDING", "COMPLETING") for w in want) and \
+        (not with_rss or bool(rows[f"{job}.0"][2]))
 
 
 def _logs(rig: SlurmRig, cwd: Path, *args: str, env: dict[str, str] | None = None
@@ -193,3 +209,32 @@ def test_kernel_logs_over_ssh_and_a_host_that_cannot_be_reached(rig_slurm: Slurm
     kernel = {k["node"]: k for k in result["postmortem"]["kernel"]}
     assert kernel["node1"]["readable"] and not kernel["badkey"]["readable"]
     assert "host key" in kernel["badkey"]["reason"]
+
+
+def test_flight_recorder_dumps_on_the_nodes_come_back_with_the_kernel_logs(rig_slurm: SlurmRig, jobs: Jobs,
+                                                                           tmp_path: Path) -> None:
+    """Dumps in a node-local place (NCCL's TORCH_FR_DUMP_TEMP_FILE on a node's own /tmp: here a tmpfs mounted
+    in the node's mount namespace only, so this machine does not see them), written after the job started,
+    travel back with the node's kernel log. (The analysis of real dumps is tests/cli/test_logs_postmortem.py's.)"""
+    from tests.unit.postmortem.test_frdumps import _dump
+
+    node = next(n for n in load_nodes() if n.name == "node1")
+    where = Path(tempfile.mkdtemp(prefix="mldpm-fr-", dir="/tmp"))
+    inside = ["nsenter", "-t", str(node.init_pid), "-m", "--"]
+    subprocess.run([*inside, "mount", "-t", "tmpfs", "-o", "size=1m", "mldpm-fr", str(where)], check=True, timeout=30)
+    try:
+        for r in range(2):
+            subprocess.run([*inside, "sh", "-c", 'cat > "$1"', "sh", str(where / f"trace_{r}")], check=True,
+                           input=_dump(r, ["all_reduce"] * (4 if r == 1 else 5), 4), timeout=30)
+        assert list(where.iterdir()) == []  # node1's own: not seen here
+        proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.raise_job, "--fr-prefix", str(where / "trace_"))
+        assert proc.returncode == 1, proc.stderr
+        fr = result["postmortem"]["flight_recorder"]
+        assert sorted(fr["files"]) == [f"node1:{where}/trace_0", f"node1:{where}/trace_1"]
+        assert fr.get("analysis") and fr["analysis"]["findings"][0].startswith("rank 1 never issued collective #5"), fr
+        v = result["postmortem"]["verdict"]
+        assert v["rank"] == 1 and "flight-recorder: rank 1 never issued collective #5" in v["summary"]
+        assert not any("Flight Recorder" in d for d in v["disagreements"])  # the logs name rank 1 too
+    finally:
+        subprocess.run([*inside, "umount", str(where)], timeout=30)
+        shutil.rmtree(where, ignore_errors=True)

@@ -84,3 +84,16 @@ def test_the_node_script_for_real_as_root_and_as_nobody(tmp_path: Path) -> None:
     nobody = subprocess.run(["runuser", "-u", "nobody", "--", *argv], capture_output=True, text=True, timeout=60)
     got = parse_node(nobody.stdout, "here", since=None)
     assert not got.kernel.readable and "Operation not permitted" in (got.kernel.reason or "")
+
+
+def test_dump_files_in_short_lines_and_one_cut_short() -> None:
+    """srun cuts an output line at 1 KiB: a dump comes back in base64 lines up to an end mark."""
+    import base64
+
+    data = bytes(range(256)) * 20
+    lines = base64.encodebytes(data).decode().splitlines()
+    text = "\n".join(["@@node n1", "@@source dmesg", "[1.0] booted", "@@dump /tmp/trace_0", *lines, "@@end",
+                      "@@dump /tmp/trace_1", *lines[:3]])
+    got = parse_node(text, "n1", since=None)
+    assert got.dumps == {"/tmp/trace_0": data} and got.kernel.lines == 1
+    assert got.dump_errors == {"/tmp/trace_1": "cut short (the node's output ended before the file did)"}
