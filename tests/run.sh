@@ -32,7 +32,7 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' >> .venv/pip.log 2>&1 \
   || { tail -n 30 .venv/pip.log; echo "tests/run.sh: pip install failed" >&2; exit 1; }
 export PATH="$PWD/.venv/bin:$PATH"
-# 2. Debian packages of the rig (openssh, Slurm, munge, gdb, iproute2, prometheus, systemd-analyze), and the rig
+# 2. Debian packages of the rig (openssh, Slurm, munge, slurmdbd and MariaDB, gdb, iproute2, prometheus, systemd-analyze), and the rig
 #    itself up.
 bash tests/rig/up.sh
 # 2b. A Python 3.12+ with CPython's test package, for NicerTrace's sys.monitoring backend. Only PyPI
