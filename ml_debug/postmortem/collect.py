@@ -16,6 +16,7 @@ Every source that could not be read is said with its reason; none of them is an 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -142,6 +143,7 @@ def run(opts: PostmortemOptions, paths: list[str], triage: Callable[[list[str]],
         nodelist = ",".join(acc.job.nodes) if acc and acc.job else None
         jf = jobfiles.gather(opts.slurm_job, fields, acc.workdir if acc else None, jstart, jend, nodelist)
         notes += jf.notes
+        jf.user = jf.user or (acc.user if acc else None)
         from ml_debug.remote.hostlist import expand_hostlist
 
         # every node the job had, by every record (a job line read as the job ends may name fewer)
@@ -150,14 +152,22 @@ def run(opts: PostmortemOptions, paths: list[str], triage: Callable[[list[str]],
         job_nodes = sorted(dict.fromkeys(named))
         since = jf.start or jstart
         running = (jf.state or (acc.job.state if acc and acc.job else "")) == "RUNNING"
-    # the paths: the user's, then what the job left; dumps apart from logs
-    candidates = list(paths) + (jf.logs if jf else [])
+    # the paths: the user's, then what the job left (those its user could have planted, refused); dumps apart
+    refused: list[dict[str, str]] = []
+    job_paths = []
+    for p in (jf.logs if jf else []):
+        why = untrusted(p, jf.user if jf else None)
+        if why:
+            refused.append({"path": p, "reason": why})
+        else:
+            job_paths.append(p)
+    candidates = list(paths) + job_paths
     dump_files = frdumps.find(candidates + (jf.dumps if jf else []), prefix=opts.fr_prefix)
     dump_paths = {os.path.abspath(d.path) for d in dump_files}
     log_paths = [p for p in dict.fromkeys(candidates)
                  if p == "-" or (os.path.abspath(p) not in dump_paths and not
                                  (os.path.isfile(p) and frdumps.is_dump_path(p, opts.fr_prefix)))]
-    unreadable: list[dict[str, str]] = []
+    unreadable: list[dict[str, str]] = list(refused)
     report = None
     logs_error = None
     if log_paths:
@@ -232,6 +242,27 @@ def run(opts: PostmortemOptions, paths: list[str], triage: Callable[[list[str]],
     if fr.records or fr.unreadable:
         pm.flight_recorder = {**(fr.section or {}), "files": [f.path for f in fr.files]}
     return report, pm
+
+
+def untrusted(path: str, user: str | None) -> str | None:
+    """Why a path the job's record names is not read (mldebug often runs as root on other users' jobs): a
+    symbolic link at its end, or a file of another user than the job's. None when it may be read."""
+    import pwd
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None  # missing: said when it is read
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link: a path from the job's record is not followed"
+    if user and os.geteuid() == 0:
+        try:
+            uid = pwd.getpwnam(user).pw_uid
+        except KeyError:
+            return None
+        if st.st_uid not in (uid, 0):
+            return f"owned by uid {st.st_uid}, not by the job's user {user}: not read"
+    return None
 
 
 def _step_json(s: accounting.Step) -> dict[str, Any]:

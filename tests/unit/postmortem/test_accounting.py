@@ -104,3 +104,24 @@ def test_scontrol_record_and_the_files_of_a_job_it_no_longer_knows(tmp_path: Pat
     jf = gather("77", None, str(tmp_path), None, None)
     assert jf.known_by == "sacct" and jf.logs[0] == str(tmp_path / "train-77.log") and jf.dumps == dumps
     assert "slurmctld no longer knows the job" in jf.notes[0]
+
+
+def test_a_path_from_the_job_record_that_its_user_could_have_planted(tmp_path: Path) -> None:
+    """mldebug runs as root on other users' jobs: the job's StdOut that is a link, or a file of another user
+    than the job's, is said and not read."""
+    import os
+
+    from ml_debug.postmortem.collect import untrusted
+    from tests.conftest import require
+
+    require(os.geteuid() == 0, "root (chown)")
+    out = tmp_path / "slurm-5.out"
+    out.write_text("x\n")
+    assert untrusted(str(out), "root") is None and untrusted(str(tmp_path / "gone.out"), "root") is None
+    (tmp_path / "link.out").symlink_to("/etc/shadow")
+    assert untrusted(str(tmp_path / "link.out"), "root") == "a symbolic link: a path from the job's record is not " \
+                                                           "followed"
+    os.chown(out, 65534, 65534)
+    assert untrusted(str(out), "nobody") is None
+    os.chown(out, 1, 1)
+    assert untrusted(str(out), "nobody") == "owned by uid 1, not by the job's user nobody: not read"
