@@ -6,7 +6,8 @@ Which source names the rank, strongest first: a failure line in the logs (a trac
 known rank; accounting's out-of-memory or node failure (its task and node); a kernel event on one of the
 job's nodes (Xid, the OOM killer, a segfault); the Flight Recorder's odd rank (a desync, a collective
 never issued); then a failure the logs hold without a rank, or a failed step. A source that names no
-rank still gives its node, and a node gives its ranks through the step's layout.
+rank still gives its node, and a node gives its ranks through the step's layout. The kernel says where,
+never whether: a node's log holds every process's events, so it alone never makes a job failed.
 """
 
 from __future__ import annotations
