@@ -12,6 +12,8 @@ The kernel logs of the jobs' nodes come back over a new Slurm step (the jobs hav
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -76,15 +78,24 @@ def jobs(rig_slurm: SlurmRig, tmp_path_factory: pytest.TempPathFactory) -> Itera
     os.chmod(base, 0o755)
     dirs = {name: base / name for name in ("raise", "oom", "nodefail", "ok")}
     submitted: list[str] = []
+    with contextlib.ExitStack() as stack:
+        yield from _run_jobs(rig_slurm, dirs, submitted, stack)
+
+
+def _run_jobs(rig_slurm: SlurmRig, dirs: dict[str, Path], submitted: list[str], stack: contextlib.ExitStack
+              ) -> Iterator[Jobs]:
     try:
         raise_job = _submit(rig_slurm, RAISE, dirs["raise"], nodes=2)
         submitted.append(raise_job)
         oom_job = _submit(rig_slurm, HOG, dirs["oom"], extra=("--mem=100M",))
         submitted.append(oom_job)
-        nodefail_job = _submit(rig_slurm, WAIT, dirs["nodefail"], extra=("-p", "spare"))
-        submitted.append(nodefail_job)
         ok_job = _submit(rig_slurm, "print('fine')", dirs["ok"])
         submitted.append(ok_job)
+        # spare1 is taken down by one pytest worker at a time (each worker may run this fixture)
+        spare = stack.enter_context(open(rig_slurm.base / "spare1.lock", "w"))
+        fcntl.flock(spare, fcntl.LOCK_EX)
+        nodefail_job = _submit(rig_slurm, WAIT, dirs["nodefail"], extra=("-p", "spare"))
+        submitted.append(nodefail_job)
         out = dirs["nodefail"] / f"train-{nodefail_job}.out"
         wait_until(lambda: out.exists() and "ready" in out.read_text(), 120, "the spare node's job to start")
         try:
@@ -101,6 +112,7 @@ def jobs(rig_slurm: SlurmRig, tmp_path_factory: pytest.TempPathFactory) -> Itera
             rig_slurm.run(["scontrol", "update", "nodename=spare1", "state=resume"])
             wait_until(lambda: rig_slurm.run(["sinfo", "-h", "-N", "-n", "spare1", "-o", "%T"]).stdout.strip()
                        in ("idle", "mixed", "allocated"), 60, "spare1 back up")
+            fcntl.flock(spare, fcntl.LOCK_UN)
         (dirs["ok"] / f"train-{ok_job}.out").unlink()
         yield Jobs(raise_job, oom_job, nodefail_job, ok_job, dirs)
     finally:
@@ -126,7 +138,7 @@ def _logs(rig: SlurmRig, cwd: Path, *args: str, env: dict[str, str] | None = Non
     return proc, doc["result"]
 
 
-def test_a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
+def _a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
         rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
     history = tmp_path / "history.db"
     proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.raise_job, env={"MLDEBUG_HISTORY": str(history)})
@@ -161,7 +173,7 @@ def test_a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
     assert f"post-mortem of Slurm job {jobs.raise_job}" in text.stdout and out in text.stdout
 
 
-def test_a_task_over_its_memory_limit_is_named_out_of_memory_without_a_traceback(
+def _a_task_over_its_memory_limit_is_named_out_of_memory_without_a_traceback(
         rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
     proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.oom_job, "--no-kernel")
     assert proc.returncode == 1, proc.stderr
@@ -174,7 +186,7 @@ def test_a_task_over_its_memory_limit_is_named_out_of_memory_without_a_traceback
     assert "limit 100M" in v["summary"] and judgement["detail"]["max_rss"] >= 0.9 * 100 * 2**20
 
 
-def test_a_job_whose_node_went_down_is_named_node_fail(rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
+def _a_job_whose_node_went_down_is_named_node_fail(rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
     proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.nodefail_job)
     assert proc.returncode == 1, proc.stderr
     v = result["postmortem"]["verdict"]
@@ -184,7 +196,7 @@ def test_a_job_whose_node_went_down_is_named_node_fail(rig_slurm: SlurmRig, jobs
     assert [(k["node"], k["readable"]) for k in result["postmortem"]["kernel"]] == [("spare1", True)]
 
 
-def test_a_file_the_job_left_that_is_gone_is_said_and_the_result_is_partial(
+def _a_file_the_job_left_that_is_gone_is_said_and_the_result_is_partial(
         rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
     proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.ok_job, "--no-kernel")
     assert proc.returncode == 4, proc.stderr
@@ -195,7 +207,7 @@ def test_a_file_the_job_left_that_is_gone_is_said_and_the_result_is_partial(
                                                                "or removed?)"}]
 
 
-def test_kernel_logs_over_ssh_and_a_host_that_cannot_be_reached(rig_slurm: SlurmRig, jobs: Jobs,
+def _kernel_logs_over_ssh_and_a_host_that_cannot_be_reached(rig_slurm: SlurmRig, jobs: Jobs,
                                                                 tmp_path: Path) -> None:
     ssh = load_ssh_rig()
     proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.raise_job, "--hosts", "node1,node2",
@@ -211,7 +223,7 @@ def test_kernel_logs_over_ssh_and_a_host_that_cannot_be_reached(rig_slurm: Slurm
     assert "host key" in kernel["badkey"]["reason"]
 
 
-def test_flight_recorder_dumps_on_the_nodes_come_back_with_the_kernel_logs(rig_slurm: SlurmRig, jobs: Jobs,
+def _flight_recorder_dumps_on_the_nodes_come_back_with_the_kernel_logs(rig_slurm: SlurmRig, jobs: Jobs,
                                                                            tmp_path: Path) -> None:
     """Dumps in a node-local place (NCCL's TORCH_FR_DUMP_TEMP_FILE on a node's own /tmp: here a tmpfs mounted
     in the node's mount namespace only, so this machine does not see them), written after the job started,
@@ -238,3 +250,22 @@ def test_flight_recorder_dumps_on_the_nodes_come_back_with_the_kernel_logs(rig_s
     finally:
         subprocess.run([*inside, "umount", str(where)], timeout=30)
         shutil.rmtree(where, ignore_errors=True)
+
+
+# Two tests, so that pytest-xdist hands both to one worker (two at a time) and the jobs run once.
+
+def test_each_failed_job_is_named_from_its_id_alone(rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
+    for i, check in enumerate((_a_rank_that_raised_is_named_with_its_node_exception_and_step_state,
+                               _a_task_over_its_memory_limit_is_named_out_of_memory_without_a_traceback,
+                               _a_job_whose_node_went_down_is_named_node_fail,
+                               _a_file_the_job_left_that_is_gone_is_said_and_the_result_is_partial)):
+        (tmp_path / str(i)).mkdir()
+        check(rig_slurm, jobs, tmp_path / str(i))
+
+
+def test_the_nodes_kernel_logs_and_dumps_over_ssh_and_a_slurm_step(rig_slurm: SlurmRig, jobs: Jobs,
+                                                                   tmp_path: Path) -> None:
+    (tmp_path / "ssh").mkdir()
+    (tmp_path / "step").mkdir()
+    _kernel_logs_over_ssh_and_a_host_that_cannot_be_reached(rig_slurm, jobs, tmp_path / "ssh")
+    _flight_recorder_dumps_on_the_nodes_come_back_with_the_kernel_logs(rig_slurm, jobs, tmp_path / "step")
