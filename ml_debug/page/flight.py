@@ -67,14 +67,17 @@ def _desyncs(analysis: dict[str, Any] | None) -> dict[str, tuple[int, set[int]]]
     return out
 
 
-def grid_html(pg_id: str, rows: list[dict[str, Any]], desync: tuple[int, set[int]] | None) -> str:
+def grid_html(pg_id: str, rows: list[dict[str, Any]], desync: tuple[int, set[int]] | None,
+              behind: set[int] | None = None) -> str:
+    """One process group's grid; `behind`: the ranks ``stacks.flight.behind_ranks`` found behind in it."""
+    from ml_debug.core.ranges import expand
+
 
     top = max(r["queued"] for r in rows)
     lo = max(1, min(top - 7, max(top - COLUMNS + 1, min(r["done"] for r in rows) - 2)))  # 8 to 24 columns
     seqs: list[int | None] = list(range(lo, top + 1))
     if desync is not None and desync[0] < lo:  # the desync, further back: its own column before a gap
         seqs = [desync[0], None, *seqs]
-    most = max(rows, key=lambda r: r["size"])
     head = "".join(f'<th class="mono" title="#{s}">{s % 100:02d}</th>' if s is not None else "<th>…</th>"
                    for s in seqs)
     body = []
@@ -89,12 +92,13 @@ def grid_html(pg_id: str, rows: list[dict[str, Any]], desync: tuple[int, set[int
             if s == odd_seq:
                 cls = "desync"
             cells.append(f'<td class="c {cls}" title="#{s}: {cls}"></td>')
-        odd = odd_seq is not None or (r is not most and (r["queued"] < most["queued"] or r["done"] < most["done"]))
+        late = bool(behind) and not behind.isdisjoint(expand(r["ranks"]))
+        odd = odd_seq is not None or late
         stopped = (f"completed #{r['done']} {esc(r['completed_op'])}; enqueued #{r['queued']} "
                    f"{esc(r['enqueued_op'])}")
         body.append(f'<tr class="{"outlier" if odd else ""}"><td class="who"><span data-ranks="{esc(r["ranks"])}">'
                     f'{esc(r["ranks"] or "?")}</span> <span class="count">({r["size"]})</span></td>'
-                    f'{"".join(cells)}<td class="mono">{stopped}{" ◀ desync" if odd_seq is not None else " ◀ behind" if odd else ""}</td></tr>')
+                    f'{"".join(cells)}<td class="mono">{stopped}{" ◀ desync" if odd_seq is not None else " ◀ behind" if late else ""}</td></tr>')
     more = len(rows) - min(len(rows), MAX_ROWS)
     return (f'<h3>process group {esc(pg_id)}</h3><table class="grid"><thead><tr><th>ranks</th>{head}'
             f'<th>where it stopped</th></tr></thead><tbody>{"".join(body)}</tbody></table>'
@@ -125,7 +129,9 @@ def section(fr: dict[str, Any] | None) -> Section | None:
         # 16k ranks has thousands of groups)
         parted = [k for k in sorted(rows, key=lambda k: (len(k), k)) if len(rows[k]) > 1 or k in desync]
         for pg_id in parted[:MAX_GROUPS]:
-            parts.append(grid_html(pg_id, rows[pg_id], desync.get(pg_id)))
+            late = {b["rank"] for b in fr.get("behind") or [] if str(b.get("pg_id")) == pg_id and
+                    isinstance(b.get("rank"), int)}
+            parts.append(grid_html(pg_id, rows[pg_id], desync.get(pg_id), late))
         alike = len(rows) - len(parted)
         if len(parted) > MAX_GROUPS:
             parts.append(f'<p class="dim">and {len(parted) - MAX_GROUPS} more process group(s) where ranks parted '

@@ -75,7 +75,7 @@ def tree_html(result: DumpStacksResult) -> str:
                 bits.append(f'waits in <code>{esc(g.collective.where)}</code>')
             bits.append(f'<span class="dim">{esc(g.state)}; on {esc(", ".join(g.hosts[:5]))}'
                         f'{" …" if len(g.hosts) > 5 else ""}</span>')
-            below = _below(g, by_member)
+            below = _below(g, by_member) if suspect else []  # beside the suspect, as the verdict says it
             if below:
                 bits.append('<div class="below">below Python: ' + esc("; ".join(below)) + "</div>")
             parts.append(f'<div class="leaf{" suspect" if suspect else ""}">{" ".join(bits)}</div>')
