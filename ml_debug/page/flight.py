@@ -92,7 +92,7 @@ def grid_html(pg_id: str, rows: list[dict[str, Any]], desync: tuple[int, set[int
             if s == odd_seq:
                 cls = "desync"
             cells.append(f'<td class="c {cls}" title="#{s}: {cls}"></td>')
-        late = bool(behind) and not behind.isdisjoint(expand(r["ranks"]))
+        late = behind is not None and not behind.isdisjoint(expand(r["ranks"]))
         odd = odd_seq is not None or late
         stopped = (f"completed #{r['done']} {esc(r['completed_op'])}; enqueued #{r['queued']} "
                    f"{esc(r['enqueued_op'])}")
