@@ -6,7 +6,7 @@ exited. Under MLDEBUG_REQUIRE_REAL=1 a missing chromium, chromedriver or seleniu
 
 `Page.open(path)` loads a page file and returns what the tests assert on: the console's messages and
 the resources the page fetched (none may be). `MLDEBUG_SCREENSHOTS=DIR` makes `Page.shot(name)` write a
-small PNG (a palette of 64 colours) there: how the screenshots in docs/commands/ are made.
+small PNG (a palette of 128 colours) there: how the screenshots in docs/commands/ are made.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Browser:
         out = Path(SHOTS) / f"{name}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         self.driver.save_screenshot(str(out))
-        Image.open(out).convert("RGB").quantize(colors=64).save(out, optimize=True)
+        Image.open(out).convert("RGB").quantize(colors=128).save(out, optimize=True)
 
 
 @pytest.fixture(scope="module")

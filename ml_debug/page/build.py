@@ -77,7 +77,7 @@ def incident_page(summary: dict[str, Any], result: DumpStacksResult | None, snap
     incident = summary.get("incident") or {}
     facts = [f"incident: {incident.get('kind', '?')}", str(incident.get("detail") or "")]
     facts += [f"next: {n}" for n in (summary.get("next") or [])[:2]]
-    parts = nodes.sections(snapshot, incident, None)
+    parts = nodes.sections(snapshot, incident, None, summary.get("culprit"))
     if result is not None:
         parts += stacks.sections(result)
         fr = flight.section(result.flight_recorder)

@@ -16,9 +16,13 @@ def _num(v: Any, fmt: str = "{:.0f}") -> str:
     return fmt.format(v) if isinstance(v, (int, float)) else ""
 
 
-def ranks_html(snapshot: dict[str, Any], incident: dict[str, Any]) -> str:
-    """One row per rank; the incident's ranks and those with signs of trouble first, marked."""
-    named = {(r.get("host"), r.get("pid")) for r in incident.get("ranks") or []}
+def ranks_html(snapshot: dict[str, Any], incident: dict[str, Any], culprit: dict[str, Any] | None = None) -> str:
+    """One row per rank; the culprit, the ranks the incident is about (all of them when it was requested:
+    not marked) and those with signs of trouble first, marked."""
+    named = set() if incident.get("kind") == "requested" else \
+        {(r.get("host"), r.get("pid")) for r in incident.get("ranks") or []}
+    if culprit:
+        named.add((culprit.get("host"), culprit.get("pid")))
     rows = []
     for r in snapshot.get("ranks") or []:
         odd = (r.get("host"), r.get("pid")) in named
@@ -63,10 +67,11 @@ def health_html(health: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def sections(snapshot: dict[str, Any] | None, incident: dict[str, Any], health: dict[str, Any] | None) -> list[Section]:
+def sections(snapshot: dict[str, Any] | None, incident: dict[str, Any], health: dict[str, Any] | None,
+             culprit: dict[str, Any] | None = None) -> list[Section]:
     out = []
     if snapshot:
-        out.append(Section("ranks", "ranks as the watcher saw them", ranks_html(snapshot, incident),
+        out.append(Section("ranks", "ranks as the watcher saw them", ranks_html(snapshot, incident, culprit),
                            note=f"{len(snapshot.get('ranks') or [])} ranks on {len(snapshot.get('nodes') or [])} "
                                 "node(s)"))
     if health:

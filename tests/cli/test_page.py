@@ -145,8 +145,10 @@ def test_dump_stacks_and_watch_pages_of_a_real_hang_in_a_browser(hung_job, brows
     assert browser.driver.find_element(By.ID, "verdict").text == summary["summary"]
     assert f"load_batch ({EVIL}:" in summary["summary"]
     ranks = browser.driver.find_element(By.ID, "ranks")
-    assert ranks.is_displayed() and {"0", "1"} <= {c.text for c in ranks.find_elements(By.CSS_SELECTOR,
-                                                                                         "td:first-child")}
+    assert ranks.is_displayed()
+    marked = {tr.find_element(By.CSS_SELECTOR, "td").text: tr.get_attribute("class")
+              for tr in ranks.find_elements(By.CSS_SELECTOR, "tbody tr")}
+    assert marked == {"1": "outlier", "0": ""}, marked  # the culprit first, marked
     assert _shown(browser, ".leaf.suspect")
     browser.shot("watch")
 

@@ -222,6 +222,9 @@ def test_a_desync_is_named_by_the_flight_recorder_in_the_bundle(
     fr = json.loads((out / "flight-recorder.json").read_text())
     assert fr["analysis"]["culprits"][0]["rank"] == 1
     assert "desync in collective #" in (out / "dump-stacks.txt").read_text()
+    # the bundle's page shows it too: the odd rank's cell in the Flight Recorder grid (in a browser: test_page.py)
+    page = (out / "incident.html").read_text()
+    assert "Flight Recorder: where each rank stopped" in page and page.count('class="c desync"') == 1
 
 
 @pytest.mark.serial
