@@ -15,11 +15,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from selenium.webdriver.common.by import By
 
 from tests.browser import Browser, browser  # noqa: F401 - the fixture
-from tests.conftest import REPO, mldebug, require
+from tests.conftest import REPO, mldebug, require, require_module
 from tests.rig import fixtures
+
+By = require_module("selenium.webdriver.common.by", "pip install selenium (the test extra)").By
 
 # a job's file name with HTML in it: an image whose onerror would run, and a script tag
 EVIL = "train<img src=x onerror=window.pwned=1><script>window.pwned=2.py"
@@ -55,6 +56,7 @@ def _tools() -> None:
 
 def _self_contained(html: str) -> None:
     """Nothing the page could fetch: no src/href/url() at all, and the job's HTML only escaped."""
+    # (the job's own "src=x" is in the page, escaped, as text: not an attribute)
     assert not re.search(r"\b(?:src|href|action|srcset)\s*=\s*[\"']?[^\"'\s>]", html.replace("src=x", "")), \
         "the page names something to fetch"
     assert "url(" not in html and "@import" not in html
