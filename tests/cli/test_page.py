@@ -97,6 +97,7 @@ def test_dump_stacks_and_watch_pages_of_a_real_hang_in_a_browser(hung_job, brows
     verdict = browser.driver.find_element(By.ID, "verdict")
     assert verdict.is_displayed()
     assert verdict.text.startswith(f"suspect: rank 1 ({host}, pid {pid}) in load_batch ({EVIL}:"), verdict.text
+    verdict_text = verdict.text
     # the suspect's branch is open and marked, its below-Python line beside it
     (leaf,) = _shown(browser, ".leaf.suspect")
     assert "suspect" in leaf.text and f"below Python: rank 1 ({host}): blocked in clock_nanosleep()" in leaf.text
@@ -119,6 +120,17 @@ def test_dump_stacks_and_watch_pages_of_a_real_hang_in_a_browser(hung_job, brows
     hits = _shown(browser, ".hit")
     assert hits and any("[rank 1]" in h.text for h in hits)
     assert _shown(browser, ".leaf.suspect")
+
+    # without JavaScript: the verdict, the suspect's branch and the tables read the same; only the tools go
+    browser.driver.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
+    try:
+        browser.driver.get(page.resolve().as_uri())
+        assert browser.driver.find_element(By.ID, "verdict").text == verdict_text
+        assert "below Python" in _shown(browser, ".leaf.suspect")[0].text
+        assert _shown(browser, "#suspects table") and not _shown(browser, ".toolbar")
+        assert browser.driver.find_element(By.TAG_NAME, "html").get_attribute("class") == "nojs"
+    finally:
+        browser.driver.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": False})
 
     # speedscope: the file format, the whole job first (weight: processes), then each rank
     doc = json.loads(scope.read_text())
