@@ -94,7 +94,8 @@ def tree_html(result: DumpStacksResult) -> str:
         if len(title) == 1:
             label = f"<code>{label}</code>"
         mine = bool(node.groups) and set(node.groups) <= suspect_groups  # the suspect's own branch: marked
-        out.append(f'<li><details class="branch{" onpath" if onpath else ""}{" mine" if mine else ""}"{" open" if opened else ""}>'
+        out.append(f'<li><details class="branch{" onpath" if onpath else ""}{" mine" if mine else ""}" '
+                   f'data-count="{node.count}" data-frame="{esc(frames[-1])}"{" open" if opened else ""}>'
                    f'<summary><span class="ranks" data-ranks="{esc(spec)}">[{esc(node.ranks)}]</span> '
                    f'<span class="count">({node.count})</span> {label}</summary>')
         if len(frames) > 1:
@@ -110,7 +111,9 @@ def tree_html(result: DumpStacksResult) -> str:
 
     out.append('<div class="toolbar"><button type="button" data-act="open-all" data-scope="stack-tree">open all'
                '</button><button type="button" data-act="close-all" data-scope="stack-tree">close all</button>'
-               '<button type="button" data-act="suspect" data-scope="stack-tree">only the suspect</button></div>')
+               '<button type="button" data-act="suspect" data-scope="stack-tree">only the suspect</button>'
+               '<button type="button" data-act="icicle" data-scope="stack-tree">icicle</button></div>'
+               '<div id="icicle" class="icicle" hidden></div>')
     out.append('<ul class="tree" id="stack-tree">')
     for root in result.tree:
         add(root, 0)

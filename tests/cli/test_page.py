@@ -121,6 +121,17 @@ def test_dump_stacks_and_watch_pages_of_a_real_hang_in_a_browser(hung_job, brows
     assert hits and any("[rank 1]" in h.text for h in hits)
     assert _shown(browser, ".leaf.suspect")
 
+    # the icicle (JavaScript): one cell per branch, as wide as its processes; a click opens that branch
+    browser.driver.find_element(By.CSS_SELECTOR, "[data-act=close-all]").click()
+    browser.driver.find_element(By.CSS_SELECTOR, "[data-act=icicle]").click()
+    cells = {c.text: c for c in _shown(browser, "#icicle .cell")}
+    assert set(cells) == {"<module>", "load_batch", "all_reduce"}, set(cells)
+    assert "mine" in (cells["load_batch"].get_attribute("class") or "")
+    assert cells["<module>"].size["width"] > 1.9 * cells["all_reduce"].size["width"]  # 2 processes against 1
+    cells["all_reduce"].click()
+    (waiting,) = _shown(browser, ".leaf:not(.suspect)")
+    assert "waits in all_reduce" in waiting.text
+
     # without JavaScript: the verdict, the suspect's branch and the tables read the same; only the tools go
     browser.driver.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
     try:
