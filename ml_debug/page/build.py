@@ -28,8 +28,13 @@ def check_target(flag: str, path: str | os.PathLike[str]) -> None:
 def write(flag: str, path: str | os.PathLike[str], text: str) -> str | None:
     """Write the page (or the export) the operator named; a note when a planted link was replaced."""
     from ml_debug.core import safefs
+    from ml_debug.core.errors import UsageError
 
-    return safefs.write_file(flag, path, text)
+    try:
+        return safefs.write_file(flag, path, text)
+    except OSError as e:  # checked up front, yet refused now (/proc, a full disk): the report above stands
+        raise UsageError(f"{flag} {path}: cannot write it: {e.strerror or e}",
+                         "choose another path; the report was printed above") from None
 
 
 def write_logged(flag: str, path: str | os.PathLike[str], text: str) -> None:

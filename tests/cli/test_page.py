@@ -240,8 +240,10 @@ def test_flight_recorder_view_of_real_dumps_in_a_browser(browser: Browser, tmp_p
         rows["0 (1)"].text
 
 
-@pytest.mark.parametrize("bad", ["", "/nonexistent-dir/x.html"])
-def test_a_page_that_cannot_be_written_is_refused_before_anything_runs(bad: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("bad", ["", "/nonexistent-dir/x.html", "/proc/mldebug-page.html"])
+def test_a_page_that_cannot_be_written_is_exit_2_with_a_hint(bad: str) -> None:
+    """Refused before the logs are read; /proc passes the checks and refuses the write: said after the report."""
     proc = mldebug("logs", str(REPO / "tests" / "data" / "logs" / "raise_then_sigabrt_at_exit"), "--html", bad)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("mldebug: error: --html ") and "\nhint: " in proc.stderr
+    assert ("first failure: rank 2" in proc.stdout) == bad.startswith("/proc/")
