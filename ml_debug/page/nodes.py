@@ -31,7 +31,7 @@ def ranks_html(snapshot: dict[str, Any], incident: dict[str, Any], culprit: dict
         util = max((u for u in utils if isinstance(u, (int, float))), default=None)
         rank = "" if r.get("rank") is None else str(r["rank"])
         cells = [f'<span data-ranks="{esc(rank)}">{esc(rank or "?")}</span>', esc(r.get("node") or r.get("host") or ""),
-                 str(r.get("pid") or ""), esc(r.get("status") or ""), esc(r.get("state") or ""),
+                 esc(r.get("pid") or ""), esc(r.get("status") or ""), esc(r.get("state") or ""),
                  _num(r.get("cpu_pct")), _num(util),
                  _num(r.get("idle_s"), "{:.1f}"), f"<code>{esc(r.get('where') or '')}</code>",
                  esc("; ".join(str(s) for s in r.get("signs") or []) or r.get("straggler_why") or "")]

@@ -131,13 +131,14 @@ def _table(head: list[str], rows: list[tuple[str, list[str]]]) -> str:
 def suspects_html(result: DumpStacksResult) -> str:
     if not result.suspects:
         return '<p class="dim">no suspect: every rank is where the others are</p>'
+    from ml_debug.core.ranges import compress
+
     rows = []
     for s in result.suspects:
-        from ml_debug.core.ranges import compress
-
-        rows.append(("suspect", [esc(s.kind), f'<span data-ranks="{esc(compress(s.ranks))}">{esc(compress(s.ranks))}'
-                                 "</span>", f"<code>{esc(s.where or '')}</code>", esc(s.reason),
-                                 esc(", ".join(s.members[:8]))]))
+        ranks = compress(s.ranks)  # "" for a pid without a rank: the processes column names it
+        rows.append(("suspect", [esc(s.kind), f'<span data-ranks="{esc(ranks)}">{esc(ranks)}</span>',
+                                 f"<code>{esc(s.where or '')}</code>", esc(s.reason),
+                                 esc(", ".join(s.members[:8]) + (" …" if len(s.members) > 8 else ""))]))
     return _table(["kind", "ranks", "where", "why", "processes"], rows)
 
 
