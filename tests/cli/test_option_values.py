@@ -103,3 +103,30 @@ def test_nproc_per_node_help_says_what_each_command_does(command: str, default: 
     help_text = " ".join(capsys.readouterr().out.split())
     start = help_text.index("--nproc-per-node")
     assert default in help_text[start:start + 200]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["train", "--metrics-dir", ""], "--metrics-dir is empty"),  # wrote into the current directory
+    (["train", "--checkpoint-dir", ""], "--checkpoint-dir is empty"),
+    (["train", "--kill-switch", ""], "--kill-switch is empty"),  # refused to start, naming nothing
+    (["launch", "--rdzv-backend", "", "--", "x.py"], "--rdzv-backend is empty"),
+    (["exec", "--", "", "x"], "an empty CMD argument"),  # the program's arguments may be empty, its name not
+])
+def test_an_empty_value_is_refused_never_read_as_the_default(argv: list[str], said: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert said in _usage_error(capsys, *argv)
+
+
+def test_an_empty_mldebug_variable_is_refused(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`MLDEBUG_HOSTS= mldebug exec ...` ran the command on this node: Typer reads an empty variable as unset."""
+    monkeypatch.setenv("MLDEBUG_HOSTS", "")
+    assert "MLDEBUG_HOSTS is set but empty" in _usage_error(capsys, "exec", "--", "hostname")
+
+
+def test_a_program_argument_may_be_empty(tmp_path: Path) -> None:
+    """What `Opt.empty` is for: `mldebug exec -- printf '%s|' a '' b` passes the empty word on."""
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "exec", "--", "printf", "%s|", "a", "", "b"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1].endswith("a||b|"), proc.stdout
