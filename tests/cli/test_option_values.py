@@ -130,3 +130,20 @@ def test_a_program_argument_may_be_empty(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-1].endswith("a||b|"), proc.stdout
+
+
+def test_drill_refuses_more_ranks_than_this_node_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`drill --nproc-per-node 9` on 2 cores started the drill's job, which was refused, and scored the drill
+    as missed: refused before anything starts, like every other command that starts ranks here."""
+    from ml_debug.dist.limits import node_limit
+
+    monkeypatch.chdir(tmp_path)
+    limit, _ = node_limit()
+    too_many = str(min(limit + 1, 64))
+    if limit + 1 > 64:  # a node this large runs every count the option takes: the user's own limit then
+        line = _usage_error(capsys, "drill", "--nproc-per-node", too_many, "--max-nproc-per-node", "63")
+    else:
+        line = _usage_error(capsys, "drill", "--nproc-per-node", too_many, "--only", "hang")
+    assert f"--nproc-per-node {too_many} is more ranks than this node can run" in line
+    assert list(tmp_path.iterdir()) == []  # no drill folder made
