@@ -61,6 +61,15 @@ def _finite(value: float | None) -> float | None:
     return value
 
 
+def _bounded(value: Any) -> Any:
+    """Every integer option's check (each item of a repeatable one): Python's ints have no end, the C calls
+    behind a count, a pid or a size do (`--pid 10**30` ended in OverflowError deep in a run)."""
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if v is not None and abs(v) > LARGEST:
+            raise typer.BadParameter(f"{v} is more than {LARGEST:g}, the most a number option takes")
+    return value
+
+
 def _parameter(cf: CliField) -> inspect.Parameter:
     o = cf.opt
     if o.metavar is None and cf.is_path:  # parsed as a word (so that an empty one is seen): still a PATH in --help
@@ -73,6 +82,8 @@ def _parameter(cf: CliField) -> inspect.Parameter:
     tp = _typer_type(cf)
     if strip_optional(tp) is float:
         extra["callback"] = _finite
+    elif strip_optional(tp) is int or strip_optional(tp) == list[int]:
+        extra["callback"] = _bounded
     if o.argument:
         info = typer.Argument(help=o.help, metavar=o.metavar, show_default=False, hidden=o.hidden, **extra)
     else:

@@ -167,12 +167,20 @@ def _named(cf: CliField, e: UsageError) -> UsageError:
     return UsageError(visible(message), e.hint and visible(e.hint))
 
 
+PARSED_LARGEST = 2**63 - 1
+"""The largest number an option's own parse may give (sizes in bytes go beyond the 1e9 of Typer's numbers)."""
+
+
 def _value(cf: CliField, word: Any) -> Any:
     """One command-line word -> the field's value (or one item of its list)."""
     if word == "" and not cf.opt.empty:
         refuse_empty(cf)
     if cf.opt.parse is not None:
-        return cf.opt.parse(word)
+        value = cf.opt.parse(word)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > PARSED_LARGEST:
+            # a size or count the option's own parse took (1e30 bytes): no C call takes it
+            raise UsageError(f"{cf.label} {word}: {value:g} is more than a 64-bit number", "give a real size or count")
+        return value
     if cf.is_path and isinstance(word, str):
         return _path(cf, word)
     return word

@@ -7,6 +7,7 @@ shell variable, control characters, huge and negative numbers, not-a-number) and
 
 - never an internal error, always an exit code of the documented set (0 accepted, 2 refused);
 - an empty word (or an empty `MLDEBUG_*` variable) is refused, unless the option says it may be empty;
+- a number beyond any real one (1e30) is refused by every number option;
 - a refusal is one line plus a hint, and names the option (or the variable) it refuses.
 
 The values are parsed by the real options layer and Typer, with each command's work replaced by a function
@@ -135,6 +136,8 @@ def test_every_option_refuses_bad_values_by_name(case: Case, stubbed: None, caps
         assert rc in DOCUMENTED, (argv, rc, err)
         if word == "" and not case.cf.opt.empty:
             assert rc == 2, f"{argv}: an empty word was taken as the default"
+        if word.lstrip("-") == HUGE:  # no count, size, id or time of 1e30 exists: C calls overflow on it
+            assert rc == 2, f"{argv}: a number beyond any real one was taken"
         if rc == 2:
             _refusal_names_it(err, names)
             # the real command refuses it the same way, so before any work (the stub did none)
