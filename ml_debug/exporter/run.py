@@ -252,16 +252,27 @@ def serve(opts: ExporterOptions) -> int:
 
     The SIGTERM handler is in place before the port is bound: a SIGTERM from anyone who has seen the port
     answer means exit 0, whenever it comes."""
+    opts.validate()
+    exporter = Exporter(opts)
+    terminated, came = _on_sigterm()
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:  # the handler stays until the document is out: a SIGTERM until then is the same stop
+        code, status = _serve_until_stopped(opts, exporter, came)
+        result = exporter.result(status)
+        result.update(exit_code=int(code), ok=code == ExitCode.OK)
+        output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: console.print(result["summary"], soft_wrap=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return int(code)
+
+
+def _serve_until_stopped(opts: ExporterOptions, exporter: Exporter, came: list[int]) -> tuple[ExitCode, str]:
+    """Bind, serve, and stop on SIGTERM (noted in ``came``) or Ctrl-C: (exit code, status)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.process_collector import ProcessCollector
 
     from ml_debug.exporter.render import SnapshotCollector
 
-    opts.validate()
-    exporter = Exporter(opts)
-    terminated, came = _on_sigterm()
-    previous = signal.signal(signal.SIGTERM, terminated)
-    code, status = ExitCode.OK, "stopped"
     server = None
     try:
         registry = CollectorRegistry()
@@ -279,19 +290,15 @@ def serve(opts: ExporterOptions) -> int:
         while not came and not exporter.stop.wait(STOP_POLL_S):
             pass
         output.log("mldebug exporter: stopped (SIGTERM)")
+        return ExitCode.OK, "stopped"
     except KeyboardInterrupt:
         output.log("mldebug exporter: interrupted")
-        code, status = ExitCode.INTERRUPTED, "interrupted"
+        return ExitCode.INTERRUPTED, "interrupted"
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
         exporter.close()
-    result = exporter.result(status)
-    result.update(exit_code=int(code), ok=code == ExitCode.OK)
-    output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: console.print(result["summary"], soft_wrap=True))
-    signal.signal(signal.SIGTERM, previous)  # after the document: a SIGTERM until then is the same stop
-    return int(code)
 
 
 def once(opts: ExporterOptions) -> int:
