@@ -172,6 +172,9 @@ def _missing_nodes(spec: SpawnSpec, addr: str, port: int, error: BaseException) 
     time asked for): exit 4, naming the nodes that never came."""
     where = f"{addr}:{port}"
     why = first_line(error)
+    if spec.nnodes == 1:  # no other node to wait for: this node's own rendezvous store failed
+        return PartialResult(f"the ranks' rendezvous at {where} failed: {why}: no rank started",
+                             "run again; if it repeats, give --master-port a free port")
     if spec.node_rank == 0:
         others = list(range(1, spec.nnodes))
         joined = _JOINED.search(why)
