@@ -99,7 +99,7 @@ class LaunchJobOptions:
     """The options of `mldebug launch`: torchrun's own (passed on as given), where logs go, extras."""
 
     command: list[str] = argument(
-        default_factory=list, metavar="SCRIPT [ARGS]...",
+        default_factory=list, metavar="SCRIPT [ARGS]...", empty=True,
         help="The training script and its arguments (with -m: a module; with --no-python: a program). Put -- "
              "before them.")
     nproc_per_node: str = option("1", metavar="N", panel=TORCHRUN, parse=parse_nproc_per_node,
