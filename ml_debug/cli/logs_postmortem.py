@@ -20,6 +20,10 @@ def postmortem(opts: LogsOptions, pm: PostmortemOptions) -> int:
 
     if opts.rank is not None or opts.node is not None:
         return _demux(opts, pm)
+    if opts.html is not None:
+        from ml_debug.page.build import check_target
+
+        check_target("--html", opts.html)
     with output.progress(None, "post-mortem") as bar:
         report, result = run(pm, list(opts.paths), lambda paths: triage(paths, jobs=opts.jobs),
                              on_step=lambda what: bar.advance(0, what))
@@ -37,6 +41,13 @@ def postmortem(opts: LogsOptions, pm: PostmortemOptions) -> int:
         render(result, console)  # type: ignore[arg-type]
 
     output.emit(SCHEMA, SCHEMA_VERSION, doc, human)
+    if opts.html is not None:  # the logs' page (the post-mortem's own sources are in the text and --json)
+        if report is not None:
+            from ml_debug.page.build import logs_page, write_logged
+
+            write_logged("--html", opts.html, logs_page(report))
+        else:
+            output.warn("--html: no log file was read, so no page was written")
     if v.failed:
         _record(result, opts)
         return ExitCode.PROBLEM

@@ -82,3 +82,17 @@ def test_a_file_that_is_no_dump_and_a_pickle_that_would_run_code(tmp_path: Path)
     reasons = {os.path.basename(u["path"]): u["reason"] for u in got["unreadable"]}
     assert sorted(reasons) == ["nccl_trace_rank_1", "nccl_trace_rank_2"]
     assert "refused global" in reasons["nccl_trace_rank_2"] and not (tmp_path / "ran").exists()
+
+
+def test_a_real_nccl_dump_from_the_h200() -> None:
+    """NCCL's own pickle (tests/data/flight_recorder/nccl-h200: one rank, PyTorch 2.11, NCCL 2.28) through the
+    library call: read, summarised, its world (1) from pg_config, no rank missing, nothing to compare."""
+    from tests.conftest import REPO
+
+    got = analyse_dump_dir(REPO / "tests" / "data" / "flight_recorder" / "nccl-h200")
+    assert got["unreadable"] == [] and len(got["files"]) == 1 and got["missing_dumps"] == []
+    (rank,) = got["ranks"]
+    assert rank["ok"] and rank["rank"] == 0 and rank["world"] == 1 and rank["version"] == "2.10"
+    pg0 = next(pg for pg in rank["process_groups"] if pg["pg_id"] == "0")
+    assert (pg0["last_completed_seq"], pg0["last_enqueued_seq"]) == (6, 7)
+    assert got["analysis"] is None and got["evidence"] == "flight recorder: 1 rank(s) dumped, none behind the others"
