@@ -123,8 +123,13 @@ def find(paths: list[str], prefix: str | None = None, max_depth: int = 4) -> lis
     (walked `max_depth` levels down, links not followed). A file by content alone must be named explicitly or
     carry a rank in its name."""
     found: dict[str, DumpFile] = {}
-    if prefix and os.path.dirname(prefix):
-        paths = [*paths, os.path.dirname(prefix)]
+    if prefix and os.path.isdir(os.path.dirname(prefix) or "."):
+        # the prefix's own directory, one level only (it may be a busy /tmp)
+        with os.scandir(os.path.dirname(prefix) or ".") as it:
+            for e in it:
+                rank, how = rank_from_name(e.path, prefix)
+                if how == "prefix" and e.is_file(follow_symlinks=False):
+                    found.setdefault(os.path.abspath(e.path), DumpFile(e.path, rank, how))
     for p in paths:
         if p == "-" or not os.path.lexists(p):
             continue
