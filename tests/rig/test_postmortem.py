@@ -121,13 +121,19 @@ def _run_jobs(rig_slurm: SlurmRig, dirs: dict[str, Path], submitted: list[str], 
 
 
 def _accounted(rig: SlurmRig, job: str, with_rss: bool) -> bool:
-    """sacct has the job's final record: the job, its batch step and step 0, none still running (and the
-    step's MaxRSS when asked)."""
-    lines = rig.run(["sacct", "-j", job, "-a", "-P", "-n", "-o", "JobID,State,MaxRSS"]).stdout.splitlines()
-    rows = {line.split("|")[0]: line.split("|") for line in lines if line.count("|") == 2}
-    want = [job, f"{job}.batch", f"{job}.0"]
-    return all(w in rows and rows[w][1] not in ("RUNNING", "PENDING", "COMPLETING") for w in want) and \
-        (not with_rss or bool(rows[f"{job}.0"][2]))
+    """sacct has the job's final record (slurmdbd writes it a moment after the job leaves the queue, and a
+    step's MaxRSS and the job's memory a moment apart): the job, its batch step and step 0, none still
+    running, with the step's MaxRSS and the job's limit when asked."""
+    from ml_debug.postmortem.accounting import SACCT_FIELDS, parse_sacct
+
+    text = rig.run(["sacct", "-j", job, "-a", "--parsable2", "--noheader", "-o", ",".join(SACCT_FIELDS)]).stdout
+    acc = parse_sacct(text, job)
+    steps = {s.id: s for s in acc.steps}
+    if acc.job is None or f"{job}.batch" not in steps or f"{job}.0" not in steps:
+        return False
+    if any(s.state in ("RUNNING", "PENDING", "COMPLETING") for s in [acc.job, *acc.steps]):
+        return False
+    return not with_rss or (steps[f"{job}.0"].max_rss is not None and acc.job.req_mem is not None)
 
 
 def _logs(rig: SlurmRig, cwd: Path, *args: str, env: dict[str, str] | None = None
