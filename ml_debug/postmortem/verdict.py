@@ -20,6 +20,8 @@ from ml_debug.postmortem.frdumps import FrSource
 from ml_debug.postmortem.kernel import KernelEvent, NodeKernelLog
 
 KERNEL_CAUSES = ("xid", "oom-kill", "segfault")
+TRACEBACK_KINDS = ("traceback", "exception", "error-file", "cuda-error")
+"""The logs' event kinds that are the rank's own account of its failure (``ml_debug.logs.model.Event.kind``)."""
 
 
 @dataclass
@@ -116,8 +118,11 @@ def decide(report: Any, acc: AccountingJudgement | None, kernel: list[NodeKernel
     af = Finding("accounting", acc.sentence, acc.rank, acc.node, acc.cause) if acc and acc.failed else None
     kf = kernel_findings(kernel, set(job_nodes), pid_ranks or {})
     ff = fr_findings(fr, tasks)
-    strong_logs = lf if lf and lf.rank is not None and lf.cause is not None else None
     node_accounting = af if af and af.cause in ("oom", "node-fail") else None
+    # the logs name the rank first, unless accounting knows an out of memory or a lost node and all the logs
+    # hold is a line about it (Slurm's "exceeded memory limit", a kill): a traceback of the rank's own still wins
+    strong_logs = lf if lf and lf.rank is not None and lf.cause is not None and (
+        node_accounting is None or lf.cause in TRACEBACK_KINDS) else None
     order: list[Finding | None] = [strong_logs, node_accounting,
                                    *[k for k in kf if k.cause in KERNEL_CAUSES], *ff, lf, af, *kf]
     chosen = next((_fill(f, tasks) for f in order if f is not None and (f.rank is not None or f.node is not None)),
@@ -132,7 +137,7 @@ def decide(report: Any, acc: AccountingJudgement | None, kernel: list[NodeKernel
     if chosen.source == "logs":
         parts = [f"{chosen.where()}: {chosen.sentence}"]
     else:
-        quiet = report is not None and (lf is None or lf.rank is None or lf.rank != chosen.rank)
+        quiet = report is not None and (lf is None or lf.rank != chosen.rank or lf.cause not in TRACEBACK_KINDS)
         parts = [f"{chosen.where()}: " + ("no traceback; " if quiet else "") + f"{chosen.source}: {chosen.sentence}"]
     for f in findings:
         if f is chosen or (f.source == chosen.source and f.sentence == chosen.sentence):

@@ -79,3 +79,15 @@ def test_the_flight_recorder_alone() -> None:
     v = decide(None, None, [], _fr(3, "not-enqueued", "rank 3 never issued collective #9 of pg 0"), [])
     assert (v.rank, v.cause, v.named_by) == (3, "not-enqueued", "flight-recorder")
     assert v.summary == "rank 3: flight-recorder: rank 3 never issued collective #9 of pg 0"
+
+
+def test_a_slurm_line_about_the_kill_does_not_outrank_accounting() -> None:
+    """The logs may class Slurm's own "exceeded memory limit" line as the failure of rank 0: accounting's out
+    of memory still names it, and no traceback is said to exist; a traceback of the rank's own would win."""
+    line = "slurmstepd-node1: error: StepId=21.0 exceeded memory limit (124370944 > 104857600), being killed"
+    v = decide(_report(0, "node1", line, kind="slurm"), _judged("oom-poll", "21"), [], None, ["node1"])
+    assert (v.rank, v.cause, v.named_by) == (0, "oom", "accounting")
+    assert v.summary.startswith("rank 0 (node1): no traceback; accounting: step 21.0 ended OUT_OF_MEMORY")
+    v = decide(_report(0, "node1", "torch.OutOfMemoryError: CUDA out of memory"), _judged("oom-poll", "21"), [],
+               None, ["node1"])
+    assert (v.named_by, v.cause) == ("logs", "traceback")
