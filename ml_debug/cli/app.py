@@ -42,7 +42,7 @@ COMMANDS = {
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
 # For every other command a `--` only shields its options from a launcher
-# (`torchrun --no-python mldebug gpu-test -- --timeout 5`) and is dropped.
+# (`torchrun --no-python mldebug gpu-test -- --stage-timeout 5`) and is dropped.
 TAKES_COMMAND = ("exec", "trace", "launch")
 
 HELP = """mldebug: find what is wrong with a distributed PyTorch job.

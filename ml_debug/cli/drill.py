@@ -23,9 +23,9 @@ drills are reported)."""
 EXAMPLES = (
     "mldebug drill                                   # every drill, 2 ranks each",
     "mldebug drill --only hang,crash --seed 7",
-    "mldebug drill --nproc-per-node 4 --out-dir drills/ --json",
-    "mldebug drill --hosts 'node[1-3]' --out-dir /shared/drills     # each job over the hosts, by ssh",
-    "mldebug drill --slurm-partition debug --out-dir /shared/drills # each job a 2-node Slurm job",
+    "mldebug drill --nproc-per-node 4 --bundle-dir drills/ --json",
+    "mldebug drill --hosts 'node[1-3]' --bundle-dir /shared/drills     # each job over the hosts, by ssh",
+    "mldebug drill --slurm-partition debug --bundle-dir /shared/drills # each job a 2-node Slurm job",
 )
 
 

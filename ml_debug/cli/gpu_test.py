@@ -26,7 +26,7 @@ Exit codes: 0 all OK; 1 a stage failed; 2 bad options; 4 some ranks never answer
 EXAMPLES = (
     "mldebug gpu-test                                  # one rank per GPU (2 CPU ranks without one)",
     "torchrun --nproc-per-node 8 --no-python mldebug gpu-test",
-    "srun --ntasks-per-node 8 mldebug gpu-test --timeout 60",
+    "srun --ntasks-per-node 8 mldebug gpu-test --stage-timeout 60",
     "mldebug gpu-test --isolate                        # find the one bad GPU or link",
 )
 

@@ -12,8 +12,10 @@ examples + docs epilog everywhere. The function returns an exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING
@@ -22,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ml_debug.core.options import CliField, cli_fields, from_options, strip_optional
+from ml_debug.core.options import CliField, cli_fields, deprecation_line, from_options, strip_optional
 
 DOCS = "docs/commands/{name}.md"
 """Each command's page, relative to the root of the mldebug repository."""
@@ -97,18 +99,31 @@ def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help
     params = [inspect.Parameter("json_", inspect.Parameter.KEYWORD_ONLY, default=False,
                                 annotation=Annotated[bool, typer.Option("--json", help=JSON_HELP)])]
     owner: dict[str, str] = {}
+    earlier: dict[str, tuple[str, str, str]] = {}  # hidden parameter -> (field, earlier name, name)
     for group, cls in configs.items():
         for cf in cli_fields(cls):
             if cf.name in owner:
                 raise TypeError(f"{name}: option field {cf.name!r} is in both {owner[cf.name]} and {group}")
             owner[cf.name] = group
             params.append(_parameter(cf))
+            for i, old in enumerate(cf.opt.renamed_from):
+                alias = f"{cf.name}__was{i}"
+                earlier[alias] = (cf.name, old.split("/")[0], cf.opt.name)
+                params.append(_parameter(dataclasses.replace(
+                    cf, name=alias, default=None,
+                    opt=dataclasses.replace(cf.opt, flags=(old,), hidden=True, envvar=None, renamed_from=()))))
 
     def handler(**values: Any) -> None:
         from ml_debug.core import output
 
         if values.pop("json_"):
             output.configure(json=True)
+        for alias, (field, old, new) in earlier.items():
+            value = values.pop(alias)
+            if value is None or value == []:
+                continue
+            sys.stderr.write(deprecation_line(name, old, new) + "\n")
+            values[field] = value
         objects = {group: from_options(cls, {k: v for k, v in values.items() if owner[k] == group})
                    for group, cls in configs.items()}
         code = run(**objects)

@@ -19,7 +19,7 @@ rank, a collective failed, an injected crash); 2 bad options; 4 some ranks never
 EXAMPLES = (
     "mldebug train --nproc-per-node 2 --preset tiny --steps 50",
     "torchrun --nproc-per-node 8 -m ml_debug.train --preset 1b --numerics fp8 --steps 100",
-    "mldebug train --nproc-per-node 2 --inject hang@step=3,rank=1 --timeout 60",
+    "mldebug train --nproc-per-node 2 --inject hang@step=3,rank=1 --collective-timeout 60",
     "mldebug train --nproc-per-node 2 --checkpoint-dir ckpt --checkpoint-every 10 --metrics-dir m",
     "mldebug train --nproc-per-node 2 --debug-rank 1         # rank 1 waits for VS Code (or any DAP client)",
 )

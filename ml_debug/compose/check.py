@@ -45,7 +45,7 @@ class Step:
 
 DEFAULT_STEPS = (
     Step("env", ("env",), 60, "versions, GPUs, launcher variables, tools, ptrace permission"),
-    Step("gpu-test", ("gpu-test", "--timeout", "20"), 240,
+    Step("gpu-test", ("gpu-test", "--stage-timeout", "20"), 240,
          "every local device (2 CPU ranks without a GPU) can init, all_reduce, gather, broadcast, p2p"),
     Step("health", ("health", "--level", "1"), 180, "hardware health, quick level"),
     Step("allreduce-bench", ("allreduce-bench", "--quick"), 240, "collective bandwidth, quick mode"),

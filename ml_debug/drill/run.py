@@ -86,7 +86,7 @@ def run_drills(opts: DrillOptions, targets: TargetOptions | None = None,
     host = socket.gethostname()
     site = site_for(opts, targets)
     root = opts.out_dir or Path(f"mldebug-drill-{time.strftime('%Y%m%d-%H%M%S')}")
-    safefs.make_out_dir(root)  # no link of another user followed; the folder ours or root's
+    safefs.make_out_dir(root, "--bundle-dir")  # no link of another user followed; the folder ours or root's
     outcomes: list[DrillOutcome] = []
     interrupted = False
     with output.progress(len(opts.only), "drills") as bar:
@@ -122,7 +122,7 @@ def run_drills(opts: DrillOptions, targets: TargetOptions | None = None,
 
 
 def _repeat(opts: DrillOptions, seed: int, targets: TargetOptions | None) -> list[str]:
-    """The options that run the same drills, on the same ranks and steps, again (a new --out-dir)."""
+    """The options that run the same drills, on the same ranks and steps, again (a new --bundle-dir)."""
     words = to_argv(dataclasses.replace(opts, seed=seed, out_dir=None), changed_only=True)
     if targets is not None:
         words += to_argv(targets, forwarded_only=False, changed_only=True)

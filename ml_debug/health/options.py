@@ -63,7 +63,8 @@ class HealthOptions:
                                   help="Also write the JSON document here: health.json when this node's checks end; "
                                        "with --hosts/--slurm-job each node's as it arrives, so a Ctrl-C keeps the "
                                        "nodes already done.")
-    timeout: float | None = option(None, min=1, metavar="SECONDS", forward=False,
+    timeout: float | None = option(None, flags=("--node-timeout",), renamed_from=("--timeout",), min=1, metavar="S",
+                                   forward=False,
                                    help="Per node with --hosts/--slurm-job (default: 120 s at level 1, more with "
                                         "the stress time).")
 

@@ -264,7 +264,7 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
                 if deadline is not None and time.monotonic() >= deadline:
                     # "error" and the time make `mldebug logs` read this line as the cause, at its time
                     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-                    msg = f"mldebug launch: error: --timeout {timeout:g} s reached at {now}: stopping the job\n"
+                    msg = f"mldebug launch: error: --run-timeout {timeout:g} s reached at {now}: stopping the job\n"
                     with lock:
                         log.write(msg.encode())
                     err.write(msg.encode())

@@ -1,4 +1,4 @@
-"""Which processes to dump: the ranks under a launcher, or what --pid/--pattern/--user/--gpu name.
+"""Which processes to dump: the ranks under a launcher, or what --pid/--pattern/--user/--gpu-holders name.
 
 The shell equivalent is ``pgrep -P $(pgrep -o torchrun)``, done properly: launchers are
 recognised however they were started (``torchrun``, ``python -m torch.distributed.run``,
@@ -294,7 +294,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     if gpu:
         holders, why = gpu_holder_pids()
         if why:
-            out.notes.append(f"--gpu: {why}")
+            out.notes.append(f"--gpu-holders: {why}")
         for pid in holders:
             if pid in table.procs:
                 add(_make_target(table.procs[pid], host, "gpu"))
@@ -328,7 +328,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
                         continue  # a rank's own child (data loader worker) inherits RANK
                     add(_make_target(info, host, "rank env"))
         if none_wanted():
-            # Last resort: the GPU holders. That NVML is absent here is not news: --gpu was not asked.
+            # Last resort: the GPU holders. That NVML is absent here is not news: --gpu-holders was not asked.
             holders, _ = gpu_holder_pids()
             for pid in holders:
                 if pid in table.procs and pid not in excluded:

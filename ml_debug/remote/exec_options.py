@@ -13,7 +13,8 @@ class ExecOptions:
     """The options of `mldebug exec`."""
 
     command: list[str] = argument(default_factory=list, metavar="CMD...", help="The command and its arguments.")
-    timeout: float = option(60.0, min=0.1, help="Seconds the command may run on each node.")
+    timeout: float = option(60.0, flags=("--node-timeout",), renamed_from=("--timeout",), min=0.1, metavar="S",
+                            help="Seconds the command may run on each node.")
     group: bool = option(False, flags=("--group", "-g"),
                          help="Group nodes with identical output (like dshbak -c) instead of printing lines as they "
                               "arrive.")

@@ -167,7 +167,7 @@ def dump_process(pid: int, tools: Tools, opts: DumpOptions, ptrace: PtraceCheck 
             result.ok, result.dumper, result.threads = True, step, threads
             result.error = None
             break
-        limit, option = (opts.gdb_timeout, "--gdb-timeout") if step == "gdb" else (opts.timeout, "--timeout")
+        limit, option = (opts.gdb_timeout, "--gdb-timeout") if step == "gdb" else (opts.timeout, "--attach-timeout")
         reason, fix, final = _why(pid, run.stderr, run.timed_out, limit, option, ptrace, target_uid)
         result.attempts.append(Attempt(step, False, round(run.seconds, 3), reason))
         result.error, result.fix = reason, fix

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 def _pct(x: float | None) -> str:
-    return "n/a (no known peak: --gpu NAME)" if x is None else f"{x:.1%}"
+    return "n/a (no known peak: --gpu-model NAME)" if x is None else f"{x:.1%}"
 
 
 def render(console: Console, r: TflopsReport) -> None:

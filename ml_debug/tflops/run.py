@@ -126,7 +126,7 @@ def estimate(opts: TflopsOptions) -> TflopsReport:
     gpu = opts.gpu or detected_gpu()
     peak = peak_tflops(gpu, str(opts.dtype)) if gpu else None
     if gpu and peak is None:
-        notes.append(f"no peak is known for {gpu!r}: name one the table knows (--gpu H100, A100, ...)")
+        notes.append(f"no peak is known for {gpu!r}: name one the table knows (--gpu-model H100, A100, ...)")
     mfu = model_tflops / peak if peak else None
     hfu = hw_tflops / peak if peak else None
     if not all(math.isfinite(x) for x in (model_tflops, hw_tflops)):

@@ -18,7 +18,7 @@ DumpFn = Callable[[str], dict[str, Any]]
 
 
 def once(spec: TargetSpec, opts: TopOptions) -> dict[str, Any]:
-    """One snapshot: every node's first sample, or "not answering" after --interval + --timeout."""
+    """One snapshot: every node's first sample, or "not answering" after --interval + --node-timeout."""
     with Client(spec, opts.sampler(), retry=False) as client:
         client.wait(client.all_first, client.started + opts.grace_s)
         with client.lock:

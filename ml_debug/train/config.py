@@ -242,7 +242,8 @@ class TrainConfig:
                        help="synthetic (generated arithmetic), stdlib (Python's own .py files) or a text file.")
     device: str = device_option()
     backend: str = backend_option()
-    timeout: float = option(120.0, min=1.0, panel=RUN, help="Seconds a collective may wait.")
+    timeout: float = option(120.0, flags=("--collective-timeout",), renamed_from=("--timeout",), min=1.0, metavar="S",
+                            panel=RUN, help="Seconds before init or any one collective gives up.")
     log_every: int = option(1, min=1, panel=RUN, help="Human log line every N steps (rank 0).")
     stats_every: int = option(10, min=0, panel=RUN,
                               help="Numerics stats (MX/fp8 saturation, underflow, amax) per layer every N steps "

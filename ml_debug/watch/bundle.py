@@ -85,7 +85,7 @@ class Bundle:
     def __init__(self, path: Path) -> None:
         from ml_debug.core import safefs
 
-        safefs.make_out_dir(path)  # before anything is gathered
+        safefs.make_out_dir(path, "--bundle-dir")  # before anything is gathered
         self.path = path
         self.parts: list[Part] = []
         self.notes: list[str] = []

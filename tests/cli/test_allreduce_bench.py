@@ -26,7 +26,7 @@ from tests.fakes import faults
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "allreduce-bench.json").read_text())
 MLDEBUG_EXE = Path(sys.executable).parent / "mldebug"
 # gloo keeps fixed rank counts on CPU tensors on any machine (4 ranks cannot share one GPU with NCCL)
-SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "-w", "1", "--timeout", "60", "--backend", "gloo"]
+SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "-w", "1", "--collective-timeout", "60", "--backend", "gloo"]
 ENV = {"OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160"}
 
 

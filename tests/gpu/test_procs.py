@@ -1,4 +1,4 @@
-"""Finding the processes that hold a GPU (`dump-stacks --gpu`, and the fallback when no launcher
+"""Finding the processes that hold a GPU (`dump-stacks --gpu-holders`, and the fallback when no launcher
 and no rank variable point at a job), on a real GPU through NVML. Marked gpu: skipped without one.
 
     pytest -m gpu tests/gpu/test_procs.py
@@ -61,7 +61,7 @@ def test_gpu_holder_pids_lists_a_process_with_a_cuda_context(gpu_holder: subproc
     pids = _wait_for_holder(gpu_holder.pid)
     if gpu_holder.pid not in pids and pids and not any(Path(f"/proc/{p}").exists() for p in pids):
         pytest.skip(f"NVML reports pids of another PID namespace ({pids}): a container without the host's "
-                    "PID namespace; `--gpu` cannot map them to processes here")
+                    "PID namespace; `--gpu-holders` cannot map them to processes here")
     assert gpu_holder.pid in pids, (gpu_holder.pid, pids)
 
 

@@ -62,7 +62,7 @@ def test_prefixed_output_over_slurm(rig_slurm: SlurmRig, running_job: str) -> No
 
 
 def test_a_hanging_node_times_out_and_the_others_report(rig_slurm: SlurmRig, running_job: str) -> None:
-    proc = _exec(rig_slurm, "--json", "--slurm-job", running_job, "--timeout", "3", "--", "sh", "-c",
+    proc = _exec(rig_slurm, "--json", "--slurm-job", running_job, "--node-timeout", "3", "--", "sh", "-c",
                  '[ "$(hostname)" = node1 ] && exec sleep 120; echo ok')
     assert proc.returncode == 4, proc.stderr
     nodes = {n["host"]: n for n in json.loads(proc.stdout)["result"]["nodes"]}

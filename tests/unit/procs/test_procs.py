@@ -160,9 +160,9 @@ def test_gpu_selection_says_why_when_there_is_no_gpu() -> None:
     found = find_targets(gpu=True, pids=[os.getpid()])
     assert found.targets == []  # only ourselves was named, and we are never picked
     if status.available:  # NVML works: the GPU holders are listed, and no excuse is given
-        assert not [n for n in found.notes if n.startswith("--gpu: ")], found.notes
+        assert not [n for n in found.notes if n.startswith("--gpu-holders: ")], found.notes
     else:  # no NVIDIA GPU here: the reason, never a crash
-        assert found.notes == [f"--gpu: {status.reason}"], found.notes
+        assert found.notes == [f"--gpu-holders: {status.reason}"], found.notes
 
 
 def test_no_job_found_says_nothing_about_nvml_unless_gpu_was_asked() -> None:
@@ -174,13 +174,13 @@ def test_no_job_found_says_nothing_about_nvml_unless_gpu_was_asked() -> None:
     found = find_targets(env={"MLDEBUG_NO_SUCH_JOB": "1"})
     assert not [n for n in found.notes if about_gpus(n)], found.notes
     proc = mldebug("dump-stacks", "--env", "MLDEBUG_NO_SUCH_JOB=1", timeout=60)
-    said = (proc.stdout + proc.stderr).lower()  # (its hint may name the --gpu option)
+    said = (proc.stdout + proc.stderr).lower()  # (its hint may name the --gpu-holders option)
     assert proc.returncode == 3 and "nvidia" not in said and "nvml" not in said, proc.stdout + proc.stderr
     asked = find_targets(gpu=True, env={"MLDEBUG_NO_SUCH_JOB": "1"})
     from ml_debug.core.nvml import open_gateway
 
     if not open_gateway().open().available:
-        assert any(n.startswith("--gpu: ") for n in asked.notes), asked.notes
+        assert any(n.startswith("--gpu-holders: ") for n in asked.notes), asked.notes
 
 
 def test_a_user_this_node_does_not_have_is_said() -> None:

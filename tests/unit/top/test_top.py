@@ -209,7 +209,7 @@ def test_nvml_values_badges_and_gpu_outliers_through_the_fake(tmp_path: Path) ->
     # an outlier too (seen in CI: a zombie rank); the GPU outliers are this scenario's alone.
     kinds = {(o["kind"], o["gpu"]) for o in doc["result"]["outliers"] if o["gpu"] is not None}
     assert kinds == {("busy_low_power", 2), ("gpu_util", 3), ("throttle", 3), ("ecc", 1)}
-    human = mldebug("top", "--local", "--once", "--gpus", env=fake_nvml.env(scenario), timeout=120)
+    human = mldebug("top", "--local", "--once", "--gpu-rows", env=fake_nvml.env(scenario), timeout=120)
     assert "FAKE NVML" in human.stdout  # a fake can never pass for real hardware
     assert "busy-low-power" in human.stdout and "hw-thermal" in human.stdout and "ECC 2" in human.stdout
 
@@ -243,7 +243,7 @@ def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None
     assert r["not_answering"] == ["b", "c"] and r["exit_code"] == 4
     r = snapshot(feeds, spec, opts, started=0.0, now=101.5)
     assert r["nodes"][2]["status"] == "not answering"
-    assert r["nodes"][2]["error"] == "no answer within 3 s (--interval + --timeout)"
+    assert r["nodes"][2]["error"] == "no answer within 3 s (--interval + --node-timeout)"
 
 
 def test_a_snapshot_says_ok_only_when_every_node_answered_and_nothing_stands_out() -> None:
@@ -264,7 +264,7 @@ def test_a_snapshot_says_ok_only_when_every_node_answered_and_nothing_stands_out
 
 
 def test_plain_text_when_stdout_is_not_a_terminal_and_count_stops() -> None:
-    proc = mldebug("top", "--local", "--count", "2", "--interval", "0.3", "--ranks", timeout=120)
+    proc = mldebug("top", "--local", "--count", "2", "--interval", "0.3", "--rank-rows", timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     assert proc.stdout.count("mldebug top · local · 1/1 nodes answering") == 2
     assert "\x1b[" not in proc.stdout  # no escape sequences in a pipe
