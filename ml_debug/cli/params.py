@@ -48,6 +48,14 @@ def _typer_type(cf: CliField) -> Any:
     return (base | None) if optional or cf.is_list else base
 
 
+CONFIGS: dict[str, dict[str, type]] = {}
+"""Each registered command's configuration classes (``mldebug <name>`` -> group -> class): what the flag
+registry's test walks."""
+
+CONFIGURE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+"""Each registered command's step from parsed values (Typer's, keyed by parameter name) to its
+configuration objects: what the command runs with."""
+
 LARGEST = 1e9
 """The largest number a float option takes (about 31 years in seconds): no timeout, rate or threshold
 means more, and a larger timeout overflows the clock in a wait (OverflowError deep in a run)."""
@@ -96,6 +104,7 @@ def _parameter(cf: CliField) -> inspect.Parameter:
 def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help: str,
             examples: Sequence[str] = (), context_settings: dict[str, Any] | None = None, **configs: type) -> None:
     """Register ``mldebug <name>``: options from the ``configs`` classes; ``run(**objects)`` -> exit code."""
+    CONFIGS[name] = dict(configs)
     params = [inspect.Parameter("json_", inspect.Parameter.KEYWORD_ONLY, default=False,
                                 annotation=Annotated[bool, typer.Option("--json", help=JSON_HELP)])]
     owner: dict[str, str] = {}
@@ -113,26 +122,32 @@ def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help
                     cf, name=alias, default=None,
                     opt=dataclasses.replace(cf.opt, flags=(old,), hidden=True, envvar=None, renamed_from=()))))
 
+    def configure(values: dict[str, Any]) -> dict[str, Any]:
+        """The configuration objects that the parsed values give (an earlier option name costs one line)."""
+        for alias, (field, old, new) in earlier.items():
+            value = values.pop(alias, None)
+            if value is None or value == []:
+                continue
+            sys.stderr.write(deprecation_line(name, old, new) + "\n")
+            values[field] = value
+        return {group: from_options(cls, {k: v for k, v in values.items() if owner.get(k) == group})
+                for group, cls in configs.items()}
+
     def handler(**values: Any) -> None:
         from ml_debug.core import output
 
         if values.pop("json_"):
             output.configure(json=True)
-        for alias, (field, old, new) in earlier.items():
-            value = values.pop(alias)
-            if value is None or value == []:
-                continue
-            sys.stderr.write(deprecation_line(name, old, new) + "\n")
-            values[field] = value
-        objects = {group: from_options(cls, {k: v for k, v in values.items() if owner[k] == group})
-                   for group, cls in configs.items()}
-        code = run(**objects)
+        code = run(**configure(values))
         if code:
             raise typer.Exit(int(code))
 
+    CONFIGURE[name] = configure
     handler.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     handler.__annotations__ = {p.name: p.annotation for p in params}
     handler.__name__ = name.replace("-", "_")
+    from ml_debug.cli.app import group_of
+
     app.command(name, help=help, epilog=epilog(name, examples), no_args_is_help=False,
-                context_settings=context_settings)(handler)
+                context_settings=context_settings, rich_help_panel=group_of(name))(handler)
 

@@ -41,7 +41,7 @@ class DrillOptions:
     nproc_per_node: int = option(2, min=1, max=64, metavar="N",
                                  help="Ranks per node of each drill's job (at least 2 on this node; slow-link uses at "
                                       "least 4 there: a slow pair needs peers to compare with).")
-    seed: int | None = option(None, metavar="S",
+    seed: int | None = option(None, metavar="N",
                               help="Seed for the injected rank and step of each drill (default: a random seed, "
                                    "printed so that a run can be repeated).")
     out_dir: Path | None = option(None, flags=("--bundle-dir",), renamed_from=("--out-dir",), parse=parse_bundle_dir,

@@ -24,7 +24,7 @@ class GpuTestConfig:
                                 "or link (CPU: the same over rank slots).")
     backend: str = backend_option()
     device: str = device_option()
-    out_dir: Path | None = option(None, parse=parse_out_dir,
+    out_dir: Path | None = option(None, metavar="DIR", parse=parse_out_dir,
                                   help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
                                        "a crash.")
     report_to: Path | None = option(None, hidden=True, forward=False,

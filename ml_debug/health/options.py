@@ -42,7 +42,7 @@ class HealthOptions:
     paths: list[str] = option(flags=("--path",), default_factory=list, metavar="DIR", panel=TESTS, parse=parse_path,
                               help="Check free disk and inodes here (repeatable; default: the working directory "
                                    "and the temp dir).")
-    stress_seconds: float | None = option(None, min=0.1, panel=TESTS,
+    stress_seconds: float | None = option(None, min=0.1, metavar="S", panel=TESTS,
                                           help="Matmul stress per GPU (default: 15 at level 2, 120 at level 3, "
                                                "5 on CPU).")
     memtest_fraction: float | None = option(None, panel=TESTS,

@@ -18,5 +18,5 @@ class ExecOptions:
     group: bool = option(False, flags=("--group", "-g"),
                          help="Group nodes with identical output (like dshbak -c) instead of printing lines as they "
                               "arrive.")
-    out_dir: Path | None = option(None, parse=parse_out_dir,
+    out_dir: Path | None = option(None, metavar="DIR", parse=parse_out_dir,
                                   help="Also write each node's output here as it arrives.")

@@ -74,7 +74,7 @@ class DumpRequest:
                                                          "not only the main thread.")
     full: bool = option(False, forward=False,
                         help="Show every frame in the tree (long chains are shortened otherwise).")
-    out_dir: Path | None = option(None, parse=parse_out_dir, forward=False,
+    out_dir: Path | None = option(None, metavar="DIR", parse=parse_out_dir, forward=False,
                                   help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
                                        "a crash.")
 

@@ -57,5 +57,5 @@ class TflopsOptions:
     gpu: str | None = option(None, flags=("--gpu-model",), renamed_from=("--gpu",), metavar="NAME", panel=HARDWARE,
                              help="The GPU model for the peak, e.g. H100, A100, H100 PCIe (default: this "
                                   "node's first GPU, through NVML).")
-    dtype: PeakKind = option(PeakKind.BF16, panel=HARDWARE,
+    dtype: PeakKind = option(PeakKind.BF16, flags=("--peak-dtype",), renamed_from=("--dtype",), panel=HARDWARE,
                              help="The peak MFU is measured against: bf16, fp8 or fp32.")

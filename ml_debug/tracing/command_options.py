@@ -34,12 +34,14 @@ class TraceCommandOptions:
              "site-packages and the standard library) is always traced.")
     everything: bool = option(False, help="Trace all code, the standard library and site-packages included "
                                           "(slow, big).")
-    out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), envvar="MLDEBUG_TRACE_DIR", parse=parse_out_dir,
-                           help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child).")
+    out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), metavar="DIR", envvar="MLDEBUG_TRACE_DIR",
+                           parse=parse_out_dir,
+                           help="Write the trace files here as the program runs: trace-HOST-RANK-PID.txt, "
+                                "one per process and forked child.")
     ring: int | None = option(None, min=1, max=MAX_RING, metavar="N",
                               help="Keep only the last N events per thread in memory; write them at exit, on "
                                    "--dump-signal and after --idle-dump seconds of quiet.")
-    idle_dump: float | None = option(None, metavar="SECONDS", min=0.01,
+    idle_dump: float | None = option(None, metavar="S", min=0.01,
                                      help="With --ring: write the ring when no new event arrived for this long "
                                           "(a hang).")
     dump_signal: list[str] = option(default_factory=list, metavar="SIG",

@@ -237,7 +237,7 @@ class TrainConfig:
                                          panel=MODEL, help="FSDP2 ZeRO-3 (on) or ZeRO-2 (off).")
     fsdp: bool = option(True, flags=("--fsdp/--no-fsdp",), panel=MODEL,
                         help="Shard with FSDP2 (off: plain unsynchronised copies; benchmarks only).")
-    seed: int = option(1234, panel=RUN, help="Seed of the initial weights (the data stream is deterministic).")
+    seed: int = option(1234, metavar="N", panel=RUN, help="Seed of the initial weights (the data stream is deterministic).")
     data: str = option("synthetic", panel=RUN,
                        help="synthetic (generated arithmetic), stdlib (Python's own .py files) or a text file.")
     device: str = device_option()
