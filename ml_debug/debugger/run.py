@@ -34,7 +34,7 @@ class RankNotHere(UsageError):
 
 def find_pid(opts: AttachOptions) -> tuple[int, int | None, list[int]]:
     """(pid, rank, ranks on this node) for --pid or --rank; UsageError when there is no such process."""
-    from ml_debug.procs import find_targets
+    from ml_debug.procs import find_processes
     from ml_debug.procs.find import is_python
     from ml_debug.procs.tree import read_proc
 
@@ -55,8 +55,8 @@ def find_pid(opts: AttachOptions) -> tuple[int, int | None, list[int]]:
         from ml_debug.procs.labels import labels_from_environ, read_environ
 
         return opts.pid, labels_from_environ(read_environ(opts.pid)).rank, []
-    found = find_targets(env=opts.env_filter or None)
-    ranks = {t.rank: t.pid for t in found.targets if t.rank is not None}
+    found = find_processes(env=opts.env_filter or None)
+    ranks = {t.rank: t.pid for t in found.processes if t.rank is not None}
     if opts.rank not in ranks:
         here = ", ".join(str(r) for r in sorted(ranks)) or "none"
         raise RankNotHere(f"rank {opts.rank} is not on {found.host} (ranks here: {here})",

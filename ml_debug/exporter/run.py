@@ -75,7 +75,7 @@ class Exporter:
                 self.sampler = sources.make_sampler(self.opts)
             sample = self.sampler.sample()
             now = time.time()
-            jobs = split_by_job(sample, list(self.sampler.targets), self.opts.job)
+            jobs = split_by_job(sample, list(self.sampler.processes), self.opts.job)
             for job_id in self.trackers.keys() - jobs.keys():  # no rank of it left: its ranks exit
                 jobs[job_id] = replace(sample, ranks=[])
             ranks: list[RankValues] = []

@@ -65,15 +65,15 @@ def test_gpu_holder_pids_lists_a_process_with_a_cuda_context(gpu_holder: subproc
     assert gpu_holder.pid in pids, (gpu_holder.pid, pids)
 
 
-def test_find_targets_gpu_selects_the_holder_with_its_command_line(gpu_holder: subprocess.Popen[str]) -> None:
-    from ml_debug.procs.find import find_targets
+def test_find_processes_gpu_selects_the_holder_with_its_command_line(gpu_holder: subprocess.Popen[str]) -> None:
+    from ml_debug.procs.find import find_processes
 
     pids = _wait_for_holder(gpu_holder.pid)
     if gpu_holder.pid not in pids:
         pytest.skip(f"NVML does not list pid {gpu_holder.pid} (got {pids}); see the test above")
-    found = find_targets(gpu=True)
-    by_pid = {t.pid: t for t in found.targets}
-    assert gpu_holder.pid in by_pid, (found.targets, found.notes)
+    found = find_processes(gpu=True)
+    by_pid = {t.pid: t for t in found.processes}
+    assert gpu_holder.pid in by_pid, (found.processes, found.notes)
     t = by_pid[gpu_holder.pid]
     assert t.found_by == "gpu" and "sys.stdin.read()" in t.cmdline, t
     assert os.getpid() not in by_pid  # never itself, though this process may hold a context too
