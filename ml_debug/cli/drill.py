@@ -41,8 +41,8 @@ def drill(opts: DrillOptions, targets: TargetOptions) -> int:
     require_torch("mldebug drill")
     from ml_debug.core import output
     from ml_debug.core.errors import ExitCode
-    from ml_debug.drill.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.drill.render import outcome_line, render
+    from ml_debug.drill.result import SCHEMA, SCHEMA_VERSION
     from ml_debug.drill.run import run_drills
 
     result = run_drills(opts, targets, on_outcome=lambda o: output.log(outcome_line(o)))

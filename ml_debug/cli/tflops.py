@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
 
 def tflops(opts: TflopsOptions) -> int:
     from ml_debug.core import output
-    from ml_debug.tflops.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.tflops.render import render
+    from ml_debug.tflops.result import SCHEMA, SCHEMA_VERSION
     from ml_debug.tflops.run import estimate
 
     report = estimate(opts)

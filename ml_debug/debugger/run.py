@@ -17,8 +17,8 @@ from collections.abc import Callable
 from ml_debug.core.errors import EnvironmentProblem, ExitCode, MLDebugError, UsageError
 from ml_debug.core.lifecycle import alive
 from ml_debug.debugger.dap import DapError
-from ml_debug.debugger.model import AttachResult, Evaluation, ThreadInfo
 from ml_debug.debugger.options import AttachOptions
+from ml_debug.debugger.result import AttachResult, Evaluation, ThreadInfo
 from ml_debug.debugger.session import AdapterLink, Link, Session
 
 Prompt = Callable[[Session, AttachResult], None]

@@ -19,7 +19,7 @@ from ml_debug.core.ranges import expand
 from ml_debug.core.testhooks import ENV as HOOKS_ENV
 from ml_debug.drill.injectors import ENV as FAULT_ENV
 from ml_debug.drill.injectors import slow_pair_spec
-from ml_debug.drill.model import Injected, Named
+from ml_debug.drill.result import Injected, Named
 from ml_debug.drill.sites import Output, Site, wait_for_step
 from ml_debug.drill.workspace import DrillError, Ran, Workspace, result_of
 

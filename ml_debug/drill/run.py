@@ -14,8 +14,8 @@ from ml_debug.core import output, safefs
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import to_argv
 from ml_debug.drill.catalog import CATALOG, Plan, judge
-from ml_debug.drill.model import CORRECT, ERROR, MISSED, DrillOutcome, DrillResult, Injected, Named
 from ml_debug.drill.options import DrillOptions
+from ml_debug.drill.result import CORRECT, ERROR, MISSED, DrillOutcome, DrillResult, Injected, Named
 from ml_debug.drill.sites import LocalSite, Site, SlurmSite, SshSite, check_slurm_request
 from ml_debug.drill.workspace import DrillError, Workspace
 from ml_debug.remote.options import TargetOptions

@@ -23,7 +23,8 @@ from ml_debug import __version__
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode, UsageError, first_line
 from ml_debug.exporter import sources
-from ml_debug.exporter.model import (
+from ml_debug.exporter.options import LISTEN_HINT, ExporterOptions
+from ml_debug.exporter.result import (
     HEALTH,
     RANKS,
     RankValues,
@@ -34,7 +35,6 @@ from ml_debug.exporter.model import (
     rank_values,
     split_by_job,
 )
-from ml_debug.exporter.options import LISTEN_HINT, ExporterOptions
 
 SCHEMA = "mldebug.exporter"
 SCHEMA_VERSION = 1

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ml_debug.tflops.model import TflopsReport
+    from ml_debug.tflops.result import TflopsReport
 
 
 def _pct(x: float | None) -> str:

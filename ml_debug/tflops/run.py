@@ -12,8 +12,8 @@ from typing import Any
 from ml_debug.core.errors import UsageError
 from ml_debug.core.gpu_peaks import peak_tflops
 from ml_debug.tflops.flops import Shape, per_iteration, shape_from_hf_config
-from ml_debug.tflops.model import TflopsReport
 from ml_debug.tflops.options import Formula, TflopsOptions
+from ml_debug.tflops.result import TflopsReport
 
 MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few KB; refuse a weights file given by mistake
 MAX_METRICS_BYTES = 256 << 20

@@ -150,7 +150,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# mldebug watch: {inc.get('kind', 'incident')}", "", f"**{result['summary']}**", ""]
     if result.get("next"):
         lines += ["Next:", ""] + [f"    {c}" for c in result["next"]] + [""]
-    from ml_debug.watch.model import clock
+    from ml_debug.watch.verdict import clock
 
     lines += ["| | |", "|---|---|", f"| job | {result.get('job')} |",
               f"| detected | {clock(inc['time']) if inc.get('time') else '-'} |",

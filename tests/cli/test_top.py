@@ -266,8 +266,8 @@ def test_a_node_whose_sshd_is_stopped_is_not_answering_while_the_other_keeps_upd
         job, rig_ssh, rig_nodes, tmp_path: Path) -> None:
     from ml_debug.remote.targets import Target, TargetSpec
     from ml_debug.sampling.streams import Client
-    from ml_debug.top.model import snapshot
     from ml_debug.top.options import TopOptions
+    from ml_debug.top.result import snapshot
 
     node2 = next(n for n in rig_ssh.nodes if n.name == job.ranks[2][0])
     node1 = next(n for n in rig_ssh.nodes if n.name == job.ranks[0][0])

@@ -15,7 +15,7 @@ import pytest
 from ml_debug.core.errors import UsageError
 from ml_debug.sampling.options import parse_pattern
 from ml_debug.sampling.progress import FileSource, ProgressReader
-from ml_debug.top.view import outlier_lines
+from ml_debug.top.render import outlier_lines
 from tests.conftest import mldebug, validate_schema
 
 

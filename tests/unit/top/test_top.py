@@ -18,7 +18,7 @@ import pytest
 from ml_debug.sampling.progress import FileSource, ProgressReader, last_step, rank_of_file
 from ml_debug.sampling.sample import SAMPLE_SCHEMA, SAMPLE_VERSION, NodeInfo, NodeSample, SampleError
 from ml_debug.top.options import TopOptions
-from ml_debug.top.outliers import far_from_median, find_outliers
+from ml_debug.top.verdict import far_from_median, find_outliers
 from tests.conftest import REPO, mldebug, validate_schema, wait_until
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import healthy_gpu
@@ -228,7 +228,7 @@ def test_cpu_only_node_shows_gpus_as_not_available() -> None:
 def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None:
     from ml_debug.remote.targets import Target, TargetSpec
     from ml_debug.sampling.streams import Feed
-    from ml_debug.top.model import snapshot
+    from ml_debug.top.result import snapshot
 
     opts = TopOptions(interval=1.0, timeout=2.0)
     spec = TargetSpec(kind="ssh", targets=[Target("a"), Target("b"), Target("c")])
@@ -250,7 +250,7 @@ def test_a_snapshot_says_ok_only_when_every_node_answered_and_nothing_stands_out
     from ml_debug.core.output import document
     from ml_debug.remote.targets import Target, TargetSpec
     from ml_debug.sampling.streams import Feed
-    from ml_debug.top.model import SCHEMA, SCHEMA_VERSION, snapshot
+    from ml_debug.top.result import SCHEMA, SCHEMA_VERSION, snapshot
 
     opts = TopOptions(interval=1.0, timeout=2.0)
     sample = NodeSample(seq=1, time=1.0, node=NodeInfo(host="a"))
@@ -274,7 +274,7 @@ def test_plain_text_when_stdout_is_not_a_terminal_and_count_stops() -> None:
 
 
 def test_the_live_view_keys_toggle_rows_cycle_sorting_and_select() -> None:
-    from ml_debug.top.view import LiveView
+    from ml_debug.top.render import LiveView
 
     calls: list[str] = []
     done = threading.Event()

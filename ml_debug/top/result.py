@@ -17,7 +17,7 @@ from ml_debug.core.gcpause import gc_paused
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.sampling.sample import NodeInfo, NodeSample
 from ml_debug.top.options import TopOptions
-from ml_debug.top.outliers import find_outliers
+from ml_debug.top.verdict import find_outliers
 
 SCHEMA = "mldebug.top"
 SCHEMA_VERSION = 1
