@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
 from ml_debug.cli import params
 from ml_debug.cli.app import COMMANDS, GROUPS, build_app, run
@@ -186,3 +187,8 @@ def test_help_lists_every_command_once_under_its_question_plain_and_rich(app: ty
         listed = [line.split()[0] for line in lines[at + 1:at + 1 + len(names)]]
         assert listed == list(names), (question, listed)
     assert "Commands" not in text, text
+    rich_app = build_app(None)
+    rich_app.rich_markup_mode = "rich"  # what Typer's rich help makes of the same panels
+    shown = CliRunner().invoke(rich_app, ["--help"], terminal_width=100).output
+    boxes = [line for line in shown.splitlines() if line.startswith("╭─ ")]
+    assert [b.split(" ─")[0][3:] for b in boxes] == ["Options", *GROUPS], boxes
