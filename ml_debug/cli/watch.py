@@ -44,5 +44,5 @@ def watch(opts: WatchOptions, targets: TargetOptions) -> int:
     if opts.out_dir is not None:  # a planted link or another user's directory: said now, not at the incident
         from ml_debug.core import safefs
 
-        safefs.check_out_dir(opts.out_dir)  # made at the first incident
+        safefs.check_out_dir(opts.out_dir, "--bundle-dir")  # made at the first incident
     return run_watch(targets.resolve(), opts)

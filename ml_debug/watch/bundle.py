@@ -95,7 +95,7 @@ class Bundle:
         """Write one file of the bundle (a planted link is replaced); its name."""
         from ml_debug.core import safefs
 
-        note = safefs.write_out(self.path, name, data)
+        note = safefs.write_out(self.path, name, data, "--bundle-dir")
         if note:
             with self._lock:
                 self.notes.append(note)
