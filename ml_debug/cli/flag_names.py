@@ -30,6 +30,17 @@ class Flag:
     exceptions: dict[str, str] = field(default_factory=dict)
 
 
+SHORT_FLAGS: dict[str, str] = {
+    "-g": "--gpu-rows", "-r": "--rank-rows",  # top's, as its keys g and r
+    "-i": "--identity", "-m": "-m", "-o": "--out-dir", "-l": "--level", "-n": "-n",
+}
+"""A one-letter flag and the one long flag it stands for, in every command."""
+
+SHORT_BORROWED: dict[str, str] = {
+    "allreduce-bench": "nccl-tests' own letters (-b -e -f -n -w -o -d -r -a -C), as its users type them",
+}
+"""Commands whose one-letter flags are another tool's, kept for the people who know that tool."""
+
 UNIT_METAVARS = {"s": "S"}
 """A unit whose metavar is fixed: every option in seconds shows S."""
 

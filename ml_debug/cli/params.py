@@ -126,7 +126,7 @@ def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help
         """The configuration objects that the parsed values give (an earlier option name costs one line)."""
         for alias, (field, old, new) in earlier.items():
             value = values.pop(alias, None)
-            if value is None or value == []:
+            if value is None or (isinstance(value, (list, tuple)) and not value):  # not given
                 continue
             sys.stderr.write(deprecation_line(name, old, new) + "\n")
             values[field] = value

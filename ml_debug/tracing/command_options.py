@@ -29,7 +29,7 @@ class TraceCommandOptions:
                                 "before it. Put -- before the script when its name starts with a dash.")
     module: bool = option(False, flags=("-m", "--module"), help="Run a module, like python -m.")
     include: list[str] = option(
-        flags=("--include", "-i"), default_factory=list, metavar="PKG",
+        flags=("--include",), renamed_from=("-i",), default_factory=list, metavar="PKG",
         help="Also trace this installed top-level package (repeat, or a,b). Your own code (anything outside "
              "site-packages and the standard library) is always traced.")
     everything: bool = option(False, help="Trace all code, the standard library and site-packages included "

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from ml_debug.cli import params
 from ml_debug.cli.app import COMMANDS, GROUPS, build_app, run
-from ml_debug.cli.flag_names import FLAGS, UNIT_METAVARS
+from ml_debug.cli.flag_names import FLAGS, SHORT_BORROWED, SHORT_FLAGS, UNIT_METAVARS
 from ml_debug.core.options import CliField, cli_fields, strip_optional
 from tests.conftest import REPO
 
@@ -76,6 +76,16 @@ def test_every_flag_has_the_registrys_type_unit_metavar_and_meaning(app: typer.T
                 and command not in entry.exceptions:
             wrong.append(f"{command} {name}: its help counts seconds, the registry's unit is {entry.unit!r}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_one_letter_flag_stands_for_one_long_flag(app: typer.Typer) -> None:
+    """`-g` was top's GPU rows and exec's --group, `-i` --identity and trace's --include: a letter means
+    one flag in every command, except in the commands that keep another tool's letters (named, with why)."""
+    wrong = [f"{command} {letter}: {cf.opt.name}, the registry says {SHORT_FLAGS.get(letter)}"
+             for command, cf in _uses(app) if command not in SHORT_BORROWED
+             for letter in cf.opt.flags if re.fullmatch(r"-\w", letter) and SHORT_FLAGS.get(letter) != cf.opt.name]
+    assert not wrong, "\n".join(wrong)
+    assert set(SHORT_BORROWED) <= set(params.CONFIGS)
 
 
 def test_the_registry_holds_only_flags_in_use_and_each_unit_has_its_metavar(app: typer.Typer) -> None:
