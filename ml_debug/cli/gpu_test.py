@@ -62,9 +62,10 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
 
     nproc = ranks_to_start(launch, gpus)  # a count the node cannot run is refused before anything starts
     run_timeout = cfg.init_timeout * 2 + (cfg.timeout_s + 5) * 8 + 60
-    rdzv = max(30.0, cfg.init_timeout)
+    # the nodes' rendezvous is part of the init: a node that never joins is named within --init-timeout
+    rdzv = cfg.init_timeout
     if cfg.isolate:
-        return _isolate(cfg, nproc, gpus, rdzv, run_timeout)
+        return _isolate(cfg, nproc, gpus, max(30.0, rdzv), run_timeout)
     from ml_debug.cli.spawn import spawn_ranks
 
     return spawn_ranks("gpu-test", [cfg], launch, gpus=gpus, rdzv_timeout_s=rdzv if launch.nnodes > 1 else 30.0,

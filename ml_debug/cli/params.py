@@ -19,12 +19,18 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ml_debug.core.options import CliField, cli_fields, deprecation_line, from_options, strip_optional
+from ml_debug.core.options import (
+    CliField,
+    cli_fields,
+    deprecation_line,
+    from_options,
+    refuse_empty_envvars,
+    strip_optional,
+)
 
 DOCS = "docs/commands/{name}.md"
 """Each command's page, relative to the root of the mldebug repository."""
@@ -41,16 +47,12 @@ def epilog(name: str, examples: Sequence[str]) -> str:
 
 def _typer_type(cf: CliField) -> Any:
     """The type Typer parses: the field's own, or str (list[str]) where the field parses its words."""
-    if cf.opt.parse is None:
+    if cf.opt.parse is None and not cf.is_path:
         return cf.type
     base: Any = list[str] if cf.is_list else str
     optional = type(None) in typing.get_args(cf.type)
     return (base | None) if optional or cf.is_list else base
 
-
-CONFIGS: dict[str, dict[str, type]] = {}
-"""Each registered command's configuration classes (``mldebug <name>`` -> group -> class): what the flag
-registry's test walks."""
 
 CONFIGURE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 """Each registered command's step from parsed values (Typer's, keyed by parameter name) to its
@@ -71,8 +73,19 @@ def _finite(value: float | None) -> float | None:
     return value
 
 
+def _bounded(value: Any) -> Any:
+    """Every integer option's check (each item of a repeatable one): Python's ints have no end, the C calls
+    behind a count, a pid or a size do (`--pid 10**30` ended in OverflowError deep in a run)."""
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if v is not None and abs(v) > LARGEST:
+            raise typer.BadParameter(f"{v} is more than {LARGEST:g}, the most a number option takes")
+    return value
+
+
 def _parameter(cf: CliField) -> inspect.Parameter:
     o = cf.opt
+    if o.metavar is None and cf.is_path:  # parsed as a word (so that an empty one is seen): still a PATH in --help
+        o = dataclasses.replace(o, metavar="PATH")
     extra: dict[str, Any] = {}
     if o.min is not None:
         extra["min"] = o.min
@@ -81,8 +94,8 @@ def _parameter(cf: CliField) -> inspect.Parameter:
     tp = _typer_type(cf)
     if strip_optional(tp) is float:
         extra["callback"] = _finite
-    if Path in (tp, *typing.get_args(tp)):
-        extra.update(file_okay=o.file_okay, dir_okay=o.dir_okay)
+    elif strip_optional(tp) is int or strip_optional(tp) == list[int]:
+        extra["callback"] = _bounded
     if o.argument:
         info = typer.Argument(help=o.help, metavar=o.metavar, show_default=False, hidden=o.hidden, **extra)
     else:
@@ -93,12 +106,17 @@ def _parameter(cf: CliField) -> inspect.Parameter:
         tp = strip_optional(tp) | None
     elif cf.default is MISSING:
         default = ...
-    elif cf.opt.parse is not None and cf.default is not None:
+    elif (cf.opt.parse is not None or cf.is_path) and cf.default is not None:
         default = cf.opt.format(cf.default) if cf.opt.format else str(cf.default)  # the word parse reads back
     else:
         default = cf.default
     return inspect.Parameter(cf.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                              annotation=Annotated[tp, info])
+
+
+CONFIGS: dict[str, dict[str, type]] = {}
+"""Each registered command's configuration classes (group name -> class): what the options layer's tests
+and the flag registry's walk, so that a new command's options are checked without a list to keep."""
 
 
 def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help: str,
@@ -138,6 +156,7 @@ def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help
 
         if values.pop("json_"):
             output.configure(json=True)
+        refuse_empty_envvars(list(configs.values()))
         code = run(**configure(values))
         if code:
             raise typer.Exit(int(code))

@@ -41,6 +41,10 @@ class DrillOptions:
     nproc_per_node: int = option(2, min=1, max=64, metavar="N",
                                  help="Ranks per node of each drill's job (at least 2 on this node; slow-link uses at "
                                       "least 4 there: a slow pair needs peers to compare with).")
+    max_nproc_per_node: int | None = option(
+        None, min=1, metavar="N", envvar="MLDEBUG_MAX_NPROC_PER_NODE",
+        help="Refuse drills of more ranks on this node than this (default: what the node can run: 4 per CPU "
+             "core, and no more than fit in the available memory at 0.5 GB a rank).")
     seed: int | None = option(None, metavar="N",
                               help="Seed for the injected rank and step of each drill (default: a random seed, "
                                    "printed so that a run can be repeated).")

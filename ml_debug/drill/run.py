@@ -13,6 +13,7 @@ from pathlib import Path
 from ml_debug.core import output, safefs
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import to_argv
+from ml_debug.dist.limits import check_nproc
 from ml_debug.drill.catalog import CATALOG, Plan, judge
 from ml_debug.drill.options import DrillOptions
 from ml_debug.drill.result import CORRECT, ERROR, MISSED, DrillOutcome, DrillResult, Injected, Named
@@ -75,6 +76,8 @@ def site_for(opts: DrillOptions, targets: TargetOptions | None = None) -> Site:
     if opts.nproc_per_node < 2:
         raise UsageError(f"--nproc-per-node {opts.nproc_per_node} on this node leaves the injected rank no peer",
                          "give --nproc-per-node 2 or more, or run the drills over --hosts or --slurm-partition")
+    # as every command that starts ranks here: refused now, not found out as a drill scored "missed"
+    check_nproc(opts.nproc_per_node, opts.max_nproc_per_node)
     return LocalSite()
 
 

@@ -89,6 +89,9 @@ class LogsOptions:
     jobs: int | None = option(None, flags=("--readers",), renamed_from=("--jobs",), min=1, metavar="N",
                               help="Reader processes (1: read everything in this process). Default: one per CPU, "
                                    "at most 16, when the logs are over 64 MiB; smaller logs are read in this process.")
+    html: Path | None = option(None, metavar="FILE.html", dir_okay=False, forward=False, panel=SHOW,
+                               help="Also write the answer as one self-contained HTML page (the ranks' timeline per "
+                                    "node, the tracebacks) to share.")
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class LaunchJobOptions:
     """The options of `mldebug launch`: torchrun's own (passed on as given), where logs go, extras."""
 
     command: list[str] = argument(
-        default_factory=list, metavar="SCRIPT [ARGS]...",
+        default_factory=list, metavar="SCRIPT [ARGS]...", empty=True,
         help="The training script and its arguments (with -m: a module; with --no-python: a program). Put -- "
              "before them.")
     nproc_per_node: str = option("1", metavar="N", panel=TORCHRUN, parse=parse_nproc_per_node,

@@ -12,7 +12,7 @@ from ml_debug.core.options import argument, option, parse_out_dir
 class ExecOptions:
     """The options of `mldebug exec`."""
 
-    command: list[str] = argument(default_factory=list, metavar="CMD...", help="The command and its arguments.")
+    command: list[str] = argument(default_factory=list, metavar="CMD...", empty=True, help="The command and its arguments.")
     timeout: float = option(60.0, flags=("--node-timeout",), renamed_from=("--timeout",), min=0.1, metavar="S",
                             help="Seconds the command may run on each node.")
     group: bool = option(False, flags=("--group",), renamed_from=("-g",),

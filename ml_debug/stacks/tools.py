@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -67,7 +68,10 @@ def run_tool(argv: list[str], timeout: float, target_pid: int | None = None) -> 
                 proc.kill()
                 out, err = proc.communicate()
         except KeyboardInterrupt:  # the tool is in a session of its own, out of the terminal's Ctrl-C: stop it
-            os.killpg(proc.pid, signal.SIGKILL)  # and whatever it started (gdb forks helpers)
+            # and whatever it started (gdb forks helpers); a tool that ended as the Ctrl-C came has no group left,
+            # which must not turn the interrupt into an error that loses what was read before
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             _resume(target_pid, before)
             raise

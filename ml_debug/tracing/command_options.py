@@ -24,7 +24,7 @@ class TraceCommandOptions:
     """The options of `mldebug trace` (the tracer's own settings are :class:`ml_debug.tracing.options.TraceOptions`)."""
 
     target: list[str] = argument(
-        metavar="PROGRAM", help="The script and its arguments (or, with -m, the module and its arguments): "
+        metavar="PROGRAM", empty=True, help="The script and its arguments (or, with -m, the module and its arguments): "
                                 "everything from here on goes to the program, so give mldebug trace's options "
                                 "before it. Put -- before the script when its name starts with a dash.")
     module: bool = option(False, flags=("-m", "--module"), help="Run a module, like python -m.")

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html import escape
 from pathlib import Path
 
 import jsonschema
@@ -204,9 +205,17 @@ def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_s
     assert {r: h for r, (h, _) in job.ranks.items()} == {0: "node1", 1: "node2"}  # one rank per node
     assert rig_slurm.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"]).stdout.strip() == "RUNNING"
     remote = ["--remote-python", sys.executable, "--json"]
-    via_slurm = mldebug("dump-stacks", "--slurm-job", job.job_id, *remote, env=rig_slurm.env, timeout=240)
+    page, scope = tmp_path / "hang.html", tmp_path / "hang.speedscope.json"
+    via_slurm = mldebug("dump-stacks", "--slurm-job", job.job_id, "--html", str(page), "--speedscope", str(scope),
+                        *remote, env=rig_slurm.env, timeout=240)
     assert via_slurm.returncode == 1, via_slurm.stderr
     slurm_result = _json(via_slurm)["result"]
+    # the page and the export come from the merged report, written here (never on the nodes): both nodes on it
+    # (the page in a browser: tests/cli/test_page.py)
+    html = page.read_text()
+    assert f'id="verdict">{escape(slurm_result["summary"])}</div>' in html
+    assert all(f"<td>{n}</td>" in html for n in job.nodes), job.nodes
+    assert json.loads(scope.read_text())["name"] == "mldebug dump-stacks: suspect rank 1"
 
     nodes = [n for n in rig_ssh.nodes if n.name in job.nodes]
     assert len(nodes) == 2
@@ -339,3 +348,39 @@ def test_a_mistyped_dumper_with_hosts_is_exit_2_before_any_node_is_reached() -> 
         finally:
             reached.kill()
             reached.wait()
+
+
+def _tracer(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("TracerPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no TracerPid in /proc/{pid}/status")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_strace_stops_at_once_on_ctrl_c_and_sigterm_and_detaches(sig: str, tmp_path: Path) -> None:
+    """`--strace S` ignored Ctrl-C until S seconds passed, and SIGTERM left strace attached to the rank
+    (TracerPid set) after mldebug ended: now both stop every strace at once, detached before mldebug exits."""
+    import signal
+
+    require(shutil.which("strace"), "strace (apt-get install strace)")
+    target = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"],
+                              stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "dump-stacks", "--pid", str(target.pid),
+                             "--strace", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        wait_until(lambda: _tracer(target.pid) != 0 or proc.poll() is not None, 60, "strace to attach")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(getattr(signal, sig))
+        _out, err = proc.communicate(timeout=30)  # well before the 60 s of --strace
+        assert proc.returncode == 130, err[-3000:]
+        assert ("interrupted" if sig == "SIGINT" else "interrupted by SIGTERM") in err, err[-3000:]
+        assert "Traceback" not in err and "internal error" not in err, err[-3000:]
+        assert _tracer(target.pid) == 0, "strace still attached after mldebug ended"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        target.kill()
+        target.wait(timeout=30)

@@ -125,3 +125,26 @@ def test_sendrecv_on_one_rank_is_skipped_with_a_note() -> None:
     result = json.loads(r.stdout)["result"]
     assert [c["collective"] for c in result["collectives"]] == ["all_reduce"]
     assert any("sendrecv: skipped" in n for n in result["notes"])
+
+
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_a_node_that_never_joins_is_named_within_the_init_timeout(node_rank: int, refused_port: int) -> None:
+    """`gpu-test --nnodes 2` whose other node never comes ended in `internal error: DistStoreError` (node 0) or
+    `DistNetworkError` (node 1) after 32-68 s, ignoring `--init-timeout 2`: now exit 4 and one line that names
+    the node that never came, once the rendezvous has waited --init-timeout (torch polls a second more)."""
+    with reserved_port() as free:
+        port = free if node_rank == 0 else refused_port  # node 0 listens there; node 1 finds nobody
+        t0 = time.monotonic()
+        proc = mldebug("--json", "gpu-test", "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr",
+                       "127.0.0.1", "--master-port", str(port), "--init-timeout", "2", "--device", "cpu",
+                       "--backend", "gloo", "--nproc-per-node", "1", timeout=120)
+        elapsed = time.monotonic() - t0
+    assert proc.returncode == 4, proc.stderr
+    assert "internal error" not in proc.stderr, proc.stderr
+    named = "node rank 1 never joined the rendezvous" if node_rank == 0 else "node rank 0 (the master, 127.0.0.1:"
+    # (node 1's stderr also holds c10's own log of each connect retry, printed by torch's C++ before we answer)
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("mldebug: error: ")]
+    assert named in line and "within 2 s" in line, proc.stderr
+    result = json.loads(proc.stdout)["result"]
+    assert result["error"]["kind"] == "partial" and named in result["summary"], result
+    assert elapsed < 30, elapsed  # not the 30 s floor it had: a deadline, not a speed goal

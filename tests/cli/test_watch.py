@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,9 @@ def test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keep
     assert stacks["interrupted"] is True
     assert {len(p["samples"]) for p in stacks["processes"]} in ({2}, {3}), stacks["summary"]
     assert cut["culprit"]["rank"] == 1, cut["summary"]
+    # the page of a cut bundle: its sentence, and the samples taken
+    page = (out2 / "incident.html").read_text()
+    assert f'id="verdict">{escape(cut["summary"])}</div>' in page and 'class="leaf suspect"' in page
     wait_until(lambda: not pids_with_env(TOKEN_VAR, token2), 30, "the interrupted watch's processes to be gone")
 
     # Ctrl-C in the hung job's terminal (its process group): `mldebug train` exits 130 without a traceback
@@ -222,6 +226,9 @@ def test_a_desync_is_named_by_the_flight_recorder_in_the_bundle(
     fr = json.loads((out / "flight-recorder.json").read_text())
     assert fr["analysis"]["culprits"][0]["rank"] == 1
     assert "desync in collective #" in (out / "dump-stacks.txt").read_text()
+    # the bundle's page shows it too: the odd rank's cell in the Flight Recorder grid (in a browser: test_page.py)
+    page = (out / "incident.html").read_text()
+    assert "Flight Recorder: where each rank stopped" in page and page.count('class="c desync"') == 1
 
 
 @pytest.mark.serial
@@ -324,3 +331,31 @@ def test_watch_help_is_documented() -> None:
     for flag in ("--stall", "--grace", "--progress-file", "--now", "--keep-watching", "--on-incident", "--bundle-dir",
                  "--stack-every", "--straggler-factor", "--node-timeout", "--duration"):
         assert f"`{flag}" in text, flag
+
+
+def test_on_incident_dies_with_a_sigkilled_watch(tmp_path: Path) -> None:
+    """`watch --on-incident CMD` killed with SIGKILL left CMD running with parent 1: it is tied to watch
+    (PR_SET_PDEATHSIG, ml_debug/core/bounded.py) and gets SIGTERM. The target is any process (`--now`)."""
+    token = uuid.uuid4().hex[:12]
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=_env(f"target-{token}"),
+                              stdin=subprocess.DEVNULL)
+    started = tmp_path / "cmd-started"
+    cmd = f"{sys.executable} -c 'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); " \
+          f"time.sleep(600)' {started}"
+    w = subprocess.Popen([sys.executable, "-m", "ml_debug", "watch", "--pid", str(target.pid), "--now", "--samples",
+                          "1", "--out-dir", str(tmp_path / "bundle"), "--on-incident", cmd], env=_env(token),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: started.exists() and started.read_text() or w.poll() is not None, 120,
+                   "the --on-incident command to start")
+        assert w.poll() is None, w.communicate()[1][-3000:]
+        cmd_pid = int(started.read_text())
+        assert cmd_pid in pids_with_env(TOKEN_VAR, token)
+        w.kill()
+        w.wait(timeout=30)
+        wait_until(lambda: cmd_pid not in pids_with_env(TOKEN_VAR, token), 30,
+                   "the --on-incident command to end with watch")
+    finally:
+        kill_pids([w.pid, *pids_with_env(TOKEN_VAR, token)])
+        target.kill()
+        target.wait(timeout=30)

@@ -115,3 +115,35 @@ def test_parse_count() -> None:
     for bad in ("", "B", "-1B", "inf", "1e30"):
         with pytest.raises(UsageError):
             parse_count(bad)
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """In process: exit 2 with one error line and a hint; the error line."""
+    from ml_debug.cli.app import run
+
+    assert run(["tflops", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("mldebug: error: ") and lines[1].startswith("hint: "), lines
+    return lines[0]
+
+
+def test_an_mfu_above_100_percent_is_a_units_mistake(capsys: pytest.CaptureFixture[str]) -> None:
+    """--iter-time given in ms (127 for 0.127 s... here 0.01 for 10 s) made MFU 2226% and passed silently."""
+    line = _refused(capsys, "--params", "7B", "--seq-len", "4096", "--global-batch", "256", "--iter-time", "0.01",
+                    "--gpus", "64", "--gpu", "H100")
+    assert "MFU" in line and "more than 100%" in line and "units mistake" in line, line
+    # with --recompute the hardware's FLOPs are the larger: HFU is what goes over first
+    line = _refused(capsys, "--params", "7B", "--seq-len", "4096", "--global-batch", "256", "--iter-time", "0.9",
+                    "--gpus", "64", "--gpu", "H100", "--recompute")
+    assert "HFU" in line and "units mistake" in line, line
+
+
+@pytest.mark.parametrize(("step_time", "said"), [(0, "step_time_s is 0, not a positive time"),
+                                                 (-0.5, "step_time_s is -0.5, not a positive time")])
+def test_metrics_with_a_step_time_that_is_not_positive_are_refused(step_time: float, said: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A step time of 0 ended in `internal error: ZeroDivisionError`; a negative one was taken."""
+    (tmp_path / "rank-0.jsonl").write_text(json.dumps({"step": 1, "step_time_s": 0.2, "tokens": 64}) + "\n"
+                                           + json.dumps({"step": 2, "step_time_s": step_time, "tokens": 64}) + "\n")
+    line = _refused(capsys, "--params", "90K", "--metrics", str(tmp_path))
+    assert f"rank-0.jsonl line 2 (step 2): {said}" in line, line
