@@ -157,7 +157,7 @@ def test_a_sigkilled_exec_leaves_no_srun_step_or_command(rig_slurm: SlurmRig, ru
     on every node (over ssh nothing is left: the sessions close)."""
     word = f"mldebug-test-{uuid.uuid4().hex[:12]}"
     before = _steps(rig_slurm, running_job)
-    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "exec", "--slurm-job", running_job, "--timeout", "600",
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "exec", "--slurm-job", running_job, "--node-timeout", "600",
                              "--", sys.executable, "-c", SLEEPER, word], env=rig_slurm.env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
