@@ -343,7 +343,7 @@ def test_on_incident_dies_with_a_sigkilled_watch(tmp_path: Path) -> None:
     cmd = f"{sys.executable} -c 'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); " \
           f"time.sleep(600)' {started}"
     w = subprocess.Popen([sys.executable, "-m", "ml_debug", "watch", "--pid", str(target.pid), "--now", "--samples",
-                          "1", "--out-dir", str(tmp_path / "bundle"), "--on-incident", cmd], env=_env(token),
+                          "1", "--bundle-dir", str(tmp_path / "bundle"), "--on-incident", cmd], env=_env(token),
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: started.exists() and started.read_text() or w.poll() is not None, 120,
