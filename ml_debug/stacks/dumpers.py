@@ -52,7 +52,7 @@ def resolve_tools(dumper: str) -> Tools:
     needed = "py-spy" if dumper == "auto" else dumper
     if getattr(tools, needed.replace("-", "_")) is None:
         others = " | ".join(f"--dumper {d}" for d in DUMPERS[1:] if d != needed)
-        raise MissingPart(PARTS[needed], f"dump-stacks --dumper {dumper}",
+        raise MissingPart(PARTS[needed], "mldebug dump-stacks" + (f" --dumper {dumper}" if dumper != "auto" else ""),
                           instead=f"choose another dumper: {others}" if dumper in ("auto", "py-spy") else None)
     return tools
 
