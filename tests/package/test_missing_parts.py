@@ -41,6 +41,7 @@ ENVS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 CASES = [
     *[("torch", "torch", args) for args in TORCH_COMMANDS],
     *[("numpy", "numpy", args) for args in TORCH_COMMANDS],
+    ("torch", "torch", ("launch", "--nproc-per-node", "1", "{tmp}/job.py")),
     ("pystack", "pystack", ("dump-stacks", "--pid", "{pid}", "--dumper", "pystack")),
     ("debugpy", "debugpy", ("attach", "--pid", "{pid}")),
     ("debugpy", "debugpy", ("train", "--steps", "1", "--nproc-per-node", "1", "--debug-rank", "0")),
