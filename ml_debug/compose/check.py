@@ -48,6 +48,8 @@ class Step:
     skip_without: tuple[str, ...] = ()
 
 
+NOT_INSTALLED = "skipped: no "  # a step's summary when its skip_without part is not installed here
+
 DEFAULT_STEPS = (
     Step("env", ("env",), 60, "versions, GPUs, launcher variables, tools, ptrace permission"),
     Step("gpu-test", ("gpu-test", "--timeout", "20"), 240,
@@ -195,7 +197,7 @@ def run_check(steps: Sequence[Step] = DEFAULT_STEPS, skip: Sequence[str] = (), t
                 results.append(StepResult(step.name, f"mldebug {command}", SKIPPED, None, 0.0, "skipped (--skip)"))
             elif absent:
                 results.append(StepResult(step.name, f"mldebug {command}", SKIPPED, None, 0.0,
-                                          f"skipped: no {absent[0].name} here; {absent[0].install} adds it"))
+                                          f"{NOT_INSTALLED}{absent[0].name} here; {absent[0].install} adds it"))
             else:
                 bar.advance(0, description=f"check: {step.name}")
                 results.append(run_step(step, timeout_s, out_dir))
@@ -227,10 +229,9 @@ def judge(results: list[StepResult], host: str) -> CheckResult:
     if code != ExitCode.OK:
         summary += "; " + "; ".join(f"{r.name} {r.status}: {r.summary}" for r in [*bad, *missing, *late])
     # what a torch-free install left out, and the one command that adds it
-    for why in dict.fromkeys(r.summary.removeprefix("skipped: ") for r in results
-                             if r.status == SKIPPED and r.summary.startswith("skipped: no ")):
-        names = ", ".join(r.name for r in results if r.summary == f"skipped: {why}")
-        summary += f"; skipped {names}: {why}"
+    for why in dict.fromkeys(r.summary for r in results if r.status == SKIPPED and r.summary.startswith(NOT_INSTALLED)):
+        names = ", ".join(r.name for r in results if r.summary == why)
+        summary += f"; skipped {names}: {why.removeprefix('skipped: ')}"
     return CheckResult(code == ExitCode.OK, summary, int(code), host, results)
 
 
