@@ -202,12 +202,6 @@ def _killed_client_leaves_nothing(job: HungJob, where: list[str], listeners: set
 
 def _venv_without_debugpy(path: Path) -> Path:
     """A Python with everything mldebug's own has, but debugpy (a node where it was never installed)."""
-    import sysconfig
+    from tests.package.envs import scratch_env
 
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
-    ours = Path(sysconfig.get_paths()["purelib"])
-    theirs = path / ours.relative_to(sys.prefix)
-    for entry in ours.iterdir():
-        if not entry.name.startswith("debugpy"):
-            os.symlink(entry, theirs / entry.name)
-    return path / "bin" / "python"
+    return scratch_env(path, ["debugpy"]).python
