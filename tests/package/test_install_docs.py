@@ -136,6 +136,6 @@ def test_the_torch_free_install_then_the_torch_extra_then_the_others(tmp_path: P
 
     extras = run_shell(f". .venv/bin/activate && {install_block('Extras')}", checkout, PIP_CONSTRAINT=str(pin))
     assert extras.returncode == 0, extras.stdout[-3000:] + extras.stderr[-3000:]
-    found = "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ('matplotlib', 'torchao'))))"
+    found = "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ('matplotlib', 'torchao', 'debugpy'))))"
     probe = run_shell(f". .venv/bin/activate && python -c \"{found}\" && command -v pystack", checkout)
     assert probe.returncode == 0 and probe.stdout.strip().startswith(str(checkout)), probe.stdout + probe.stderr
