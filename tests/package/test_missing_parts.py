@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 import tomllib
 
@@ -22,6 +23,7 @@ from ml_debug.core.extras import PARTS
 from tests.conftest import REPO, require
 from tests.package.envs import ScratchEnv, scratch_env
 
+SCHEMAS = REPO / "ml_debug" / "schemas"
 TORCH_COMMANDS = [("gpu-test",), ("allreduce-bench", "--quick"), ("train", "--steps", "1"),
                   ("health", "--level", "2"), ("drill",)]
 # environment name -> (distributions left out, programs left off PATH)
@@ -119,6 +121,7 @@ def test_a_missing_part_is_named_with_its_install_command(envs: dict[str, Scratc
     as_json = env.mldebug("--json", *argv, cwd=tmp_path)
     assert as_json.returncode == 3 and "internal error" not in as_json.stdout + as_json.stderr, as_json.stderr
     doc = json.loads(as_json.stdout)  # one document
+    jsonschema.validate(doc, json.loads((SCHEMAS / f"{doc['schema'].removeprefix('mldebug.')}.json").read_text()))
     result = doc["result"]
     if doc["schema"] == "mldebug.error":
         assert result["error"]["kind"] == "environment"
@@ -132,7 +135,9 @@ def test_a_missing_part_is_named_with_its_install_command(envs: dict[str, Scratc
 def test_check_without_numpy_marks_the_steps_and_exits_3(envs: dict[str, ScratchEnv], tmp_path: Path) -> None:
     proc = envs["numpy"].mldebug("--json", "check", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
-    steps = {s["name"]: s for s in json.loads(proc.stdout)["result"]["steps"]}
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, json.loads((SCHEMAS / "check.json").read_text()))
+    steps = {s["name"]: s for s in doc["result"]["steps"]}
     for name in ("gpu-test", "allreduce-bench"):
         assert steps[name]["status"] == "missing" and steps[name]["exit_code"] == 3
         assert steps[name]["summary"] == f"missing numpy: {PARTS['numpy'].install}"
