@@ -169,7 +169,7 @@ def run(argv: list[str] | None = None) -> int:
     except MLDebugError as e:
         if debug:
             traceback.print_exc()
-        return _ended(command, int(e.exit_code), e.message, e.hint)
+        return _ended(command, int(e.exit_code), e.message, e.hint, details=e.details)
     except typer.TyperException as e:  # Typer's usage errors: unknown command/option, bad value
         if debug:
             traceback.print_exc()
@@ -186,12 +186,26 @@ def run(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return ExitCode.OK
+    except ImportError as e:  # an optional part that no require() asked for first: still named, exit 3
+        if debug:
+            traceback.print_exc()
+        from ml_debug.core.extras import missing_from_import_error
+
+        missing = missing_from_import_error(e, command)
+        if missing is None:
+            return _internal(command, e, debug)
+        return _ended(command, int(missing.exit_code), missing.message, missing.hint, details=missing.details)
     except Exception as e:
         if debug:
             traceback.print_exc()
-        return _ended(command, ExitCode.PROBLEM, f"internal error: {type(e).__name__}: {e}",
-                      None if debug else "run again with --debug for the traceback, and report it as a bug",
-                      kind="internal")
+        return _internal(command, e, debug)
+
+
+def _internal(command: str | None, e: BaseException, debug: bool) -> int:
+    """A bug in mldebug: the only way to end with `internal error`."""
+    return _ended(command, ExitCode.PROBLEM, f"internal error: {type(e).__name__}: {e}",
+                  None if debug else "run again with --debug for the traceback, and report it as a bug",
+                  kind="internal")
 
 
 def _interrupted(command: str | None) -> int:

@@ -7,9 +7,7 @@ traffic never leaves that node (see ml_debug/debugger/remote.py).
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -79,14 +77,11 @@ def _ancestors() -> set[int]:
 
 def check_can_attach(pid: int) -> None:
     """debugpy importable, gdb present, ptrace allowed: EnvironmentProblem (exit 3) otherwise."""
+    from ml_debug.core.extras import require
     from ml_debug.core.ptrace import check_ptrace
 
-    if importlib.util.find_spec("debugpy") is None:
-        raise EnvironmentProblem("debugpy is not installed beside mldebug",
-                                 hint="pip install 'mldebug[debug]' (or pip install debugpy)")
-    if shutil.which("gdb") is None:
-        raise EnvironmentProblem("gdb is not installed: debugpy injects itself into a running process with gdb",
-                                 hint="apt-get install gdb (or dnf install gdb)")
+    require("debugpy", "mldebug attach")
+    require("gdb", "mldebug attach (debugpy injects itself into a running process with gdb)")
     try:
         uid: int | None = os.stat(f"/proc/{pid}").st_uid
     except OSError:

@@ -130,6 +130,9 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
         if no_python or opts.trace:
             raise UsageError("--debug-rank runs a Python script or module under debugpy, without --trace or "
                              "--no-python", "drop --trace, or launch the Python script itself")
+        from ml_debug.core.extras import require
+
+        require("debugpy", "mldebug launch --debug-rank")  # here, not as N ranks' ModuleNotFoundError
         cmd = [sys.executable, *debug_rank_argv(opts.debug_rank, opts.debug_port, opts.debug_no_wait),
                *(["-m"] if module else []), "--", *cmd]
         module, no_python = False, True
