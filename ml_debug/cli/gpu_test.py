@@ -10,7 +10,7 @@ from ml_debug.dist.options import SpawnOptions
 from ml_debug.gputest.options import GpuTestConfig
 
 if TYPE_CHECKING:
-    from ml_debug.gputest.report import GpuTestResult
+    from ml_debug.gputest.verdict import GpuTestResult
 
 SCHEMA = "mldebug.gpu-test"
 
@@ -26,7 +26,7 @@ Exit codes: 0 all OK; 1 a stage failed; 2 bad options; 4 some ranks never answer
 EXAMPLES = (
     "mldebug gpu-test                                  # one rank per GPU (2 CPU ranks without one)",
     "torchrun --nproc-per-node 8 --no-python mldebug gpu-test",
-    "srun --ntasks-per-node 8 mldebug gpu-test --timeout 60",
+    "srun --ntasks-per-node 8 mldebug gpu-test --stage-timeout 60",
     "mldebug gpu-test --isolate                        # find the one bad GPU or link",
 )
 
@@ -75,8 +75,8 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
 def _run_as_rank(cfg: GpuTestConfig) -> int:
     from ml_debug.core import output, safefs
     from ml_debug.dist.world import detect_world
+    from ml_debug.gputest.render import render
     from ml_debug.gputest.stages import run_rank
-    from ml_debug.gputest.view import render
 
     def deliver(result: GpuTestResult) -> None:
         doc = output.dumps(output.document(SCHEMA, 1, result)) + "\n"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING
@@ -22,7 +23,14 @@ from typing import Annotated, Any
 
 import typer
 
-from ml_debug.core.options import CliField, cli_fields, from_options, refuse_empty_envvars, strip_optional
+from ml_debug.core.options import (
+    CliField,
+    cli_fields,
+    deprecation_line,
+    from_options,
+    refuse_empty_envvars,
+    strip_optional,
+)
 
 DOCS = "docs/commands/{name}.md"
 """Each command's page, relative to the root of the mldebug repository."""
@@ -45,6 +53,10 @@ def _typer_type(cf: CliField) -> Any:
     optional = type(None) in typing.get_args(cf.type)
     return (base | None) if optional or cf.is_list else base
 
+
+CONFIGURE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+"""Each registered command's step from parsed values (Typer's, keyed by parameter name) to its
+configuration objects: what the command runs with."""
 
 LARGEST = 1e9
 """The largest number a float option takes (about 31 years in seconds): no timeout, rate or threshold
@@ -104,7 +116,7 @@ def _parameter(cf: CliField) -> inspect.Parameter:
 
 CONFIGS: dict[str, dict[str, type]] = {}
 """Each registered command's configuration classes (group name -> class): what the options layer's tests
-walk, so that a new command's options are checked without a list to keep."""
+and the flag registry's walk, so that a new command's options are checked without a list to keep."""
 
 
 def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help: str,
@@ -114,12 +126,30 @@ def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help
     params = [inspect.Parameter("json_", inspect.Parameter.KEYWORD_ONLY, default=False,
                                 annotation=Annotated[bool, typer.Option("--json", help=JSON_HELP)])]
     owner: dict[str, str] = {}
+    earlier: dict[str, tuple[str, str, str]] = {}  # hidden parameter -> (field, earlier name, name)
     for group, cls in configs.items():
         for cf in cli_fields(cls):
             if cf.name in owner:
                 raise TypeError(f"{name}: option field {cf.name!r} is in both {owner[cf.name]} and {group}")
             owner[cf.name] = group
             params.append(_parameter(cf))
+            for i, old in enumerate(cf.opt.renamed_from):
+                alias = f"{cf.name}__was{i}"
+                earlier[alias] = (cf.name, old.split("/")[0], cf.opt.name)
+                params.append(_parameter(dataclasses.replace(
+                    cf, name=alias, default=None,
+                    opt=dataclasses.replace(cf.opt, flags=(old,), hidden=True, envvar=None, renamed_from=()))))
+
+    def configure(values: dict[str, Any]) -> dict[str, Any]:
+        """The configuration objects that the parsed values give (an earlier option name costs one line)."""
+        for alias, (field, old, new) in earlier.items():
+            value = values.pop(alias, None)
+            if value is None or (isinstance(value, (list, tuple)) and not value):  # not given
+                continue
+            sys.stderr.write(deprecation_line(name, old, new) + "\n")
+            values[field] = value
+        return {group: from_options(cls, {k: v for k, v in values.items() if owner.get(k) == group})
+                for group, cls in configs.items()}
 
     def handler(**values: Any) -> None:
         from ml_debug.core import output
@@ -127,15 +157,16 @@ def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help
         if values.pop("json_"):
             output.configure(json=True)
         refuse_empty_envvars(list(configs.values()))
-        objects = {group: from_options(cls, {k: v for k, v in values.items() if owner[k] == group})
-                   for group, cls in configs.items()}
-        code = run(**objects)
+        code = run(**configure(values))
         if code:
             raise typer.Exit(int(code))
 
+    CONFIGURE[name] = configure
     handler.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     handler.__annotations__ = {p.name: p.annotation for p in params}
     handler.__name__ = name.replace("-", "_")
+    from ml_debug.cli.app import group_of
+
     app.command(name, help=help, epilog=epilog(name, examples), no_args_is_help=False,
-                context_settings=context_settings)(handler)
+                context_settings=context_settings, rich_help_panel=group_of(name))(handler)
 

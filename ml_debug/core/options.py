@@ -54,6 +54,9 @@ class Opt:
     """A positional argument (``mldebug core-bt CORE...``) rather than an option; it has no flags."""
     file_okay: bool = True
     dir_okay: bool = True
+    renamed_from: tuple[str, ...] = ()
+    """Earlier names of this option: still accepted, each use with one deprecation line on stderr, and
+    left out of --help, so that scripts written for them keep working while people learn the new name."""
     empty: bool = False
     """The value may be the empty word (a program's own arguments: ``mldebug exec -- printf ''``; the first word,
     the program, still may not). Every other
@@ -134,6 +137,11 @@ def cli_fields(cls: type) -> list[CliField]:
             default = MISSING
         out.append(CliField(f.name, opt, hints[f.name], default))
     return out
+
+
+def deprecation_line(command: str, old: str, new: str) -> str:
+    """The one line on stderr that a use of an option's earlier name costs."""
+    return f"mldebug {command}: warning: {old} is deprecated, use {new} (same meaning); {old} will be removed"
 
 
 def from_options(cls: type, values: dict[str, Any]) -> Any:
@@ -275,25 +283,35 @@ def strip_optional(tp: Any) -> Any:
 # ---- path values: checked before any rank starts, since a path that fails after a run loses the run ----
 
 def parse_out_dir(word: str) -> Path:
-    """--out-dir: a directory; an empty word (an unset shell variable) would write into the current one."""
+    """--out-dir: where results are also written as they arrive."""
+    return _parse_dir(word, "--out-dir", "results/")
+
+
+def parse_bundle_dir(word: str) -> Path:
+    """--bundle-dir: where the evidence a command gathers (an incident's, a drill's) goes."""
+    return _parse_dir(word, "--bundle-dir", "incidents/")
+
+
+def _parse_dir(word: str, flag: str, example: str) -> Path:
+    """A directory to write in; an empty word (an unset shell variable) would write into the current one."""
     from ml_debug.core.errors import UsageError
 
     if not word.strip():
-        raise UsageError("--out-dir is empty", "give a directory (made when missing), e.g. --out-dir results/")
+        raise UsageError(f"{flag} is empty", f"give a directory (made when missing), e.g. {flag} {example}")
     path = Path(word)
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return path  # made when the command starts
     except OSError as e:  # a loop of links, a name too long, a part of the path that is a file
-        raise UsageError(f"--out-dir {word}: {e.strerror}", "name a directory (made when missing)") from None
+        raise UsageError(f"{flag} {word}: {e.strerror}", "name a directory (made when missing)") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"--out-dir {word} is not a directory", "name a directory (made when missing)")
-    _probe_write(path, word)
+        raise UsageError(f"{flag} {word} is not a directory", "name a directory (made when missing)")
+    _probe_write(path, word, flag)
     return path
 
 
-def _probe_write(path: Path, word: str) -> None:
+def _probe_write(path: Path, word: str, flag: str) -> None:
     """A directory that exists but takes no new file (/proc/self, a read-only mount): said now, before the
     command runs, rather than as an internal error when its first result is written."""
     import tempfile
@@ -303,7 +321,7 @@ def _probe_write(path: Path, word: str) -> None:
     try:
         fd, name = tempfile.mkstemp(prefix=".mldebug-probe-", dir=path)
     except OSError as e:
-        raise UsageError(f"--out-dir {word}: cannot create a file there ({e.strerror or e})",
+        raise UsageError(f"{flag} {word}: cannot create a file there ({e.strerror or e})",
                          "name a directory you can write (made when missing)") from None
     os.close(fd)
     os.unlink(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ml_debug.debugger.model import AttachResult, FrameInfo, Variable
+from ml_debug.debugger.result import AttachResult, FrameInfo, Variable
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -24,7 +24,8 @@ from ml_debug import __version__
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode, UsageError, first_line
 from ml_debug.exporter import sources
-from ml_debug.exporter.model import (
+from ml_debug.exporter.options import LISTEN_HINT, ExporterOptions
+from ml_debug.exporter.result import (
     HEALTH,
     RANKS,
     RankValues,
@@ -35,7 +36,6 @@ from ml_debug.exporter.model import (
     rank_values,
     split_by_job,
 )
-from ml_debug.exporter.options import LISTEN_HINT, ExporterOptions
 
 SCHEMA = "mldebug.exporter"
 SCHEMA_VERSION = 1
@@ -76,7 +76,7 @@ class Exporter:
                 self.sampler = sources.make_sampler(self.opts)
             sample = self.sampler.sample()
             now = time.time()
-            jobs = split_by_job(sample, list(self.sampler.targets), self.opts.job)
+            jobs = split_by_job(sample, list(self.sampler.processes), self.opts.job)
             for job_id in self.trackers.keys() - jobs.keys():  # no rank of it left: its ranks exit
                 jobs[job_id] = replace(sample, ranks=[])
             ranks: list[RankValues] = []

@@ -12,8 +12,8 @@ from typing import Any
 from ml_debug.core.errors import UsageError
 from ml_debug.core.gpu_peaks import peak_tflops
 from ml_debug.tflops.flops import Shape, per_iteration, shape_from_hf_config
-from ml_debug.tflops.model import TflopsReport
 from ml_debug.tflops.options import Formula, TflopsOptions
+from ml_debug.tflops.result import TflopsReport
 
 MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few KB; refuse a weights file given by mistake
 MAX_METRICS_BYTES = 256 << 20
@@ -133,7 +133,7 @@ def estimate(opts: TflopsOptions) -> TflopsReport:
     gpu = opts.gpu or detected_gpu()
     peak = peak_tflops(gpu, str(opts.dtype)) if gpu else None
     if gpu and peak is None:
-        notes.append(f"no peak is known for {gpu!r}: name one the table knows (--gpu H100, A100, ...)")
+        notes.append(f"no peak is known for {gpu!r}: name one the table knows (--gpu-model H100, A100, ...)")
     mfu = model_tflops / peak if peak else None
     hfu = hw_tflops / peak if peak else None
     if not all(math.isfinite(x) for x in (model_tflops, hw_tflops)):

@@ -160,7 +160,7 @@ def test_py_spy_missing_exits_3_with_the_install_hint(tmp_path: Path) -> None:
     proc = subprocess.run([str(bindir / "python"), "-m", "ml_debug", "dump-stacks", "--pid", str(os.getpid())],
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 3, proc.stderr
-    assert "mldebug: error: py-spy is not installed" in proc.stderr
+    assert "mldebug: error: missing py-spy: mldebug dump-stacks needs it" in proc.stderr
     assert "hint: pip install py-spy" in proc.stderr
 
 

@@ -230,7 +230,7 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
              "--env", f"{TOKEN_VAR}={token}"]
     log = tmp_path / "train.log"
     with open(log, "wb") as out:
-        job = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--timeout", "300",
+        job = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--collective-timeout", "300",
                                 "--steps", "1000", "--metrics-dir", str(metrics), "--inject", "hang@step=4,rank=1"],
                                env=_env(token), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True, cwd=tmp_path)
@@ -254,7 +254,7 @@ def test_a_hung_rank_fires_mldebug_rank_stalled_in_prometheus_as_watch_names_it_
             # watch starts now, past the job's start-up (its first step is slow, longer than --stall on a loaded
             # machine): it judges by the progress files' age, as the exporter does
             watch = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "watch", *judge, "--stack-every",
-                                      "0", "--samples", "1", "--out-dir", str(bundle), "--on-incident", hook],
+                                      "0", "--samples", "1", "--bundle-dir", str(bundle), "--on-incident", hook],
                                      env=_env(observer),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      stdin=subprocess.DEVNULL)

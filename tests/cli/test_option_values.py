@@ -27,8 +27,8 @@ def _usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 @pytest.mark.parametrize("argv", [
-    ["gpu-test", "--timeout", "inf"],
-    ["allreduce-bench", "--timeout", "inf", "-b", "1K", "-e", "2K"],
+    ["gpu-test", "--stage-timeout", "inf"],
+    ["allreduce-bench", "--collective-timeout", "inf", "-b", "1K", "-e", "2K"],
     ["allreduce-bench", "--expect-busbw", "inf"],
     ["check", "--step-timeout", "inf"],
     ["train", "--lr", "inf"],
@@ -42,13 +42,13 @@ def test_every_float_option_wants_a_finite_number(argv: list[str], capsys: pytes
 
 
 def test_a_number_too_large_for_a_clock_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    """gpu-test --timeout 1e12 died of OverflowError in the launcher's wait."""
-    assert "1e+12 is more than 1e+09" in _usage_error(capsys, "gpu-test", "--timeout", "1e12")
+    """gpu-test --stage-timeout 1e12 died of OverflowError in the launcher's wait."""
+    assert "1e+12 is more than 1e+09" in _usage_error(capsys, "gpu-test", "--stage-timeout", "1e12")
 
 
 def test_minus_inf_is_refused_too(capsys: pytest.CaptureFixture[str]) -> None:
     assert "'--lr'" in _usage_error(capsys, "train", "--lr", "-inf")
-    assert "'--timeout'" in _usage_error(capsys, "dump-stacks", "--timeout", "-inf")
+    assert "'--attach-timeout'" in _usage_error(capsys, "dump-stacks", "--attach-timeout", "-inf")
 
 
 def test_an_infinite_straggler_factor_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

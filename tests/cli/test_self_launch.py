@@ -99,9 +99,9 @@ def test_hung_rank_is_stopped_after_its_peer_finished() -> None:
     mark = uuid.uuid4().hex
     env = {**faults.env("allreduce-bench.slow:rank=1,factor=1000000000"), MARK: mark}
     t0 = time.monotonic()
-    # --timeout 5: the collectives' timeout, and the linger min(5, 30) + 10 = 15 s (as for train)
+    # --collective-timeout 5: the collectives' timeout, and the linger min(5, 30) + 10 = 15 s (as for train)
     r = mldebug("allreduce-bench", "--nproc-per-node", "2", "--device", "cpu", "--backend", "gloo", "-b", "64K",
-                "-e", "64K", "-n", "5", "-w", "1", "--timeout", "5", env=env, timeout=180)
+                "-e", "64K", "-n", "5", "-w", "1", "--collective-timeout", "5", env=env, timeout=180)
     took = time.monotonic() - t0
     assert r.returncode == 4, r.stderr[-2000:]  # documented: some ranks never answered
     # rank 1 is named (rank 0, still tearing down its failed group then on a loaded machine, may be too)

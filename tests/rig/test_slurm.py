@@ -67,7 +67,7 @@ def test_prefixed_output_over_slurm(rig_slurm: SlurmRig, running_job: str) -> No
 
 
 def test_a_hanging_node_times_out_and_the_others_report(rig_slurm: SlurmRig, running_job: str) -> None:
-    proc = _exec(rig_slurm, "--json", "--slurm-job", running_job, "--timeout", "3", "--", "sh", "-c",
+    proc = _exec(rig_slurm, "--json", "--slurm-job", running_job, "--node-timeout", "3", "--", "sh", "-c",
                  '[ "$(hostname)" = node1 ] && exec sleep 120; echo ok')
     assert proc.returncode == 4, proc.stderr
     nodes = {n["host"]: n for n in json.loads(proc.stdout)["result"]["nodes"]}
@@ -157,7 +157,7 @@ def test_a_sigkilled_exec_leaves_no_srun_step_or_command(rig_slurm: SlurmRig, ru
     on every node (over ssh nothing is left: the sessions close)."""
     word = f"mldebug-test-{uuid.uuid4().hex[:12]}"
     before = _steps(rig_slurm, running_job)
-    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "exec", "--slurm-job", running_job, "--timeout", "600",
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "exec", "--slurm-job", running_job, "--node-timeout", "600",
                              "--", sys.executable, "-c", SLEEPER, word], env=rig_slurm.env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 

@@ -252,7 +252,7 @@ def test_a_watch_incident_records_its_nodes_where_history_is_set(tmp_path: Path,
     import time
 
     from ml_debug.compose.watch_loop import _record_in_history
-    from ml_debug.watch.model import Incident
+    from ml_debug.watch.verdict import Incident
 
     inc = Incident("stall", time.time(), "rank 1 made no progress", ranks=[{"rank": 1, "host": "node3"},
                                                                            {"rank": 0, "host": "node4"}])

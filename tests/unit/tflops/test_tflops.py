@@ -36,14 +36,14 @@ def test_the_seed_handbooks_worked_example() -> None:
     # The handbook's throughput chapter: 52B parameters, 64 A100s, global batch 1024 x 2048 tokens,
     # 127 s per iteration, with activation checkpointing: "ms*4*2*seqlen*gbs / (sp*ng*1e3)" = 107.33.
     r = _doc("--params", "52B", "--seq-len", "2048", "--global-batch", "1024", "--iter-time", "127", "--gpus", "64",
-             "--recompute", "--gpu", "NVIDIA A100-SXM4-80GB")
+             "--recompute", "--gpu-model", "NVIDIA A100-SXM4-80GB")
     assert round(r["hardware_tflops"], 2) == 107.33
     assert round(r["model_tflops"], 2) == round(107.33 * 3 / 4, 2)  # 6N, not 8N
     assert r["peak_tflops"] == 312.0 and r["mfu"] == pytest.approx(r["model_tflops"] / 312)
     assert r["hfu"] == pytest.approx(107.33 / 312, abs=1e-4)
     assert "8*N" in r["formula"] and any("= 107.3 TFLOP/s" in line for line in r["arithmetic"])
     human = mldebug("tflops", "--params", "52B", "--seq-len", "2048", "--global-batch", "1024", "--iter-time", "127",
-                    "--gpus", "64", "--recompute", "--gpu", "A100", timeout=60)
+                    "--gpus", "64", "--recompute", "--gpu-model", "A100", timeout=60)
     assert human.returncode == 0, human.stderr
     assert human.stdout.splitlines()[0].startswith("80.5 model TFLOP/s per GPU, MFU 25.8%; 107.3 hardware")
     assert "hardware: 8.724e+17 FLOPs / (127 s x 64 GPUs) = 107.3 TFLOP/s" in human.stdout
@@ -57,7 +57,7 @@ def test_a_hugging_face_config_counts_llama_2_7b(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(LLAMA2_7B))
     r = _doc("--hf-config", str(config), "--seq-len", "4096", "--global-batch", "256", "--iter-time", "10",
-             "--gpus", "64", "--gpu", "H100")
+             "--gpus", "64", "--gpu-model", "H100")
     tokens = 256 * 4096
     want = tokens * (6 * shape.params + 12 * 32 * 4096 * 4096) / (10 * 64 * 1e12)
     assert r["model_tflops"] == pytest.approx(want) and r["mfu"] == pytest.approx(want / 989)
