@@ -187,7 +187,7 @@ def run(opts: PostmortemOptions, paths: list[str], triage: Callable[[list[str]],
         unreadable += [{"path": s.get("path", "?"), "reason": s.get("reason", "?")} for s in report.skipped]
     # the nodes
     evidence: list[nodes.NodeEvidence] = []
-    if opts.kernel and (job_nodes or opts.hosts):
+    if opts.kernel_logs and (job_nodes or opts.hosts):
         step("reading the nodes' kernel logs and dumps")
         prefixes = list(dict.fromkeys([*([opts.fr_prefix] if opts.fr_prefix else []),
                                        *frdumps.default_prefixes()]))

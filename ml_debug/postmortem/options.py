@@ -48,7 +48,7 @@ class PostmortemOptions:
         None, metavar="PREFIX", panel=PANEL, parse=parse_prefix, forward=False,
         help="Flight Recorder dumps are PREFIX<rank> (the job's TORCH_FR_DUMP_TEMP_FILE); looked for among the "
              "paths and on the nodes, beside nccl_trace_rank_<rank> and fr-<rank>.json.")
-    kernel: bool = option(True, flags=("--kernel/--no-kernel",), panel=PANEL, forward=False,
+    kernel_logs: bool = option(True, flags=("--kernel-logs/--no-kernel-logs",), panel=PANEL, forward=False,
                           help="Read the kernel logs (journalctl -k, else dmesg) and dumps on the job's nodes.")
     node_timeout: float = option(
         30.0, min=1.0, metavar="S", panel=PANEL, forward=False,

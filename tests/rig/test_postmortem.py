@@ -171,7 +171,7 @@ def _a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
         rows = db.execute("SELECT source, job, node, first FROM incidents ORDER BY node").fetchall()
     assert ("logs", f"slurm:{jobs.raise_job}", node_of_rank1, 1) in rows
     # the human view says the same, and which file it read
-    text = mldebug("logs", "--slurm-job", jobs.raise_job, "--no-kernel", env={"SLURM_CONF": str(rig_slurm.conf)},
+    text = mldebug("logs", "--slurm-job", jobs.raise_job, "--no-kernel-logs", env={"SLURM_CONF": str(rig_slurm.conf)},
                    cwd=tmp_path, timeout=120)
     assert text.returncode == 1
     assert f"rank 1 ({node_of_rank1}): ValueError: bad batch 7 on purpose; accounting: step {jobs.raise_job}.0 " \
@@ -181,7 +181,7 @@ def _a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
 
 def _a_task_over_its_memory_limit_is_named_out_of_memory_without_a_traceback(
         rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
-    proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.oom_job, "--no-kernel")
+    proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.oom_job, "--no-kernel-logs")
     assert proc.returncode == 1, proc.stderr
     assert result["tracebacks"] == []
     v = result["postmortem"]["verdict"]
@@ -204,7 +204,7 @@ def _a_job_whose_node_went_down_is_named_node_fail(rig_slurm: SlurmRig, jobs: Jo
 
 def _a_file_the_job_left_that_is_gone_is_said_and_the_result_is_partial(
         rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
-    proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.ok_job, "--no-kernel")
+    proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.ok_job, "--no-kernel-logs")
     assert proc.returncode == 4, proc.stderr
     pm = result["postmortem"]
     assert not pm["verdict"]["failed"] and "COMPLETED" in pm["verdict"]["summary"]
