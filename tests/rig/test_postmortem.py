@@ -177,6 +177,11 @@ def _a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
     assert f"rank 1 ({node_of_rank1}): ValueError: bad batch 7 on purpose; accounting: step {jobs.raise_job}.0 " \
            "ended FAILED (exit code 1)" in text.stdout
     assert f"post-mortem of Slurm job {jobs.raise_job}" in text.stdout and out in text.stdout
+    # one rank's own lines, from the files the job left
+    lines = mldebug("logs", "--slurm-job", jobs.raise_job, "--rank", "1", env={"SLURM_CONF": str(rig_slurm.conf)},
+                    cwd=tmp_path, timeout=120)
+    assert lines.returncode == 0 and lines.stdout.splitlines()[-1] == "ValueError: bad batch 7 on purpose"
+    assert f"rank 1 starts on {node_of_rank1}" in lines.stdout and "rank 0" not in lines.stdout
 
 
 def _a_task_over_its_memory_limit_is_named_out_of_memory_without_a_traceback(
