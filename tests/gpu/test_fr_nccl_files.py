@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ml_debug.postmortem.frdumps import analyse_dump_dir
 from ml_debug.stacks.flight import parse_dump, summarise_dump
 from ml_debug.stacks.fr_analysis import compact
 from tests.gpu.support import need_gpus, repo_env
@@ -95,3 +96,9 @@ def test_a_real_nccl_dump_is_read_with_its_groups_sequence_numbers_and_states(tm
     assert pgs["0"]["last_enqueued"]["op"] == "nccl:all_reduce", pgs["0"]
     groups = compact(dump)
     assert {g["pg_id"] for g in groups} >= {"0"}, groups
+
+    # the post-mortem reader (`mldebug logs` on what a dead job left) on the same file
+    got = analyse_dump_dir(tmp_path)
+    assert got["unreadable"] == [] and [r["rank"] for r in got["ranks"]] == [0], got
+    post = next(pg for pg in got["ranks"][0]["process_groups"] if pg["pg_id"] == "0")
+    assert (post["last_completed_seq"], post["last_enqueued_seq"]) == (seqs[-1] - 1, seqs[-1]), post
