@@ -148,7 +148,7 @@ def test_core_bt_without_gdb_or_pystack_is_3(crashed: Path, tmp_path: Path) -> N
     proc = subprocess.run([python, "-m", "ml_debug", "core-bt", str(crashed)], capture_output=True, text=True,
                           timeout=120, env=env)
     assert proc.returncode == 3, proc.stderr
-    assert "mldebug: error: neither gdb nor pystack is installed" in proc.stderr and "hint: " in proc.stderr
+    assert "mldebug: error: missing gdb: core-bt" in proc.stderr and "hint: " in proc.stderr and "pystack" in proc.stderr
 
 
 def test_core_bt_with_an_unreadable_core_is_4_and_shows_the_rest(crashed: Path, tmp_path: Path) -> None:

@@ -27,7 +27,10 @@ from tests.conftest import REPO
 
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
-    return build_app(None)  # every command registered (params.CONFIGS, params.CONFIGURE filled)
+    # every command registered (params.CONFIGS, params.CONFIGURE filled), and only mldebug's: a test that built
+    # a throwaway command in this process must not make it one of them
+    params.CONFIGS.clear()
+    return build_app(None)
 
 
 def _kind(cf: CliField) -> str:

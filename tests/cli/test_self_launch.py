@@ -29,12 +29,18 @@ def _parse_back(cls: type, argv: list[str]) -> object:
     import typer
     from typer.testing import CliRunner
 
+    from ml_debug.cli import params
     from ml_debug.cli.params import command
 
     got: dict[str, object] = {}
     app = typer.Typer()
-    command(app, "probe", lambda cfg: got.setdefault("cfg", cfg) and 0, help="probe", cfg=cls)
-    command(app, "other", lambda cfg: 0, help="second command, so that `probe` is a subcommand", cfg=cls)
+    registered = dict(params.CONFIGS)  # the throwaway commands stay out of the record of mldebug's commands
+    try:
+        command(app, "probe", lambda cfg: got.setdefault("cfg", cfg) and 0, help="probe", cfg=cls)
+        command(app, "other", lambda cfg: 0, help="second command, so that `probe` is a subcommand", cfg=cls)
+    finally:
+        params.CONFIGS.clear()
+        params.CONFIGS.update(registered)
     result = CliRunner().invoke(app, ["probe", *argv])
     assert result.exit_code == 0, result.output
     return got["cfg"]

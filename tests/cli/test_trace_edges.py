@@ -146,7 +146,7 @@ def _real_trace(d: Path, pid: int = 100) -> Path:
 
 def test_tail_empty_path_is_a_usage_error(tmp_path):
     _real_trace(tmp_path)
-    assert "empty path" in _usage_error(mldebug("trace-tail", "", cwd=tmp_path))
+    assert "an empty PATH argument" in _usage_error(mldebug("trace-tail", "", cwd=tmp_path))
 
 
 @pytest.mark.parametrize(("name", "data"), [

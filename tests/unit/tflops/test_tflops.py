@@ -130,11 +130,11 @@ def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 def test_an_mfu_above_100_percent_is_a_units_mistake(capsys: pytest.CaptureFixture[str]) -> None:
     """--iter-time given in ms (127 for 0.127 s... here 0.01 for 10 s) made MFU 2226% and passed silently."""
     line = _refused(capsys, "--params", "7B", "--seq-len", "4096", "--global-batch", "256", "--iter-time", "0.01",
-                    "--gpus", "64", "--gpu", "H100")
+                    "--gpus", "64", "--gpu-model", "H100")
     assert "MFU" in line and "more than 100%" in line and "units mistake" in line, line
     # with --recompute the hardware's FLOPs are the larger: HFU is what goes over first
     line = _refused(capsys, "--params", "7B", "--seq-len", "4096", "--global-batch", "256", "--iter-time", "0.9",
-                    "--gpus", "64", "--gpu", "H100", "--recompute")
+                    "--gpus", "64", "--gpu-model", "H100", "--recompute")
     assert "HFU" in line and "units mistake" in line, line
 
 
