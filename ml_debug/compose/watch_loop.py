@@ -19,6 +19,7 @@ from typing import Any
 
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
+from ml_debug.core.visible import visible
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.sampling.options import SamplerOptions
 from ml_debug.sampling.sample import NodeSample
@@ -212,7 +213,7 @@ class Watch:
         finally:
             stacks.paused.clear()
         self.collector = None
-        output.log(f"watch: {result['summary']}")
+        output.log(f"watch: {visible(result['summary'])}")
         output.log(f"watch: bundle complete: {path}/summary.md")
         _record_in_history(inc, result, path)
         self.last = result
@@ -331,9 +332,9 @@ def render(console: Any, result: dict[str, Any]) -> None:
     from rich.text import Text
 
     style = "bold green" if result["ok"] else "bold red"
-    console.print(Text(result["summary"], style=style), soft_wrap=True)
+    console.print(Text(visible(result["summary"]), style=style), soft_wrap=True)
     for cmd in result.get("next") or []:
-        console.print(f"  next: {cmd}", soft_wrap=True)
+        console.print(f"  next: {visible(cmd)}", soft_wrap=True)
     if result.get("bundle"):
         console.print(f"  bundle: {result['bundle']} ({result['status']})", soft_wrap=True)
 

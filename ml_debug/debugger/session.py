@@ -25,7 +25,7 @@ from ml_debug.core import lifecycle
 from ml_debug.debugger.dap import DapClient, DapError, Wire
 from ml_debug.debugger.model import Evaluation, FrameInfo, ThreadInfo, Variable
 
-ADAPTER = [sys.executable, "-m", "debugpy.adapter"]
+ADAPTER = [sys.executable, "-m", "ml_debug.debugger.adapter"]  # debugpy's, its injector quiet
 # The symbols gdb must read to inject debugpy: dlopen (libc; libdl before glibc 2.34), and the
 # interpreter's when it is a shared libpython. By default debugpy's injector has gdb read every
 # library's symbols, which for a torch process took 30 s instead of 4 s here
