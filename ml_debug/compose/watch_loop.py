@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ml_debug.core import output
+from ml_debug.core import lifecycle, output
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.visible import visible
 from ml_debug.remote.targets import TargetSpec
@@ -152,6 +152,7 @@ class StackRounds:
 
 
 def _terminated(signum: int, frame: Any) -> None:
+    lifecycle.note(signum)  # said as what it was: "terminated", "interrupted by SIGTERM", not a Ctrl-C
     raise KeyboardInterrupt
 
 
@@ -278,7 +279,8 @@ class Watch:
                 wake = min(tick, started + opts.duration) if opts.duration else tick  # --duration is kept to
                 time.sleep(max(0.0, wake - time.monotonic()))
         except KeyboardInterrupt:
-            output.log("watch: interrupted")
+            sig = lifecycle.interrupting_signal()
+            output.log("watch: interrupted" if sig == "SIGINT" else f"watch: terminated ({sig})")
             if self.collector is not None:  # the bundle so far is kept, and says it was cut short
                 final = self.collector.interrupt()
             elif final is None:
