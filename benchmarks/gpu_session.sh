@@ -137,7 +137,9 @@ record "$WORK/install.tsv" nvidia-smi $? 0 30 "" nvidia-smi
 # First: a test cannot stop halfway and still say something, the benchmarks can (they skip what does
 # not fit their budget and say so). 200 s stay for the benchmarks and the report.
 if [ "$ONLY" != bench ]; then
-  step pytest-gpu 330 200 env MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1 "$PY" -m pytest -m gpu tests/ \
+  # tests/gpu/test_fr_nccl_files.py leaves its real NCCL Flight Recorder dump in $OUT/fr-nccl (CPU tests read it)
+  step pytest-gpu 330 200 env MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1 MLDEBUG_GPU_KEEP="$OUT/fr-nccl" \
+    "$PY" -m pytest -m gpu tests/ \
     -p no:cacheprovider --continue-on-collection-errors -rA --durations=20 --junitxml="$WORK/pytest.xml"
 fi
 

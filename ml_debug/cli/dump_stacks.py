@@ -41,14 +41,22 @@ def register(app: typer.Typer) -> None:
 
 def dump_stacks(req: DumpRequest, targets: TargetOptions) -> int:
     from ml_debug.core import output
+    from ml_debug.page import build
     from ml_debug.stacks.command import dump_stacks_result
     from ml_debug.stacks.render import render
     from ml_debug.stacks.report import SCHEMA, SCHEMA_VERSION
 
+    for flag, path in (("--html", req.html), ("--speedscope", req.speedscope)):
+        if path is not None:
+            build.check_target(flag, path)
     spec = targets.resolve()
     result = dump_stacks_result(spec, req, out_dir=req.out_dir)
     output.emit(SCHEMA, SCHEMA_VERSION, result,
                 lambda console: render(result, console, full=req.full, all_threads=req.all_threads))
+    if req.html is not None:
+        build.write_logged("--html", req.html, build.stacks_page(result))
+    if req.speedscope is not None:
+        build.write_logged("--speedscope", req.speedscope, build.speedscope_text(result))
     if result.exit_code == ExitCode.ENVIRONMENT and result.hint:
         output.log(f"hint: {result.hint}")
     return result.exit_code

@@ -47,11 +47,19 @@ def logs(opts: LogsOptions) -> int:
         raise UsageError("no logs given", "mldebug logs PATH... (files, directories, globs, or - for standard input)")
     if opts.rank is not None or opts.node is not None:
         return _demux(opts)
+    if opts.html is not None:
+        from ml_debug.page.build import check_target
+
+        check_target("--html", opts.html)
     with output.progress(None, "reading logs") as bar:
         report = triage(list(opts.paths), jobs=opts.jobs,
                         on_source=lambda i, n: bar.advance(1, f"reading logs ({i + 1}/{n})"))
     output.emit(SCHEMA, SCHEMA_VERSION, report,
                 lambda console: render(report, console, full=opts.full, tracebacks=opts.tracebacks))
+    if opts.html is not None:
+        from ml_debug.page.build import logs_page, write_logged
+
+        write_logged("--html", opts.html, logs_page(report))
     if report.verdict.failed:
         from ml_debug.cli.history import record_logs_incident
 

@@ -45,4 +45,8 @@ def watch(opts: WatchOptions, targets: TargetOptions) -> int:
         from ml_debug.core import safefs
 
         safefs.check_out_dir(opts.out_dir)  # made at the first incident
+    if opts.html is not None:
+        from ml_debug.page.build import check_target
+
+        check_target("--html", opts.html)
     return run_watch(targets.resolve(), opts)

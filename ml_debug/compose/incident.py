@@ -76,6 +76,8 @@ class IncidentCollector:
         self.bundle = Bundle(path)
         self.base_result = base_result
         self.stacks: dict[str, Any] | None = None
+        self.stacks_result: Any = None  # the DumpStacksResult itself, for incident.html
+        self.snapshot: dict[str, Any] | None = None
         self.health: dict[str, Any] | None = None
         self.status = "collecting"
         self.on_incident: dict[str, Any] | None = None
@@ -111,13 +113,27 @@ class IncidentCollector:
             if p.status == "pending":
                 p.status, p.error = "interrupted", p.error or f"{_signal_word()} before it finished"
         self.status = "interrupted"
-        return self.write_summary()
+        return self.write_page(self.write_summary())
+
+    def write_page(self, res: dict[str, Any]) -> dict[str, Any]:
+        """incident.html (and --html FILE): the summary's sentence over the parts gathered; never fails the bundle."""
+        from ml_debug.page.build import incident_page, write
+
+        try:
+            page = incident_page(res, self.stacks_result, self.snapshot, self.health, created=self.incident.time)
+            self.bundle.write("incident.html", page)
+            if self.opts.html is not None:
+                write("--html", self.opts.html, page)
+        except Exception as e:  # the JSON parts are the evidence; the page is a view of them
+            output.warn(f"watch: incident.html not written: {type(e).__name__}: {e}")
+        return res
 
     # -- the parts --------------------------------------------------------------------------------
     def collect(self) -> dict[str, Any]:
         """Every part, in order of value; the final result (status complete)."""
         now = time.time()
-        self.bundle.write_json("watch.json", {"incident": self.incident.as_dict(), **self.tracker.snapshot(now)})
+        self.snapshot = self.tracker.snapshot(now)
+        self.bundle.write_json("watch.json", {"incident": self.incident.as_dict(), **self.snapshot})
         self.write_summary()
         req = dump_request(self.opts, self.spec, samples=self.opts.samples, flight_recorder=True)
         self._run("dump-stacks", f"stacks of every rank ({self.opts.samples} samples) and the Flight Recorder",
@@ -132,7 +148,7 @@ class IncidentCollector:
         for t in rest:
             t.join(PART_TIMEOUT_S + 5)
         self.status = "complete"
-        return self.write_summary()
+        return self.write_page(self.write_summary())
 
     def _run(self, name: str, what: str, fn: Callable[[Part], None], timeout: float) -> None:
         part = self.bundle.part(name, what)
@@ -166,7 +182,7 @@ class IncidentCollector:
         if result.interrupted:
             part.status, part.error = "interrupted", f"{_signal_word()}: the samples taken before it are kept"
         data = output.to_jsonable(result)
-        self.stacks = data
+        self.stacks, self.stacks_result = data, result
         part.files.append(self.bundle.write("dump-stacks.json",
                                             output.dumps(output.document(STACKS_SCHEMA, STACKS_VERSION, data)) + "\n"))
         if data.get("flight_recorder"):

@@ -162,6 +162,9 @@ class KernelView:
     error: str | None = None
     """Why part of the view is missing (no permission, the process ended)."""
     strace: StraceSample | None = None
+    gpu_device: str | None = None
+    """An NVIDIA device file the process holds open (``/dev/nvidia0``), read only for a process that spins
+    or yields: the CUDA runtime waits on the GPU that way, in frames that py-spy often cannot unwind."""
     verdict: str = ""
 
     @property
@@ -351,7 +354,29 @@ def _finish(view: KernelView, seen: list[tuple[str, list[int]] | None], ticks0: 
             view.descriptor = descriptor(pid, view.syscall_args[0])
         elif view.syscall in PATH_ARG and len(view.syscall_args) > PATH_ARG[view.syscall]:
             view.path = path_argument(pid, view.syscall_args[PATH_ARG[view.syscall]])
+    if view.spinning or view.syscall == "sched_yield":
+        view.gpu_device = nvidia_device(pid)
     view.verdict = verdict(view)
+
+
+def nvidia_device(pid: int, limit: int = 4096) -> str | None:
+    """The first NVIDIA GPU device file (``/dev/nvidia0``, else ``/dev/nvidiactl``) among the process's open
+    descriptors (``ls -l /proc/PID/fd``): the kernel's own link text, no file of the job is opened."""
+    found: str | None = None
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")[:limit]
+    except OSError:
+        return None
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            if target[len("/dev/nvidia"):].isdigit():
+                return target
+            found = found or target
+    return found
 
 
 def _syscall_or_none(pid: int, view: KernelView) -> tuple[str, list[int]] | None:
@@ -379,6 +404,8 @@ def verdict(v: KernelView) -> str:
     if v.state in ("T", "t"):
         return "stopped (SIGSTOP, or a debugger holds it)"
     said = _said(v)
+    if v.gpu_device:
+        said += f", with {v.gpu_device} open: a CUDA call waiting on the GPU looks like this"
     if v.strace and not said.endswith(f"no system call in {v.strace.seconds:g} s"):
         said += f"; {v.strace.describe()}"
     return said

@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from ml_debug.core.ranges import compress
+from ml_debug.stacks import gpu_waits
 from ml_debug.stacks.model import Frame, ProcessDump, is_library_path, short_path
 
 # Calls where a rank waits for its peers. Matched on the function name in torch.distributed
@@ -77,6 +78,13 @@ def main_frames(dump: ProcessDump) -> list[Frame]:
     return t.python_frames() or [f for f in t.frames if f.kind == "native"] or t.native_frames
 
 
+def all_main_frames(dump: ProcessDump) -> list[Frame]:
+    """Every frame of the main thread, innermost first: py-spy's (Python, and native with --native),
+    then gdb's or pystack's native ones."""
+    t = dump.main_thread()
+    return [*t.frames, *t.native_frames] if t is not None else []
+
+
 @lru_cache(maxsize=4096)
 def _short(filename: str) -> str:
     """Frame.short, once per file: 16k ranks x 20 frames x samples name the same few files."""
@@ -123,6 +131,15 @@ class Group:
     collective: Frame | None
     location: Frame | None
     state: str  # "single" (one sample), "stuck", "moving", "mixed"
+    gpu_wait: Frame | None = None  # the CUDA call that holds the host until the GPU catches up
+
+    def wait_where(self) -> str | None:
+        """What the group waits in, as a verdict says it: on the GPU first, else the collective."""
+        if self.gpu_wait is not None:
+            via = f" via {self.collective.where(brief=True)}" if self.collective is not None \
+                and self.collective is not self.gpu_wait else ""
+            return f"on the GPU in {gpu_waits.describe(self.gpu_wait)}{via}"
+        return self.collective.where(brief=True) if self.collective is not None else None
 
     @property
     def size(self) -> int:
@@ -262,7 +279,8 @@ def analyse(members: list[Member], expected_world: int | None = None, infer_worl
         states = {_state(m, key_of) for m in ms}
         state = states.pop() if len(states) == 1 else "mixed"
         groups.append(Group(id=_group_id(i), members=ms, frames=frames, collective=collective_frame(frames),
-                            location=location_frame(frames), state=state))
+                            location=location_frame(frames), state=state,
+                            gpu_wait=gpu_waits.gpu_wait_frame(all_main_frames(ms[0].last_ok()))))  # type: ignore[arg-type]
 
     inferred = max((m.world_size or 0 for m in members), default=0) if infer_world else 0
     world = expected_world or inferred or None
@@ -385,6 +403,8 @@ def _verdict(groups: list[Group], suspects: list[Suspect], not_dumped: list[Memb
         else:
             g = next((g for g in groups if g.id == s.group), None)
             line = f"suspect: {who} {'stuck in' if g is not None and g.state == 'stuck' else 'in'} {s.where}"
+            if g is not None and g.gpu_wait is not None:
+                line += f", waiting {g.wait_where()}"
         major = _majority_wait(groups)
         if major is not None and major.collective is not None:
             line += f" while {_waits(major.size, major.state == 'stuck')} {major.collective.where(brief=True)}"
@@ -398,6 +418,9 @@ def _verdict(groups: list[Group], suspects: list[Suspect], not_dumped: list[Memb
                "not hung" + tail
     if len(groups) == 1:
         g = groups[0]
+        if g.gpu_wait is not None:
+            return f"no suspect: all {_count(g.size)} wait {g.wait_where()} with the same stack (a kernel still " \
+                   "running, or a collective whose peers never came: nvidia-smi, the Flight Recorder)" + tail
         if g.collective is not None:
             return f"no suspect: all {_count(g.size)} wait in {g.collective.where(brief=True)} with the same stack " \
                    "(look below Python: network/NCCL, or a peer outside this job)" + tail

@@ -79,7 +79,9 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
                 label.append(f"  group {gid}", style="dim")
                 if g.state != GroupState.SINGLE:
                     label.append(f", {g.state}", style="dim")
-                if g.collective:
+                if g.gpu_wait:
+                    label.append(f"  waiting on the GPU in {g.gpu_wait.name.split('(', 1)[0]}", style="yellow")
+                elif g.collective:
                     label.append(f"  waiting in {g.collective.name}", style="yellow")
                 if gid in suspect_groups:
                     label.append("  ◀ SUSPECT", style="bold red")
@@ -107,6 +109,7 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
                           _ranks_cell(g.ranks, g.members), str(g.size), ",".join(g.hosts),
                           "-" if g.state == GroupState.SINGLE else str(g.state),
                           g.location.where if g.location else "-",
+                          f"the GPU: {g.gpu_wait.where}" if g.gpu_wait else
                           g.collective.where if g.collective else "-")
         console.print(table)
 

@@ -17,6 +17,7 @@ from typing import Any
 from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
 from ml_debug.procs.find import FoundProcess
+from ml_debug.stacks import gpu_waits
 from ml_debug.stacks.collect import NodeDump
 from ml_debug.stacks.flight import section
 from ml_debug.stacks.fr_analysis import EntryPool, share_entries
@@ -80,6 +81,7 @@ class StackGroup:
     collective: BriefFrame | None
     location: BriefFrame | None
     frames: list[BriefFrame]  # innermost first
+    gpu_wait: BriefFrame | None = None  # the CUDA call holding the host until the GPU catches up (gpu_waits.py)
 
 
 @dataclass(frozen=True)
@@ -295,7 +297,18 @@ def _loop_order(processes: list[DumpedProcess]) -> LoopOrder | None:
     return loop_order(ranks)
 
 
-TELLING = ("blocked in", "spinning", "in uninterruptible", "stopped", "a zombie")
+TELLING = ("waiting on the GPU", "blocked in", "spinning", "in uninterruptible", "stopped", "a zombie")
+
+
+def _gpu_wait_below(process: DumpedProcess, wait: Frame | None) -> None:
+    """The kernel's view of a rank that waits on the GPU reads as that: while the CUDA runtime waits it
+    spins, yields or sits in an ioctl on /dev/nvidia*, which alone would read as a busy loop or a driver
+    call (gpu_waits.py)."""
+    if wait is None or not process.kernel or not process.kernel.get("verdict"):
+        return
+    said = str(process.kernel["verdict"])
+    if not said.startswith("waiting on the GPU"):
+        process.kernel["verdict"] = f"waiting on the GPU in {gpu_waits.describe(wait)} ({said})"
 
 
 def _kind(verdict: str) -> str:
@@ -348,11 +361,14 @@ def build_report(nodes: list[NodeSummary], processes: list[ProcessSamples], opti
                                     state=ProcessState(member_state(m)) if ok else ProcessState.NOT_DUMPED,
                                     error=None if ok else m.error(),
                                     fix=None if ok or not fixes else fixes[-1], kernel=p.kernel))
+    on_gpu = {g.id: g.gpu_wait for g in analysis.groups if g.gpu_wait is not None}
+    for d in dumped:
+        _gpu_wait_below(d, on_gpu.get(d.group or ""))
     fix_of = {f"{p.host}:{p.pid}": p.fix for p in dumped}
     groups = [StackGroup(id=g.id, size=g.size, state=GroupState(g.state), ranks=[m.rank for m in g.members],
                          members=[m.id for m in g.members], hosts=sorted({m.host for m in g.members}),
                          collective=_brief(g.collective), location=_brief(g.location),
-                         frames=[BriefFrame.of(f) for f in g.frames])
+                         frames=[BriefFrame.of(f) for f in g.frames], gpu_wait=_brief(g.gpu_wait))
               for g in analysis.groups]
     failed_nodes = [n for n in nodes if n.error]
     code = _exit_code(analysis, failed_nodes)

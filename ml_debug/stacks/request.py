@@ -76,6 +76,12 @@ class DumpRequest:
     out_dir: Path | None = option(None, parse=parse_out_dir, forward=False,
                                   help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
                                        "a crash.")
+    html: Path | None = option(None, metavar="FILE.html", dir_okay=False, forward=False,
+                               help="Also write the report as one self-contained HTML page (the merged stack tree "
+                                    "with the suspect opened, the Flight Recorder, the nodes) to share.")
+    speedscope: Path | None = option(None, metavar="FILE.json", dir_okay=False, forward=False,
+                                     help="Also write the merged stacks in speedscope's format "
+                                          "(https://www.speedscope.app, as py-spy record --format speedscope).")
 
     @property
     def env_filter(self) -> dict[str, str]:

@@ -88,6 +88,8 @@ class WatchOptions:
         None, parse=parse_out_dir, panel=ACT,
         help="Where the incident bundle goes (default: ./mldebug-incident-<job>-<time>/; with --keep-watching, "
              "one numbered subdirectory per incident).")
+    html: Path | None = option(None, metavar="FILE.html", dir_okay=False, forward=False, panel=ACT,
+                               help="Also write each incident's page here (the bundle always has incident.html).")
     samples: int = option(3, min=1, max=20, metavar="K", panel=ACT,
                           help="Stack samples per rank in the bundle's dump-stacks (stuck or moving?).")
     duration: float = option(0.0, min=0.0, metavar="S", panel=ACT,

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html import escape
 from pathlib import Path
 
 import jsonschema
@@ -204,9 +205,17 @@ def test_same_job_over_two_rig_nodes_via_hosts_and_via_slurm_job(hung_job, rig_s
     assert {r: h for r, (h, _) in job.ranks.items()} == {0: "node1", 1: "node2"}  # one rank per node
     assert rig_slurm.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"]).stdout.strip() == "RUNNING"
     remote = ["--remote-python", sys.executable, "--json"]
-    via_slurm = mldebug("dump-stacks", "--slurm-job", job.job_id, *remote, env=rig_slurm.env, timeout=240)
+    page, scope = tmp_path / "hang.html", tmp_path / "hang.speedscope.json"
+    via_slurm = mldebug("dump-stacks", "--slurm-job", job.job_id, "--html", str(page), "--speedscope", str(scope),
+                        *remote, env=rig_slurm.env, timeout=240)
     assert via_slurm.returncode == 1, via_slurm.stderr
     slurm_result = _json(via_slurm)["result"]
+    # the page and the export come from the merged report, written here (never on the nodes): both nodes on it
+    # (the page in a browser: tests/cli/test_page.py)
+    html = page.read_text()
+    assert f'id="verdict">{escape(slurm_result["summary"])}</div>' in html
+    assert all(f"<td>{n}</td>" in html for n in job.nodes), job.nodes
+    assert json.loads(scope.read_text())["name"] == "mldebug dump-stacks: suspect rank 1"
 
     nodes = [n for n in rig_ssh.nodes if n.name in job.nodes]
     assert len(nodes) == 2

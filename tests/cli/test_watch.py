@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,9 @@ def test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keep
     assert stacks["interrupted"] is True
     assert {len(p["samples"]) for p in stacks["processes"]} in ({2}, {3}), stacks["summary"]
     assert cut["culprit"]["rank"] == 1, cut["summary"]
+    # the page of a cut bundle: its sentence, and the samples taken
+    page = (out2 / "incident.html").read_text()
+    assert f'id="verdict">{escape(cut["summary"])}</div>' in page and 'class="leaf suspect"' in page
     wait_until(lambda: not pids_with_env(TOKEN_VAR, token2), 30, "the interrupted watch's processes to be gone")
 
     # Ctrl-C in the hung job's terminal (its process group): `mldebug train` exits 130 without a traceback
@@ -222,6 +226,9 @@ def test_a_desync_is_named_by_the_flight_recorder_in_the_bundle(
     fr = json.loads((out / "flight-recorder.json").read_text())
     assert fr["analysis"]["culprits"][0]["rank"] == 1
     assert "desync in collective #" in (out / "dump-stacks.txt").read_text()
+    # the bundle's page shows it too: the odd rank's cell in the Flight Recorder grid (in a browser: test_page.py)
+    page = (out / "incident.html").read_text()
+    assert "Flight Recorder: where each rank stopped" in page and page.count('class="c desync"') == 1
 
 
 @pytest.mark.serial

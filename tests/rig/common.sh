@@ -143,3 +143,5 @@ SSH_PKGS=(/usr/sbin/sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-cl
 NETNS_PKGS=(ip:iproute2 nsenter:util-linux unshare:util-linux setsid:util-linux)
 PROM_PKGS=(prometheus:prometheus promtool:prometheus systemd-analyze:systemd)
 SLURM_PKGS=(slurmctld:slurmctld slurmd:slurmd srun:slurm-client sinfo:slurm-client munged:munge)
+# the browser the HTML pages are tested in (tests/browser.py): Debian's chromium and its driver
+BROWSER_PKGS=(/usr/bin/chromium:chromium /usr/bin/chromedriver:chromium-driver)

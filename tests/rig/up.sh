@@ -13,8 +13,10 @@ parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(ssh netns slurm)
 want() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 want slurm && ! want netns && parts=(netns "${parts[@]}")
 # everything missing in one apt-get run (each part script checks its own again), plus gdb for the
-# stack tests that use the rig, and Prometheus (prometheus, promtool) for the exporter's tests
-need "${SSH_PKGS[@]}" "${NETNS_PKGS[@]}" gdb:gdb strace:strace "${PROM_PKGS[@]}" $(want slurm && echo "${SLURM_PKGS[@]}") \
+# stack tests that use the rig, Prometheus (prometheus, promtool) for the exporter's tests, and Chromium with
+# its driver for the HTML pages' browser tests (about 20-45 s more on a fresh machine)
+need "${SSH_PKGS[@]}" "${NETNS_PKGS[@]}" gdb:gdb strace:strace "${PROM_PKGS[@]}" "${BROWSER_PKGS[@]}" \
+  $(want slurm && echo "${SLURM_PKGS[@]}") \
   || echo "WARNING: some packages did not install; the parts that need them will fail" >&2
 rc=0
 touch "$RIG_BASE/status"

@@ -169,3 +169,13 @@ def test_without_ptrace_rights_the_call_is_unknown_and_said_so(spawn) -> None:
     assert out.returncode == 0, out.stderr
     state, call, error = (w.strip() for w in out.stdout.split("|"))
     assert state == "S" and call == "None" and "no permission" in error, out.stdout
+
+
+def test_a_spinning_process_holding_an_nvidia_device_reads_as_a_cuda_wait() -> None:
+    # the CUDA runtime spins (or yields) in frames py-spy often cannot unwind: the device file is the clue
+    v = KernelView(1, state="R", syscall="running", looks=5, in_user_space_throughout=True, cpu_share=0.99,
+                   gpu_device="/dev/nvidia0")
+    said = verdict(v)
+    assert said.startswith("spinning: 99% CPU") and "with /dev/nvidia0 open: a CUDA call waiting on the GPU" in said
+    assert "GPU" not in verdict(KernelView(1, state="R", syscall="running", looks=5, in_user_space_throughout=True,
+                                           cpu_share=0.99))
