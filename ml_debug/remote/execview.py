@@ -61,12 +61,9 @@ def exit_code(results: Sequence[NodeResult]) -> int:
 
 def print_prefixed(r: NodeResult) -> None:
     """``[host] line`` for each line as a node finishes: stdout to stdout, stderr to stderr."""
-    from ml_debug.core.visible import visible
-
     for text, stream in ((r.stdout, sys.stdout), (r.stderr, sys.stderr)):
-        if text:  # a node's \r, ESC or a line of its own cannot pass for another node's line
-            lines = text.removesuffix("\n").split("\n")
-            stream.write("".join(f"[{r.host}] {visible(line, keep=chr(9))}\n" for line in lines))
+        if text:
+            stream.write("".join(f"[{r.host}] {line}\n" for line in text.splitlines()))
             stream.flush()
     if r.failure in NOT_REACHED:
         sys.stderr.write(f"[{r.host}] mldebug: {r.failure}: {r.detail}\n")
@@ -80,13 +77,10 @@ def print_grouped(results: Sequence[NodeResult]) -> None:
         if r.failure in NOT_REACHED:
             continue
         groups.setdefault(r.stdout + r.stderr, []).append(r.host)
-    from ml_debug.core.visible import visible
-
     out = sys.stdout
     for text, hosts in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         title = f"{_hostlist(hosts)} ({len(hosts)})"
         rule = "-" * min(max(len(title), 16), 100)
-        text = visible(text, keep="\n\t")
         out.write(f"{rule}\n{title}\n{rule}\n{text if text.endswith(chr(10)) or not text else text + chr(10)}")
     out.flush()
 

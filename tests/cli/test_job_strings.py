@@ -177,16 +177,3 @@ def test_core_bt_names_a_core_and_its_frames_visibly(tmp_path: Path) -> None:
     proc = mldebug("core-bt", str(d), timeout=180)
     found = problems(proc.stdout, "core-bt", "core." + SHOWN) + problems(proc.stderr, "core-bt's stderr", None)
     assert not found, "\n".join(found)
-
-
-def test_exec_shows_a_nodes_control_characters_visibly(job: Job) -> None:
-    """`mldebug exec` prints each node's lines as `[host] line`: a \\r or an escape sequence in what the
-    command printed (here the job's file name) must neither drive the terminal nor overwrite the prefix."""
-    evil = NAME.rsplit("\n", 1)[-1]  # one line: ESC ] 0 ; TITLE BEL ESC [ 31m vil.py
-    for grouped in ((), ("--group",)):
-        proc = mldebug("exec", "--local", *grouped, "--", sys.executable, "-c",
-                       "import os, sys; print([n for n in os.listdir(sys.argv[1]) if n.endswith('vil.py')][0]"
-                       ".rsplit(chr(10), 1)[-1] + chr(13) + 'OVER')", str(job.dir), timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        found = problems(proc.stdout, f"exec {' '.join(grouped)}", "\\e]0;TITLE\\a\\e[31mvil.py\\rOVER")
-        assert not found and evil not in proc.stdout, "\n".join(found)
