@@ -24,7 +24,7 @@ SEED = 11
 
 def run() -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="bench-drill-") as tmp:
-        proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--seed", str(SEED), "--out-dir", tmp,
+        proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--seed", str(SEED), "--bundle-dir", tmp,
                                "--json"], capture_output=True, text=True, timeout=1800,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     result = json.loads(proc.stdout)["result"]

@@ -52,12 +52,12 @@ def run() -> list[Result]:
         script = Path(tmp) / "seed_gloo.py"
         script.write_text(SEED_GLOO)
         seed_s, seed_rc = _timed([torchrun, "--nproc-per-node", "4", str(script)])
-        ours_s, ours_rc = _timed([py, "-m", "ml_debug", "gpu-test", "--nproc-per-node", "4", "--timeout", "30"])
+        ours_s, ours_rc = _timed([py, "-m", "ml_debug", "gpu-test", "--nproc-per-node", "4", "--stage-timeout", "30"])
         # a world of 3 where only ranks 0 and 1 start: how long until both have named rank 2 and exited
         timeout = 5.0
         port = str(29000 + os.getpid() % 1000)
         t0 = time.perf_counter()
-        procs = [subprocess.Popen([py, "-m", "ml_debug", "gpu-test", "--json", "--timeout", str(timeout)],
+        procs = [subprocess.Popen([py, "-m", "ml_debug", "gpu-test", "--json", "--stage-timeout", str(timeout)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   env={**_env(), "RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r),
                                        "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
@@ -69,6 +69,6 @@ def run() -> list[Result]:
                f"mldebug {ours_s:.1f}s (rc {ours_rc}, 9 checked stages) vs seed {seed_s:.1f}s (rc {seed_rc}, "
                "1 unchecked all_reduce)"),
         Result("gpu-test missing rank: time / stage timeout", missing_s / timeout,
-               f"named rank 2 and exited in {missing_s:.1f}s with --timeout {timeout:g} (rc {codes}); "
+               f"named rank 2 and exited in {missing_s:.1f}s with --stage-timeout {timeout:g} (rc {codes}); "
                "the seed waits for its 30 min default"),
     ]

@@ -30,7 +30,7 @@ def _level1() -> list[Result]:
     py = sys.executable
     help_ = _cmd([py, "-m", "ml_debug", "--help"])
     level1 = _cmd([py, "-m", "ml_debug", "health", "--level", "1", "--json"])
-    from ml_debug.health.runner import HealthOptions, run_local
+    from ml_debug.health.run import HealthOptions, run_local
 
     inproc = timeit(lambda: run_local(HealthOptions()), repeat=5)
     return [

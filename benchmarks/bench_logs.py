@@ -1,4 +1,4 @@
-"""`mldebug logs` on 1 GB of job logs: 512 ranks x 2 MB, generated, triaged in one process (`--jobs 1`).
+"""`mldebug logs` on 1 GB of job logs: 512 ranks x 2 MB, generated, triaged in one process (`--readers 1`).
 
     python benchmarks/run.py logs
     python benchmarks/bench_logs.py [--ranks 512] [--mb-per-rank 2]
@@ -134,7 +134,7 @@ def generate(root: Path, ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RAN
 
 
 def _triage(root: Path) -> tuple[float, float, int, dict[str, object]]:
-    """(wall s, CPU s, peak RSS bytes, verdict) of `mldebug --json logs --jobs 1 root` in a child process."""
+    """(wall s, CPU s, peak RSS bytes, verdict) of `mldebug --json logs --readers 1 root` in a child process."""
     code = ("import json, resource, sys, time\n"
             "from ml_debug.logs.triage import triage\n"
             "t0, c0 = time.perf_counter(), time.process_time()\n"

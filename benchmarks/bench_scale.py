@@ -307,7 +307,7 @@ def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
     from ml_debug.remote.targets import Target, TargetSpec
     from ml_debug.sampling.streams import Feed
     from ml_debug.top.options import TopOptions
-    from ml_debug.watch.model import Tracker
+    from ml_debug.watch.verdict import Tracker
 
     nodes = n // PER_NODE
     labels = [host_of(i * PER_NODE) for i in range(nodes)]
@@ -324,7 +324,7 @@ def sampling_rounds(n: int, rounds: int = 8) -> dict[str, Any]:
 def _rounds(n: int, nodes: int, rounds: int, feeds: list[Any], spec: Any, opts: Any, tracker: Any,
             t0: float) -> dict[str, Any]:
     from ml_debug.sampling.sample import NodeSample
-    from ml_debug.top.model import snapshot
+    from ml_debug.top.result import snapshot
 
     top_t, watch_t = math.inf, math.inf
     incidents: list[Any] = []

@@ -40,9 +40,9 @@ def measure(cfg: Path, names: list[str]) -> dict[str, float]:
 
     from ml_debug.remote.targets import Target, TargetSpec
     from ml_debug.sampling.streams import Client, Feed
-    from ml_debug.top.model import snapshot
     from ml_debug.top.options import TopOptions
-    from ml_debug.top.view import LiveView
+    from ml_debug.top.render import LiveView
+    from ml_debug.top.result import snapshot
 
     n = len(names)
     spec = TargetSpec(kind="ssh", targets=[Target(x) for x in names], ssh_config=cfg, connect_timeout_s=60,

@@ -65,7 +65,7 @@ def training_job(metrics: Path, window: float, env: dict[str, str] | None = None
     """`mldebug train --nproc-per-node 8 --preset tiny` writing per-rank metrics under `metrics`, once it trains
     (3 steps, then WARMUP s): its launcher's pid and its unwatched step rate over `window` s. Stopped on exit."""
     job = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", str(RANKS),
-                            "--preset", "tiny", "--steps", "1000000", "--timeout", "600", "--stats-every", "0",
+                            "--preset", "tiny", "--steps", "1000000", "--collective-timeout", "600", "--stats-every", "0",
                             "--metrics-dir", str(metrics)], env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -263,7 +263,7 @@ def validate_schema(doc: dict, name: str) -> None:
 # --maxschedchunk 2`). The modules with the longest tests (half a minute and more) go first: the
 # workers share them out and then end together on short tests, instead of one waiting out the other's
 # last long one (the alphabetical order put cli/test_watch.py last). Paths below tests/.
-LONGEST_FIRST = ("cli/test_drill.py", "cli/test_watch.py", "cli/test_attach_remote.py", "cli/test_attach.py", "cli/test_exporter.py",
+LONGEST_FIRST = ("cli/test_drill.py", "package/test_install_docs.py", "cli/test_watch.py", "cli/test_attach_remote.py", "cli/test_attach.py", "cli/test_exporter.py",
                  "cli/test_train.py", "rig/test_slurm_hook.py", "cli/test_self_launch.py", "cli/test_lifecycle.py")
 
 # The folder a test lives in is its kind (tests/README.md): `unit`, `cli`, `rig`, `gpu`, `package`.

@@ -78,7 +78,8 @@ class BenchConfig:
                                help="Write busbw vs size (or the --pairwise heatmap) as PNG. Needs mldebug[plot].")
     csv: str | None = option(None, metavar="FILE",
                              help="Also write the rows as CSV; '-' prints CSV instead of the table.")
-    timeout: float = option(120.0, min=0.1, help="Seconds before init or any one collective gives up.")
+    timeout: float = option(120.0, flags=("--collective-timeout",), renamed_from=("--timeout",), min=0.1, metavar="S",
+                            help="Seconds before init or any one collective gives up.")
     backend: str = backend_option()
     device: str = device_option()
 

@@ -7,15 +7,12 @@ tests can check the axes without parsing the image.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ml_debug.bench import bandwidth as bw
-from ml_debug.core.errors import EnvironmentProblem
-
-INSTALL_HINT = "install the plotting extra: pip install 'mldebug[plot]' (or pip install matplotlib)"
+from ml_debug.core.extras import require
 
 
 @dataclass
@@ -44,8 +41,7 @@ def _save(fig: Any, path: str | Path) -> str | None:
 
 def require_matplotlib() -> None:
     """Fail early (exit 3) with the install hint when matplotlib is missing."""
-    if importlib.util.find_spec("matplotlib") is None:
-        raise EnvironmentProblem("--plot needs matplotlib, which is not installed", INSTALL_HINT)
+    require("matplotlib", "allreduce-bench --plot")
 
 
 def _pyplot() -> Any:

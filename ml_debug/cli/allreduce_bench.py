@@ -103,7 +103,7 @@ def _report(cfg: BenchConfig, result: BenchResult) -> PartialResult | None:
     import sys
     from pathlib import Path
 
-    from ml_debug.bench.report import render, to_csv
+    from ml_debug.bench.render import render, to_csv
     from ml_debug.bench.sweep import SCHEMA, SCHEMA_VERSION
     from ml_debug.core import output, safefs
     from ml_debug.core.environment import summary

@@ -6,57 +6,69 @@ import os
 import signal
 import sys
 import traceback
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from ml_debug import __version__
 from ml_debug.core import lifecycle, output
 from ml_debug.core.errors import ExitCode, MLDebugError
 
+# The commands grouped by the question they answer, in --help order (plain and rich help alike, and the
+# README's table).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "Is this node fit?": ("check", "env", "health", "gpu-test", "allreduce-bench"),
+    "What is my job doing now?": ("top", "watch", "exporter", "dump-stacks", "attach"),
+    "Why did it fail?": ("logs", "core-bt", "trace", "trace-tail", "history"),
+    "Run and rehearse": ("launch", "exec", "train", "drill", "tflops"),
+}
 # command name -> the module in ml_debug/cli that registers it (in --help order). Importing a module
 # must stay cheap; building a command's options costs Typer ~20 ms per option, so a run of one
 # command builds only that command.
-COMMANDS = {
-    "check": "check",
-    "env": "env",
-    "gpu-test": "gpu_test",
-    "allreduce-bench": "allreduce_bench",
-    "health": "health",
-    "dump-stacks": "dump_stacks",
-    "core-bt": "core_bt",
-    "trace": "trace",
-    "trace-tail": "trace",
-    "exec": "remote_exec",
-    "train": "train",
-    "logs": "logs",
-    "launch": "launch",
-    "top": "top",
-    "watch": "watch",
-    "drill": "drill",
-    "tflops": "tflops",
-    "history": "history",
-    "exporter": "exporter",
-    "attach": "attach",
-}
+_MODULES = {"trace-tail": "trace", "exec": "remote_exec"}
+COMMANDS = {name: _MODULES.get(name, name.replace("-", "_")) for names in GROUPS.values() for name in names}
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # Commands whose `--` introduces a program to run (`mldebug exec -- CMD`, `mldebug trace -- x.py`).
 # For every other command a `--` only shields its options from a launcher
-# (`torchrun --no-python mldebug gpu-test -- --timeout 5`) and is dropped.
+# (`torchrun --no-python mldebug gpu-test -- --stage-timeout 5`) and is dropped.
 TAKES_COMMAND = ("exec", "trace", "launch")
 
 HELP = """mldebug: find what is wrong with a distributed PyTorch job.
 
-Start with `mldebug check` (this node), `mldebug env` (what is installed and set),
-then the command for the symptom: gpu-test / allreduce-bench (ranks cannot talk or are slow),
-health (hardware), dump-stacks / core-bt (hung or crashed job), trace (a process went silent),
-logs (which rank failed first), top / watch (a running job: what each rank does; notice a stall),
-drill (rehearse: inject each failure and check that the diagnosis names the rank),
-history (each node's checks, drains and resumes, and the failed jobs that named it).
+Start with `mldebug check` (this node), then the command for your question, below:
+`mldebug COMMAND --help` shows its options and examples.
 
 Exit codes: 0 all good; 1 a problem was found; 2 bad usage or input; 3 the environment
 lacks something (GPU, py-spy, ptrace permission); 4 partial result (some ranks/nodes never
 answered); 130 interrupted."""
+
+
+def group_of(command: str) -> str | None:
+    """The question a command answers (its --help group)."""
+    return next((question for question, names in GROUPS.items() if command in names), None)
+
+
+class _GroupedHelp(TyperGroup):
+    """`mldebug --help` in plain text lists the commands under their questions, as rich help does with
+    each command's rich_help_panel (Typer's plain help has one flat list)."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        shown = [(name, cmd) for name in self.list_commands(ctx)
+                 if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
+        if not shown:
+            return
+        width = max(len(name) for name, _ in shown)  # one column for every group
+        limit = formatter.width - 6 - width
+        for question in [*GROUPS, None]:
+            rows = [(name.ljust(width), cmd.get_short_help_str(limit)) for name, cmd in shown
+                    if group_of(name) == question]
+            if rows:
+                formatter.write_paragraph()
+                formatter.write_text(question or "Other commands")  # a question: no ':' after it
+                formatter.indent()
+                formatter.write_dl(rows)
+                formatter.dedent()
 
 
 def _version(value: bool) -> None:
@@ -88,6 +100,7 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
 
     app = typer.Typer(
         name="mldebug",
+        cls=_GroupedHelp,
         help=HELP,
         no_args_is_help=True,
         add_completion=False,
@@ -163,7 +176,7 @@ def run(argv: list[str] | None = None) -> int:
     except MLDebugError as e:
         if debug:
             traceback.print_exc()
-        return _ended(command, int(e.exit_code), e.message, e.hint)
+        return _ended(command, int(e.exit_code), e.message, e.hint, details=e.details)
     except typer.TyperException as e:  # Typer's usage errors: unknown command/option, bad value
         if debug:
             traceback.print_exc()
@@ -180,12 +193,26 @@ def run(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return ExitCode.OK
+    except ImportError as e:  # an optional part that no require() asked for first: still named, exit 3
+        if debug:
+            traceback.print_exc()
+        from ml_debug.core.extras import missing_from_import_error
+
+        missing = missing_from_import_error(e, command)
+        if missing is None:
+            return _internal(command, e, debug)
+        return _ended(command, int(missing.exit_code), missing.message, missing.hint, details=missing.details)
     except Exception as e:
         if debug:
             traceback.print_exc()
-        return _ended(command, ExitCode.PROBLEM, f"internal error: {type(e).__name__}: {e}",
-                      None if debug else "run again with --debug for the traceback, and report it as a bug",
-                      kind="internal")
+        return _internal(command, e, debug)
+
+
+def _internal(command: str | None, e: BaseException, debug: bool) -> int:
+    """A bug in mldebug: the only way to end with `internal error`."""
+    return _ended(command, ExitCode.PROBLEM, f"internal error: {type(e).__name__}: {e}",
+                  None if debug else "run again with --debug for the traceback, and report it as a bug",
+                  kind="internal")
 
 
 def _interrupted(command: str | None) -> int:

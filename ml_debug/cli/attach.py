@@ -10,7 +10,7 @@ from ml_debug.debugger.options import AttachOptions
 from ml_debug.remote.options import TargetOptions
 
 if TYPE_CHECKING:
-    from ml_debug.debugger.model import AttachResult
+    from ml_debug.debugger.result import AttachResult
     from ml_debug.debugger.session import Session
 
 HELP = """Attach a debugger to a running Python process (a hung rank) and look inside it.
@@ -45,8 +45,8 @@ def register(app: typer.Typer) -> None:
 def attach(opts: AttachOptions, targets: TargetOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import MLDebugError
-    from ml_debug.debugger.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.debugger.render import render
+    from ml_debug.debugger.result import SCHEMA, SCHEMA_VERSION
 
     if opts.dap_agent:  # the rank's node, for a prompt elsewhere: stdout carries DAP, not a document
         from ml_debug.debugger.agent import serve

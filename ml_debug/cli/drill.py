@@ -23,9 +23,9 @@ drills are reported)."""
 EXAMPLES = (
     "mldebug drill                                   # every drill, 2 ranks each",
     "mldebug drill --only hang,crash --seed 7",
-    "mldebug drill --nproc-per-node 4 --out-dir drills/ --json",
-    "mldebug drill --hosts 'node[1-3]' --out-dir /shared/drills     # each job over the hosts, by ssh",
-    "mldebug drill --slurm-partition debug --out-dir /shared/drills # each job a 2-node Slurm job",
+    "mldebug drill --nproc-per-node 4 --bundle-dir drills/ --json",
+    "mldebug drill --hosts 'node[1-3]' --bundle-dir /shared/drills     # each job over the hosts, by ssh",
+    "mldebug drill --slurm-partition debug --bundle-dir /shared/drills # each job a 2-node Slurm job",
 )
 
 
@@ -41,8 +41,8 @@ def drill(opts: DrillOptions, targets: TargetOptions) -> int:
     require_torch("mldebug drill")
     from ml_debug.core import output
     from ml_debug.core.errors import ExitCode
-    from ml_debug.drill.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.drill.render import outcome_line, render
+    from ml_debug.drill.result import SCHEMA, SCHEMA_VERSION
     from ml_debug.drill.run import run_drills
 
     result = run_drills(opts, targets, on_outcome=lambda o: output.log(outcome_line(o)))

@@ -10,7 +10,7 @@ from ml_debug.stacks.request import DumpRequest
 
 HELP = """Dump the Python stack of every rank of a hung job and name the odd one out.
 
-Finds the ranks (children of torchrun/deepspeed/accelerate/srun/mpirun, or --pid/--pattern/--user/--gpu),
+Finds the ranks (children of torchrun/deepspeed/accelerate/srun/mpirun, or --pid/--pattern/--user/--gpu-holders),
 dumps them all at once with py-spy (falling back to pystack, then gdb), groups identical stacks into a
 tree with rank ranges and prints a verdict such as
 "suspect: rank 3 (node2, pid 4242) in load_batch (data.py:88) while 3 ranks wait in all_reduce".

@@ -35,6 +35,9 @@ def register(app: typer.Typer) -> None:
 
 
 def exporter(opts: ExporterOptions) -> int:
+    from ml_debug.core.extras import require
+
+    require("prometheus_client", "mldebug exporter")  # before the samplers start, not at the first scrape
     from ml_debug.exporter.run import once, serve
 
     return once(opts) if opts.once else serve(opts)

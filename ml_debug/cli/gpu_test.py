@@ -10,7 +10,7 @@ from ml_debug.dist.options import SpawnOptions
 from ml_debug.gputest.options import GpuTestConfig
 
 if TYPE_CHECKING:
-    from ml_debug.gputest.report import GpuTestResult
+    from ml_debug.gputest.verdict import GpuTestResult
 
 SCHEMA = "mldebug.gpu-test"
 
@@ -26,7 +26,7 @@ Exit codes: 0 all OK; 1 a stage failed; 2 bad options; 4 some ranks never answer
 EXAMPLES = (
     "mldebug gpu-test                                  # one rank per GPU (2 CPU ranks without one)",
     "torchrun --nproc-per-node 8 --no-python mldebug gpu-test",
-    "srun --ntasks-per-node 8 mldebug gpu-test --timeout 60",
+    "srun --ntasks-per-node 8 mldebug gpu-test --stage-timeout 60",
     "mldebug gpu-test --isolate                        # find the one bad GPU or link",
 )
 
@@ -62,9 +62,10 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
 
     nproc = ranks_to_start(launch, gpus)  # a count the node cannot run is refused before anything starts
     run_timeout = cfg.init_timeout * 2 + (cfg.timeout_s + 5) * 8 + 60
-    rdzv = max(30.0, cfg.init_timeout)
+    # the nodes' rendezvous is part of the init: a node that never joins is named within --init-timeout
+    rdzv = cfg.init_timeout
     if cfg.isolate:
-        return _isolate(cfg, nproc, gpus, rdzv, run_timeout)
+        return _isolate(cfg, nproc, gpus, max(30.0, rdzv), run_timeout)
     from ml_debug.cli.spawn import spawn_ranks
 
     return spawn_ranks("gpu-test", [cfg], launch, gpus=gpus, rdzv_timeout_s=rdzv if launch.nnodes > 1 else 30.0,
@@ -76,8 +77,8 @@ def _run_as_rank(cfg: GpuTestConfig) -> int:
 
     from ml_debug.core import output, safefs
     from ml_debug.dist.world import detect_world
+    from ml_debug.gputest.render import render
     from ml_debug.gputest.stages import run_rank
-    from ml_debug.gputest.view import render
 
     def deliver(result: GpuTestResult) -> None:
         doc = output.dumps(output.document(SCHEMA, 1, result)) + "\n"

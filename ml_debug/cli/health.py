@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from ml_debug.health.model import HealthResult
 from ml_debug.health.options import HealthOptions
+from ml_debug.health.result import HealthResult
 from ml_debug.remote.options import TargetOptions
 from ml_debug.slurmhook.options import SlurmCheckOptions
 
@@ -52,7 +52,7 @@ def health(opts: HealthOptions, targets: TargetOptions, slurm: SlurmCheckOptions
         safefs.make_out_dir(opts.out_dir)
     if not targets.remote:
         from ml_debug.health.cluster import local_result
-        from ml_debug.health.runner import run_local
+        from ml_debug.health.run import run_local
 
         result = local_result(run_local(opts))
         if opts.out_dir is not None:

@@ -41,8 +41,10 @@ def launch(opts: LaunchJobOptions) -> int:
 
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
+    from ml_debug.core.extras import require
     from ml_debug.logs.launch import CONSOLE, plan, prepare, run
 
+    require("torch", "mldebug launch (torchrun is part of torch)")  # not a job log that says it
     if opts.nproc_per_node.isdigit():  # a rank count the node cannot run is refused before torchrun starts
         import os
 

@@ -12,17 +12,25 @@ examples + docs epilog everywhere. The function returns an exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ml_debug.core.options import CliField, cli_fields, from_options, strip_optional
+from ml_debug.core.options import (
+    CliField,
+    cli_fields,
+    deprecation_line,
+    from_options,
+    refuse_empty_envvars,
+    strip_optional,
+)
 
 DOCS = "docs/commands/{name}.md"
 """Each command's page, relative to the root of the mldebug repository."""
@@ -39,12 +47,16 @@ def epilog(name: str, examples: Sequence[str]) -> str:
 
 def _typer_type(cf: CliField) -> Any:
     """The type Typer parses: the field's own, or str (list[str]) where the field parses its words."""
-    if cf.opt.parse is None:
+    if cf.opt.parse is None and not cf.is_path:
         return cf.type
     base: Any = list[str] if cf.is_list else str
     optional = type(None) in typing.get_args(cf.type)
     return (base | None) if optional or cf.is_list else base
 
+
+CONFIGURE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+"""Each registered command's step from parsed values (Typer's, keyed by parameter name) to its
+configuration objects: what the command runs with."""
 
 LARGEST = 1e9
 """The largest number a float option takes (about 31 years in seconds): no timeout, rate or threshold
@@ -61,8 +73,19 @@ def _finite(value: float | None) -> float | None:
     return value
 
 
+def _bounded(value: Any) -> Any:
+    """Every integer option's check (each item of a repeatable one): Python's ints have no end, the C calls
+    behind a count, a pid or a size do (`--pid 10**30` ended in OverflowError deep in a run)."""
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if v is not None and abs(v) > LARGEST:
+            raise typer.BadParameter(f"{v} is more than {LARGEST:g}, the most a number option takes")
+    return value
+
+
 def _parameter(cf: CliField) -> inspect.Parameter:
     o = cf.opt
+    if o.metavar is None and cf.is_path:  # parsed as a word (so that an empty one is seen): still a PATH in --help
+        o = dataclasses.replace(o, metavar="PATH")
     extra: dict[str, Any] = {}
     if o.min is not None:
         extra["min"] = o.min
@@ -71,8 +94,8 @@ def _parameter(cf: CliField) -> inspect.Parameter:
     tp = _typer_type(cf)
     if strip_optional(tp) is float:
         extra["callback"] = _finite
-    if Path in (tp, *typing.get_args(tp)):
-        extra.update(file_okay=o.file_okay, dir_okay=o.dir_okay)
+    elif strip_optional(tp) is int or strip_optional(tp) == list[int]:
+        extra["callback"] = _bounded
     if o.argument:
         info = typer.Argument(help=o.help, metavar=o.metavar, show_default=False, hidden=o.hidden, **extra)
     else:
@@ -83,7 +106,7 @@ def _parameter(cf: CliField) -> inspect.Parameter:
         tp = strip_optional(tp) | None
     elif cf.default is MISSING:
         default = ...
-    elif cf.opt.parse is not None and cf.default is not None:
+    elif (cf.opt.parse is not None or cf.is_path) and cf.default is not None:
         default = cf.opt.format(cf.default) if cf.opt.format else str(cf.default)  # the word parse reads back
     else:
         default = cf.default
@@ -91,33 +114,59 @@ def _parameter(cf: CliField) -> inspect.Parameter:
                              annotation=Annotated[tp, info])
 
 
+CONFIGS: dict[str, dict[str, type]] = {}
+"""Each registered command's configuration classes (group name -> class): what the options layer's tests
+and the flag registry's walk, so that a new command's options are checked without a list to keep."""
+
+
 def command(app: typer.Typer, name: str, run: Callable[..., int | None], *, help: str,
             examples: Sequence[str] = (), context_settings: dict[str, Any] | None = None, **configs: type) -> None:
     """Register ``mldebug <name>``: options from the ``configs`` classes; ``run(**objects)`` -> exit code."""
+    CONFIGS[name] = dict(configs)
     params = [inspect.Parameter("json_", inspect.Parameter.KEYWORD_ONLY, default=False,
                                 annotation=Annotated[bool, typer.Option("--json", help=JSON_HELP)])]
     owner: dict[str, str] = {}
+    earlier: dict[str, tuple[str, str, str]] = {}  # hidden parameter -> (field, earlier name, name)
     for group, cls in configs.items():
         for cf in cli_fields(cls):
             if cf.name in owner:
                 raise TypeError(f"{name}: option field {cf.name!r} is in both {owner[cf.name]} and {group}")
             owner[cf.name] = group
             params.append(_parameter(cf))
+            for i, old in enumerate(cf.opt.renamed_from):
+                alias = f"{cf.name}__was{i}"
+                earlier[alias] = (cf.name, old.split("/")[0], cf.opt.name)
+                params.append(_parameter(dataclasses.replace(
+                    cf, name=alias, default=None,
+                    opt=dataclasses.replace(cf.opt, flags=(old,), hidden=True, envvar=None, renamed_from=()))))
+
+    def configure(values: dict[str, Any]) -> dict[str, Any]:
+        """The configuration objects that the parsed values give (an earlier option name costs one line)."""
+        for alias, (field, old, new) in earlier.items():
+            value = values.pop(alias, None)
+            if value is None or (isinstance(value, (list, tuple)) and not value):  # not given
+                continue
+            sys.stderr.write(deprecation_line(name, old, new) + "\n")
+            values[field] = value
+        return {group: from_options(cls, {k: v for k, v in values.items() if owner.get(k) == group})
+                for group, cls in configs.items()}
 
     def handler(**values: Any) -> None:
         from ml_debug.core import output
 
         if values.pop("json_"):
             output.configure(json=True)
-        objects = {group: from_options(cls, {k: v for k, v in values.items() if owner[k] == group})
-                   for group, cls in configs.items()}
-        code = run(**objects)
+        refuse_empty_envvars(list(configs.values()))
+        code = run(**configure(values))
         if code:
             raise typer.Exit(int(code))
 
+    CONFIGURE[name] = configure
     handler.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     handler.__annotations__ = {p.name: p.annotation for p in params}
     handler.__name__ = name.replace("-", "_")
+    from ml_debug.cli.app import group_of
+
     app.command(name, help=help, epilog=epilog(name, examples), no_args_is_help=False,
-                context_settings=context_settings)(handler)
+                context_settings=context_settings, rich_help_panel=group_of(name))(handler)
 

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 def exec_command(opts: ExecOptions, targets: TargetOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
-    from ml_debug.remote import execview
+    from ml_debug.remote import exec_render
     from ml_debug.remote.result import Interrupted
     from ml_debug.remote.runner import run_everywhere
 
@@ -39,16 +39,16 @@ def exec_command(opts: ExecOptions, targets: TargetOptions) -> int:
         raise UsageError("no command to run", "put it after --: mldebug exec --hosts H -- uptime")
     spec = targets.resolve()
     as_json = output.MODE.json
-    stream = None if (as_json or opts.group) else execview.print_prefixed
+    stream = None if (as_json or opts.group) else exec_render.print_prefixed
     try:
         results = run_everywhere(spec, opts.command, timeout_s=opts.timeout, out_dir=opts.out_dir, on_result=stream)
     except Interrupted as e:  # Ctrl-C: the report of what each node did and printed until then
         results = e.results
-    report = execview.build_report(spec, opts.command, results)
+    report = exec_render.build_report(spec, opts.command, results)
     if as_json:
         output.emit("mldebug.exec", 1, report)
     else:
         if opts.group:
-            execview.print_grouped(results)
-        execview.print_summary(report)
-    return execview.exit_code(results)
+            exec_render.print_grouped(results)
+        exec_render.print_summary(report)
+    return exec_render.exit_code(results)

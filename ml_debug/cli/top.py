@@ -25,8 +25,8 @@ Exit codes: 0 nothing stands out; 1 an outlier was found (--once/--count); 2 bad
 4 some node did not answer in time; 130 interrupted (Ctrl-C)."""
 
 EXAMPLES = (
-    "mldebug top --slurm-job 12345 --gpus",
-    "mldebug top --hosts 'node[01-16]' --ranks --progress-file '/scratch/run/metrics/rank-{rank}.jsonl'",
+    "mldebug top --slurm-job 12345 --gpu-rows",
+    "mldebug top --hosts 'node[01-16]' --rank-rows --progress-file '/scratch/run/metrics/rank-{rank}.jsonl'",
     "mldebug top --local --once --json",
     "mldebug top --hosts hostfile --count 10 > top.log",
 )

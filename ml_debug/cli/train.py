@@ -19,7 +19,7 @@ rank, a collective failed, an injected crash); 2 bad options; 4 some ranks never
 EXAMPLES = (
     "mldebug train --nproc-per-node 2 --preset tiny --steps 50",
     "torchrun --nproc-per-node 8 -m ml_debug.train --preset 1b --numerics fp8 --steps 100",
-    "mldebug train --nproc-per-node 2 --inject hang@step=3,rank=1 --timeout 60",
+    "mldebug train --nproc-per-node 2 --inject hang@step=3,rank=1 --collective-timeout 60",
     "mldebug train --nproc-per-node 2 --checkpoint-dir ckpt --checkpoint-every 10 --metrics-dir m",
     "mldebug train --nproc-per-node 2 --debug-rank 1         # rank 1 waits for VS Code (or any DAP client)",
 )
@@ -33,9 +33,11 @@ def register(app: typer.Typer) -> None:
 
 
 def train(cfg: TrainConfig, launch: SpawnOptions, debug: DebugRankOptions | None = None) -> int:
-    from ml_debug.core.extras import require_torch
+    from ml_debug.core.extras import require, require_torch
 
     require_torch("mldebug train")
+    if cfg.numerics == "fp8":  # before any rank starts: each would fail alike at its first step
+        require("torchao", "mldebug train --numerics fp8")
     from ml_debug.dist.world import is_launched
 
     # Every option is checked before any rank starts (ranks are checked again, knowing the world).
@@ -59,10 +61,9 @@ def _debug_wrapper(debug: DebugRankOptions | None, launch: SpawnOptions, launchi
     """--debug-rank R: every rank through `mldebug launch --debug-rank`'s wrapper (ml_debug.debugger.rank)."""
     if debug is None or debug.debug_rank is None:
         return []
-    import importlib.util
-
     from ml_debug.core import output
-    from ml_debug.core.errors import EnvironmentProblem, UsageError
+    from ml_debug.core.errors import UsageError
+    from ml_debug.core.extras import require
 
     if not launching:
         raise UsageError("--debug-rank needs the ranks mldebug starts itself (--nproc-per-node N)",
@@ -71,9 +72,7 @@ def _debug_wrapper(debug: DebugRankOptions | None, launch: SpawnOptions, launchi
     if debug.debug_rank >= world:
         raise UsageError(f"--debug-rank {debug.debug_rank}: the job has ranks 0..{world - 1}",
                          "pick a rank below --nproc-per-node x --nnodes")
-    if importlib.util.find_spec("debugpy") is None:
-        raise EnvironmentProblem("debugpy is not installed beside mldebug",
-                                 hint="pip install 'mldebug[debug]' (or pip install debugpy)")
+    require("debugpy", "mldebug train --debug-rank")
     from ml_debug.dist.options import debug_rank_argv
 
     return debug_rank_argv(debug.debug_rank, debug.debug_port, debug.debug_no_wait, json=output.MODE.json)

@@ -41,10 +41,15 @@ def watch(opts: WatchOptions, targets: TargetOptions) -> int:
     from ml_debug.compose.watch_loop import run_watch
 
     opts.validate(remote=targets.remote)
+    if not targets.remote and opts.stack_every > 0:  # said now, not as a hole in the first incident's bundle
+        from ml_debug.core.extras import require
+
+        require("py-spy", "mldebug watch (its stack rounds and the incident's stacks)",
+                instead="--stack-every 0 watches without stack rounds")
     if opts.out_dir is not None:  # a planted link or another user's directory: said now, not at the incident
         from ml_debug.core import safefs
 
-        safefs.check_out_dir(opts.out_dir)  # made at the first incident
+        safefs.check_out_dir(opts.out_dir, "--bundle-dir")  # made at the first incident
     if opts.html is not None:
         from ml_debug.page.build import check_target
 

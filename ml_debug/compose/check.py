@@ -18,6 +18,7 @@ from pathlib import Path
 from ml_debug.core import lifecycle, output
 from ml_debug.core.enums import Word
 from ml_debug.core.errors import ExitCode
+from ml_debug.core.extras import PARTS, is_present
 
 
 class StepStatus(Word):
@@ -28,11 +29,12 @@ class StepStatus(Word):
     TIMEOUT = "timeout"
     PARTIAL = "partial"
     SKIPPED = "skipped"
+    MISSING = "missing"  # the step needs an optional part that is not installed (exit 3 from check)
     ERROR = "error"
     INTERRUPTED = "interrupted"
 
 
-PASS, FAIL, TIMEOUT, PARTIAL, SKIPPED, ERROR, INTERRUPTED = StepStatus
+PASS, FAIL, TIMEOUT, PARTIAL, SKIPPED, MISSING, ERROR, INTERRUPTED = StepStatus
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,21 @@ class Step:
     argv: tuple[str, ...]  # mldebug arguments, without --json
     timeout_s: float
     why: str
+    # parts (core.extras.PARTS) without which the step does not apply to this install: skipped, with the
+    # command that adds them (torch: a torch-free install on a node is deliberate, see docs/install.md)
+    skip_without: tuple[str, ...] = ()
 
+
+NOT_INSTALLED = "skipped: no "  # a step's summary when its skip_without part is not installed here
 
 DEFAULT_STEPS = (
     Step("env", ("env",), 60, "versions, GPUs, launcher variables, tools, ptrace permission"),
-    Step("gpu-test", ("gpu-test", "--timeout", "20"), 240,
-         "every local device (2 CPU ranks without a GPU) can init, all_reduce, gather, broadcast, p2p"),
+    Step("gpu-test", ("gpu-test", "--stage-timeout", "20"), 240,
+         "every local device (2 CPU ranks without a GPU) can init, all_reduce, gather, broadcast, p2p",
+         skip_without=("torch",)),
     Step("health", ("health", "--level", "1"), 180, "hardware health, quick level"),
-    Step("allreduce-bench", ("allreduce-bench", "--quick"), 240, "collective bandwidth, quick mode"),
+    Step("allreduce-bench", ("allreduce-bench", "--quick"), 240, "collective bandwidth, quick mode",
+         skip_without=("torch",)),
 )
 
 
@@ -151,6 +160,10 @@ def run_step(step: Step, timeout_s: float | None = None, out_dir: Path | None = 
     except json.JSONDecodeError:
         doc = None
     result = doc.get("result", {}) if isinstance(doc, dict) else {}
+    missing = (result.get("details") or {}).get("missing") if isinstance(result, dict) else None
+    if rc == ExitCode.ENVIRONMENT and isinstance(missing, dict):  # the step's error names the part
+        return StepResult(step.name, shown, MISSING, rc, seconds, f"missing {missing.get('name')}: "
+                          f"{missing.get('install')}", doc.get("schema") if isinstance(doc, dict) else None)
     summary = str(result.get("summary") or "").strip()
     if not summary:
         tail = [ln for ln in stderr.strip().splitlines() if ln.strip()]
@@ -179,8 +192,12 @@ def run_check(steps: Sequence[Step] = DEFAULT_STEPS, skip: Sequence[str] = (), t
     with output.progress(len(steps), "check") as bar:
         for step in steps:
             command = step.argv[0]
+            absent = [PARTS[p] for p in step.skip_without if not is_present(PARTS[p])]
             if step.name in skip:
                 results.append(StepResult(step.name, f"mldebug {command}", SKIPPED, None, 0.0, "skipped (--skip)"))
+            elif absent:
+                results.append(StepResult(step.name, f"mldebug {command}", SKIPPED, None, 0.0,
+                                          f"{NOT_INSTALLED}{absent[0].name} here; {absent[0].install} adds it"))
             else:
                 bar.advance(0, description=f"check: {step.name}")
                 results.append(run_step(step, timeout_s, out_dir))
@@ -191,9 +208,10 @@ def run_check(steps: Sequence[Step] = DEFAULT_STEPS, skip: Sequence[str] = (), t
 
 
 def judge(results: list[StepResult], host: str) -> CheckResult:
-    """0 all ran steps passed; 1 a step found a problem; 4 a step timed out or was partial; 130 Ctrl-C
-    (the steps done are reported)."""
+    """0 all ran steps passed; 1 a step found a problem; 3 a step lacks an optional part (named, with its
+    install command); 4 a step timed out or was partial; 130 Ctrl-C (the steps done are reported)."""
     bad = [r for r in results if r.status in (FAIL, ERROR)]
+    missing = [r for r in results if r.status == MISSING]
     late = [r for r in results if r.status in (TIMEOUT, PARTIAL, INTERRUPTED)]
     ran = [r for r in results if r.status != SKIPPED]
     passed = [r for r in ran if r.status == PASS]
@@ -201,15 +219,19 @@ def judge(results: list[StepResult], host: str) -> CheckResult:
         code = ExitCode.INTERRUPTED
     elif bad:
         code = ExitCode.PROBLEM
+    elif missing:
+        code = ExitCode.ENVIRONMENT
     elif late:
         code = ExitCode.PARTIAL
     else:
         code = ExitCode.OK
-    if code == ExitCode.OK:
-        summary = f"{len(passed)}/{len(ran)} steps passed on {host}"
-    else:
-        summary = f"{len(passed)}/{len(ran)} steps passed on {host}; " + "; ".join(
-            f"{r.name} {r.status}: {r.summary}" for r in [*bad, *late])
+    summary = f"{len(passed)}/{len(ran)} steps passed on {host}"
+    if code != ExitCode.OK:
+        summary += "; " + "; ".join(f"{r.name} {r.status}: {r.summary}" for r in [*bad, *missing, *late])
+    # what a torch-free install left out, and the one command that adds it
+    for why in dict.fromkeys(r.summary for r in results if r.status == SKIPPED and r.summary.startswith(NOT_INSTALLED)):
+        names = ", ".join(r.name for r in results if r.summary == why)
+        summary += f"; skipped {names}: {why.removeprefix('skipped: ')}"
     return CheckResult(code == ExitCode.OK, summary, int(code), host, results)
 
 
@@ -218,7 +240,7 @@ def render(result: CheckResult, console: object) -> None:
     from rich.table import Table
 
     style = {PASS: "green", FAIL: "bold red", ERROR: "bold red", TIMEOUT: "bold red", PARTIAL: "yellow",
-             SKIPPED: "dim", INTERRUPTED: "yellow"}
+             SKIPPED: "dim", MISSING: "bold yellow", INTERRUPTED: "yellow"}
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for col in ("step", "status", "time", "summary"):
         table.add_column(col, no_wrap=col != "summary")
@@ -226,7 +248,8 @@ def render(result: CheckResult, console: object) -> None:
         table.add_row(r.name, f"[{style.get(r.status, '')}]{r.status}[/]",
                       f"{r.seconds:.1f}s" if r.seconds else "-", escape(r.summary))
     console.print(table)  # type: ignore[attr-defined]
-    mark = "[bold green]OK[/]" if result.ok else "[bold red]PROBLEM[/]"
+    mark = ("[bold green]OK[/]" if result.ok else "[bold yellow]MISSING[/]" if result.exit_code == ExitCode.ENVIRONMENT
+            else "[bold red]PROBLEM[/]")
     console.print(f"{mark} {escape(result.summary)}", soft_wrap=True)  # type: ignore[attr-defined]
     for r in result.steps:
         if r.status in (FAIL, ERROR, TIMEOUT, PARTIAL):

@@ -16,7 +16,7 @@ class CheckOptions:
     skip: list[str] = option(default_factory=list, metavar="STEP[,STEP]",
                              help="Leave out steps (comma-separated or repeated): env, gpu-test, health, "
                                   "allreduce-bench.")
-    step_timeout: float | None = option(None, min=1.0, help="Seconds per step (default: each step's own).")
+    step_timeout: float | None = option(None, min=1.0, metavar="S", help="Seconds per step (default: each step's own).")
     out_dir: Path | None = option(None, metavar="DIR", parse=parse_out_dir,
                                   help="Also write each step's document and stderr here as the step ends, so "
                                        "the steps already done are kept on Ctrl-C or a crash.")

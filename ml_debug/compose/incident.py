@@ -31,9 +31,9 @@ from ml_debug.watch.bundle import (
     safe_name,
     tail_lines,
 )
-from ml_debug.watch.model import Incident, Tracker
 from ml_debug.watch.options import WatchOptions, incident_argv
 from ml_debug.watch.summary import compose
+from ml_debug.watch.verdict import Incident, Tracker
 
 ON_INCIDENT_TIMEOUT_S = 120.0
 PART_TIMEOUT_S = 90.0  # health and env of one node; dump-stacks gets its own budget
@@ -202,7 +202,7 @@ class IncidentCollector:
         opts = HealthOptions(level=1)
         if self.spec.kind == "local":
             from ml_debug.health.cluster import local_result
-            from ml_debug.health.runner import run_local
+            from ml_debug.health.run import run_local
 
             doc: Any = output.document("mldebug.health", 1, local_result(run_local(opts)))
             host = self.spec.targets[0].label

@@ -3,7 +3,7 @@
 Samples come from the sampling service (:mod:`ml_debug.sampling`): in this process for ``--local`` (with ``--pid``), or
 one streaming agent per node (``mldebug top --agent``, one ssh session or ``srun --overlap`` step
 each) for ``--hosts``/``--slurm-job``. Stack rounds are dump-stacks' own py-spy dumps, taken by a
-background thread every ``--stack-every`` seconds. The decisions are :class:`ml_debug.watch.model.Tracker`'s;
+background thread every ``--stack-every`` seconds. The decisions are :class:`ml_debug.watch.verdict.Tracker`'s;
 the bundle is :class:`ml_debug.compose.incident.IncidentCollector`'s.
 """
 
@@ -24,8 +24,8 @@ from ml_debug.remote.targets import TargetSpec
 from ml_debug.sampling.options import SamplerOptions
 from ml_debug.sampling.sample import NodeSample
 from ml_debug.watch.bundle import SCHEMA, SCHEMA_VERSION, default_dir
-from ml_debug.watch.model import Incident, Tracker, seconds
 from ml_debug.watch.options import WatchOptions
+from ml_debug.watch.verdict import Incident, Tracker, seconds
 
 NO_TARGETS_HINT = ("name the job: --pid PID (a launcher's pid means its ranks), --pattern REGEX or --env KEY=VALUE; "
                    "or watch the nodes it runs on (--hosts / --slurm-job)")

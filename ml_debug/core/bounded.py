@@ -5,7 +5,9 @@ with a time limit that holds.
 pyenv or environment-module shim, a shell script), its children live on, keep the output pipes open,
 and the caller then waits for them anyway; Ctrl-C leaves them behind too. Here the command runs in a
 process group of its own, and at the time limit, or when the caller is interrupted, the whole group
-is killed.
+is killed. And when the caller dies without a chance to (SIGKILL), the command gets SIGTERM from the kernel
+(``PR_SET_PDEATHSIG``, see :mod:`ml_debug.core.lifecycle`): a user's ``--on-incident`` script never runs on
+with parent 1 after the ``mldebug watch`` that started it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = Non
     but the command's whole process group is gone when this returns or raises
     (``subprocess.TimeoutExpired``, ``OSError``, ``KeyboardInterrupt``)."""
     with lifecycle.held_signals() as held:  # a Ctrl-C while it starts is raised in the try, which kills it
+        # the tie fires when the thread that started the command ends: this one, which waits for it below
         proc = held.popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=None if env is None else dict(env), start_new_session=True)
+                          text=True, env=None if env is None else dict(env), start_new_session=True,
+                          preexec_fn=lifecycle.tie_to_this_process(signal.SIGTERM))
         with _lock:
             _live.add(proc.pid)
         try:

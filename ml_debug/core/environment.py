@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,11 +16,11 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from ml_debug import __version__
 from ml_debug.core import bounded
+from ml_debug.core.extras import find_program
 from ml_debug.core.rankvars import LAUNCHER_PREFIXES, TORCHRUN_VARS
 
 SETTING_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_")
@@ -134,13 +133,7 @@ class EnvReport:
     summary: str
 
 
-def find_tool(name: str) -> str | None:
-    """A tool on PATH, or next to this interpreter (pip puts py-spy into the venv's bin/)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+find_tool = find_program  # a tool on PATH, or next to this interpreter (pip puts py-spy into the venv's bin/)
 
 
 def _tool_version(name: str, path: str) -> str | None:
@@ -283,7 +276,9 @@ def collect(include_torch: bool = True) -> EnvReport:
         found_tools = tools_future.result()
     settings = setting_variables()
     warnings = setting_warnings(settings, [n.name for n in nics])
-    if torch.error and include_torch:
+    # no torch at all is the torch-free install (a node's health hook), not a fault; a torch that is there
+    # but fails to import is (numpy's absence is the commands' to say: they exit 3 naming it)
+    if torch.error and include_torch and torch.version:
         warnings.append(f"torch: {torch.error}")
     ptrace = ptrace_permission()
     if not ptrace.can_attach_own:
@@ -297,7 +292,7 @@ def collect(include_torch: bool = True) -> EnvReport:
         # Test data must never read as this node's hardware, in the table as in the JSON.
         gpu_text += " from FAKE NVML"
         warnings.append(f"FAKE NVML: the GPU data comes from a test's NVML look-alike ({source}), not from a GPU")
-    summary_line = (f"{socket.gethostname()}: torch {torch.version or 'missing'}, {gpu_text}, "
+    summary_line = (f"{socket.gethostname()}: torch {torch.version or 'not installed'}, {gpu_text}, "
                     f"{'may attach to processes' if ptrace.can_attach_own else 'cannot attach to processes'}"
                     + (f", {len(warnings)} warning(s)" if warnings else ""))
     return EnvReport(

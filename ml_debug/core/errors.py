@@ -24,6 +24,7 @@ class MLDebugError(Exception):
     """Base of every error mldebug raises on purpose."""
 
     exit_code: ExitCode = ExitCode.PROBLEM
+    details: dict[str, object] | None = None  # what a --json error document carries beside the message
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)

@@ -204,6 +204,56 @@ def tie_to_this_process(sig: int = signal.SIGTERM) -> Callable[[], None]:
     return tie
 
 
+class _Keeper:
+    """One thread that lives as long as the process and starts the tied children of other threads.
+
+    The kernel sends the parent-death signal when the *thread* that forked the child ends, not the process
+    (prctl(2)): a child that a short-lived thread starts and leaves running (a `top` stream's srun, started by
+    the thread that connects it) would be killed as that thread returns. Started from here, it is killed when
+    the process ends, as meant."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Any]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def run(self, start: Callable[[], Any]) -> Any:
+        from concurrent.futures import Future
+
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="mldebug-tied-children", daemon=True)
+                self._thread.start()
+        done: Future[Any] = Future()
+        self._jobs.put((start, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            start, done = self._jobs.get()
+            try:
+                done.set_result(start())
+            except BaseException as e:  # noqa: BLE001 - handed to the thread that asked
+                done.set_exception(e)
+
+
+_keeper = _Keeper()
+
+
+def popen_tied(argv: list[str], sig: int = signal.SIGTERM, held: HeldSignals | None = None,
+               **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, **kwargs)`` of a child that gets ``sig`` when this process dies, even by
+    SIGKILL (:func:`tie_to_this_process`). From the main thread, through ``held`` when given (its signals held
+    while the child starts); from any other thread, started by a thread that lives as long as the process
+    (the signal follows the thread that forked)."""
+    kwargs["preexec_fn"] = tie_to_this_process(sig)
+    if threading.current_thread() is threading.main_thread():
+        return held.popen(argv, **kwargs) if held is not None else subprocess.Popen(argv, **kwargs)
+    return _keeper.run(lambda: subprocess.Popen(argv, **kwargs))
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` still runs: it exists and is not a zombie (one that ended and waits for its
     parent to reap it, which signal 0 still reaches)."""

@@ -24,6 +24,8 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
+from ml_debug.core.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Opt:
@@ -52,10 +54,18 @@ class Opt:
     """A positional argument (``mldebug core-bt CORE...``) rather than an option; it has no flags."""
     file_okay: bool = True
     dir_okay: bool = True
+    renamed_from: tuple[str, ...] = ()
+    """Earlier names of this option: still accepted, each use with one deprecation line on stderr, and
+    left out of --help, so that scripts written for them keep working while people learn the new name."""
+    empty: bool = False
+    """The value may be the empty word (a program's own arguments: ``mldebug exec -- printf ''``; the first word,
+    the program, still may not). Every other
+    option refuses one, on the command line or from its environment variable: an empty word is an unset
+    shell variable (``--metrics-dir "$DIR"``), never a request for the default."""
 
     @property
     def name(self) -> str:
-        return self.flags[0].split("/")[0]
+        return self.flags[0].split("/")[0] if self.flags else ""
 
     @property
     def negative(self) -> str | None:
@@ -88,6 +98,20 @@ class CliField:
     default: Any
 
     @property
+    def label(self) -> str:
+        """How errors name it: its flag, or an argument's metavar."""
+        if self.opt.argument:
+            return (self.opt.metavar or self.name.upper()).split()[0].rstrip(".")
+        return self.opt.name
+
+    @property
+    def is_path(self) -> bool:
+        """A path value that the options layer converts itself (Typer's own conversion reads '' as '.')."""
+        tp = strip_optional(self.type)
+        return self.opt.parse is None and (tp is Path or (typing.get_origin(tp) is list
+                                                          and typing.get_args(tp) == (Path,)))
+
+    @property
     def is_list(self) -> bool:
         """The option is repeatable: each word is one item of the field's list."""
         if self.opt.multiple is not None:
@@ -115,19 +139,98 @@ def cli_fields(cls: type) -> list[CliField]:
     return out
 
 
+def deprecation_line(command: str, old: str, new: str) -> str:
+    """The one line on stderr that a use of an option's earlier name costs."""
+    return f"mldebug {command}: warning: {old} is deprecated, use {new} (same meaning); {old} will be removed"
+
+
 def from_options(cls: type, values: dict[str, Any]) -> Any:
-    """Build ``cls`` from parsed command-line values (keyed by field name), applying each ``parse``."""
+    """Build ``cls`` from parsed command-line values (keyed by field name), applying each ``parse``.
+    An empty word is refused (UsageError) unless the option says it may be empty (``Opt.empty``)."""
     kwargs: dict[str, Any] = {}
     for cf in cli_fields(cls):
         if cf.name not in values:
             continue
         value = values[cf.name]
-        if cf.is_list:
-            value = [cf.opt.parse(v) if cf.opt.parse else v for v in value or []]
-        elif value is not None and cf.opt.parse is not None:
-            value = cf.opt.parse(value)
+        try:
+            if cf.is_list:
+                if cf.opt.argument and value and value[0] == "":  # a program's arguments may be empty, its name not
+                    refuse_empty(dataclasses.replace(cf, opt=dataclasses.replace(cf.opt, empty=False)))
+                value = [_value(cf, v) for v in value or []]
+            elif value is not None:
+                value = _value(cf, value)
+        except UsageError as e:
+            raise _named(cf, e) from None
         kwargs[cf.name] = value
     return cls(**kwargs)
+
+
+def _named(cf: CliField, e: UsageError) -> UsageError:
+    """A refusal of ``cf``'s value, in one line that names the option (a parse's "no collective given" does not
+    say which option it was about); a newline or escape in the word it quotes is shown, not printed."""
+    from ml_debug.core.visible import visible
+
+    message = e.message if cf.label in e.message or any(f in e.message for f in cf.opt.flags) \
+        else f"{cf.label}: {e.message}"
+    return UsageError(visible(message), e.hint and visible(e.hint))
+
+
+PARSED_LARGEST = 2**63 - 1
+"""The largest number an option's own parse may give (sizes in bytes go beyond the 1e9 of Typer's numbers)."""
+
+
+def _value(cf: CliField, word: Any) -> Any:
+    """One command-line word -> the field's value (or one item of its list)."""
+    if word == "" and not cf.opt.empty:
+        refuse_empty(cf)
+    if cf.opt.parse is not None:
+        value = cf.opt.parse(word)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > PARSED_LARGEST:
+            # a size or count the option's own parse took (1e30 bytes): no C call takes it
+            raise UsageError(f"{cf.label} {word}: {value:g} is more than a 64-bit number", "give a real size or count")
+        return value
+    if cf.is_path and isinstance(word, str):
+        return _path(cf, word)
+    return word
+
+
+def refuse_empty(cf: CliField, envvar: str | None = None) -> None:
+    """An empty word for ``cf`` (from ``envvar`` when given): its own parse names it when it can (with its
+    own hint), otherwise one message for all: it is never read as the default."""
+    from ml_debug.core.errors import UsageError
+
+    if cf.opt.parse is not None and envvar is None:
+        cf.opt.parse("")  # raises the option's own "is empty" (a better hint) where it has one
+    if envvar is not None:
+        raise UsageError(f"{envvar} is set but empty (it would stand for {cf.label})",
+                         f"unset {envvar} to use the default, or give it a value")
+    if cf.opt.argument:
+        raise UsageError(f"an empty {cf.label} argument was given", f"give each {cf.label} a value "
+                         "(an unset shell variable?)")
+    raise UsageError(f"{cf.label} is empty", f"give {cf.opt.metavar or 'it a value'} (an unset shell variable?), "
+                     f"or leave {cf.label} out for its default")
+
+
+def refuse_empty_envvars(classes: list[type], environ: Any = None) -> None:
+    """Refuse an ``MLDEBUG_*`` variable of these options that is set but empty: Typer reads one as not set,
+    so ``MLDEBUG_HOSTS= mldebug exec ...`` would silently run on this node."""
+    env = os.environ if environ is None else environ
+    for cls in classes:
+        for cf in cli_fields(cls):
+            if cf.opt.envvar and env.get(cf.opt.envvar) == "" and not cf.opt.empty:
+                refuse_empty(cf, cf.opt.envvar)
+
+
+def _path(cf: CliField, word: str) -> Path:
+    """What Typer's path type checked: a path that exists must be of the kind the option takes."""
+    from ml_debug.core.errors import UsageError
+
+    path = Path(word)
+    if not cf.opt.dir_okay and path.is_dir():
+        raise UsageError(f"{cf.label} {word} is a directory", "name a file")
+    if not cf.opt.file_okay and path.exists() and not path.is_dir():
+        raise UsageError(f"{cf.label} {word} is not a directory", "name a directory (made when missing)")
+    return path
 
 
 def _word(cf: CliField, value: Any) -> str:
@@ -180,25 +283,35 @@ def strip_optional(tp: Any) -> Any:
 # ---- path values: checked before any rank starts, since a path that fails after a run loses the run ----
 
 def parse_out_dir(word: str) -> Path:
-    """--out-dir: a directory; an empty word (an unset shell variable) would write into the current one."""
+    """--out-dir: where results are also written as they arrive."""
+    return _parse_dir(word, "--out-dir", "results/")
+
+
+def parse_bundle_dir(word: str) -> Path:
+    """--bundle-dir: where the evidence a command gathers (an incident's, a drill's) goes."""
+    return _parse_dir(word, "--bundle-dir", "incidents/")
+
+
+def _parse_dir(word: str, flag: str, example: str) -> Path:
+    """A directory to write in; an empty word (an unset shell variable) would write into the current one."""
     from ml_debug.core.errors import UsageError
 
     if not word.strip():
-        raise UsageError("--out-dir is empty", "give a directory (made when missing), e.g. --out-dir results/")
+        raise UsageError(f"{flag} is empty", f"give a directory (made when missing), e.g. {flag} {example}")
     path = Path(word)
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return path  # made when the command starts
     except OSError as e:  # a loop of links, a name too long, a part of the path that is a file
-        raise UsageError(f"--out-dir {word}: {e.strerror}", "name a directory (made when missing)") from None
+        raise UsageError(f"{flag} {word}: {e.strerror}", "name a directory (made when missing)") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"--out-dir {word} is not a directory", "name a directory (made when missing)")
-    _probe_write(path, word)
+        raise UsageError(f"{flag} {word} is not a directory", "name a directory (made when missing)")
+    _probe_write(path, word, flag)
     return path
 
 
-def _probe_write(path: Path, word: str) -> None:
+def _probe_write(path: Path, word: str, flag: str) -> None:
     """A directory that exists but takes no new file (/proc/self, a read-only mount): said now, before the
     command runs, rather than as an internal error when its first result is written."""
     import tempfile
@@ -208,7 +321,7 @@ def _probe_write(path: Path, word: str) -> None:
     try:
         fd, name = tempfile.mkstemp(prefix=".mldebug-probe-", dir=path)
     except OSError as e:
-        raise UsageError(f"--out-dir {word}: cannot create a file there ({e.strerror or e})",
+        raise UsageError(f"{flag} {word}: cannot create a file there ({e.strerror or e})",
                          "name a directory you can write (made when missing)") from None
     os.close(fd)
     os.unlink(name)

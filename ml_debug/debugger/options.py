@@ -29,9 +29,10 @@ class AttachOptions:
     frame: int | None = option(None, min=0, metavar="N", panel=WHAT,
                                help="The frame to read, 0 = innermost (default: 0; --eval then searches callers).")
     attach_timeout: float = option(60.0, min=1.0, metavar="S", panel=WHAT,
-                                   help="Seconds for debugpy to start in the process (gdb injects it: several "
-                                        "seconds; more on a loaded node).")
-    timeout: float = option(10.0, min=0.5, metavar="S", panel=WHAT,
+                                   help="Seconds to attach: for debugpy to start in the process (gdb injects it: "
+                                        "several seconds; more on a loaded node).")
+    timeout: float = option(10.0, flags=("--request-timeout",), renamed_from=("--timeout",), min=0.5, metavar="S",
+                            panel=WHAT,
                             help="Seconds for each debugger request, and for the thread to stop.")
 
     # The two halves of the prompt on a remote rank (ml_debug/debugger/remote.py): every node answers

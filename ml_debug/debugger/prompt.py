@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from ml_debug.core.visible import visible
 from ml_debug.debugger.dap import DapError
-from ml_debug.debugger.model import AttachResult
 from ml_debug.debugger.render import frame_line, variable_line
+from ml_debug.debugger.result import AttachResult
 from ml_debug.debugger.session import Session
 
 HELP = """commands:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 
 from ml_debug.core.errors import PartialResult, UsageError
-from ml_debug.debugger.model import AttachResult, from_dict
 from ml_debug.debugger.options import AttachOptions
+from ml_debug.debugger.result import AttachResult, from_dict
 from ml_debug.debugger.run import Prompt
 from ml_debug.remote.targets import TargetSpec
 

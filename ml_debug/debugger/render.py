@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ml_debug.core.visible import visible
-from ml_debug.debugger.model import AttachResult, FrameInfo, Variable
+from ml_debug.debugger.result import AttachResult, FrameInfo, Variable
 
 if TYPE_CHECKING:
     from rich.console import Console

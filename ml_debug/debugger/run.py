@@ -7,9 +7,7 @@ traffic never leaves that node (see ml_debug/debugger/remote.py).
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -17,8 +15,8 @@ from collections.abc import Callable
 from ml_debug.core.errors import EnvironmentProblem, ExitCode, MLDebugError, UsageError
 from ml_debug.core.lifecycle import alive
 from ml_debug.debugger.dap import DapError
-from ml_debug.debugger.model import AttachResult, Evaluation, ThreadInfo
 from ml_debug.debugger.options import AttachOptions
+from ml_debug.debugger.result import AttachResult, Evaluation, ThreadInfo
 from ml_debug.debugger.session import AdapterLink, Link, Session
 
 Prompt = Callable[[Session, AttachResult], None]
@@ -34,7 +32,7 @@ class RankNotHere(UsageError):
 
 def find_pid(opts: AttachOptions) -> tuple[int, int | None, list[int]]:
     """(pid, rank, ranks on this node) for --pid or --rank; UsageError when there is no such process."""
-    from ml_debug.procs import find_targets
+    from ml_debug.procs import find_processes
     from ml_debug.procs.find import is_python
     from ml_debug.procs.tree import read_proc
 
@@ -55,8 +53,8 @@ def find_pid(opts: AttachOptions) -> tuple[int, int | None, list[int]]:
         from ml_debug.procs.labels import labels_from_environ, read_environ
 
         return opts.pid, labels_from_environ(read_environ(opts.pid)).rank, []
-    found = find_targets(env=opts.env_filter or None)
-    ranks = {t.rank: t.pid for t in found.targets if t.rank is not None}
+    found = find_processes(env=opts.env_filter or None)
+    ranks = {t.rank: t.pid for t in found.processes if t.rank is not None}
     if opts.rank not in ranks:
         here = ", ".join(str(r) for r in sorted(ranks)) or "none"
         raise RankNotHere(f"rank {opts.rank} is not on {found.host} (ranks here: {here})",
@@ -79,14 +77,11 @@ def _ancestors() -> set[int]:
 
 def check_can_attach(pid: int) -> None:
     """debugpy importable, gdb present, ptrace allowed: EnvironmentProblem (exit 3) otherwise."""
+    from ml_debug.core.extras import require
     from ml_debug.core.ptrace import check_ptrace
 
-    if importlib.util.find_spec("debugpy") is None:
-        raise EnvironmentProblem("debugpy is not installed beside mldebug",
-                                 hint="pip install 'mldebug[debug]' (or pip install debugpy)")
-    if shutil.which("gdb") is None:
-        raise EnvironmentProblem("gdb is not installed: debugpy injects itself into a running process with gdb",
-                                 hint="apt-get install gdb (or dnf install gdb)")
+    require("debugpy", "mldebug attach")
+    require("gdb", "mldebug attach (debugpy injects itself into a running process with gdb)")
     try:
         uid: int | None = os.stat(f"/proc/{pid}").st_uid
     except OSError:

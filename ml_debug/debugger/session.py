@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ml_debug.core import lifecycle
 from ml_debug.debugger.dap import DapClient, DapError, Wire
-from ml_debug.debugger.model import Evaluation, FrameInfo, ThreadInfo, Variable
+from ml_debug.debugger.result import Evaluation, FrameInfo, ThreadInfo, Variable
 
 ADAPTER = [sys.executable, "-m", "ml_debug.debugger.adapter"]  # debugpy's, its injector quiet
 # The symbols gdb must read to inject debugpy: dlopen (libc; libdl before glibc 2.34), and the

@@ -168,21 +168,20 @@ class SrunLink:
     """The agent in a step of the Slurm job on the rank's node; srun's stdin and stdout are the wire."""
 
     def __init__(self, spec: TargetSpec, target: Target, script: str, deadline: float) -> None:
-        from ml_debug.remote.slurm import stream_argv
+        from ml_debug.remote.slurm import start_srun, stream_argv
 
         assert spec.slurm_job is not None
         ours, theirs = socket.socketpair()
         self.err: deque[bytes] = deque(maxlen=64)
         with lifecycle.held_signals() as held:  # a Ctrl-C while srun starts is raised in the try, which ends it
             try:
-                self.proc = held.popen(
+                self.proc = start_srun(
                     stream_argv(spec.slurm_job, target.host, script, spec.slurm_gres_gpu, name="mldebug-attach",
                                 unbuffered=True),
-                    stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.PIPE, start_new_session=True)
-            except FileNotFoundError:
+                    held, stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.PIPE)
+            except EnvironmentProblem:
                 ours.close()
-                raise EnvironmentProblem("srun is not installed here",
-                                         "run from a login node of the cluster") from None
+                raise
             finally:
                 theirs.close()
             self.wire: Wire = ours

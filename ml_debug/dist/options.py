@@ -18,7 +18,7 @@ PANEL = "Launch"
 
 def _nproc_per_node(default: str) -> Any:
     """The ``--nproc-per-node`` field; ``default`` says what the command does without it."""
-    return option(None, min=1, envvar="MLDEBUG_NPROC_PER_NODE", panel=PANEL, forward=False,
+    return option(None, min=1, metavar="N", envvar="MLDEBUG_NPROC_PER_NODE", panel=PANEL, forward=False,
                   help=f"Self-launch this many local ranks (default: {default}). "
                        "Ignored when torchrun, srun or mpirun already launched us.")
 
@@ -28,7 +28,7 @@ class SpawnOptions:
     """How to self-launch ranks when no launcher (torchrun, srun, mpirun) started us."""
 
     nproc_per_node: int | None = _nproc_per_node("one per visible GPU, or 2 CPU ranks")
-    nnodes: int = option(1, min=1, panel=PANEL, forward=False,
+    nnodes: int = option(1, min=1, metavar="N", panel=PANEL, forward=False,
                          help="Nodes in a self-launched multi-node run (run the same command on each node "
                               "with its --node-rank).")
     node_rank: int = option(0, min=0, panel=PANEL, forward=False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ml_debug.core import lifecycle
-from ml_debug.core.errors import ExitCode, UsageError
+from ml_debug.core.errors import ExitCode, PartialResult, UsageError, first_line
 
 WORKER_MODULE = "ml_debug.cli.worker"  # each rank runs the CLI through this entry point (named, not imported)
 KILLED = -15  # a rank stopped by the launcher because another one failed
@@ -162,6 +163,33 @@ def _stop_stragglers(workdir: str, ranks: range, linger_s: float, result: SpawnR
         os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into a clean stop of every rank
 
 
+_JOINED = re.compile(r"(\d+)/(\d+) clients joined")
+
+
+def _missing_nodes(spec: SpawnSpec, addr: str, port: int, error: BaseException) -> PartialResult:
+    """The rendezvous of a multi-node self-launch ended without every node (torch says `DistStoreError: Timed
+    out after 31 seconds waiting for clients. 1/2 clients joined.`, once an internal error after twice the
+    time asked for): exit 4, naming the nodes that never came."""
+    where = f"{addr}:{port}"
+    why = first_line(error)
+    if spec.nnodes == 1:  # no other node to wait for: this node's own rendezvous store failed
+        return PartialResult(f"the ranks' rendezvous at {where} failed: {why}: no rank started",
+                             "run again; if it repeats, give --master-port a free port")
+    if spec.node_rank == 0:
+        others = list(range(1, spec.nnodes))
+        joined = _JOINED.search(why)
+        came = f" ({int(joined.group(1)) - 1} of {spec.nnodes - 1} did)" if joined and spec.nnodes > 2 else ""
+        names = ", ".join(map(str, others))
+        message = (f"node rank{'s' if len(others) > 1 else ''} {names} never joined the rendezvous at {where} within "
+                   f"{spec.rdzv_timeout_s:g} s{came}: no rank started")
+    else:
+        message = (f"node rank 0 (the master, {where}) never answered within {spec.rdzv_timeout_s:g} s: no rank "
+                   f"started ({why})")
+    return PartialResult(message, f"start the same command on every node, --node-rank 0 .. {spec.nnodes - 1}, within "
+                                  "--init-timeout of each other, with the same --master-addr and --master-port, and "
+                                  "check that node 0's port can be reached")
+
+
 def validate(spec: SpawnSpec) -> SpawnSpec:
     if spec.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node {spec.nproc_per_node} must be at least 1", "use 1 or more")
@@ -182,8 +210,10 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
     Returns each rank's exit code. Workers inherit stdout/stderr; rank 0 prints the verdict.
     """
     spec = validate(spec)
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # torch's agent logs every start, stop and failed rank; the command reports those itself. Its
@@ -232,6 +262,8 @@ def spawn(argv: Sequence[str], spec: SpawnSpec, env: Mapping[str, str] | None = 
         try:
             entry = [*spec.wrapper, "-m", "--"] if spec.wrapper else ["-m"]
             elastic_launch(config, sys.executable)("-u", *entry, WORKER_MODULE, *argv)
+        except (DistError, RendezvousError) as e:  # the nodes never all met: no rank started anywhere
+            raise _missing_nodes(spec, addr, port, e) from None
         except ChildFailedError as e:
             failures = {int(r): int(f.exitcode) for r, f in e.failures.items()}
         except SignalException as e:

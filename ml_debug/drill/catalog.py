@@ -19,7 +19,7 @@ from ml_debug.core.ranges import expand
 from ml_debug.core.testhooks import ENV as HOOKS_ENV
 from ml_debug.drill.injectors import ENV as FAULT_ENV
 from ml_debug.drill.injectors import slow_pair_spec
-from ml_debug.drill.model import Injected, Named
+from ml_debug.drill.result import Injected, Named
 from ml_debug.drill.sites import Output, Site, wait_for_step
 from ml_debug.drill.workspace import DrillError, Ran, Workspace, result_of
 
@@ -128,14 +128,14 @@ def _dump_stacks(ws: Workspace, target: list[str]) -> list[str]:
 def _watch(ws: Workspace, target: list[str]) -> list[str]:
     # --stall well above a step on a loaded node: the straggler is to be named before any stall is
     return ["watch", *target, "--progress-file", str(ws.dir / "metrics" / "rank-{rank}.jsonl"), "--stall", "30", "--grace", "0",
-            "--interval", "1", "--stack-every", "1", "--out-dir", "incident"]
+            "--interval", "1", "--stack-every", "1", "--bundle-dir", "incident"]
 
 
 # -- faults that end the job: read its logs -------------------------------------------------------------
 def _ended(fault: str, where: str | None, silent: bool = False) -> Drill:
     def drill(ws: Workspace, site: Site, plan: Plan) -> tuple[Injected, DrillVerdict]:
         t0 = time.monotonic()
-        logs = site.launched(ws, plan.nproc, ["--preset", "tiny", "--steps", str(plan.step + 3), "--timeout", "30",
+        logs = site.launched(ws, plan.nproc, ["--preset", "tiny", "--steps", str(plan.step + 3), "--collective-timeout", "30",
                                                "--inject", f"{fault}@step={plan.step},rank={plan.rank}"])
         job_s = time.monotonic() - t0
 

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ml_debug.drill.model import CORRECT, MISSED, DrillOutcome, DrillResult
+from ml_debug.drill.result import CORRECT, MISSED, DrillOutcome, DrillResult
 
 STYLE = {CORRECT: "green", MISSED: "bold red"}
 

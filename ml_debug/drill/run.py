@@ -13,9 +13,10 @@ from pathlib import Path
 from ml_debug.core import output, safefs
 from ml_debug.core.errors import UsageError
 from ml_debug.core.options import to_argv
+from ml_debug.dist.limits import check_nproc
 from ml_debug.drill.catalog import CATALOG, Plan, judge
-from ml_debug.drill.model import CORRECT, ERROR, MISSED, DrillOutcome, DrillResult, Injected, Named
 from ml_debug.drill.options import DrillOptions
+from ml_debug.drill.result import CORRECT, ERROR, MISSED, DrillOutcome, DrillResult, Injected, Named
 from ml_debug.drill.sites import LocalSite, Site, SlurmSite, SshSite, check_slurm_request
 from ml_debug.drill.workspace import DrillError, Workspace
 from ml_debug.remote.options import TargetOptions
@@ -75,6 +76,8 @@ def site_for(opts: DrillOptions, targets: TargetOptions | None = None) -> Site:
     if opts.nproc_per_node < 2:
         raise UsageError(f"--nproc-per-node {opts.nproc_per_node} on this node leaves the injected rank no peer",
                          "give --nproc-per-node 2 or more, or run the drills over --hosts or --slurm-partition")
+    # as every command that starts ranks here: refused now, not found out as a drill scored "missed"
+    check_nproc(opts.nproc_per_node, opts.max_nproc_per_node)
     return LocalSite()
 
 
@@ -86,7 +89,7 @@ def run_drills(opts: DrillOptions, targets: TargetOptions | None = None,
     host = socket.gethostname()
     site = site_for(opts, targets)
     root = opts.out_dir or Path(f"mldebug-drill-{time.strftime('%Y%m%d-%H%M%S')}")
-    safefs.make_out_dir(root)  # no link of another user followed; the folder ours or root's
+    safefs.make_out_dir(root, "--bundle-dir")  # no link of another user followed; the folder ours or root's
     outcomes: list[DrillOutcome] = []
     interrupted = False
     with output.progress(len(opts.only), "drills") as bar:
@@ -122,7 +125,7 @@ def run_drills(opts: DrillOptions, targets: TargetOptions | None = None,
 
 
 def _repeat(opts: DrillOptions, seed: int, targets: TargetOptions | None) -> list[str]:
-    """The options that run the same drills, on the same ranks and steps, again (a new --out-dir)."""
+    """The options that run the same drills, on the same ranks and steps, again (a new --bundle-dir)."""
     words = to_argv(dataclasses.replace(opts, seed=seed, out_dir=None), changed_only=True)
     if targets is not None:
         words += to_argv(targets, forwarded_only=False, changed_only=True)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 TRAIN = ["--preset", "tiny", "--steps", "100000"]
 # a stage timeout with room for a loaded node (a rank's first stage includes importing torch)
 GPU_TEST_TIMEOUT = "10"
-GPU_TEST = ["gpu-test", "--json", "--timeout", GPU_TEST_TIMEOUT, "--backend", "gloo", "--device", "cpu"]
+GPU_TEST = ["gpu-test", "--json", "--stage-timeout", GPU_TEST_TIMEOUT, "--backend", "gloo", "--device", "cpu"]
 PAIRWISE = ["allreduce-bench", "--pairwise", "--backend", "gloo", "--device", "cpu", "-e", "256K", "-n", "5", "-w", "1",
             "--slow-threshold", "0.7"]
 SLURM_QUERY_S = 30.0
@@ -89,7 +89,8 @@ class LocalSite:
         return socket.gethostname()
 
     def train(self, ws: Workspace, nproc: int, fault: str, env: dict[str, str]) -> Job:
-        proc = ws.start(["train", "--nproc-per-node", str(nproc), *TRAIN, "--timeout", f"{max(ws.left(), 30):.0f}",
+        proc = ws.start(["train", "--nproc-per-node", str(nproc), *TRAIN,
+                         "--collective-timeout", f"{max(ws.left(), 30):.0f}",
                          "--metrics-dir", str(ws.dir / "metrics"), "--inject", fault], "job.log", env)
         return Job(["--pid", str(proc.pid)], lambda: ws.alive(proc, "job.log"))
 
@@ -112,7 +113,7 @@ class LocalSite:
         for r, proc in procs.items():
             ws.finish(proc, f"gpu-test rank {r}")
         return Output((ws.dir / "rank0.log").read_text(errors="replace"), time.monotonic() - t0,
-                      f"mldebug gpu-test --timeout {GPU_TEST_TIMEOUT} ({nproc - 1} of {nproc} ranks started)")
+                      f"mldebug gpu-test --stage-timeout {GPU_TEST_TIMEOUT} ({nproc - 1} of {nproc} ranks started)")
 
     def slow_link(self, ws: Workspace, nproc: int, env: dict[str, str]) -> Output:
         argv = [*PAIRWISE[:2], "--nproc-per-node", str(nproc), *PAIRWISE[2:]]
@@ -140,7 +141,7 @@ class SlurmSite:
         return nodes[rank // nproc] if rank // nproc < len(nodes) else "?"
 
     def train(self, ws: Workspace, nproc: int, fault: str, env: dict[str, str]) -> Job:
-        train = [sys.executable, "-m", "ml_debug.train", *TRAIN, "--timeout", f"{max(ws.left(), 30):.0f}",
+        train = [sys.executable, "-m", "ml_debug.train", *TRAIN, "--collective-timeout", f"{max(ws.left(), 30):.0f}",
                  "--metrics-dir", str(ws.dir / "metrics"), "--inject", fault]
         job = self._submit(ws, self._launch_script(ws, nproc, train), self.nodes, 1, env)
         self._wait_running(ws, job)
@@ -162,7 +163,7 @@ class SlurmSite:
         job = self._submit(ws, script, self.nodes, nproc, {})
         self._wait_end(ws, job)
         return Output((ws.dir / "job.out").read_text(errors="replace"), time.monotonic() - t0,
-                      f"srun mldebug gpu-test --timeout {GPU_TEST_TIMEOUT} (task {skip} of {world} never started)")
+                      f"srun mldebug gpu-test --stage-timeout {GPU_TEST_TIMEOUT} (task {skip} of {world} never started)")
 
     def slow_link(self, ws: Workspace, nproc: int, env: dict[str, str]) -> Output:
         program = shlex.join([sys.executable, "-m", "ml_debug", *PAIRWISE, "--json"])
@@ -292,7 +293,7 @@ class SshSite:
         return self.hosts[i].host if i < len(self.hosts) else "?"
 
     def train(self, ws: Workspace, nproc: int, fault: str, env: dict[str, str]) -> Job:
-        train = [self.python, "-m", "ml_debug.train", *TRAIN, "--timeout", f"{max(ws.left(), 30):.0f}",
+        train = [self.python, "-m", "ml_debug.train", *TRAIN, "--collective-timeout", f"{max(ws.left(), 30):.0f}",
                  "--metrics-dir", str(ws.dir / "metrics"), "--inject", fault]
         self._launch(ws, nproc, train, env)
         return Job([*self.words, "--env", f"{TOKEN_VAR}={ws.token}"], lambda: self._alive(ws))
@@ -318,7 +319,8 @@ class SshSite:
             self._start(ws, host, "\n".join([*lines, "wait"]), {})
         ws.wait_for("gpu-test to end on every node", lambda: None if self._running() else True, period_s=0.5)
         return Output((ws.dir / "rank0.log").read_text(errors="replace"), time.monotonic() - t0,
-                      f"mldebug gpu-test --timeout {GPU_TEST_TIMEOUT} over ssh (rank {skip} of {world} never started)")
+                      f"mldebug gpu-test --stage-timeout {GPU_TEST_TIMEOUT} over ssh "
+                      f"(rank {skip} of {world} never started)")
 
     def slow_link(self, ws: Workspace, nproc: int, env: dict[str, str]) -> Output:
         if self.nodes < 3:

@@ -56,14 +56,14 @@ class Workspace:
     def __init__(self, folder: Path, deadline: float) -> None:
         from ml_debug.core import safefs
 
-        # never resolved by following links: a drill folder in a shared --out-dir is made by safefs's
+        # never resolved by following links: a drill folder in a shared --bundle-dir is made by safefs's
         # rules (a link planted at its name is refused), and is ours, so what the drill writes in it
         # by name stays in it
         self.dir = Path(os.path.abspath(folder))
         self.deadline = deadline
         self.token = uuid.uuid4().hex[:16]
         self.jobs: list[subprocess.Popen[bytes]] = []
-        safefs.make_out_dir(self.dir)
+        safefs.make_out_dir(self.dir, "--bundle-dir")
 
     # -- time ------------------------------------------------------------------------------------
     def left(self) -> float:

@@ -1,6 +1,6 @@
 """The metrics: their names, types, labels and help (:data:`METRICS`, the one list the docs page, the
 dashboard test and the collector share), and the prometheus_client collector that turns the last
-:class:`~ml_debug.exporter.model.Snapshot` into them at each scrape.
+:class:`~ml_debug.exporter.result.Snapshot` into them at each scrape.
 
 Names follow Prometheus' conventions: ``mldebug_`` prefix, snake_case, base units in the name
 (``_seconds``, ``_bytes``, ``_ratio``), ``_total`` for counters. Labels are bounded: ``node`` (this
@@ -19,7 +19,7 @@ from typing import Any
 
 from ml_debug.core.nvml import CLOCK_EVENT_BITS
 from ml_debug.core.visible import visible
-from ml_debug.exporter.model import GpuValues, Snapshot
+from ml_debug.exporter.result import GpuValues, Snapshot
 
 GAUGE = "gauge"
 COUNTER = "counter"

@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +24,8 @@ from ml_debug import __version__
 from ml_debug.core import output
 from ml_debug.core.errors import ExitCode, UsageError, first_line
 from ml_debug.exporter import sources
-from ml_debug.exporter.model import (
+from ml_debug.exporter.options import LISTEN_HINT, ExporterOptions
+from ml_debug.exporter.result import (
     HEALTH,
     RANKS,
     RankValues,
@@ -34,7 +36,6 @@ from ml_debug.exporter.model import (
     rank_values,
     split_by_job,
 )
-from ml_debug.exporter.options import LISTEN_HINT, ExporterOptions
 
 SCHEMA = "mldebug.exporter"
 SCHEMA_VERSION = 1
@@ -75,7 +76,7 @@ class Exporter:
                 self.sampler = sources.make_sampler(self.opts)
             sample = self.sampler.sample()
             now = time.time()
-            jobs = split_by_job(sample, list(self.sampler.targets), self.opts.job)
+            jobs = split_by_job(sample, list(self.sampler.processes), self.opts.job)
             for job_id in self.trackers.keys() - jobs.keys():  # no rank of it left: its ranks exit
                 jobs[job_id] = replace(sample, ranks=[])
             ranks: list[RankValues] = []
@@ -229,54 +230,75 @@ def _bind(opts: ExporterOptions, registry: Any) -> Any:
     return server
 
 
-class _Stop(Exception):
-    pass
+STOP_POLL_S = 0.2
+"""How often the serving loop looks whether SIGTERM came (the latency of a stop)."""
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    raise _Stop
+def _on_sigterm() -> tuple[Callable[[int, Any], None], list[int]]:
+    """SIGTERM's handler while serving, and the list in which it notes the signal. It raises nothing: an
+    exception raised by a signal lands wherever the main thread is (starting, or already handling a Ctrl-C,
+    or a second SIGTERM while stopping), which made the exit code a matter of timing (0, 130, once
+    `internal error: _Stop`). The serving loop looks at the list instead."""
+    came: list[int] = []
+
+    def terminated(signum: int, _frame: Any) -> None:
+        came.append(signum)
+
+    return terminated, came
 
 
 def serve(opts: ExporterOptions) -> int:
-    """Serve /metrics until SIGTERM (exit 0) or Ctrl-C (exit 130)."""
+    """Serve /metrics until SIGTERM (exit 0) or Ctrl-C (exit 130).
+
+    The SIGTERM handler is in place before the port is bound: a SIGTERM from anyone who has seen the port
+    answer means exit 0, whenever it comes."""
+    opts.validate()
+    exporter = Exporter(opts)
+    terminated, came = _on_sigterm()
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:  # the handler stays until the document is out: a SIGTERM until then is the same stop
+        code, status = _serve_until_stopped(opts, exporter, came)
+        result = exporter.result(status)
+        result.update(exit_code=int(code), ok=code == ExitCode.OK)
+        output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: console.print(result["summary"], soft_wrap=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return int(code)
+
+
+def _serve_until_stopped(opts: ExporterOptions, exporter: Exporter, came: list[int]) -> tuple[ExitCode, str]:
+    """Bind, serve, and stop on SIGTERM (noted in ``came``) or Ctrl-C: (exit code, status)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.process_collector import ProcessCollector
 
     from ml_debug.exporter.render import SnapshotCollector
 
-    opts.validate()
-    exporter = Exporter(opts)
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(exporter.current))
-    ProcessCollector(namespace="mldebug_exporter", registry=registry)  # its own CPU and memory, for the benchmark
-    server = _bind(opts, registry)
-    host, port = server.server_address[:2]
-    shown = f"[{host}]" if ":" in str(host) else host
-    output.log(f"mldebug exporter: serving http://{shown}:{port}/metrics (ranks every {opts.interval:g} s, health "
-               f"checks every {opts.health_interval:g} s)")
-    if host not in ("127.0.0.1", "::1"):
-        output.log("mldebug exporter: listening beyond this node: whoever reaches the port reads job ids, ranks "
-                   "and the node's health (put it behind a firewall or the cluster network)")
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    code, status = ExitCode.OK, "stopped"
+    server = None
     try:
+        registry = CollectorRegistry()
+        registry.register(SnapshotCollector(exporter.current))
+        ProcessCollector(namespace="mldebug_exporter", registry=registry)  # its own CPU and memory, for the benchmark
+        server = _bind(opts, registry)
+        host, port = server.server_address[:2]
+        shown = f"[{host}]" if ":" in str(host) else host
+        output.log(f"mldebug exporter: serving http://{shown}:{port}/metrics (ranks every {opts.interval:g} s, "
+                   f"health checks every {opts.health_interval:g} s)")
+        if host not in ("127.0.0.1", "::1"):
+            output.log("mldebug exporter: listening beyond this node: whoever reaches the port reads job ids, "
+                       "ranks and the node's health (put it behind a firewall or the cluster network)")
         exporter.start_threads()
-        while not exporter.stop.wait(3600):
+        while not came and not exporter.stop.wait(STOP_POLL_S):
             pass
-    except _Stop:
         output.log("mldebug exporter: stopped (SIGTERM)")
+        return ExitCode.OK, "stopped"
     except KeyboardInterrupt:
         output.log("mldebug exporter: interrupted")
-        code, status = ExitCode.INTERRUPTED, "interrupted"
+        return ExitCode.INTERRUPTED, "interrupted"
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        server.shutdown()
-        server.server_close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         exporter.close()
-    result = exporter.result(status)
-    result.update(exit_code=int(code), ok=code == ExitCode.OK)
-    output.emit(SCHEMA, SCHEMA_VERSION, result, lambda console: console.print(result["summary"], soft_wrap=True))
-    return int(code)
 
 
 def once(opts: ExporterOptions) -> int:

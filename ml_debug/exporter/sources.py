@@ -28,9 +28,9 @@ def make_sampler(opts: ExporterOptions) -> Any:
 
 def make_tracker(opts: ExporterOptions) -> Any:
     """`mldebug watch`'s Tracker. Its own --grace counts from the watch's start; the exporter runs for
-    days, so the grace is applied per rank instead (:mod:`ml_debug.exporter.model`), and the Tracker judges
+    days, so the grace is applied per rank instead (:mod:`ml_debug.exporter.result`), and the Tracker judges
     from the start."""
-    from ml_debug.watch.model import Tracker
+    from ml_debug.watch.verdict import Tracker
 
     return Tracker(stall=opts.stall, grace=0.0, straggler_factor=opts.straggler_factor, interval=opts.interval,
                    node_timeout=max(60.0, 3 * opts.interval))
@@ -39,7 +39,7 @@ def make_tracker(opts: ExporterOptions) -> Any:
 def run_health(opts: ExporterOptions) -> Any:
     """One run of the node's level 1 health checks: ``mldebug health --local`` (a NodeReport)."""
     from ml_debug.health.options import HealthOptions
-    from ml_debug.health.runner import run_local
+    from ml_debug.health.run import run_local
 
     return run_local(HealthOptions(level=1, expect_gpus=opts.expect_gpus, paths=list(opts.paths)))
 

@@ -13,17 +13,18 @@ from ml_debug.dist.options import backend_option, device_option
 class GpuTestConfig:
     """What `mldebug gpu-test` checks and how long each stage may take (the command's options)."""
 
-    timeout_s: float = option(30.0, flags=("--timeout",), min=0.5, help="Seconds each stage may take on each rank.")
+    timeout_s: float = option(30.0, flags=("--stage-timeout",), renamed_from=("--timeout",), min=0.5, metavar="S",
+                              help="Seconds each stage may take on each rank.")
     init_timeout_s: float | None = option(
-        None, flags=("--init-timeout",), min=0.5,
-        help="Seconds for all ranks to check in and init the group (default: --timeout).")
+        None, flags=("--init-timeout",), min=0.5, metavar="S",
+        help="Seconds for all ranks to check in and init the group (default: --stage-timeout).")
     mem_gb: float = option(0.0, min=0.0, help="Also allocate and fill this many GiB per device.")
     isolate: bool = option(False, forward=False,
                            help="Test every GPU alone, then in pairs, then the shifted pairs, to find one bad GPU "
                                 "or link (CPU: the same over rank slots).")
     backend: str = backend_option()
     device: str = device_option()
-    out_dir: Path | None = option(None, parse=parse_out_dir,
+    out_dir: Path | None = option(None, metavar="DIR", parse=parse_out_dir,
                                   help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
                                        "a crash.")
     report_to: Path | None = option(None, hidden=True, forward=False,

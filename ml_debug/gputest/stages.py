@@ -31,7 +31,7 @@ from ml_debug.dist.rollcall import DEAD_AFTER_S, Absent, RollCall
 from ml_debug.dist.store import StoreUnavailable, create_store, store_set, wait_keys
 from ml_debug.dist.world import World, detect_world
 from ml_debug.gputest.options import GpuTestConfig
-from ml_debug.gputest.report import (
+from ml_debug.gputest.verdict import (
     ABSENT,
     FAIL,
     OK,

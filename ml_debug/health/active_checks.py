@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ml_debug.health.gpu_checks import Thresholds
-from ml_debug.health.model import Check, Status
+from ml_debug.health.result import Check, Status
 
 
 def known_peak(name: str, dtype: str) -> float | None:

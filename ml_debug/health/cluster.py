@@ -12,7 +12,7 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.output import to_jsonable
 from ml_debug.health.active_checks import outlier_checks
-from ml_debug.health.model import Check, HealthResult, NodeReport, Status, Unreachable
+from ml_debug.health.result import Check, HealthResult, NodeReport, Status, Unreachable
 
 SCHEMA = "mldebug.health"
 

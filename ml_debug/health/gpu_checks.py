@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ml_debug.core.nvml import CLOCK_EVENT_BITS, is_na
-from ml_debug.health.model import Check, GpuInfo, Status
+from ml_debug.health.result import Check, GpuInfo, Status
 from ml_debug.health.xid import XidEvent, bus_matches
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ml_debug.core import bounded
-from ml_debug.health.model import Check, Status
+from ml_debug.health.result import Check, Status
 
 GiB = 2**30
 

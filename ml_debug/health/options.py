@@ -42,7 +42,7 @@ class HealthOptions:
     paths: list[str] = option(flags=("--path",), default_factory=list, metavar="DIR", panel=TESTS, parse=parse_path,
                               help="Check free disk and inodes here (repeatable; default: the working directory "
                                    "and the temp dir).")
-    stress_seconds: float | None = option(None, min=0.1, panel=TESTS,
+    stress_seconds: float | None = option(None, min=0.1, metavar="S", panel=TESTS,
                                           help="Matmul stress per GPU (default: 15 at level 2, 120 at level 3, "
                                                "5 on CPU).")
     memtest_fraction: float | None = option(None, panel=TESTS,
@@ -63,7 +63,8 @@ class HealthOptions:
                                   help="Also write the JSON document here: health.json when this node's checks end; "
                                        "with --hosts/--slurm-job each node's as it arrives, so a Ctrl-C keeps the "
                                        "nodes already done.")
-    timeout: float | None = option(None, min=1, metavar="SECONDS", forward=False,
+    timeout: float | None = option(None, flags=("--node-timeout",), renamed_from=("--timeout",), min=1, metavar="S",
+                                   forward=False,
                                    help="Per node with --hosts/--slurm-job (default: 120 s at level 1, more with "
                                         "the stress time).")
 

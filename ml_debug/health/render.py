@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ml_debug.health.model import HealthResult, Status
+from ml_debug.health.result import HealthResult, Status
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ml_debug.core.nvml import NotAvailable, NvmlGateway, is_na
-from ml_debug.health.model import GpuInfo
+from ml_debug.health.result import GpuInfo
 
 
 def _pick(value: Any, i: int) -> Any:

@@ -198,7 +198,7 @@ _SRUN_NODE_FAIL = re.compile(r"srun: error: Node failure on (\S+)")
 _SLURM_CANCEL = re.compile(r"\*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
                            r"(?: DUE TO (?P<why>[A-Z ]+?))?(?: \*\*\*)?$")
 _OOM_KILL = re.compile(r"Detected (\d+) oom[-_]kill event")
-_LAUNCH_TIMEOUT = re.compile(r"mldebug launch: error: --timeout (?P<s>\S+) s reached")
+_LAUNCH_TIMEOUT = re.compile(r"mldebug launch: error: --(?:run-)?timeout (?P<s>\S+) s reached")
 _TOOL_ERROR = re.compile(r"(?:mldebug|python\d?(?:\.\d+)?): error: (?P<msg>.+)")
 _FATAL = re.compile(r"Fatal Python error: (?P<msg>.+)")
 # the interpreter's own errors before any code runs: "python3: can't open file 'x.py': [Errno 2] ...",
@@ -819,8 +819,8 @@ class Collector:
             return
         m = _LAUNCH_TIMEOUT.search(rest)
         if m:  # the ranks' SIGTERM tracebacks that follow are its consequence
-            self._one("launcher", PRIMARY, f"the job reached mldebug launch --timeout {m.group('s')} s: the launcher "
-                      "stopped every rank", "stopped at --timeout", Who(None, ctx.who.node, None), line, offset, rest)
+            self._one("launcher", PRIMARY, f"the job reached mldebug launch --run-timeout {m.group('s')} s: the launcher "
+                      "stopped every rank", "stopped at --run-timeout", Who(None, ctx.who.node, None), line, offset, rest)
             return
         m = _TOOL_ERROR.search(rest)
         if m:

@@ -130,6 +130,9 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
         if no_python or opts.trace:
             raise UsageError("--debug-rank runs a Python script or module under debugpy, without --trace or "
                              "--no-python", "drop --trace, or launch the Python script itself")
+        from ml_debug.core.extras import require
+
+        require("debugpy", "mldebug launch --debug-rank")  # here, not as N ranks' ModuleNotFoundError
         cmd = [sys.executable, *debug_rank_argv(opts.debug_rank, opts.debug_port, opts.debug_no_wait),
                *(["-m"] if module else []), "--", *cmd]
         module, no_python = False, True
@@ -264,7 +267,7 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
                 if deadline is not None and time.monotonic() >= deadline:
                     # "error" and the time make `mldebug logs` read this line as the cause, at its time
                     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-                    msg = f"mldebug launch: error: --timeout {timeout:g} s reached at {now}: stopping the job\n"
+                    msg = f"mldebug launch: error: --run-timeout {timeout:g} s reached at {now}: stopping the job\n"
                     with lock:
                         log.write(msg.encode())
                     err.write(msg.encode())

@@ -86,7 +86,7 @@ class LogsOptions:
                         help="Show every traceback group in full and the whole timeline (shortened otherwise).")
     tracebacks: int = option(3, min=0, metavar="N", panel=SHOW,
                              help="How many distinct tracebacks to show (most important first).")
-    jobs: int | None = option(None, min=1, metavar="N",
+    jobs: int | None = option(None, flags=("--readers",), renamed_from=("--jobs",), min=1, metavar="N",
                               help="Reader processes (1: read everything in this process). Default: one per CPU, "
                                    "at most 16, when the logs are over 64 MiB; smaller logs are read in this process.")
     html: Path | None = option(None, metavar="FILE.html", dir_okay=False, forward=False, panel=SHOW,
@@ -99,7 +99,7 @@ class LaunchJobOptions:
     """The options of `mldebug launch`: torchrun's own (passed on as given), where logs go, extras."""
 
     command: list[str] = argument(
-        default_factory=list, metavar="SCRIPT [ARGS]...",
+        default_factory=list, metavar="SCRIPT [ARGS]...", empty=True,
         help="The training script and its arguments (with -m: a module; with --no-python: a program). Put -- "
              "before them.")
     nproc_per_node: str = option("1", metavar="N", panel=TORCHRUN, parse=parse_nproc_per_node,
@@ -131,7 +131,7 @@ class LaunchJobOptions:
         help="Where the logs go (default: mldebug-logs/<SLURM_JOB_ID, --rdzv-id or the start time>): "
              "LOG_DIR/<host>/console.log (every line labelled [host:LOCAL rankR]:), LOG_DIR/<host>/torchelastic/ "
              "(per-rank files and error files) and LOG_DIR/<host>/launch.json. Read them with `mldebug logs LOG_DIR`.")
-    timeout: float | None = option(None, min=1.0, metavar="S",
+    timeout: float | None = option(None, flags=("--run-timeout",), renamed_from=("--timeout",), min=1.0, metavar="S",
                                    help="Stop the job after this many seconds (torchrun gets SIGTERM and stops its "
                                         "ranks).")
     trace: bool = option(False, panel=EXTRAS,

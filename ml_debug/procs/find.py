@@ -1,4 +1,4 @@
-"""Which processes to dump: the ranks under a launcher, or what --pid/--pattern/--user/--gpu name.
+"""Which processes to dump: the ranks under a launcher, or what --pid/--pattern/--user/--gpu-holders name.
 
 The shell equivalent is ``pgrep -P $(pgrep -o torchrun)``, done properly: launchers are
 recognised however they were started (``torchrun``, ``python -m torch.distributed.run``,
@@ -110,11 +110,11 @@ class Launcher:
 
 
 @dataclass
-class TargetSet:
-    """What find_targets chose, and why the rest was left out."""
+class FoundProcesses:
+    """What find_processes chose, and why the rest was left out."""
 
     host: str
-    targets: list[FoundProcess] = field(default_factory=list)
+    processes: list[FoundProcess] = field(default_factory=list)
     launchers: list[Launcher] = field(default_factory=list)
     skipped: list[dict[str, object]] = field(default_factory=list)  # {pid, cmdline, reason}
     notes: list[str] = field(default_factory=list)
@@ -168,7 +168,7 @@ def launcher_kind(info: ProcInfo) -> str | None:
     return None
 
 
-def _make_target(info: ProcInfo, host: str, found_by: str, launcher_pid: int | None = None) -> FoundProcess:
+def _found(info: ProcInfo, host: str, found_by: str, launcher_pid: int | None = None) -> FoundProcess:
     labels: RankLabels = labels_from_environ(read_environ(info.pid))
     return FoundProcess(pid=info.pid, host=host, user=info.user, cmdline=" ".join(info.cmdline) or f"[{info.name}]",
                   exe=info.exe, found_by=found_by, rank=labels.rank, local_rank=labels.local_rank,
@@ -176,7 +176,7 @@ def _make_target(info: ProcInfo, host: str, found_by: str, launcher_pid: int | N
                   launcher_pid=launcher_pid, env=labels.env)
 
 
-def _ranks_under(table: ProcTable, launcher: ProcInfo, kind: str, host: str, out: TargetSet) -> list[FoundProcess]:
+def _ranks_under(table: ProcTable, launcher: ProcInfo, kind: str, host: str, out: FoundProcesses) -> list[FoundProcess]:
     """Python processes below a launcher: through wrapper shells, not into a rank's own children."""
     found: list[FoundProcess] = []
     stack = list(reversed(table.children.get(launcher.pid, [])))
@@ -187,7 +187,7 @@ def _ranks_under(table: ProcTable, launcher: ProcInfo, kind: str, host: str, out
         if launcher_kind(info) is not None:
             continue  # a nested launcher is walked on its own (srun -> torchrun -> ranks)
         if is_python(info):
-            found.append(_make_target(info, host, f"{kind} pid {launcher.pid}", launcher.pid))
+            found.append(_found(info, host, f"{kind} pid {launcher.pid}", launcher.pid))
         elif info.state == "Z":
             out.skipped.append({"pid": info.pid, "cmdline": info.name, "reason": "exited (zombie)"})
         else:
@@ -224,9 +224,9 @@ def gpu_holder_pids() -> tuple[list[int], str | None]:
     return sorted(pids), None
 
 
-def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, user: str | None = None,
-                 gpu: bool = False, include_launcher: bool = False, env: dict[str, str] | None = None,
-                 host: str | None = None) -> TargetSet:
+def find_processes(*, pids: list[int] | None = None, pattern: str | None = None, user: str | None = None,
+                   gpu: bool = False, include_launcher: bool = False, env: dict[str, str] | None = None,
+                   host: str | None = None) -> FoundProcesses:
     """Choose the processes to dump on this node.
 
     With no selector: every rank under every launcher found; failing that, Python processes whose
@@ -236,7 +236,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
     """
     host = host or socket.gethostname()
     table = snapshot()
-    out = TargetSet(host=host)
+    out = FoundProcesses(host=host)
     me = os.getpid()
     excluded = {me, *table.ancestors(me)}  # never dump ourselves or the shell/srun that started us
     regex = compile_pattern(pattern) if pattern else None
@@ -264,7 +264,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
         for t in _ranks_under(table, info, launchers[pid], host, out):
             add(t)
         if include_launcher:
-            add(_make_target(info, host, "launcher"))
+            add(_found(info, host, "launcher"))
         for child in table.descendants(pid):  # nested launchers: srun -> slurmstepd -> torchrun
             if child in launchers:
                 for t in _ranks_under(table, table.procs[child], launchers[child], host, out):
@@ -280,7 +280,7 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
             elif pid in launchers:
                 expand_launcher(pid)
             else:
-                add(_make_target(table.procs[pid], host, "pid"))
+                add(_found(table.procs[pid], host, "pid"))
     if regex is not None:
         for pid, info in sorted(table.procs.items()):
             if pid in excluded or not regex.search(" ".join(info.cmdline)):
@@ -290,14 +290,14 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
             if not is_python(info):
                 out.skipped.append({"pid": pid, "cmdline": " ".join(info.cmdline), "reason": "not a Python process"})
                 continue
-            add(_make_target(info, host, "pattern"))
+            add(_found(info, host, "pattern"))
     if gpu:
         holders, why = gpu_holder_pids()
         if why:
-            out.notes.append(f"--gpu: {why}")
+            out.notes.append(f"--gpu-holders: {why}")
         for pid in holders:
             if pid in table.procs:
-                add(_make_target(table.procs[pid], host, "gpu"))
+                add(_found(table.procs[pid], host, "gpu"))
 
     def in_env(t: FoundProcess) -> bool:
         return not env or all((read_environ(t.pid) or {}).get(k) == v for k, v in env.items())
@@ -326,25 +326,25 @@ def find_targets(*, pids: list[int] | None = None, pattern: str | None = None, u
                     if parent is not None and is_python(parent) and parent.pid not in launchers and \
                             labels_from_environ(read_environ(parent.pid)).rank is not None:
                         continue  # a rank's own child (data loader worker) inherits RANK
-                    add(_make_target(info, host, "rank env"))
+                    add(_found(info, host, "rank env"))
         if none_wanted():
-            # Last resort: the GPU holders. That NVML is absent here is not news: --gpu was not asked.
+            # Last resort: the GPU holders. That NVML is absent here is not news: --gpu-holders was not asked.
             holders, _ = gpu_holder_pids()
             for pid in holders:
                 if pid in table.procs and pid not in excluded:
-                    add(_make_target(table.procs[pid], host, "gpu"))
+                    add(_found(table.procs[pid], host, "gpu"))
 
-    targets = list(chosen.values())
-    targets = [t for t in targets if in_env(t)]
+    processes = list(chosen.values())
+    processes = [t for t in processes if in_env(t)]
     if user is not None:
         if not user.isdigit() and not _user_exists(user):  # a typo would look like "no job here"
             out.notes.append(f"--user {user}: no such user on {host}")
-        for t in targets:
+        for t in processes:
             if not owned(t):
                 out.skipped.append({"pid": t.pid, "cmdline": t.cmdline, "reason": f"not owned by {user}"})
-        targets = [t for t in targets if owned(t)]
-    targets.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.pid))
-    out.targets = targets
+        processes = [t for t in processes if owned(t)]
+    processes.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.pid))
+    out.processes = processes
     return out
 
 

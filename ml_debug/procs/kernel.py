@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 # System call numbers of the calls a hung rank is usually found in. x86_64: arch/x86/entry/syscalls/
 # syscall_64.tbl; aarch64 (and riscv64): include/uapi/asm-generic/unistd.h, Linux 6.x.
@@ -109,35 +110,84 @@ def parse_strace_summary(text: str) -> dict[str, int]:
     return dict(sorted(calls.items(), key=lambda kv: -kv[1]))
 
 
-def strace_sample(pid: int, seconds: float) -> StraceSample:
-    """``timeout -s INT S strace -c -p PID``: strace prints its table when interrupted, and detaches.
+STRACE_STOP_S = 5.0
+"""How long a stopped strace may take to print its table and detach before it is killed (which detaches it
+too: the kernel ends a trace when its tracer dies)."""
 
-    Bounded twice: strace is interrupted after ``seconds``, and killed with its process group 10 s
-    later (core.bounded) should it not stop."""
+
+def strace_samples(pids: list[int], seconds: float) -> dict[int, StraceSample]:
+    """``strace -c -p PID`` of every pid at once for ``seconds``, then SIGINT: strace prints its table and
+    detaches.
+
+    Ctrl-C or SIGTERM in the meantime stops every strace at once, each detached before the interrupt goes on
+    (they ran in a thread pool that the interrupt waited for: Ctrl-C was ignored until the seconds passed, and a
+    SIGTERM left them attached, TracerPid set, after mldebug ended). Each is also tied to this process
+    (PR_SET_PDEATHSIG, SIGINT: detach), should it be killed outright."""
     import shutil
+    import signal
     import subprocess
 
-    from ml_debug.core import bounded
+    from ml_debug.core import lifecycle
 
-    sample = StraceSample(seconds)
+    samples = {pid: StraceSample(seconds) for pid in pids}
     exe = shutil.which("strace")
     if exe is None:
-        sample.error = "not installed (apt-get install strace)"
-        return sample
-    try:
-        proc = bounded.run(["timeout", "-s", "INT", f"{seconds:g}", exe, "-c", "-p", str(pid)], timeout=seconds + 10)
-    except subprocess.TimeoutExpired:
-        sample.error = f"did not stop within {seconds + 10:g} s"
-        return sample
-    except OSError as e:
-        sample.error = f"could not run: {e.strerror}"
-        return sample
-    if "attached" not in proc.stderr:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        sample.error = last.removeprefix("strace: ")[:200]
-        return sample
-    sample.calls = parse_strace_summary(proc.stderr)
-    return sample
+        for sample in samples.values():
+            sample.error = "not installed (apt-get install strace)"
+        return samples
+    procs: dict[int, subprocess.Popen[str]] = {}
+    interrupted = False
+    with lifecycle.held_signals() as held:  # a Ctrl-C while they start is raised in the try, which stops them
+        try:
+            for pid in pids:
+                try:
+                    procs[pid] = held.popen([exe, "-c", "-p", str(pid)], stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                            start_new_session=True,
+                                            preexec_fn=lifecycle.tie_to_this_process(signal.SIGINT))
+                except OSError as e:
+                    samples[pid].error = f"could not run: {e.strerror}"
+            held.release()
+            deadline = time.monotonic() + seconds
+            for proc in procs.values():  # each ends early only when its process does
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            _stop_straces(procs, samples)
+    if interrupted:
+        raise KeyboardInterrupt
+    return samples
+
+
+def _stop_straces(procs: dict[int, Any], samples: dict[int, StraceSample]) -> None:
+    """SIGINT to every strace still running, then read each one's table (killed if it does not stop)."""
+    import contextlib
+    import signal
+    import subprocess
+
+    for proc in procs.values():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + STRACE_STOP_S
+    for pid, proc in procs.items():
+        try:
+            _out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            samples[pid].error = f"did not stop within {STRACE_STOP_S:g} s of SIGINT"
+            continue
+        if "attached" not in err:
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            samples[pid].error = last.removeprefix("strace: ")[:200]
+            continue
+        samples[pid].calls = parse_strace_summary(err)
 
 
 @dataclass
@@ -320,13 +370,10 @@ def look_many(pids: list[int], interval_s: float = 0.5, looks: int = 5, strace_s
     for pid, view in views.items():
         _finish(view, seen[pid], ticks0.get(pid), elapsed)
     if strace_s > 0:
-        from concurrent.futures import ThreadPoolExecutor
-
         live = [v for v in views.values() if v.state is not None]
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(live)))) as pool:
-            for v, sample in zip(live, pool.map(lambda v: strace_sample(v.pid, strace_s), live), strict=True):
-                v.strace = sample
-                v.verdict = verdict(v)
+        for v, sample in zip(live, strace_samples([v.pid for v in live], strace_s).values(), strict=True):
+            v.strace = sample
+            v.verdict = verdict(v)
     return views
 
 

@@ -12,10 +12,11 @@ from ml_debug.core.options import argument, option, parse_out_dir
 class ExecOptions:
     """The options of `mldebug exec`."""
 
-    command: list[str] = argument(default_factory=list, metavar="CMD...", help="The command and its arguments.")
-    timeout: float = option(60.0, min=0.1, help="Seconds the command may run on each node.")
-    group: bool = option(False, flags=("--group", "-g"),
+    command: list[str] = argument(default_factory=list, metavar="CMD...", empty=True, help="The command and its arguments.")
+    timeout: float = option(60.0, flags=("--node-timeout",), renamed_from=("--timeout",), min=0.1, metavar="S",
+                            help="Seconds the command may run on each node.")
+    group: bool = option(False, flags=("--group",), renamed_from=("-g",),
                          help="Group nodes with identical output (like dshbak -c) instead of printing lines as they "
                               "arrive.")
-    out_dir: Path | None = option(None, parse=parse_out_dir,
+    out_dir: Path | None = option(None, metavar="DIR", parse=parse_out_dir,
                                   help="Also write each node's output here as it arrives.")

@@ -46,7 +46,7 @@ class TargetOptions:
         help="DANGEROUS: accept any ssh host key, even a changed one (a man-in-the-middle would go unnoticed). "
              "By default keys are checked against known_hosts.")
     connect_timeout: float = option(
-        10.0, min=0.1, metavar="SECONDS", panel=PANEL, envvar="MLDEBUG_CONNECT_TIMEOUT", forward=False,
+        10.0, min=0.1, metavar="S", panel=PANEL, envvar="MLDEBUG_CONNECT_TIMEOUT", forward=False,
         help="Give up on a host that does not complete the ssh handshake in this time.")
     remote_python: str | None = option(
         None, metavar="PATH", panel=PANEL, envvar="MLDEBUG_REMOTE_PYTHON", forward=False,

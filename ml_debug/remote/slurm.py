@@ -15,11 +15,13 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ml_debug.core import bounded, lifecycle
 from ml_debug.core.errors import EnvironmentProblem, UsageError
@@ -117,6 +119,18 @@ def stream_argv(job_id: str, node: str, script: str, gres_gpu: bool, name: str,
     return [*argv, "sh", "-c", STREAM_WRAPPER, name, script]
 
 
+def start_srun(argv: list[str], held: lifecycle.HeldSignals | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+    """Every srun mldebug starts starts here: in a session of its own (a terminal's Ctrl-C is mldebug's to
+    pass on, see :func:`stop_srun`), and tied to mldebug: when mldebug dies, even by SIGKILL, which no handler
+    sees, the kernel sends srun SIGTERM (``PR_SET_PDEATHSIG``), on which srun cancels its step ("forcing job
+    termination") and ends. Without it srun ran on with parent 1 and the command on the job's nodes with it.
+    EnvironmentProblem when srun is not installed."""
+    try:
+        return lifecycle.popen_tied(argv, signal.SIGTERM, held, start_new_session=True, **kwargs)
+    except FileNotFoundError:
+        raise EnvironmentProblem("srun is not installed here", "run from a login node of the cluster") from None
+
+
 _LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
 
 
@@ -174,11 +188,7 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
 
     argv = srun_argv(job_id, nodes, script, gres_gpu)
     with lifecycle.held_signals() as held:  # a Ctrl-C while srun starts is raised in the try, which stops it
-        try:
-            proc = held.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, start_new_session=True)
-        except FileNotFoundError:
-            raise EnvironmentProblem("srun is not installed here", "run from a login node of the cluster") from None
+        proc = start_srun(argv, held, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         readers = [threading.Thread(target=reader, args=(proc.stdout, False), daemon=True),
                    threading.Thread(target=reader, args=(proc.stderr, True), daemon=True)]
         for r in readers:
@@ -224,8 +234,6 @@ def run_slurm(targets: list[Target], job_id: str, script: str, timeout_s: float,
 
 def stop_srun(proc: subprocess.Popen[bytes]) -> None:
     # srun cancels its step on two SIGINTs within a second; then make sure it is gone.
-    import signal
-
     for sig in (signal.SIGINT, signal.SIGINT):
         try:
             proc.send_signal(sig)

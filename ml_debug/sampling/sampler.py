@@ -1,6 +1,6 @@
 """One node's sample: its CPU, memory and load, its GPUs, and every rank process of the job.
 
-The ranks are found the way dump-stacks finds them (:func:`ml_debug.procs.find_targets`: the
+The ranks are found the way dump-stacks finds them (:func:`ml_debug.procs.find_processes`: the
 children of torchrun/srun/deepspeed/mpirun, labelled from /proc/PID/environ), again every few
 seconds so a restarted job is picked up; between two searches only the known pids are read.
 """
@@ -68,7 +68,7 @@ class NodeSampler:
         self.gpus = gpu_sampler if gpu_sampler is not None else GpuSampler()
         self.cpu = CpuMeter()
         self.progress = ProgressReader(opts.progress_files)
-        self.targets: list[Any] = []
+        self.processes: list[Any] = []
         self.notes: list[str] = []
         self._found_at = -1e9
         self._node_prev: NodeCounters | None = read_node_counters()
@@ -81,23 +81,23 @@ class NodeSampler:
         """First readings of every rank and progress file, so the first sample already has rates."""
         now = time.monotonic()
         self.discover()
-        for t in self.targets:
+        for t in self.processes:
             s = read_proc_sample(t.pid)
             if s is not None:
                 self.cpu.percent(s, now)
         if self.progress.patterns:
-            found, _ = self.progress.paths_for((t.rank, t.local_rank) for t in self.targets)
+            found, _ = self.progress.paths_for((t.rank, t.local_rank) for t in self.processes)
             for path in found:
                 self.progress.read(path, now)
 
     # -- rank processes -------------------------------------------------------------------------
     def discover(self) -> None:
-        from ml_debug.procs import find_targets
+        from ml_debug.procs import find_processes
         from ml_debug.procs.labels import read_environ
 
-        found = find_targets(pids=self.pids or None, pattern=self.opts.pattern, user=self.opts.user,
+        found = find_processes(pids=self.pids or None, pattern=self.opts.pattern, user=self.opts.user,
                              env=self.opts.env_filter or None, host=self.host)
-        self.targets = [t for t in found.targets if not is_agent(t.cmdline, read_environ(t.pid))]
+        self.processes = [t for t in found.processes if not is_agent(t.cmdline, read_environ(t.pid))]
         self.notes = list(found.notes)
         self._found_at = time.monotonic()
 
@@ -110,7 +110,7 @@ class NodeSampler:
     def _rank_rows(self, now: float) -> list[RankSample]:
         rows: list[RankSample] = []
         gone = False
-        for t in self.targets:
+        for t in self.processes:
             s = read_proc_sample(t.pid)
             if s is None or s.state in ("X",):
                 gone = True

@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ml_debug import __version__
+from ml_debug.core.errors import EnvironmentProblem
 from ml_debug.core.gcpause import tuned_for_rounds
 from ml_debug.core.options import to_argv
 from ml_debug.remote.runner import MISSING_HINT, build_script, mldebug_base
-from ml_debug.remote.slurm import stream_argv
+from ml_debug.remote.slurm import start_srun, stream_argv
 from ml_debug.remote.targets import Target, TargetSpec
 from ml_debug.sampling.options import SamplerOptions
 from ml_debug.sampling.sample import NodeSample, SampleError
@@ -332,12 +333,14 @@ class Client:
         else:
             argv, srun = local_argv(self.opts, self.spec), False
         env = {**os.environ, AGENT_MARK: "1"}
+        # stdin stays open for as long as we want the agent: its end of file (we closed it, or we died) is what
+        # stops the agent, on this node or, passed on by srun, on the job's node; srun is also tied to us, and
+        # cancels its step when we die (start_srun)
+        pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                                 "env": env}
         try:
-            # stdin stays open for as long as we want the agent: its end of file (we closed it, or we
-            # died) is what stops the agent, on this node or, passed on by srun, on the job's node
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, env=env)
-        except FileNotFoundError:
+            proc = start_srun(argv, **pipes) if srun else subprocess.Popen(argv, start_new_session=True, **pipes)
+        except (FileNotFoundError, EnvironmentProblem):
             raise RuntimeError(f"{argv[0]} is not installed here") from None
         return ProcessStream(proc, srun)
 

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from ml_debug.core.errors import ExitCode, MLDebugError
-from ml_debug.health.model import Check, NodeReport, Status
 from ml_debug.health.options import HealthOptions
+from ml_debug.health.result import Check, NodeReport, Status
 from ml_debug.slurmhook import scontrol
 from ml_debug.slurmhook.options import SlurmCheckOptions
 
@@ -83,7 +83,7 @@ def decide(failed: list[Check], state: scontrol.NodeState | None) -> str:
 
 def run_hook(health: HealthOptions, opts: SlurmCheckOptions) -> HookResult:
     """Check this node, act on Slurm, record it; raises only for bad input or a missing scontrol."""
-    from ml_debug.health.runner import run_local
+    from ml_debug.health.run import run_local
 
     t0 = time.perf_counter()
     node = node_name(opts.node)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ml_debug.core.output import log, progress
 from ml_debug.core.ptrace import PtraceCheck, check_ptrace
-from ml_debug.procs.find import FoundProcess, TargetSet
+from ml_debug.procs.find import FoundProcess, FoundProcesses
 from ml_debug.stacks.dumpers import DumpOptions, Tools, dump_process
 from ml_debug.stacks.model import ProcessDump
 
@@ -45,25 +45,25 @@ def _uid(pid: int) -> int | None:
         return None
 
 
-def dump_targets(found: TargetSet, tools: Tools, opts: DumpOptions, samples: int = 1,
-                 interval: float = 1.0, stop: threading.Event | None = None, kernel: bool = False,
-                 strace_s: float = 0.0) -> NodeDump:
-    """`py-spy dump --pid P` for every target at once, `samples` times, `interval` seconds apart.
+def dump_processes(found: FoundProcesses, tools: Tools, opts: DumpOptions, samples: int = 1,
+                   interval: float = 1.0, stop: threading.Event | None = None, kernel: bool = False,
+                   strace_s: float = 0.0) -> NodeDump:
+    """`py-spy dump --pid P` for every process found at once, `samples` times, `interval` seconds apart.
 
     Ctrl-C, or `stop` set by another thread (watch's bundle on Ctrl-C), ends the samples after the
     rounds completed, which are kept; with none completed, Ctrl-C propagates.
     """
     t0 = time.monotonic()
     check: PtraceCheck = check_ptrace()
-    node = NodeDump(host=found.host, ok=True, targets=found.targets,
+    node = NodeDump(host=found.host, ok=True, targets=found.processes,
                       launchers=[asdict(launcher) for launcher in found.launchers], skipped=found.skipped,
                       notes=list(found.notes), ptrace=asdict(check))
-    node.samples = {t.pid: [] for t in found.targets}
-    uids = {t.pid: _uid(t.pid) for t in found.targets}
+    node.samples = {t.pid: [] for t in found.processes}
+    uids = {t.pid: _uid(t.pid) for t in found.processes}
     if kernel:  # before the dumpers attach: py-spy and gdb stop the process, which changes what the kernel shows
         from ml_debug.procs.kernel import look_many
 
-        views = look_many([t.pid for t in found.targets], strace_s=strace_s)
+        views = look_many([t.pid for t in found.processes], strace_s=strace_s)
         node.kernel = {pid: asdict(v) for pid, v in views.items()}
     previous = _term_as_ctrl_c()
     try:
@@ -100,12 +100,12 @@ def _term_as_ctrl_c() -> Any:
     return signal.signal(signal.SIGTERM, stop)
 
 
-def _sample(node: NodeDump, found: TargetSet, tools: Tools, opts: DumpOptions, check: PtraceCheck,
+def _sample(node: NodeDump, found: FoundProcesses, tools: Tools, opts: DumpOptions, check: PtraceCheck,
             uids: dict[int, int | None], samples: int, interval: float, stop: threading.Event) -> None:
     gone: set[int] = set()
-    workers = max(1, min(MAX_PARALLEL, len(found.targets)))
+    workers = max(1, min(MAX_PARALLEL, len(found.processes)))
     with ThreadPoolExecutor(max_workers=workers) as pool, \
-            progress(samples * len(found.targets), f"dumping {len(found.targets)} processes") as bar:
+            progress(samples * len(found.processes), f"dumping {len(found.processes)} processes") as bar:
         start = time.monotonic()
         for k in range(samples):
             # a fixed-rate schedule (not "interval after the last round ended"): dump rounds that take
@@ -113,7 +113,7 @@ def _sample(node: NodeDump, found: TargetSet, tools: Tools, opts: DumpOptions, c
             delay = start + k * interval - time.monotonic()
             if stop.wait(max(0.0, delay)) and k > 0:
                 return
-            todo = [t for t in found.targets if t.pid not in gone]
+            todo = [t for t in found.processes if t.pid not in gone]
             futures = {t.pid: pool.submit(dump_process, t.pid, tools, opts, check, uids[t.pid]) for t in todo}
             for pid, fut in futures.items():
                 dump = fut.result()

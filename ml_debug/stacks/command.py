@@ -45,27 +45,27 @@ def _options(req: DumpRequest) -> dict[str, Any]:
 
 def local_report(req: DumpRequest, stop: threading.Event | None = None) -> DumpStacksResult:
     """Find and dump the targets on this node; the result for this node alone (`stop`: see
-    :func:`ml_debug.stacks.collect.dump_targets`)."""
-    from ml_debug.procs import find_targets
-    from ml_debug.stacks.collect import NodeDump, dump_targets
+    :func:`ml_debug.stacks.collect.dump_processes`)."""
+    from ml_debug.procs import find_processes
+    from ml_debug.stacks.collect import NodeDump, dump_processes
     from ml_debug.stacks.dumpers import DumpOptions, resolve_tools
 
     tools = resolve_tools(req.dumper)  # exit 3 with the install hint before doing anything
-    found = find_targets(pids=req.pids or None, pattern=req.pattern, user=req.user, gpu=req.gpu,
+    found = find_processes(pids=req.pids or None, pattern=req.pattern, user=req.user, gpu=req.gpu,
                          include_launcher=req.include_launcher, env=req.env_filter or None)
-    if not found.targets:
+    if not found.processes:
         node = NodeDump(host=found.host, ok=True, launchers=[asdict(x) for x in found.launchers],
                           skipped=found.skipped, notes=[*found.notes, "no target processes found"])
         return build_report([node_summary(node)], [], _options(req), req.world_size, local=True)
     opts = DumpOptions(timeout=req.timeout, gdb_timeout=req.gdb_timeout, native=req.native, locals=req.locals,
                        dumper=req.dumper)
-    node = dump_targets(found, tools, opts, samples=req.samples, interval=req.interval, stop=stop, kernel=req.kernel,
+    node = dump_processes(found, tools, opts, samples=req.samples, interval=req.interval, stop=stop, kernel=req.kernel,
                         strace_s=req.strace)
     fr_records: list[dict[str, Any]] = []
     if req.flight_recorder and not node.interrupted:
         from ml_debug.stacks.flight import gather
 
-        fr_records = gather(found.targets, found.host, req.fr_timeout)
+        fr_records = gather(found.processes, found.host, req.fr_timeout)
     result = build_report([node_summary(node)], node_processes(node), _options(req), req.world_size,
                           fr_records=fr_records, local=True)
     if node.interrupted:  # what was taken is the result (and goes to --out-dir); the exit code says Ctrl-C

@@ -40,5 +40,6 @@ class CoreBtOptions:
                              help="The executable that crashed, when the core's own record of it is wrong "
                                   "(a container path, a deleted venv).")
     newest: int | None = option(None, min=1, metavar="N", help="Only the N most recent cores.")
-    timeout: float = option(120.0, min=1.0, metavar="S", help="Seconds per core for gdb/pystack.")
+    timeout: float = option(120.0, flags=("--core-timeout",), renamed_from=("--timeout",), min=1.0, metavar="S",
+                            help="Seconds per core for gdb/pystack.")
     all_threads: bool = option(False, help="Print every thread, not only the one that crashed.")

@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug.core import safefs
-from ml_debug.core.errors import EnvironmentProblem, ExitCode, UsageError
+from ml_debug.core.errors import ExitCode, UsageError
+from ml_debug.core.extras import PARTS, MissingPart
 from ml_debug.core.output import log, progress
 from ml_debug.core.safefs import Refused
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
 from ml_debug.stacks.elfcore import BadCore, executable_of, is_core_fd, read_notes_fd, truncation
 from ml_debug.stacks.model import Frame, ThreadDump
 from ml_debug.stacks.parsers import parse_gdb, parse_pystack
-from ml_debug.stacks.tools import INSTALL_HINTS, find_tool, first_error_line, run_tool
+from ml_debug.stacks.tools import find_tool, first_error_line, run_tool
 
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 CORE_USES_PID = Path("/proc/sys/kernel/core_uses_pid")
@@ -294,8 +295,8 @@ def _analyse_fd(path: Path, fd: int, st: os.stat_result, t0: float, timeout: flo
         elif run.rc != 0:
             errors.append("pystack: " + said(run.stderr))
     if not gdb and not pystack:
-        raise EnvironmentProblem("neither gdb nor pystack is installed: no way to read a core file",
-                                 f"{INSTALL_HINTS['gdb']}; or {INSTALL_HINTS['pystack']}")
+        raise MissingPart(PARTS["gdb"], "core-bt (gdb or pystack reads a core file)",
+                          instead=f"{PARTS['pystack'].install} (pystack)")
     if report.threads:
         crashing = report.threads[0]
         natives = crashing.native_frames

@@ -11,12 +11,13 @@ import os
 import time
 from dataclasses import dataclass
 
-from ml_debug.core.errors import EnvironmentProblem, UsageError
+from ml_debug.core.errors import UsageError
+from ml_debug.core.extras import PARTS, MissingPart
 from ml_debug.core.ptrace import PtraceCheck
 from ml_debug.procs.tree import process_state
 from ml_debug.stacks.model import Attempt, ProcessDump, ThreadDump
 from ml_debug.stacks.parsers import PYBT_MARK, parse_gdb, parse_pyspy_json, parse_pystack
-from ml_debug.stacks.tools import INSTALL_HINTS, ToolRun, find_tool, first_error_line, run_tool
+from ml_debug.stacks.tools import ToolRun, find_tool, first_error_line, run_tool
 
 DUMPERS = ("auto", "py-spy", "pystack", "gdb")
 
@@ -44,14 +45,15 @@ class Tools:
 
 def resolve_tools(dumper: str) -> Tools:
     """Find the dumpers; the one asked for (py-spy for auto) must exist, else exit 3 with the install hint."""
-    dumper = str(dumper)  # a Dumper is its value: INSTALL_HINTS and the attributes below are keyed by it
+    dumper = str(dumper)  # a Dumper is its value: PARTS and the attributes below are keyed by it
     if dumper not in DUMPERS:
         raise UsageError(f"unknown dumper {dumper!r}", f"choose one of: {', '.join(DUMPERS)}")
     tools = Tools(find_tool("py-spy"), find_tool("pystack"), find_tool("gdb"))
     needed = "py-spy" if dumper == "auto" else dumper
     if getattr(tools, needed.replace("-", "_")) is None:
-        raise EnvironmentProblem(f"{needed} is not installed (looked on PATH and next to the Python running "
-                                 "mldebug)", INSTALL_HINTS[needed])
+        others = " | ".join(f"--dumper {d}" for d in DUMPERS[1:] if d != needed)
+        raise MissingPart(PARTS[needed], "mldebug dump-stacks" + (f" --dumper {dumper}" if dumper != "auto" else ""),
+                          instead=f"choose another dumper: {others}" if dumper in ("auto", "py-spy") else None)
     return tools
 
 
@@ -167,7 +169,7 @@ def dump_process(pid: int, tools: Tools, opts: DumpOptions, ptrace: PtraceCheck 
             result.ok, result.dumper, result.threads = True, step, threads
             result.error = None
             break
-        limit, option = (opts.gdb_timeout, "--gdb-timeout") if step == "gdb" else (opts.timeout, "--timeout")
+        limit, option = (opts.gdb_timeout, "--gdb-timeout") if step == "gdb" else (opts.timeout, "--attach-timeout")
         reason, fix, final = _why(pid, run.stderr, run.timed_out, limit, option, ptrace, target_uid)
         result.attempts.append(Attempt(step, False, round(run.seconds, 3), reason))
         result.error, result.fix = reason, fix

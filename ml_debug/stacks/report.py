@@ -29,7 +29,7 @@ SCHEMA = "mldebug.dump-stacks"
 SCHEMA_VERSION = 1
 
 NO_TARGETS_HINT = ("name them: --pid PID (a launcher's pid means its ranks), --pattern REGEX, --user USER, "
-                   "--gpu; or run on the node where the job runs (--hosts / --slurm-job)")
+                   "--gpu-holders; or run on the node where the job runs (--hosts / --slurm-job)")
 
 
 class ProcessState(Word):

@@ -31,7 +31,7 @@ class DumpRequest:
                              help="Dump this process (repeatable); a launcher's pid means its ranks.")
     pattern: str | None = pattern_option(SEL, "Dump", instead=False)
     user: str | None = user_option(SEL)
-    gpu: bool = option(False, panel=SEL,
+    gpu: bool = option(False, flags=("--gpu-holders",), renamed_from=("--gpu",), panel=SEL,
                        help="Dump the processes holding a GPU (NVML; nvidia-smi --query-compute-apps=pid).")
     env: list[tuple[str, str]] = env_option(SEL, " to pick one job among several.")
     include_launcher: bool = option(False, panel=SEL, help="Dump the launchers (torchrun, ...) too.")
@@ -55,7 +55,8 @@ class DumpRequest:
     locals: bool = option(False, panel=HOW, help="Include local variables (py-spy --locals).")
     dumper: Dumper = option(Dumper.AUTO, metavar="NAME", panel=HOW,
                          help="auto (py-spy, then py-spy --nonblocking, pystack, gdb), py-spy, pystack or gdb.")
-    timeout: float = option(10.0, min=0.5, metavar="S", panel=HOW,
+    timeout: float = option(10.0, flags=("--attach-timeout",), renamed_from=("--timeout",), min=0.5, metavar="S",
+                            panel=HOW,
                             help="Seconds per py-spy/pystack attach before the next dumper is tried.")
     gdb_timeout: float = option(60.0, min=1.0, metavar="S", panel=HOW,
                                 help="Seconds for gdb (it loads every library's symbols).")
@@ -73,7 +74,7 @@ class DumpRequest:
                                                          "not only the main thread.")
     full: bool = option(False, forward=False,
                         help="Show every frame in the tree (long chains are shortened otherwise).")
-    out_dir: Path | None = option(None, parse=parse_out_dir, forward=False,
+    out_dir: Path | None = option(None, metavar="DIR", parse=parse_out_dir, forward=False,
                                   help="Also write results here as they arrive, so nothing is lost on Ctrl-C or "
                                        "a crash.")
     html: Path | None = option(None, metavar="FILE.html", dir_okay=False, forward=False,

@@ -2,35 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
 from ml_debug.core import lifecycle
+from ml_debug.core.extras import find_program as find_tool  # noqa: F401  (the dumpers' name for it)
 from ml_debug.procs.tree import process_state
-
-INSTALL_HINTS = {
-    "py-spy": "pip install py-spy (into the environment you run mldebug from), or choose another "
-              "dumper: --dumper pystack | --dumper gdb",
-    "pystack": "pip install pystack",
-    "gdb": "apt-get install gdb (Debian/Ubuntu) or dnf install gdb (RHEL)",
-}
-
-
-def find_tool(name: str) -> str | None:
-    """A tool on PATH, else next to sys.executable (pip puts py-spy into the venv's bin/,
-    which is not on PATH when mldebug is run as .venv/bin/mldebug)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    here = os.path.join(os.path.dirname(sys.executable), name)
-    if os.path.isfile(here) and os.access(here, os.X_OK):
-        return here
-    return None
 
 
 @dataclass
@@ -67,7 +48,10 @@ def run_tool(argv: list[str], timeout: float, target_pid: int | None = None) -> 
                 proc.kill()
                 out, err = proc.communicate()
         except KeyboardInterrupt:  # the tool is in a session of its own, out of the terminal's Ctrl-C: stop it
-            os.killpg(proc.pid, signal.SIGKILL)  # and whatever it started (gdb forks helpers)
+            # and whatever it started (gdb forks helpers); a tool that ended as the Ctrl-C came has no group left,
+            # which must not turn the interrupt into an error that loses what was read before
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             _resume(target_pid, before)
             raise

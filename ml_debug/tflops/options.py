@@ -46,7 +46,7 @@ class TflopsOptions:
     metrics: Path | None = option(None, metavar="PATH", panel=RUN,
                                   help="mldebug train's --metrics-dir (or one rank-R.jsonl): the median "
                                        "iteration time and tokens per iteration come from it.")
-    gpus: int | None = option(None, min=1, panel=HARDWARE,
+    gpus: int | None = option(None, min=1, metavar="N", panel=HARDWARE,
                               help="GPUs in the job (default: 1, or the ranks in --metrics).")
     recompute: bool = option(False, flags=("--recompute/--no-recompute",), panel=MODEL,
                              help="Full activation recomputation (checkpointing): the forward runs twice, "
@@ -54,8 +54,8 @@ class TflopsOptions:
     formula: Formula = option(Formula.PARAMS, panel=MODEL,
                               help="params: 6N per token (+ attention when the shape is known); megatron: "
                                    "Megatron-LM's Equation 3 (needs --hf-config and --seq-len).")
-    gpu: str | None = option(None, metavar="NAME", panel=HARDWARE,
+    gpu: str | None = option(None, flags=("--gpu-model",), renamed_from=("--gpu",), metavar="NAME", panel=HARDWARE,
                              help="The GPU model for the peak, e.g. H100, A100, H100 PCIe (default: this "
                                   "node's first GPU, through NVML).")
-    dtype: PeakKind = option(PeakKind.BF16, panel=HARDWARE,
+    dtype: PeakKind = option(PeakKind.BF16, flags=("--peak-dtype",), renamed_from=("--dtype",), panel=HARDWARE,
                              help="The peak MFU is measured against: bf16, fp8 or fp32.")

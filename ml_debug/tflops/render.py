@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ml_debug.tflops.model import TflopsReport
+    from ml_debug.tflops.result import TflopsReport
 
 
 def _pct(x: float | None) -> str:
-    return "n/a (no known peak: --gpu NAME)" if x is None else f"{x:.1%}"
+    return "n/a (no known peak: --gpu-model NAME)" if x is None else f"{x:.1%}"
 
 
 def render(console: Console, r: TflopsReport) -> None:

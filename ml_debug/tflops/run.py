@@ -12,8 +12,8 @@ from typing import Any
 from ml_debug.core.errors import UsageError
 from ml_debug.core.gpu_peaks import peak_tflops
 from ml_debug.tflops.flops import Shape, per_iteration, shape_from_hf_config
-from ml_debug.tflops.model import TflopsReport
 from ml_debug.tflops.options import Formula, TflopsOptions
+from ml_debug.tflops.result import TflopsReport
 
 MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few KB; refuse a weights file given by mistake
 MAX_METRICS_BYTES = 256 << 20
@@ -73,13 +73,20 @@ def from_metrics(path: Path) -> tuple[float, float, int, str]:
     The first step pays for warm-up and compilation: it is left out when there are more."""
     files = metrics_files(path)
     steps: dict[int, tuple[float, int]] = {}
-    for line in _read_regular(files[0], "--metrics", MAX_METRICS_BYTES).splitlines():
+    for number, line in enumerate(_read_regular(files[0], "--metrics", MAX_METRICS_BYTES).splitlines(), 1):
         try:
             rec: Any = json.loads(line)
         except (ValueError, RecursionError):  # not a step line: train writes flat objects
             continue
         if isinstance(rec, dict) and isinstance(rec.get("step"), int) and isinstance(rec.get("step_time_s"), float | int) \
                 and isinstance(rec.get("tokens"), int):
+            # a time of 0 (a clock that did not move) divided the throughput by zero; a negative one gave a
+            # negative throughput: neither is a step that ran
+            if not (math.isfinite(rec["step_time_s"]) and rec["step_time_s"] > 0) or rec["tokens"] < 0:
+                what = (f"step_time_s is {rec['step_time_s']}, not a positive time" if rec["tokens"] >= 0
+                        else f"tokens is {rec['tokens']}, a negative count")
+                raise UsageError(f"--metrics {files[0]} line {number} (step {rec['step']}): {what}",
+                                 "give the metrics mldebug train wrote, or --iter-time S with --global-batch")
             steps[rec["step"]] = (float(rec["step_time_s"]), rec["tokens"])
     if not steps:
         raise UsageError(f"--metrics {files[0]} has no step lines", "give mldebug train's --metrics-dir after a run")
@@ -129,11 +136,19 @@ def estimate(opts: TflopsOptions) -> TflopsReport:
     gpu = opts.gpu or detected_gpu()
     peak = peak_tflops(gpu, str(opts.dtype)) if gpu else None
     if gpu and peak is None:
-        notes.append(f"no peak is known for {gpu!r}: name one the table knows (--gpu H100, A100, ...)")
+        notes.append(f"no peak is known for {gpu!r}: name one the table knows (--gpu-model H100, A100, ...)")
     mfu = model_tflops / peak if peak else None
     hfu = hw_tflops / peak if peak else None
     if not all(math.isfinite(x) for x in (model_tflops, hw_tflops)):
         raise UsageError("the numbers given do not make a finite throughput", "check --iter-time and the sizes")
+    utilisation = max((u for u in (mfu, hfu) if u is not None), default=None)
+    if utilisation is not None and utilisation > 1:
+        # no GPU runs above its peak: the inputs are in the wrong units (ms for s, a batch in tokens...)
+        which = "HFU" if hfu is not None and utilisation == hfu and opts.recompute else "MFU"
+        raise UsageError(f"{which} {utilisation:.0%} of {gpu}'s {peak:g} {opts.dtype} TFLOP/s peak is impossible "
+                         "(more than 100%): a units mistake",
+                         "--iter-time is in seconds per iteration, --params in parameters (7B), --global-batch in "
+                         "sequences (not tokens), --gpus all GPUs of the job")
     summary = f"{model_tflops:.1f} model TFLOP/s per GPU" + (f", MFU {mfu:.1%}" if mfu is not None else "")
     if opts.recompute:
         summary += f"; {hw_tflops:.1f} hardware TFLOP/s" + (f", HFU {hfu:.1%}" if hfu is not None else "")

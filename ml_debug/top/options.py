@@ -30,7 +30,8 @@ class TopOptions:
 
     interval: float = option(1.0, min=0.1, max=3600.0, metavar="S", panel=TIMING,
                              help="Seconds between samples. Every node samples on the same wall-clock tick.")
-    timeout: float = option(10.0, min=0.5, max=3600.0, metavar="S", panel=TIMING, forward=False,
+    timeout: float = option(10.0, flags=("--node-timeout",), renamed_from=("--timeout",), min=0.5, max=3600.0,
+                            metavar="S", panel=TIMING, forward=False,
                             help="A node that sends nothing for --interval plus this long is shown as not answering "
                                  "(greyed, with the age of its last values); the others keep updating.")
     once: bool = option(False, panel=WHAT, forward=False,
@@ -38,9 +39,9 @@ class TopOptions:
     count: int = option(0, min=0, metavar="N", panel=WHAT, forward=False,
                         help="Print N snapshots, one per interval, then exit (0: until Ctrl-C). Used when stdout is "
                              "not a terminal, or with --json (one JSON document per line).")
-    gpus: bool = option(False, flags=("--gpus", "-g"), panel=WHAT, forward=False,
+    gpus: bool = option(False, flags=("--gpu-rows", "-g"), renamed_from=("--gpus",), panel=WHAT, forward=False,
                         help="Show one row per GPU under each node (key g toggles it in the live view).")
-    ranks: bool = option(False, flags=("--ranks", "-r"), panel=WHAT, forward=False,
+    ranks: bool = option(False, flags=("--rank-rows", "-r"), renamed_from=("--ranks",), panel=WHAT, forward=False,
                          help="Show one row per rank process under each node (key r toggles it).")
     sort: str = option("node", metavar="KEY", panel=WHAT, forward=False, parse=parse_sort,
                        help=f"Order of the node rows: {', '.join(SORT_KEYS)} (key s cycles through them).")

@@ -11,14 +11,14 @@ from typing import Any
 from ml_debug.core import output
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.sampling.streams import Client
-from ml_debug.top.model import SCHEMA, SCHEMA_VERSION, snapshot
 from ml_debug.top.options import TopOptions
+from ml_debug.top.result import SCHEMA, SCHEMA_VERSION, snapshot
 
 DumpFn = Callable[[str], dict[str, Any]]
 
 
 def once(spec: TargetSpec, opts: TopOptions) -> dict[str, Any]:
-    """One snapshot: every node's first sample, or "not answering" after --interval + --timeout."""
+    """One snapshot: every node's first sample, or "not answering" after --interval + --node-timeout."""
     with Client(spec, opts.sampler(), retry=False) as client:
         client.wait(client.all_first, client.started + opts.grace_s)
         with client.lock:
@@ -46,7 +46,7 @@ def stream_snapshots(spec: TargetSpec, opts: TopOptions, emit: Callable[[dict[st
 
 def run_top(spec: TargetSpec, opts: TopOptions, *, dump: DumpFn | None = None) -> int:
     """Show the job and return the exit code (see docs/commands/top.md)."""
-    from ml_debug.top.view import LiveView, print_snapshot
+    from ml_debug.top.render import LiveView, print_snapshot
 
     single = opts.once or opts.count == 1
     if single:

@@ -24,22 +24,24 @@ class TraceCommandOptions:
     """The options of `mldebug trace` (the tracer's own settings are :class:`ml_debug.tracing.options.TraceOptions`)."""
 
     target: list[str] = argument(
-        metavar="PROGRAM", help="The script and its arguments (or, with -m, the module and its arguments): "
+        metavar="PROGRAM", empty=True, help="The script and its arguments (or, with -m, the module and its arguments): "
                                 "everything from here on goes to the program, so give mldebug trace's options "
                                 "before it. Put -- before the script when its name starts with a dash.")
     module: bool = option(False, flags=("-m", "--module"), help="Run a module, like python -m.")
     include: list[str] = option(
-        flags=("--include", "-i"), default_factory=list, metavar="PKG",
+        flags=("--include",), renamed_from=("-i",), default_factory=list, metavar="PKG",
         help="Also trace this installed top-level package (repeat, or a,b). Your own code (anything outside "
              "site-packages and the standard library) is always traced.")
     everything: bool = option(False, help="Trace all code, the standard library and site-packages included "
                                           "(slow, big).")
-    out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), envvar="MLDEBUG_TRACE_DIR", parse=parse_out_dir,
-                           help="Where trace-HOST-RANK-PID.txt files go (one per process and forked child).")
+    out_dir: Path = option(Path("."), flags=("--out-dir", "-o"), metavar="DIR", envvar="MLDEBUG_TRACE_DIR",
+                           parse=parse_out_dir,
+                           help="Write the trace files here as the program runs: trace-HOST-RANK-PID.txt, "
+                                "one per process and forked child.")
     ring: int | None = option(None, min=1, max=MAX_RING, metavar="N",
                               help="Keep only the last N events per thread in memory; write them at exit, on "
                                    "--dump-signal and after --idle-dump seconds of quiet.")
-    idle_dump: float | None = option(None, metavar="SECONDS", min=0.01,
+    idle_dump: float | None = option(None, metavar="S", min=0.01,
                                      help="With --ring: write the ring when no new event arrived for this long "
                                           "(a hang).")
     dump_signal: list[str] = option(default_factory=list, metavar="SIG",

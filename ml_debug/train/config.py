@@ -237,12 +237,13 @@ class TrainConfig:
                                          panel=MODEL, help="FSDP2 ZeRO-3 (on) or ZeRO-2 (off).")
     fsdp: bool = option(True, flags=("--fsdp/--no-fsdp",), panel=MODEL,
                         help="Shard with FSDP2 (off: plain unsynchronised copies; benchmarks only).")
-    seed: int = option(1234, panel=RUN, help="Seed of the initial weights (the data stream is deterministic).")
+    seed: int = option(1234, metavar="N", panel=RUN, help="Seed of the initial weights (the data stream is deterministic).")
     data: str = option("synthetic", panel=RUN,
                        help="synthetic (generated arithmetic), stdlib (Python's own .py files) or a text file.")
     device: str = device_option()
     backend: str = backend_option()
-    timeout: float = option(120.0, min=1.0, panel=RUN, help="Seconds a collective may wait.")
+    timeout: float = option(120.0, flags=("--collective-timeout",), renamed_from=("--timeout",), min=1.0, metavar="S",
+                            panel=RUN, help="Seconds before init or any one collective gives up.")
     log_every: int = option(1, min=1, panel=RUN, help="Human log line every N steps (rank 0).")
     stats_every: int = option(10, min=0, panel=RUN,
                               help="Numerics stats (MX/fp8 saturation, underflow, amax) per layer every N steps "

@@ -1,7 +1,7 @@
 """`mldebug watch`: notice that a running job hangs or crawls, and hand over the diagnosis.
 
 - :mod:`ml_debug.watch.options`: the command's options (cheap to import);
-- :mod:`ml_debug.watch.model`: the per-rank progress model. It takes plain samples (each node's
+- :mod:`ml_debug.watch.verdict`: the per-rank progress model. It takes plain samples (each node's
   rank processes, GPUs and progress files, as ``mldebug top``'s agent streams them, and low-rate
   stack observations) and decides which rank is ``stalled``, which is a ``straggler``, and which
   node stopped answering;

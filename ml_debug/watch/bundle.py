@@ -87,7 +87,7 @@ class Bundle:
     def __init__(self, path: Path) -> None:
         from ml_debug.core import safefs
 
-        safefs.make_out_dir(path)  # before anything is gathered
+        safefs.make_out_dir(path, "--bundle-dir")  # before anything is gathered
         self.path = path
         self.parts: list[Part] = []
         self.notes: list[str] = []
@@ -97,7 +97,7 @@ class Bundle:
         """Write one file of the bundle (a planted link is replaced); its name."""
         from ml_debug.core import safefs
 
-        note = safefs.write_out(self.path, name, data)
+        note = safefs.write_out(self.path, name, data, "--bundle-dir")
         if note:
             with self._lock:
                 self.notes.append(note)
@@ -158,7 +158,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# mldebug watch: {_md(inc.get('kind', 'incident'))}", "", f"**{visible(result['summary'])}**", ""]
     if result.get("next"):
         lines += ["Next:", ""] + [f"    {visible(c)}" for c in result["next"]] + [""]
-    from ml_debug.watch.model import clock
+    from ml_debug.watch.verdict import clock
 
     lines += ["| | |", "|---|---|", f"| job | {_md(result.get('job'))} |",
               f"| detected | {clock(inc['time']) if inc.get('time') else '-'} |",

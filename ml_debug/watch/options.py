@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ml_debug.core.errors import UsageError
-from ml_debug.core.options import option, parse_out_dir
+from ml_debug.core.options import option, parse_bundle_dir
 from ml_debug.procs.selectors import env_option, pattern_option, user_option
 from ml_debug.sampling.options import parse_pattern
 
@@ -85,7 +85,7 @@ class WatchOptions:
         help="Run CMD after each incident's bundle is complete (split into words like a shell would, but not run "
              "by one), with MLDEBUG_INCIDENT=<bundle directory> in its environment: scancel, requeue, page.")
     out_dir: Path | None = option(
-        None, parse=parse_out_dir, panel=ACT,
+        None, flags=("--bundle-dir",), renamed_from=("--out-dir",), parse=parse_bundle_dir, metavar="DIR", panel=ACT,
         help="Where the incident bundle goes (default: ./mldebug-incident-<job>-<time>/; with --keep-watching, "
              "one numbered subdirectory per incident).")
     html: Path | None = option(None, metavar="FILE.html", dir_okay=False, forward=False, panel=ACT,

@@ -1,7 +1,7 @@
 """The incident's one sentence: which rank on which node, where, since when, and the command to run next.
 
 It is composed from what the bundle gathered, all plain data: the watcher's incident
-(:class:`ml_debug.watch.model.Incident` as a dict), dump-stacks' result (its suspects and verdict,
+(:class:`ml_debug.watch.verdict.Incident` as a dict), dump-stacks' result (its suspects and verdict,
 and the Flight Recorder section with its cross-rank analysis) and, for a straggler, the health of
 its node. The strongest evidence wins: a Flight Recorder desync, then the ranks that never issued a
 collective the others issued, then the stack suspect, then the watcher's own observation.
@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from ml_debug.watch.model import clock, seconds
+from ml_debug.watch.verdict import clock, seconds
 
 
 def _who(rank: Any, host: Any, pid: Any) -> str:

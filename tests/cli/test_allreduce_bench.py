@@ -26,7 +26,7 @@ from tests.fakes import faults
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "allreduce-bench.json").read_text())
 MLDEBUG_EXE = Path(sys.executable).parent / "mldebug"
 # gloo keeps fixed rank counts on CPU tensors on any machine (4 ranks cannot share one GPU with NCCL)
-SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "-w", "1", "--timeout", "60", "--backend", "gloo"]
+SMALL = ["-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "-w", "1", "--collective-timeout", "60", "--backend", "gloo"]
 ENV = {"OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "160"}
 
 
@@ -229,12 +229,3 @@ def test_a_device_is_never_replaced_by_an_output_file() -> None:
     assert run(["allreduce-bench", "--csv", "/dev/null"]) == 2
     after = os.stat("/dev/null")
     assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
-
-
-def test_missing_matplotlib_is_an_environment_problem() -> None:
-    code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from ml_debug.cli.app import run\n"
-            "sys.exit(run(['allreduce-bench', '--plot', 'x.png']))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert proc.returncode == 3, proc.stderr
-    assert "needs matplotlib" in proc.stderr and "pip install 'mldebug[plot]'" in proc.stderr

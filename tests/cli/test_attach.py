@@ -175,7 +175,7 @@ def test_a_thread_in_native_code_is_named_and_left_running(tmp_path: Path) -> No
                                 "time.sleep(3600)", str(ready)])
     try:
         wait_until(ready.exists, 60, "the sleeper to reach its sleep")  # not still starting Python
-        proc = mldebug("--json", "attach", "--pid", str(sleeper.pid), "--eval", "1", "--timeout", "1", timeout=120)
+        proc = mldebug("--json", "attach", "--pid", str(sleeper.pid), "--eval", "1", "--request-timeout", "1", timeout=120)
         assert proc.returncode == 4, proc.stderr
         r = json.loads(proc.stdout)["result"]
         assert not r["stopped"] and r["alive_after"] and r["evaluation"] is None

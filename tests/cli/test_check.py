@@ -50,6 +50,9 @@ def test_judge_exit_codes() -> None:
     assert judge([s(PASS), s(StepStatus.FAIL), s(TIMEOUT)], "h").exit_code == 1
     assert judge([s(PASS), s(StepStatus.PARTIAL)], "h").exit_code == 4
     assert judge([s(PASS), s(StepStatus.FAIL), s(StepStatus.INTERRUPTED)], "h").exit_code == 130
+    # a step that lacks an optional part: 3, under a failure, over a late step
+    assert judge([s(PASS), s(StepStatus.MISSING), s(TIMEOUT)], "h").exit_code == 3
+    assert judge([s(StepStatus.MISSING), s(StepStatus.FAIL)], "h").exit_code == 1
 
 
 def test_bad_skip_is_usage_error() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -188,9 +189,10 @@ print(json.dumps(pages))
 
 
 @pytest.fixture(scope="module")
-def taking_out_dir() -> list[str]:
-    """The commands whose `--help` offers --out-dir: every page from one interpreter (the same text as
-    `mldebug C --help`, which the help tests above run one by one), not twenty more interpreters."""
+def taking_dirs() -> dict[str, list[str]]:
+    """The commands whose `--help` offers --out-dir (results also written as they arrive) and --bundle-dir
+    (where gathered evidence goes): every page from one interpreter (the same text as `mldebug C --help`,
+    which the help tests above run one by one), not twenty more interpreters."""
     commands = _commands()
     proc = subprocess.run([sys.executable, "-c", HELPS, *commands], capture_output=True, text=True, timeout=120,
                           cwd=REPO)
@@ -198,20 +200,24 @@ def taking_out_dir() -> list[str]:
     pages = json.loads(proc.stdout)
     assert sorted(pages) == commands and all(code == 0 and f"Usage: mldebug {c}" in text
                                              for c, (code, text) in pages.items()), proc.stderr[-3000:]
-    return [c for c, (_, text) in pages.items() if "--out-dir" in text]
+    return {flag: [c for c, (_, text) in pages.items() if re.search(rf"^\s+(-\w, )?{flag} ", text, re.M)]
+            for flag in ("--out-dir", "--bundle-dir")}
 
 
-@pytest.mark.parametrize(("word", "said"), [("", "--out-dir is empty"), ("/etc/hostname", "is not a directory")])
-def test_every_out_dir_refuses_an_empty_word_and_a_file(word: str, said: str, taking_out_dir: list[str],
+@pytest.mark.parametrize(("word", "said"), [("", "{flag} is empty"), ("/etc/hostname", "is not a directory")])
+def test_every_out_dir_refuses_an_empty_word_and_a_file(word: str, said: str, taking_dirs: dict[str, list[str]],
                                                         tmp_path) -> None:  # type: ignore[no-untyped-def]
     """An unset shell variable (`--out-dir "$OUT"`) wrote exec's and watch's files into the current
-    directory (gpu-test's, dump-stacks' and drill's too): every command's --out-dir refuses it, before any work."""
-    taking = taking_out_dir
-    assert {"check", "health", "dump-stacks", "gpu-test", "watch", "exec", "drill", "trace"} <= set(taking), taking
-    for name in taking:
-        args = [name, "--out-dir", word] + {"exec": ["--", "true"], "trace": [__file__]}.get(name, [])
-        proc = subprocess.run([sys.executable, "-m", "ml_debug", *args], capture_output=True, text=True, timeout=60,
-                              cwd=tmp_path, stdin=subprocess.DEVNULL)
-        assert proc.returncode == 2, (name, proc.stderr)
-        assert proc.stderr.startswith("mldebug: error: ") and said in proc.stderr.splitlines()[0], (name, proc.stderr)
-        assert list(tmp_path.iterdir()) == [], name
+    directory (gpu-test's, dump-stacks' and drill's too): every command's --out-dir and --bundle-dir refuses
+    it, before any work."""
+    assert {"check", "health", "dump-stacks", "gpu-test", "exec", "trace"} <= set(taking_dirs["--out-dir"]), taking_dirs
+    assert {"watch", "drill"} <= set(taking_dirs["--bundle-dir"]), taking_dirs
+    for flag, taking in taking_dirs.items():
+        for name in taking:
+            args = [name, flag, word] + {"exec": ["--", "true"], "trace": [__file__]}.get(name, [])
+            proc = subprocess.run([sys.executable, "-m", "ml_debug", *args], capture_output=True, text=True,
+                                  timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
+            assert proc.returncode == 2, (name, proc.stderr)
+            assert proc.stderr.startswith("mldebug: error: "), (name, proc.stderr)
+            assert said.format(flag=flag) in proc.stderr.splitlines()[0], (name, proc.stderr)
+            assert list(tmp_path.iterdir()) == [], name

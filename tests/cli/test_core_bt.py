@@ -301,3 +301,25 @@ def test_a_cut_core_says_the_tools_errors_about_the_file_given(core_dir: Path, t
     assert gdb.startswith("gdb: ") and str(cut) in gdb, core["error"]
     assert pystack.startswith("pystack: RuntimeError: ") and str(cut) in pystack, core["error"]
     assert "/proc/" not in core["error"] and 'File "' not in core["error"], core["error"]
+
+
+def test_ctrl_c_as_a_tool_ends_keeps_the_cores_read(core_dir: Path, tmp_path: Path) -> None:
+    """Ctrl-C in the instant the tool reading the 2nd core had ended and been reaped: stopping its process
+    group found none (`internal error: ProcessLookupError`) and the core already read was lost. Now: exit 130,
+    the first core in the document. (tests/fakes/signal_at_start.py makes that instant happen.)"""
+    from tests.fakes import signal_at_start
+
+    require(shutil.which("gdb"), "gdb")
+    two = tmp_path / "two"
+    two.mkdir()
+    for i in range(2):
+        shutil.copy(_core(core_dir), two / f"core.{i}")
+    tool = "gdb"
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "core-bt", "--json", str(two)], capture_output=True,
+                          text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, **signal_at_start.env("SIGINT", tool, tmp_path / "pids", skip=1,
+                                                                   gone=True)})
+    assert proc.returncode == 130, proc.stderr
+    assert "internal error" not in proc.stderr and "mldebug: error: interrupted" in proc.stderr, proc.stderr
+    result = json.loads(proc.stdout)["result"]
+    assert result["interrupted"] and len(result["cores"]) == 1 and result["cores"][0]["ok"], result["summary"]

@@ -64,7 +64,7 @@ def _run_locally(drills: list[str], seed: int, tmp_path: Path) -> dict[str, dict
     """`mldebug drill --only DRILLS --seed SEED` on this node: every drill correct, on the rank the seed
     draws, with its evidence; nothing left running. The outcomes by drill."""
     require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
-    proc, mark = _drill("--only", ",".join(drills), "--seed", str(seed), "--out-dir", str(tmp_path))
+    proc, mark = _drill("--only", ",".join(drills), "--seed", str(seed), "--bundle-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     result = _result(proc)
     assert result["ok"] and result["seed"] == seed and result["missed"] == 0 and result["errors"] == 0
@@ -156,7 +156,7 @@ def test_a_diagnosis_broken_on_purpose_is_missed_with_exit_1(tmp_path: Path) -> 
     missed, exit 1, and the table says what was named instead."""
     mark = uuid.uuid4().hex
     proc = subprocess.run([sys.executable, "-m", "ml_debug", "drill", "--only", "crash", "--seed", "3",
-                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO,
+                           "--bundle-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, **hooks_env("tests.fakes.broken_rules",
                                                          {"OMP_NUM_THREADS": "1", "MLDEBUG_WIDTH": "200", MARK: mark})})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -192,7 +192,7 @@ def test_drills_as_slurm_jobs_over_two_rig_nodes(rig_slurm, tmp_path: Path) -> N
     with a task that never starts, srun --multi-prog, judges stage timeouts: it is run by hand, see the
     docs, not in the parallel part of the suite.)"""
     proc, mark = _drill("--slurm-partition", "debug", "--only", ",".join(SLURM), "--seed", "5",
-                        "--out-dir", str(tmp_path),
+                        "--bundle-dir", str(tmp_path),
                         env={**rig_slurm.env, "GLOO_SOCKET_IFNAME": "eth0",
                              "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
@@ -236,7 +236,7 @@ def test_drills_over_ssh_on_three_rig_nodes(rig_ssh, tmp_path: Path) -> None:  #
     hosts = str(rig_ssh.hostfile(rig_ssh.nodes))
     proc, _ = _drill("--hosts", hosts, "--ssh-config", str(rig_ssh.ssh_config), "--remote-python", sys.executable,
                      "--only", "hang,crash,slow-link", "--seed", "4", "--nproc-per-node", "1",
-                     "--out-dir", str(tmp_path), env={"GLOO_SOCKET_IFNAME": "eth0"})
+                     "--bundle-dir", str(tmp_path), env={"GLOO_SOCKET_IFNAME": "eth0"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     result = _result(proc)
     assert (result["site"], result["nodes"]) == ("3 hosts over ssh", 3)
@@ -269,7 +269,7 @@ def test_ctrl_c_tears_the_running_drill_down_and_reports_the_finished_ones(tmp_p
     require(subprocess.run(["py-spy", "--version"], capture_output=True).returncode == 0, "py-spy")
     mark = uuid.uuid4().hex
     proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "drill", "--only", "crash,desync", "--seed", "2",
-                             "--out-dir", str(tmp_path), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--bundle-dir", str(tmp_path), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", MARK: mark})
     try:
         # the crash drill is done and the desync drill's job is training: interrupt now

@@ -160,7 +160,7 @@ def test_py_spy_missing_exits_3_with_the_install_hint(tmp_path: Path) -> None:
     proc = subprocess.run([str(bindir / "python"), "-m", "ml_debug", "dump-stacks", "--pid", str(os.getpid())],
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 3, proc.stderr
-    assert "mldebug: error: py-spy is not installed" in proc.stderr
+    assert "mldebug: error: missing py-spy: mldebug dump-stacks needs it" in proc.stderr
     assert "hint: pip install py-spy" in proc.stderr
 
 
@@ -348,3 +348,39 @@ def test_a_mistyped_dumper_with_hosts_is_exit_2_before_any_node_is_reached() -> 
         finally:
             reached.kill()
             reached.wait()
+
+
+def _tracer(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("TracerPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no TracerPid in /proc/{pid}/status")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_strace_stops_at_once_on_ctrl_c_and_sigterm_and_detaches(sig: str, tmp_path: Path) -> None:
+    """`--strace S` ignored Ctrl-C until S seconds passed, and SIGTERM left strace attached to the rank
+    (TracerPid set) after mldebug ended: now both stop every strace at once, detached before mldebug exits."""
+    import signal
+
+    require(shutil.which("strace"), "strace (apt-get install strace)")
+    target = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"],
+                              stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "dump-stacks", "--pid", str(target.pid),
+                             "--strace", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        wait_until(lambda: _tracer(target.pid) != 0 or proc.poll() is not None, 60, "strace to attach")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(getattr(signal, sig))
+        _out, err = proc.communicate(timeout=30)  # well before the 60 s of --strace
+        assert proc.returncode == 130, err[-3000:]
+        assert ("interrupted" if sig == "SIGINT" else "interrupted by SIGTERM") in err, err[-3000:]
+        assert "Traceback" not in err and "internal error" not in err, err[-3000:]
+        assert _tracer(target.pid) == 0, "strace still attached after mldebug ended"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        target.kill()
+        target.wait(timeout=30)

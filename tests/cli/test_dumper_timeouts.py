@@ -1,4 +1,4 @@
-"""dump-stacks against a process no dumper can attach to: `--timeout` and `--gdb-timeout` stop the
+"""dump-stacks against a process no dumper can attach to: `--attach-timeout` and `--gdb-timeout` stop the
 dumper, the next one in the chain is tried, and the reason names the limit to raise.
 
 The target is real: a Python process blocked in vfork(2) while its child never execs. The kernel
@@ -68,7 +68,7 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict:
 
 
 def test_a_hanging_py_spy_is_stopped_at_timeout_and_the_nonblocking_retry_reads_the_stack(unattachable: int) -> None:
-    proc = mldebug("dump-stacks", "--pid", str(unattachable), "--timeout", "1", "--json", timeout=120)
+    proc = mldebug("dump-stacks", "--pid", str(unattachable), "--attach-timeout", "1", "--json", timeout=120)
     assert proc.returncode == 0, proc.stderr  # one process, dumped: nothing odd to name
     result = _result(proc)
     (p,) = result["processes"]

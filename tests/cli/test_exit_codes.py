@@ -115,7 +115,7 @@ def test_allreduce_bench_init_timeout_with_a_rank_that_never_answers_is_4() -> N
     with reserved_port() as port:
         env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        proc = mldebug("allreduce-bench", "--timeout", "3", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--json",
+        proc = mldebug("allreduce-bench", "--collective-timeout", "3", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--json",
                        env=env, timeout=120)
     assert proc.returncode == 4, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()

@@ -72,7 +72,7 @@ def test_torchrun_two_ranks(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     require(torchrun, "torchrun")
     mld = str(Path(sys.executable).parent / "mldebug")
-    r = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", mld, "gpu-test", "--json", "--timeout", "30",
+    r = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", mld, "gpu-test", "--json", "--stage-timeout", "30",
                         "--backend", "gloo"],  # 2 ranks on CPU tensors: as many GPUs are not needed
                        capture_output=True, text=True, timeout=240, cwd=tmp_path,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -89,7 +89,7 @@ def test_human_table_golden(tmp_path: Path) -> None:
     # below; the default world (one rank per GPU, else 2 CPU ranks) is checked by tests/cli/test_check.py's
     # bench-fault test, whose gpu-test step runs a default gpu-test.
     out = tmp_path / "gt-golden"
-    r = mldebug("gpu-test", "--timeout", "20", "--out-dir", str(out), *TWO_CPU_RANKS,
+    r = mldebug("gpu-test", "--stage-timeout", "20", "--out-dir", str(out), *TWO_CPU_RANKS,
                 env={"SLURMD_NODENAME": "golden-host"}, timeout=180)
     assert r.returncode == 0, r.stderr
     text = re.sub(r"ok \d+\.\d\d", "ok T", r.stdout)
@@ -109,11 +109,11 @@ def test_human_table_golden(tmp_path: Path) -> None:
 
 
 def test_missing_rank_is_named_and_everyone_exits(tmp_path: Path) -> None:
-    # --timeout bounds the device stage, which imports torch (seconds on a loaded node); --init-timeout is
+    # --stage-timeout bounds the device stage, which imports torch (seconds on a loaded node); --init-timeout is
     # the wait for the rank that never comes, with room for the other rank's start-up under load
     t0 = time.monotonic()
     with reserved_port() as port:
-        results = _wait([_hand(r, 3, port, "--json", "--timeout", "30", "--init-timeout", "10", "--out-dir",
+        results = _wait([_hand(r, 3, port, "--json", "--stage-timeout", "30", "--init-timeout", "10", "--out-dir",
                                str(tmp_path)) for r in range(2)], timeout=90)
     assert [rc for rc, _, _ in results] == [4, 4], [se[-1500:] for _, _, se in results]
     res = _doc(results[0][1])["result"]
@@ -129,9 +129,9 @@ def test_missing_rank_is_named_and_everyone_exits(tmp_path: Path) -> None:
 
 def test_missing_rank_zero_each_rank_keeps_its_line(tmp_path: Path) -> None:
     with closed_port() as port:  # nobody listens there: rank 0 never started
-        # --timeout bounds the device stage, which imports torch: 3 s was too short on a loaded node ("device
+        # --stage-timeout bounds the device stage, which imports torch: 3 s was too short on a loaded node ("device
         # hung for 8 s"); the store that is not there is given up after --init-timeout
-        (rc, so, se), = _wait([_hand(1, 2, port, "--json", "--timeout", "30", "--init-timeout", "3", "--out-dir",
+        (rc, so, se), = _wait([_hand(1, 2, port, "--json", "--stage-timeout", "30", "--init-timeout", "3", "--out-dir",
                                      str(tmp_path))], timeout=60)
     assert rc == 4 and so == ""
     assert "could not reach rank 0's store" in se
@@ -142,7 +142,7 @@ def test_missing_rank_zero_each_rank_keeps_its_line(tmp_path: Path) -> None:
 
 def test_killed_rank_is_named_by_survivors(tmp_path: Path) -> None:
     out = tmp_path / "gt-killed"
-    r = mldebug("gpu-test", "--json", "--timeout", "10", "--out-dir", str(out), *TWO_CPU_RANKS,
+    r = mldebug("gpu-test", "--json", "--stage-timeout", "10", "--out-dir", str(out), *TWO_CPU_RANKS,
                 env=faults.env("gpu-test.die:rank=1,stage=broadcast"), timeout=180)
     assert r.returncode == 4, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]
@@ -153,7 +153,7 @@ def test_killed_rank_is_named_by_survivors(tmp_path: Path) -> None:
 
 
 def test_wrong_value_fails_all_reduce_on_that_rank() -> None:
-    r = mldebug("gpu-test", "--json", "--timeout", "20", *TWO_CPU_RANKS, env=faults.env("gpu-test.wrong-value:rank=1"),
+    r = mldebug("gpu-test", "--json", "--stage-timeout", "20", *TWO_CPU_RANKS, env=faults.env("gpu-test.wrong-value:rank=1"),
                 timeout=180)
     assert r.returncode == 1, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]
@@ -166,7 +166,7 @@ def test_wrong_value_fails_all_reduce_on_that_rank() -> None:
 
 def test_wrong_layout_two_ranks_claim_one_local_slot() -> None:
     with reserved_port() as port:
-        results = _wait([_hand(r, 2, port, "--json", "--timeout", "10", local=0) for r in range(2)], timeout=120)
+        results = _wait([_hand(r, 2, port, "--json", "--stage-timeout", "10", local=0) for r in range(2)], timeout=120)
     assert [rc for rc, _, _ in results] == [1, 1], results[0][2][-1500:]
     res = _doc(results[0][1])["result"]
     assert {(f["rank"], f["stage"]) for f in res["failures"]} == {(0, "all_gather"), (1, "all_gather")}
@@ -174,7 +174,7 @@ def test_wrong_layout_two_ranks_claim_one_local_slot() -> None:
 
 
 def test_isolate_points_at_the_bad_slot() -> None:
-    r = mldebug("gpu-test", "--isolate", "--json", "--timeout", "20", *TWO_CPU_RANKS,
+    r = mldebug("gpu-test", "--isolate", "--json", "--stage-timeout", "20", *TWO_CPU_RANKS,
                 env=faults.env("gpu-test.wrong-value:device=1"), timeout=300)
     assert r.returncode == 1, r.stderr[-2000:]
     res = _doc(r.stdout)["result"]

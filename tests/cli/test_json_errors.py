@@ -54,7 +54,7 @@ LONG_HOST = "h" * 300
 
 # (command line, exit code, words the error says); {fifo} {loop} {key} name the odd inputs above.
 CASES = [
-    (["check", "--skip", ""], 2, "--skip '' names no step"),
+    (["check", "--skip", ""], 2, "--skip is empty"),  # the options layer, for every option
     (["check", "--skip", ",,,"], 2, "--skip ',,,' names no step"),
     (["env", "--no-such-option"], 2, "No such option"),
     (["gpu-test", "--backend", ""], 2, "--backend is empty"),

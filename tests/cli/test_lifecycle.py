@@ -42,7 +42,7 @@ def _kill_all(token: str) -> None:
 def _hung_gpu_test(token: str) -> subprocess.Popen[str]:
     """A self-launched 2-rank gpu-test whose ranks stay in the all_reduce (its timeout is far away)."""
     hang = faults.env("gpu-test.hang:stage=all_reduce")
-    return _start(["gpu-test", "--nproc-per-node", "2", "--device", "cpu", "--timeout", "120", "--json"], token, hang)
+    return _start(["gpu-test", "--nproc-per-node", "2", "--device", "cpu", "--stage-timeout", "120", "--json"], token, hang)
 
 
 def _both_ranks_started(proc: subprocess.Popen[str], token: str) -> list[int]:

@@ -161,7 +161,7 @@ def test_launch_quotes_the_log_dir_it_names(tmp_path: Path) -> None:
 
 
 def test_reader_processes_give_the_same_document_and_ignore_the_working_directory(tmp_path: Path) -> None:
-    """`mldebug logs --jobs 2` (the installed command, as a user runs it) writes the document `--jobs 1` writes;
+    """`mldebug logs --readers 2` (the installed command, as a user runs it) writes the document `--readers 1` writes;
     its readers do not import from the working directory (a job user's, when root reads their logs)."""
     planted = tmp_path / "ml_debug"
     planted.mkdir()
@@ -171,7 +171,7 @@ def test_reader_processes_give_the_same_document_and_ignore_the_working_director
     env = {k: v for k, v in os.environ.items() if k not in ("MLDEBUG_JSON", "COLUMNS", "PYTHONPATH")}
     docs = []
     for jobs in ("1", "2"):
-        run = subprocess.run([mldebug, "--json", "logs", "--jobs", jobs, corpus], capture_output=True, text=True,
+        run = subprocess.run([mldebug, "--json", "logs", "--readers", jobs, corpus], capture_output=True, text=True,
                              timeout=60, env=env, cwd=tmp_path)
         assert run.returncode == 1, run.stderr
         doc = json.loads(run.stdout)
@@ -187,7 +187,7 @@ def test_sigterm_ends_mldebug_and_its_readers() -> None:
     token = f"readers-{os.getpid()}"
     env = {**os.environ, "MLDEBUG_LOGS_READERS_TEST": token,
            **hooks_env("tests.fakes.logs_readers", {"MLDEBUG_FAKE_READER": "stall"})}
-    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "logs", "--jobs", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "logs", "--readers", "2",
                              str(REPO / "tests" / "data" / "logs_corpus")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -110,7 +110,7 @@ def test_mldebug_launch_with_train_inject_crash(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     p = subprocess.run([sys.executable, "-m", "ml_debug", "launch", "--nproc-per-node", str(NRANKS),
                         "--log-dir", str(logs), "--", "python", "-m", "ml_debug.train", "--preset", "tiny",
-                        "--steps", "4", "--timeout", "30", "--inject", "crash@step=2,rank=2"],
+                        "--steps", "4", "--collective-timeout", "30", "--inject", "crash@step=2,rank=2"],
                        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env())
     assert p.returncode == 1, p.stderr[-3000:]
     node = logs / HOST

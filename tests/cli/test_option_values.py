@@ -27,8 +27,8 @@ def _usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 @pytest.mark.parametrize("argv", [
-    ["gpu-test", "--timeout", "inf"],
-    ["allreduce-bench", "--timeout", "inf", "-b", "1K", "-e", "2K"],
+    ["gpu-test", "--stage-timeout", "inf"],
+    ["allreduce-bench", "--collective-timeout", "inf", "-b", "1K", "-e", "2K"],
     ["allreduce-bench", "--expect-busbw", "inf"],
     ["check", "--step-timeout", "inf"],
     ["train", "--lr", "inf"],
@@ -42,13 +42,13 @@ def test_every_float_option_wants_a_finite_number(argv: list[str], capsys: pytes
 
 
 def test_a_number_too_large_for_a_clock_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    """gpu-test --timeout 1e12 died of OverflowError in the launcher's wait."""
-    assert "1e+12 is more than 1e+09" in _usage_error(capsys, "gpu-test", "--timeout", "1e12")
+    """gpu-test --stage-timeout 1e12 died of OverflowError in the launcher's wait."""
+    assert "1e+12 is more than 1e+09" in _usage_error(capsys, "gpu-test", "--stage-timeout", "1e12")
 
 
 def test_minus_inf_is_refused_too(capsys: pytest.CaptureFixture[str]) -> None:
     assert "'--lr'" in _usage_error(capsys, "train", "--lr", "-inf")
-    assert "'--timeout'" in _usage_error(capsys, "dump-stacks", "--timeout", "-inf")
+    assert "'--attach-timeout'" in _usage_error(capsys, "dump-stacks", "--attach-timeout", "-inf")
 
 
 def test_an_infinite_straggler_factor_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,3 +103,47 @@ def test_nproc_per_node_help_says_what_each_command_does(command: str, default: 
     help_text = " ".join(capsys.readouterr().out.split())
     start = help_text.index("--nproc-per-node")
     assert default in help_text[start:start + 200]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["train", "--metrics-dir", ""], "--metrics-dir is empty"),  # wrote into the current directory
+    (["train", "--checkpoint-dir", ""], "--checkpoint-dir is empty"),
+    (["train", "--kill-switch", ""], "--kill-switch is empty"),  # refused to start, naming nothing
+    (["launch", "--rdzv-backend", "", "--", "x.py"], "--rdzv-backend is empty"),
+    (["exec", "--", "", "x"], "an empty CMD argument"),  # the program's arguments may be empty, its name not
+])
+def test_an_empty_value_is_refused_never_read_as_the_default(argv: list[str], said: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert said in _usage_error(capsys, *argv)
+
+
+def test_an_empty_mldebug_variable_is_refused(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`MLDEBUG_HOSTS= mldebug exec ...` ran the command on this node: Typer reads an empty variable as unset."""
+    monkeypatch.setenv("MLDEBUG_HOSTS", "")
+    assert "MLDEBUG_HOSTS is set but empty" in _usage_error(capsys, "exec", "--", "hostname")
+
+
+def test_a_program_argument_may_be_empty(tmp_path: Path) -> None:
+    """What `Opt.empty` is for: `mldebug exec -- printf '%s|' a '' b` passes the empty word on."""
+    proc = subprocess.run([sys.executable, "-m", "ml_debug", "exec", "--", "printf", "%s|", "a", "", "b"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1].endswith("a||b|"), proc.stdout
+
+
+def test_drill_refuses_more_ranks_than_this_node_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`drill --nproc-per-node 9` on 2 cores started the drill's job, which was refused, and scored the drill
+    as missed: refused before anything starts, like every other command that starts ranks here."""
+    from ml_debug.dist.limits import node_limit
+
+    monkeypatch.chdir(tmp_path)
+    limit, _ = node_limit()
+    too_many = str(min(limit + 1, 64))
+    if limit + 1 > 64:  # a node this large runs every count the option takes: the user's own limit then
+        line = _usage_error(capsys, "drill", "--nproc-per-node", too_many, "--max-nproc-per-node", "63")
+    else:
+        line = _usage_error(capsys, "drill", "--nproc-per-node", too_many, "--only", "hang")
+    assert f"--nproc-per-node {too_many} is more ranks than this node can run" in line
+    assert list(tmp_path.iterdir()) == []  # no drill folder made

@@ -160,7 +160,7 @@ def test_dump_stacks_and_watch_pages_of_a_real_hang_in_a_browser(hung_job, brows
     # watch's bundle gains incident.html (and --html FILE, a copy): the same views, the watcher's ranks too
     bundle, copy = tmp_path / "bundle", tmp_path / "incident-copy.html"
     w = mldebug("watch", "--local", "--pid", str(job.launcher_pids[0]), "--now", "--samples", "1",
-                "--out-dir", str(bundle), "--html", str(copy), timeout=180)
+                "--bundle-dir", str(bundle), "--html", str(copy), timeout=180)
     assert w.returncode == 1, w.stderr[-3000:]
     incident = bundle / "incident.html"
     assert incident.read_text() == copy.read_text()

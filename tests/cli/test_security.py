@@ -541,8 +541,8 @@ WRITE_OPTIONS: list[tuple[str, list[str]]] = [
     ("--out-dir", ["health", "--local", "--out-dir", "{}"]),
     ("--out-dir", ["check", "--out-dir", "{}"]),
     ("--out-dir", ["gpu-test", "--out-dir", "{}"]),
-    ("--out-dir", ["watch", "--pid", "{pid}", "--out-dir", "{}"]),
-    ("--out-dir", ["drill", "--out-dir", "{}"]),
+    ("--bundle-dir", ["watch", "--pid", "{pid}", "--bundle-dir", "{}"]),
+    ("--bundle-dir", ["drill", "--bundle-dir", "{}"]),
     ("--out-dir", ["trace", "--out-dir", "{}", "--", "/bin/true"]),
     ("--metrics-dir", ["train", "--steps", "1", "--metrics-dir", "{}"]),
     ("--checkpoint-dir", ["train", "--steps", "1", "--checkpoint-dir", "{}"]),
@@ -702,7 +702,7 @@ def test_a_jobs_strings_are_shown_with_control_characters_made_visible(area: Pat
                         "both the tree and the group table")
 
     out = area / "bundle"
-    watch = mldebug("watch", "--pid", str(pid), "--now", "--samples", "1", "--interval", "1", "--out-dir", str(out),
+    watch = mldebug("watch", "--pid", str(pid), "--now", "--samples", "1", "--interval", "1", "--bundle-dir", str(out),
                     timeout=180)
     texts = list(out.rglob("dump-stacks.txt"))
     assert texts, (watch.returncode, watch.stderr[-1000:])

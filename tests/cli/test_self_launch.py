@@ -99,9 +99,9 @@ def test_hung_rank_is_stopped_after_its_peer_finished() -> None:
     mark = uuid.uuid4().hex
     env = {**faults.env("allreduce-bench.slow:rank=1,factor=1000000000"), MARK: mark}
     t0 = time.monotonic()
-    # --timeout 5: the collectives' timeout, and the linger min(5, 30) + 10 = 15 s (as for train)
+    # --collective-timeout 5: the collectives' timeout, and the linger min(5, 30) + 10 = 15 s (as for train)
     r = mldebug("allreduce-bench", "--nproc-per-node", "2", "--device", "cpu", "--backend", "gloo", "-b", "64K",
-                "-e", "64K", "-n", "5", "-w", "1", "--timeout", "5", env=env, timeout=180)
+                "-e", "64K", "-n", "5", "-w", "1", "--collective-timeout", "5", env=env, timeout=180)
     took = time.monotonic() - t0
     assert r.returncode == 4, r.stderr[-2000:]  # documented: some ranks never answered
     # rank 1 is named (rank 0, still tearing down its failed group then on a loaded machine, may be too)
@@ -125,3 +125,26 @@ def test_sendrecv_on_one_rank_is_skipped_with_a_note() -> None:
     result = json.loads(r.stdout)["result"]
     assert [c["collective"] for c in result["collectives"]] == ["all_reduce"]
     assert any("sendrecv: skipped" in n for n in result["notes"])
+
+
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_a_node_that_never_joins_is_named_within_the_init_timeout(node_rank: int, refused_port: int) -> None:
+    """`gpu-test --nnodes 2` whose other node never comes ended in `internal error: DistStoreError` (node 0) or
+    `DistNetworkError` (node 1) after 32-68 s, ignoring `--init-timeout 2`: now exit 4 and one line that names
+    the node that never came, once the rendezvous has waited --init-timeout (torch polls a second more)."""
+    with reserved_port() as free:
+        port = free if node_rank == 0 else refused_port  # node 0 listens there; node 1 finds nobody
+        t0 = time.monotonic()
+        proc = mldebug("--json", "gpu-test", "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr",
+                       "127.0.0.1", "--master-port", str(port), "--init-timeout", "2", "--device", "cpu",
+                       "--backend", "gloo", "--nproc-per-node", "1", timeout=120)
+        elapsed = time.monotonic() - t0
+    assert proc.returncode == 4, proc.stderr
+    assert "internal error" not in proc.stderr, proc.stderr
+    named = "node rank 1 never joined the rendezvous" if node_rank == 0 else "node rank 0 (the master, 127.0.0.1:"
+    # (node 1's stderr also holds c10's own log of each connect retry, printed by torch's C++ before we answer)
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("mldebug: error: ")]
+    assert named in line and "within 2 s" in line, proc.stderr
+    result = json.loads(proc.stdout)["result"]
+    assert result["error"]["kind"] == "partial" and named in result["summary"], result
+    assert elapsed < 30, elapsed  # not the 30 s floor it had: a deadline, not a speed goal

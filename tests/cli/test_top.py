@@ -266,8 +266,8 @@ def test_a_node_whose_sshd_is_stopped_is_not_answering_while_the_other_keeps_upd
         job, rig_ssh, rig_nodes, tmp_path: Path) -> None:
     from ml_debug.remote.targets import Target, TargetSpec
     from ml_debug.sampling.streams import Client
-    from ml_debug.top.model import snapshot
     from ml_debug.top.options import TopOptions
+    from ml_debug.top.result import snapshot
 
     node2 = next(n for n in rig_ssh.nodes if n.name == job.ranks[2][0])
     node1 = next(n for n in rig_ssh.nodes if n.name == job.ranks[0][0])
@@ -300,17 +300,17 @@ def test_a_node_whose_sshd_is_stopped_is_not_answering_while_the_other_keeps_upd
             sshd.signal(signal.SIGCONT)
             wait_until(lambda: statuses()[sshd.alias] == "ok", 30, f"{sshd.alias} answering again")
 
-        # --once with the sshd stopped before we connect: the node is named within --interval + --timeout
+        # --once with the sshd stopped before we connect: the node is named within --interval + --node-timeout
         sshd.signal(signal.SIGSTOP)
         rc, result, err = _run("--hosts", f"{node1.name},{sshd.alias}", "--ssh-config", str(sshd.config),
-                               "--env", f"{TOKEN_VAR}={job.token}", "--interval", "0.5", "--timeout", "6",
+                               "--env", f"{TOKEN_VAR}={job.token}", "--interval", "0.5", "--node-timeout", "6",
                                "--connect-timeout", "30")
         sshd.signal(signal.SIGCONT)
     assert rc == 4, err
     assert result["not_answering"] == [sshd.alias], result["summary"]
     by = {n["target"]: n for n in result["nodes"]}
     assert by[sshd.alias]["status"] == "not answering"
-    assert by[sshd.alias]["error"] == "no answer within 6.5 s (--interval + --timeout)"
+    assert by[sshd.alias]["error"] == "no answer within 6.5 s (--interval + --node-timeout)"
     assert by[node1.name]["status"] == "ok" and sorted(r["rank"] for r in by[node1.name]["ranks"]) == [0, 1]
     assert result["summary"].startswith(f"1/2 nodes answering ({sshd.alias}: not answering, no answer within")
 
@@ -422,7 +422,7 @@ def test_live_view_in_a_pty_draws_updates_toggles_gpu_rows_and_exits_restoring_t
 
 def test_remote_agent_missing_is_named_with_the_hint(rig_ssh) -> None:
     proc = mldebug("top", "--once", "--json", "--hosts", rig_ssh.nodes[0].name, "--ssh-config",
-                   str(rig_ssh.ssh_config), "--remote-python", "/nonexistent/python", "--timeout", "5", timeout=120)
+                   str(rig_ssh.ssh_config), "--remote-python", "/nonexistent/python", "--node-timeout", "5", timeout=120)
     assert proc.returncode == 4, proc.stderr
     (node,) = json.loads(proc.stdout)["result"]["nodes"]
     assert node["status"] == "failed"

@@ -129,7 +129,7 @@ def test_uncatchable_dump_signal_is_a_usage_error(tmp_path, sig):
 
 def test_bad_include_names_the_option(tmp_path):
     (tmp_path / "t1.py").write_text("pass\n")
-    line = _usage_error(mldebug("trace", "-o", "d", "-i", "a b", "t1.py", cwd=tmp_path))
+    line = _usage_error(mldebug("trace", "-o", "d", "--include", "a b", "t1.py", cwd=tmp_path))
     assert line.startswith("mldebug: error: --include: ") and "packages_to_include" not in line
 
 

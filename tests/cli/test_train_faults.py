@@ -25,7 +25,7 @@ def _steps(metrics: Path, rank: int) -> list[dict]:
 def test_nan_names_the_rank_before_the_optimizer_step(tmp_path: Path) -> None:
     metrics = tmp_path / "m"
     # fp8 (torchao float8, emulated on CPU) under FSDP2 on the way.
-    proc = mldebug(*BASE, "--inject", "nan@step=3,rank=1", "--metrics-dir", str(metrics), "--timeout", "30",
+    proc = mldebug(*BASE, "--inject", "nan@step=3,rank=1", "--metrics-dir", str(metrics), "--collective-timeout", "30",
                    "--numerics", "fp8", timeout=240, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "non-finite loss on rank 1 at step 3, detected before the optimizer step" in proc.stderr
@@ -65,7 +65,7 @@ def test_straggler_slows_only_its_rank_and_a_segfault_leaves_a_core(tmp_path: Pa
     metrics, cores = tmp_path / "m", tmp_path / "cores"
     proc = mldebug(*BASE, "--inject", "straggler@step=2,rank=1,factor=3", "--inject", "segfault@step=4,rank=1",
                    "--init-from", str(tmp_path / "full.pt"), "--seed", "1", "--metrics-dir", str(metrics),
-                   "--core-dir", str(cores), "--timeout", "30", timeout=240, cwd=tmp_path)
+                   "--core-dir", str(cores), "--collective-timeout", "30", timeout=240, cwd=tmp_path)
     assert proc.returncode == 4, proc.stderr[-2000:]  # documented: a rank killed by a signal, a segfault
     assert "Segmentation fault" in proc.stderr and "injected_segfault" in proc.stderr
     files = [p for p in (cores / "rank-1").iterdir() if p.name.startswith("core")]
@@ -84,7 +84,7 @@ def test_straggler_slows_only_its_rank_and_a_segfault_leaves_a_core(tmp_path: Pa
 
 
 def test_desync_issues_a_different_collective(tmp_path: Path) -> None:
-    proc = mldebug(*BASE, "--inject", "desync@step=2,rank=1", "--timeout", "5", timeout=240, cwd=tmp_path)
+    proc = mldebug(*BASE, "--inject", "desync@step=2,rank=1", "--collective-timeout", "5", timeout=240, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "rank 1: injected desync at step 2" in proc.stderr
     assert "a collective failed at step 2" in proc.stderr
@@ -93,7 +93,7 @@ def test_desync_issues_a_different_collective(tmp_path: Path) -> None:
 def test_exit_is_silent(tmp_path: Path) -> None:
     metrics = tmp_path / "m"
     proc = mldebug(*BASE, "--inject", "exit@step=3,rank=1", "--metrics-dir", str(metrics),
-                   "--timeout", "30", "--numerics", "bf16", timeout=240, cwd=tmp_path)
+                   "--collective-timeout", "30", "--numerics", "bf16", timeout=240, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "rank 0: a collective failed at step 3" in proc.stderr
     assert "Traceback" not in proc.stderr  # rank 1 says nothing

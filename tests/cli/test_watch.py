@@ -61,7 +61,7 @@ def train(tmp_path: Path) -> Iterator[Callable[..., Job]]:
         token = uuid.uuid4().hex[:12]
         log = tmp_path / f"train-{token}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--timeout",
+            proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--collective-timeout",
                                      "300", *args], env=_env(token, env), stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=tmp_path)
         job = Job(proc, token, log)
@@ -112,7 +112,7 @@ def test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keep
            f"{marker}"
     token = uuid.uuid4().hex[:12]
     w = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "watch", "--pid", str(job.pid), *FAST,
-                          "--out-dir", str(out), "--on-incident", hook], env=_env(token), stdout=subprocess.PIPE,
+                          "--bundle-dir", str(out), "--on-incident", hook], env=_env(token), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
         def watching() -> bool:
@@ -156,7 +156,7 @@ def test_a_hung_rank_is_named_in_a_bundle_within_stall_plus_20_s_and_ctrl_c_keep
     token2 = uuid.uuid4().hex[:12]
     with open(err2, "w") as err_file:
         w2 = subprocess.Popen([sys.executable, "-m", "ml_debug", "--json", "watch", "--pid", str(job.pid), "--now",
-                               "--samples", "8", "--out-dir", str(out2)], env=_env(token2), stdout=subprocess.PIPE,
+                               "--samples", "8", "--bundle-dir", str(out2)], env=_env(token2), stdout=subprocess.PIPE,
                               stderr=err_file, text=True, stdin=subprocess.DEVNULL)
     try:
         wait_until(lambda: "sample 2/8 taken" in err2.read_text() and w2.poll() is None, 120,
@@ -200,7 +200,7 @@ def test_a_healthy_job_gives_no_incident(train: Callable[..., Job], tmp_path: Pa
     metrics, out = tmp_path / "metrics", tmp_path / "bundle"
     job = train("--steps", "100000", "--metrics-dir", str(metrics))
     proc = watch("--pid", str(job.pid), "--progress-file", str(metrics / "rank-{rank}.jsonl"), "--stall", "10",
-                 "--grace", "0", "--interval", "1", "--stack-every", "1", "--duration", "15", "--out-dir", str(out))
+                 "--grace", "0", "--interval", "1", "--stack-every", "1", "--duration", "15", "--bundle-dir", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = result_of(proc)
     assert result["summary"].startswith("no incident: 2 rank(s) on 1 node(s) made progress during")
@@ -216,7 +216,7 @@ def test_a_desync_is_named_by_the_flight_recorder_in_the_bundle(
     fr_dir, out = tmp_path / "fr", tmp_path / "bundle"
     job = train("--steps", "1000", "--inject", "desync@step=3,rank=1",
                 env={"TORCH_FR_BUFFER_SIZE": "2000", "MLDEBUG_FR_DIR": str(fr_dir)})
-    proc = watch("--pid", str(job.pid), *FAST, "--out-dir", str(out))
+    proc = watch("--pid", str(job.pid), *FAST, "--bundle-dir", str(out))
     assert proc.returncode == 1, proc.stderr[-3000:]
     summary = bundle_summary(out)
     assert summary["culprit"]["rank"] == 1 and summary["culprit"]["why"] == "desync", summary["culprit"]
@@ -245,7 +245,7 @@ def test_a_busy_rank_whose_gpu_spins_at_low_power_stalls(tmp_path: Path) -> None
         scenario = tmp_path / "nvml.json"
         scenario.write_text(json.dumps({"gpus": [gpu]}))
         proc = watch("--pid", str(spin.pid), "--stall", "4", "--grace", "0", "--interval", "1", "--stack-every", "0",
-                     "--duration", "20", "--out-dir", str(tmp_path / "bundle"), env=fake_nvml.env(scenario))
+                     "--duration", "20", "--bundle-dir", str(tmp_path / "bundle"), env=fake_nvml.env(scenario))
     finally:
         spin.kill()
         spin.wait(timeout=30)
@@ -271,7 +271,7 @@ def test_same_hang_over_two_rig_nodes_watched_by_the_slurm_template_and_over_ssh
     env = _env(token, {**rig_slurm.env, "SLURM_CONF": str(rig_slurm.conf), "GLOO_SOCKET_IFNAME": "eth0",
                        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                        "MASTER_ADDR": rig_slurm.node_ips[nodes[0]], "MASTER_PORT": str(rig_port()),
-                       "MLDEBUG_TRAIN": f"{sys.executable} -m ml_debug train --steps 1000 --timeout 300 "
+                       "MLDEBUG_TRAIN": f"{sys.executable} -m ml_debug train --steps 1000 --collective-timeout 300 "
                                         "--inject hang@step=3,rank=1",
                        "MLDEBUG_ARGS": " ".join(FAST), "MLDEBUG_OUT": str(out), "MLDEBUG_KEEP_JOB": "1",
                        "MLDEBUG_RUN_DIR": str(tmp_path / "run")})
@@ -294,7 +294,7 @@ def test_same_hang_over_two_rig_nodes_watched_by_the_slurm_template_and_over_ssh
         bad = rig_ssh.bad_hostkey_host  # a node that never answers: reported, not waited for
         via_ssh = watch("--hosts", str(rig_ssh.hostfile([*ssh_nodes, bad])), "--ssh-config", str(rig_ssh.ssh_config),
                         "--env", f"SLURM_JOB_ID={job}", "--connect-timeout", "5", "--node-timeout", "3",
-                        "--remote-python", sys.executable, *FAST, "--out-dir", str(tmp_path / "ssh"))
+                        "--remote-python", sys.executable, *FAST, "--bundle-dir", str(tmp_path / "ssh"))
         assert via_ssh.returncode == 1, via_ssh.stderr[-3000:]
     finally:
         rig_slurm.cancel(job)
@@ -328,6 +328,34 @@ def _cmdlines() -> list[str]:
 def test_watch_help_is_documented() -> None:
     page = REPO / "docs" / "commands" / "watch.md"
     text = page.read_text()
-    for flag in ("--stall", "--grace", "--progress-file", "--now", "--keep-watching", "--on-incident", "--out-dir",
+    for flag in ("--stall", "--grace", "--progress-file", "--now", "--keep-watching", "--on-incident", "--bundle-dir",
                  "--stack-every", "--straggler-factor", "--node-timeout", "--duration"):
         assert f"`{flag}" in text, flag
+
+
+def test_on_incident_dies_with_a_sigkilled_watch(tmp_path: Path) -> None:
+    """`watch --on-incident CMD` killed with SIGKILL left CMD running with parent 1: it is tied to watch
+    (PR_SET_PDEATHSIG, ml_debug/core/bounded.py) and gets SIGTERM. The target is any process (`--now`)."""
+    token = uuid.uuid4().hex[:12]
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=_env(f"target-{token}"),
+                              stdin=subprocess.DEVNULL)
+    started = tmp_path / "cmd-started"
+    cmd = f"{sys.executable} -c 'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); " \
+          f"time.sleep(600)' {started}"
+    w = subprocess.Popen([sys.executable, "-m", "ml_debug", "watch", "--pid", str(target.pid), "--now", "--samples",
+                          "1", "--bundle-dir", str(tmp_path / "bundle"), "--on-incident", cmd], env=_env(token),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: started.exists() and started.read_text() or w.poll() is not None, 120,
+                   "the --on-incident command to start")
+        assert w.poll() is None, w.communicate()[1][-3000:]
+        cmd_pid = int(started.read_text())
+        assert cmd_pid in pids_with_env(TOKEN_VAR, token)
+        w.kill()
+        w.wait(timeout=30)
+        wait_until(lambda: cmd_pid not in pids_with_env(TOKEN_VAR, token), 30,
+                   "the --on-incident command to end with watch")
+    finally:
+        kill_pids([w.pid, *pids_with_env(TOKEN_VAR, token)])
+        target.kill()
+        target.wait(timeout=30)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ml_debug.core.errors import UsageError
-from ml_debug.gputest.report import STAGES
+from ml_debug.gputest.verdict import STAGES
 from tests.fakes import hooks_env
 
 ENV = "MLDEBUG_TEST_FAULT"

@@ -28,7 +28,7 @@ def _nvml_uuids() -> set[str]:
 
 def test_one_nccl_rank_per_gpu_passes_every_stage_on_its_own_gpu() -> None:
     visible = need_gpus(1)
-    proc = mldebug("gpu-test", "--json", "--timeout", "60", "--mem-gb", "1", timeout=420, env=repo_env())
+    proc = mldebug("gpu-test", "--json", "--stage-timeout", "60", "--mem-gb", "1", timeout=420, env=repo_env())
     doc = json_doc(proc.stdout, proc.stderr, "gpu-test")
     result = doc["result"]
     assert proc.returncode == 0 and result["ok"], (result["summary"], proc.stderr[-3000:])
@@ -57,7 +57,7 @@ def test_isolate_runs_every_gpu_alone_and_in_pairs() -> None:
     visible = need_gpus(1)
     from ml_debug.gputest.isolate import schedule, visible_members
 
-    proc = mldebug("gpu-test", "--isolate", "--json", "--timeout", "60", timeout=600, env=repo_env())
+    proc = mldebug("gpu-test", "--isolate", "--json", "--stage-timeout", "60", timeout=600, env=repo_env())
     doc = json_doc(proc.stdout, proc.stderr, "gpu-test")
     result = doc["result"]
     assert proc.returncode == 0 and result["ok"], (result["summary"], proc.stderr[-3000:])

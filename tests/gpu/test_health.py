@@ -33,7 +33,7 @@ def test_cuda_index_map_puts_every_visible_gpu_on_its_own_nvml_index() -> None:
     visible = need_gpus(1)
     import torch
 
-    from ml_debug.health.runner import _cuda_index_map
+    from ml_debug.health.run import _cuda_index_map
 
     gpus = _nvml_gpus()
     mapping = _cuda_index_map(gpus)

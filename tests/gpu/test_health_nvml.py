@@ -13,8 +13,8 @@ import pytest
 
 from ml_debug.core.nvml import NvmlGateway, is_na
 from ml_debug.health import gpu_checks
-from ml_debug.health.model import Status
-from ml_debug.health.runner import HealthOptions, passive_gpu_checks, run_local
+from ml_debug.health.result import Status
+from ml_debug.health.run import HealthOptions, passive_gpu_checks, run_local
 from ml_debug.health.snapshot import read_gpus
 from tests.conftest import mldebug, require
 from tests.gpu.support import check_schema, need_gpus, repo_env

@@ -1,4 +1,4 @@
-"""Finding the processes that hold a GPU (`dump-stacks --gpu`, and the fallback when no launcher
+"""Finding the processes that hold a GPU (`dump-stacks --gpu-holders`, and the fallback when no launcher
 and no rank variable point at a job), on a real GPU through NVML. Marked gpu: skipped without one.
 
     pytest -m gpu tests/gpu/test_procs.py
@@ -61,19 +61,19 @@ def test_gpu_holder_pids_lists_a_process_with_a_cuda_context(gpu_holder: subproc
     pids = _wait_for_holder(gpu_holder.pid)
     if gpu_holder.pid not in pids and pids and not any(Path(f"/proc/{p}").exists() for p in pids):
         pytest.skip(f"NVML reports pids of another PID namespace ({pids}): a container without the host's "
-                    "PID namespace; `--gpu` cannot map them to processes here")
+                    "PID namespace; `--gpu-holders` cannot map them to processes here")
     assert gpu_holder.pid in pids, (gpu_holder.pid, pids)
 
 
-def test_find_targets_gpu_selects_the_holder_with_its_command_line(gpu_holder: subprocess.Popen[str]) -> None:
-    from ml_debug.procs.find import find_targets
+def test_find_processes_gpu_selects_the_holder_with_its_command_line(gpu_holder: subprocess.Popen[str]) -> None:
+    from ml_debug.procs.find import find_processes
 
     pids = _wait_for_holder(gpu_holder.pid)
     if gpu_holder.pid not in pids:
         pytest.skip(f"NVML does not list pid {gpu_holder.pid} (got {pids}); see the test above")
-    found = find_targets(gpu=True)
-    by_pid = {t.pid: t for t in found.targets}
-    assert gpu_holder.pid in by_pid, (found.targets, found.notes)
+    found = find_processes(gpu=True)
+    by_pid = {t.pid: t for t in found.processes}
+    assert gpu_holder.pid in by_pid, (found.processes, found.notes)
     t = by_pid[gpu_holder.pid]
     assert t.found_by == "gpu" and "sys.stdin.read()" in t.cmdline, t
     assert os.getpid() not in by_pid  # never itself, though this process may hold a context too

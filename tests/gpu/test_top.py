@@ -52,7 +52,7 @@ def busy_gpu() -> Iterator[subprocess.Popen[str]]:
 
 
 def test_real_gpu_values_and_the_busy_process_on_its_gpu(busy_gpu: subprocess.Popen[str]) -> None:
-    proc = mldebug("top", "--local", "--once", "--json", "--ranks", "--gpus", "--pattern", MARKER,
+    proc = mldebug("top", "--local", "--once", "--json", "--rank-rows", "--gpu-rows", "--pattern", MARKER,
                    env=repo_env(), timeout=180)
     assert proc.returncode in (0, 1), proc.stderr
     doc = json_doc(proc.stdout, proc.stderr, "top")

@@ -130,7 +130,7 @@ def _two_ranks(run: Run) -> dict[int, int]:
 
 
 def test_gpu_test_self_launched(start) -> None:  # type: ignore[no-untyped-def]
-    run = start("gpu-test", "--nproc-per-node", "2", "--device", "cpu", "--backend", "gloo", "--timeout", "600",
+    run = start("gpu-test", "--nproc-per-node", "2", "--device", "cpu", "--backend", "gloo", "--stage-timeout", "600",
                 env=faults.env("gpu-test.hang:rank=1,stage=all_reduce"))
     ranks = _two_ranks(run)
     wait_in_function(ranks[1], {"gpu_test_stage_start"}, timeout=120, innermost=False)  # rank 1 stalls
@@ -140,7 +140,7 @@ def test_gpu_test_self_launched(start) -> None:  # type: ignore[no-untyped-def]
 
 def test_allreduce_bench_self_launched(start) -> None:  # type: ignore[no-untyped-def]
     run = start("allreduce-bench", "--nproc-per-node", "2", "--backend", "gloo", "-b", "64K", "-e", "64K",
-                "-n", "5", "-w", "1", "--timeout", "600",
+                "-n", "5", "-w", "1", "--collective-timeout", "600",
                 env=faults.env("allreduce-bench.slow:rank=1,factor=1000000"))
     ranks = _two_ranks(run)
     wait_in_function(ranks[1], {"bench_timed_region"}, timeout=120, innermost=False)  # rank 1 in its timed batch
@@ -203,10 +203,10 @@ def test_dump_stacks_over_ssh(start, rig_ssh, rig_nodes, tmp_path: Path) -> None
 @pytest.mark.rig
 def test_exec_over_ssh_stops_the_remote_command_and_its_children(start, rig_ssh) -> None:  # type: ignore[no-untyped-def]
     """A command that never writes (no broken pipe to stop it) and has a child, on a loopback host and a
-    netns node: Ctrl-C here ends it there at once, not at its deadline (--timeout + 6 s)."""
+    netns node: Ctrl-C here ends it there at once, not at its deadline (--node-timeout + 6 s)."""
     seconds = f"900.{uuid.uuid4().int % 10**9:09d}"  # names this test's remote processes
     hostfile = rig_ssh.hostfile([rig_ssh.hosts[0], rig_ssh.nodes[0]])
-    run = start("exec", "--hosts", str(hostfile), "--ssh-config", str(rig_ssh.ssh_config), "--timeout", "600", "--",
+    run = start("exec", "--hosts", str(hostfile), "--ssh-config", str(rig_ssh.ssh_config), "--node-timeout", "600", "--",
                 "sh", "-c", f"sleep {seconds} & sleep {seconds}; wait")
 
     def remote() -> list[int]:  # the rig's hosts share this machine's /proc (netns nodes: their own pid namespace)
@@ -234,7 +234,7 @@ def test_exec_ctrl_c_keeps_what_each_node_printed(start, rig_ssh, tmp_path: Path
     hosts = ["--local"] if where == "local" else \
         ["--hosts", f"{rig_ssh.hosts[0].name},{rig_ssh.hosts[1].name}", "--ssh-config", str(rig_ssh.ssh_config)]
     seconds = f"900.{uuid.uuid4().int % 10**9:09d}"
-    run = start("--json", "exec", *hosts, "--timeout", "600", "--",
+    run = start("--json", "exec", *hosts, "--node-timeout", "600", "--",
                 "sh", "-c", f'echo "out of $0"; echo "err of $0" >&2; mktemp -p {marks} >/dev/null; sleep {seconds}', "x")
     wait_until(lambda: len(list(marks.iterdir())) == (1 if where == "local" else 2), 60, "every node to print")
     run.ctrl_c()

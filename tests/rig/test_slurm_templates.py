@@ -33,7 +33,7 @@ def _sbatch(rig_slurm, template: str, tmp_path: Path, *extra: str, env: dict[str
 def test_gpu_test_template_reports_every_rank(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
     # Also the suite's check of gpu-test under Slurm: srun's world (launcher, ranks, hosts, node ranks).
     rc, job, log = _sbatch(rig_slurm, "gpu-test.sbatch", tmp_path, "--ntasks-per-node=2",
-                           env={"MLDEBUG_ARGS": "--timeout 60"})
+                           env={"MLDEBUG_ARGS": "--stage-timeout 60"})
     assert rc == 0, log
     assert "4/4 ranks OK on 2 hosts" in log
     out = tmp_path / f"mldebug-gpu-test-{job}"
@@ -73,7 +73,7 @@ def test_health_template_writes_one_json_per_node(rig_slurm, tmp_path: Path):  #
 
 def test_allreduce_bench_template_saves_the_json(rig_slurm, tmp_path: Path):  # type: ignore[no-untyped-def]
     rc, job, log = _sbatch(rig_slurm, "allreduce-bench.sbatch", tmp_path, "--ntasks-per-node=1",
-                           env={"MLDEBUG_ARGS": "--quick --timeout 60"})
+                           env={"MLDEBUG_ARGS": "--quick --collective-timeout 60"})
     assert rc == 0, log
     doc = json.loads((tmp_path / f"mldebug-allreduce-{job}" / "allreduce.json").read_text())
     assert doc["schema"] == "mldebug.allreduce-bench"

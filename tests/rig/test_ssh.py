@@ -35,7 +35,7 @@ def test_exec_reaches_every_rig_host_in_parallel(rig_ssh: SshRig) -> None:
     # Each node prints its hostname, the port it was reached on, and when its 5 s sleep ran.
     script = 'echo "$(hostname) ${SSH_CONNECTION##* } $(date +%s.%N)"; sleep 5; date +%s.%N'
     code, doc = _exec_json("--hosts", str(hostfile), "--ssh-config", str(rig_ssh.ssh_config),
-                           "--timeout", "20", "--", "sh", "-c", script)
+                           "--node-timeout", "20", "--", "sh", "-c", script)
     assert code == 0, doc["result"]["summary"]
     result = doc["result"]
     assert result["ok"] and result["transport"] == "ssh"
@@ -90,7 +90,7 @@ def test_each_failure_has_its_own_reason_and_the_rest_succeed(rig_ssh: SshRig, t
         script = f'case "${{SSH_CONNECTION##* }}" in {hang.port}) exec -a {marker} sleep 60;; esac; echo fine'
         try:
             code, doc = _exec_json("--hosts", "ok,hang,down,badkey,refused,node,stall", "--ssh-config", str(cfg),
-                                   "--timeout", "8", "--connect-timeout", "5", "--", "bash", "-c", script)
+                                   "--node-timeout", "8", "--connect-timeout", "5", "--", "bash", "-c", script)
         finally:
             stall.close()
     assert code == 4

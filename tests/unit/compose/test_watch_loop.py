@@ -12,8 +12,8 @@ from pathlib import Path
 from ml_debug.compose.watch_loop import LocalSource, _job_name, stack_observations
 from ml_debug.remote.targets import Target, TargetSpec
 from ml_debug.sampling.sample import NodeSample
-from ml_debug.watch.model import Tracker
 from ml_debug.watch.options import WatchOptions
+from ml_debug.watch.verdict import Tracker
 from tests.conftest import mldebug, py_spy, require, wait_in_function
 
 SPIN = "import time\ndef spin_here():\n    while True:\n        time.sleep(0.01)\nspin_here()\n"

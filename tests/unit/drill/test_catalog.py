@@ -7,16 +7,16 @@ import random
 import pytest
 
 from ml_debug.drill.catalog import judge
-from ml_debug.drill.model import Injected, Named
 from ml_debug.drill.options import parse_only
+from ml_debug.drill.result import Injected, Named
 from ml_debug.drill.run import plan_for
 
 
 def test_the_table_names_each_column_and_each_outcome() -> None:
     from rich.console import Console
 
-    from ml_debug.drill.model import DrillOutcome, DrillResult
     from ml_debug.drill.render import render
+    from ml_debug.drill.result import DrillOutcome, DrillResult
 
     def outcome(drill: str, status: str, named: Named, why: str = "") -> DrillOutcome:
         return DrillOutcome(drill, status, Injected(drill, 1, "vm", 3, "injected_hang"), f"mldebug {drill} --pid 42",

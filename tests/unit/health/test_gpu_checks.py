@@ -18,8 +18,8 @@ import pytest
 from ml_debug.core.nvml import NA, NvmlGateway, is_na
 from ml_debug.health import active_checks, gpu_checks
 from ml_debug.health.gpu_checks import Thresholds
-from ml_debug.health.model import Check, GpuPart, Status
-from ml_debug.health.runner import HealthOptions, passive_gpu_checks, run_local, verdict
+from ml_debug.health.result import Check, GpuPart, Status
+from ml_debug.health.run import HealthOptions, passive_gpu_checks, run_local, verdict
 from ml_debug.health.snapshot import read_gpus
 from ml_debug.health.stress import MatmulResult
 from tests.conftest import REPO, mldebug

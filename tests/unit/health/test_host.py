@@ -15,7 +15,7 @@ import pytest
 
 from ml_debug.core.nvml import NvmlGateway
 from ml_debug.health import host_checks
-from ml_debug.health.model import Status
+from ml_debug.health.result import Status
 from tests.conftest import REPO, mldebug
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "health.json").read_text())

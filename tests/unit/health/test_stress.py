@@ -9,7 +9,7 @@ import pytest
 
 from ml_debug.health import active_checks
 from ml_debug.health.gpu_checks import Thresholds
-from ml_debug.health.model import Status
+from ml_debug.health.result import Status
 from ml_debug.health.stress import bare_matmul_tflops, matmul_stress, memory_test
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -53,7 +53,7 @@ def test_per_gpu_threads_never_wait_forever():
     import time as _time
 
     from ml_debug.core.errors import ProblemFound
-    from ml_debug.health.runner import _in_threads
+    from ml_debug.health.run import _in_threads
 
     assert _in_threads(lambda i: i * 2, [0, 1, 2], "memory test", 10) == [0, 2, 4]
     t0 = _time.monotonic()

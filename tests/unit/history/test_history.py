@@ -252,7 +252,7 @@ def test_a_watch_incident_records_its_nodes_where_history_is_set(tmp_path: Path,
     import time
 
     from ml_debug.compose.watch_loop import _record_in_history
-    from ml_debug.watch.model import Incident
+    from ml_debug.watch.verdict import Incident
 
     inc = Incident("stall", time.time(), "rank 1 made no progress", ranks=[{"rank": 1, "host": "node3"},
                                                                            {"rank": 0, "host": "node4"}])
@@ -297,8 +297,8 @@ def test_history_reads_only_its_own_database_and_changes_no_byte(tmp_path: Path)
     with open_history(ours) as h:
         h.record_incident("logs", "job1", ["node1"], "node1", "boom")
     before = ours.read_bytes()
-    ok = mldebug("history", "--history", str(ours), "--jobs", "5")
+    ok = mldebug("history", "--history", str(ours), "--failed-jobs", "5")
     assert ok.returncode == 0 and "1 job incidents" in ok.stdout, ok.stderr
     assert ours.read_bytes() == before
-    huge = mldebug("history", "--history", str(ours), "--jobs", str(10**20))
-    assert huge.returncode == 2 and "--jobs" in huge.stderr and "internal error" not in huge.stderr, huge.stderr
+    huge = mldebug("history", "--history", str(ours), "--failed-jobs", str(10**20))
+    assert huge.returncode == 2 and "--failed-jobs" in huge.stderr and "internal error" not in huge.stderr, huge.stderr

@@ -453,11 +453,12 @@ def test_a_rank_stdout_line_teed_into_its_traceback_is_not_the_exception(tmp_pat
 
 def test_a_launch_stopped_at_its_timeout_names_the_timeout() -> None:
     """tests/data/logs/launch_timeout/: a real `mldebug launch --nproc-per-node 2 --timeout 5` of a script that
-    sleeps (paths rewritten to /shared/job/logs): the launcher stopped torchrun, whose SIGTERM traceback follows."""
+    sleeps (paths rewritten to /shared/job/logs): the launcher stopped torchrun, whose SIGTERM traceback follows.
+    The log says `--timeout`, launch's earlier name for --run-timeout: old logs are read as new ones."""
     report = triage([str(DATA / "launch_timeout")])
     p = report.verdict.primary
     assert report.verdict.status == "failure" and p is not None and p.kind == "launcher", report.verdict.summary
-    assert "--timeout 5 s" in p.message and p.who.node == "vm" and p.time is not None
+    assert "--run-timeout 5 s" in p.message and p.who.node == "vm" and p.time is not None
 
 
 def test_only_consequences_never_claim_a_primary_failure(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ml_debug.core.errors import UsageError
-from ml_debug.procs import find_targets, labels_from_environ
+from ml_debug.procs import find_processes, labels_from_environ
 from ml_debug.procs.find import is_python, launcher_kind
 from ml_debug.procs.tree import ProcInfo
 from tests.conftest import mldebug, pids_with_env, wait_until
@@ -94,21 +94,21 @@ def test_ranks_under_a_launcher_through_a_shell_not_their_children(tmp_path: Pat
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         # the rank's own child (a "data loader worker") is up too: three Python processes sleeping
         wait_until(lambda: len(_sleeping_pythons(token)) == 3, 30, "both ranks and rank 0's child to start")
-        found = find_targets(pids=[proc.pid])
-        assert [(t.rank, t.local_rank, t.world_size) for t in found.targets] == [(0, 0, 2), (1, 1, 2)]
-        assert {t.found_by for t in found.targets} == {f"torchrun pid {proc.pid}"}
-        assert {t.launcher_pid for t in found.targets} == {proc.pid}
+        found = find_processes(pids=[proc.pid])
+        assert [(t.rank, t.local_rank, t.world_size) for t in found.processes] == [(0, 0, 2), (1, 1, 2)]
+        assert {t.found_by for t in found.processes} == {f"torchrun pid {proc.pid}"}
+        assert {t.launcher_pid for t in found.processes} == {proc.pid}
         assert any(s["reason"] == "not a Python process" for s in found.skipped)
         assert [launcher.kind for launcher in found.launchers if launcher.pid == proc.pid] == ["torchrun"]
         # the same ranks by their environment, and the launcher itself on request
-        by_env = find_targets(pattern=r"time\.sleep\(60\)", env={"MYJOB": token})
+        by_env = find_processes(pattern=r"time\.sleep\(60\)", env={"MYJOB": token})
         # like pgrep -f, but Python only: both ranks and rank 0's own child (it inherits RANK), not the shell
-        assert sorted(t.rank for t in by_env.targets) == [0, 0, 1]
+        assert sorted(t.rank for t in by_env.processes) == [0, 0, 1]
         assert any(s["reason"] == "not a Python process" and s["cmdline"].startswith("sh -c")
                    for s in by_env.skipped)
-        with_launcher = find_targets(pids=[proc.pid], include_launcher=True)
-        assert proc.pid in {t.pid for t in with_launcher.targets}
-        assert find_targets(pids=[proc.pid], user="no-such-user").targets == []
+        with_launcher = find_processes(pids=[proc.pid], include_launcher=True)
+        assert proc.pid in {t.pid for t in with_launcher.processes}
+        assert find_processes(pids=[proc.pid], user="no-such-user").processes == []
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
@@ -129,13 +129,13 @@ def _sleeping_pythons(token: str) -> list[int]:
 
 
 def test_never_picks_itself() -> None:
-    found = find_targets(pattern="pytest")
-    assert os.getpid() not in {t.pid for t in found.targets}
+    found = find_processes(pattern="pytest")
+    assert os.getpid() not in {t.pid for t in found.processes}
 
 
 def test_bad_pattern_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
-        find_targets(pattern="(")
+        find_processes(pattern="(")
 
 
 @pytest.mark.parametrize("command", ["dump-stacks", "top", "watch"])
@@ -157,36 +157,36 @@ def test_gpu_selection_says_why_when_there_is_no_gpu() -> None:
     gateway = open_gateway()
     status = gateway.open()
     gateway.close()
-    found = find_targets(gpu=True, pids=[os.getpid()])
-    assert found.targets == []  # only ourselves was named, and we are never picked
+    found = find_processes(gpu=True, pids=[os.getpid()])
+    assert found.processes == []  # only ourselves was named, and we are never picked
     if status.available:  # NVML works: the GPU holders are listed, and no excuse is given
-        assert not [n for n in found.notes if n.startswith("--gpu: ")], found.notes
+        assert not [n for n in found.notes if n.startswith("--gpu-holders: ")], found.notes
     else:  # no NVIDIA GPU here: the reason, never a crash
-        assert found.notes == [f"--gpu: {status.reason}"], found.notes
+        assert found.notes == [f"--gpu-holders: {status.reason}"], found.notes
 
 
 def test_no_job_found_says_nothing_about_nvml_unless_gpu_was_asked() -> None:
-    from ml_debug.procs.find import find_targets
+    from ml_debug.procs.find import find_processes
 
     def about_gpus(note: str) -> bool:  # NVML's status reason reads "no NVIDIA GPU: ...", not "NVML"
         return any(word in note.lower() for word in ("gpu", "nvidia", "nvml"))
 
-    found = find_targets(env={"MLDEBUG_NO_SUCH_JOB": "1"})
+    found = find_processes(env={"MLDEBUG_NO_SUCH_JOB": "1"})
     assert not [n for n in found.notes if about_gpus(n)], found.notes
     proc = mldebug("dump-stacks", "--env", "MLDEBUG_NO_SUCH_JOB=1", timeout=60)
-    said = (proc.stdout + proc.stderr).lower()  # (its hint may name the --gpu option)
+    said = (proc.stdout + proc.stderr).lower()  # (its hint may name the --gpu-holders option)
     assert proc.returncode == 3 and "nvidia" not in said and "nvml" not in said, proc.stdout + proc.stderr
-    asked = find_targets(gpu=True, env={"MLDEBUG_NO_SUCH_JOB": "1"})
+    asked = find_processes(gpu=True, env={"MLDEBUG_NO_SUCH_JOB": "1"})
     from ml_debug.core.nvml import open_gateway
 
     if not open_gateway().open().available:
-        assert any(n.startswith("--gpu: ") for n in asked.notes), asked.notes
+        assert any(n.startswith("--gpu-holders: ") for n in asked.notes), asked.notes
 
 
 def test_a_user_this_node_does_not_have_is_said() -> None:
     """--user with a typo looked like "no job here" (top: exit 0, 0 ranks, not a word)."""
-    assert find_targets(user="no_such_user_zq").notes[-1] == f"--user no_such_user_zq: no such user on {os.uname()[1]}"
-    assert not [n for n in find_targets(user="root").notes if "no such user" in n]
+    assert find_processes(user="no_such_user_zq").notes[-1] == f"--user no_such_user_zq: no such user on {os.uname()[1]}"
+    assert not [n for n in find_processes(user="root").notes if "no such user" in n]
     top = mldebug("top", "--once", "--user", "no_such_user_zq", timeout=60)
     assert "~ " in top.stdout and "--user no_such_user_zq: no such user on " in top.stdout, top.stdout
     stacks = mldebug("dump-stacks", "--user", "no_such_user_zq", timeout=60)
@@ -206,9 +206,9 @@ def test_env_picks_a_rank_without_launcher_beside_another_launched_job(tmp_path:
     try:
         assert launched.stdout is not None and launched.stdout.readline().strip() == b"ready"
         wait_until(lambda: len(_sleeping_pythons(other)) == 3 and _sleeping_pythons(mine), 30, "both jobs to start")
-        found = find_targets(env={"MYJOB": mine})
-        assert [(t.pid, t.rank, t.found_by) for t in found.targets] == [(alone.pid, 1, "rank env")], found
-        assert {t.rank for t in find_targets(env={"MYJOB": other}).targets} == {0, 1}  # the launched one still
+        found = find_processes(env={"MYJOB": mine})
+        assert [(t.pid, t.rank, t.found_by) for t in found.processes] == [(alone.pid, 1, "rank env")], found
+        assert {t.rank for t in find_processes(env={"MYJOB": other}).processes} == {0, 1}  # the launched one still
     finally:
         os.killpg(launched.pid, 9)
         alone.kill()

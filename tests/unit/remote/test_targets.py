@@ -83,7 +83,7 @@ def test_resolve_hosts_file_or_expression(tmp_path: Path) -> None:
     (["--slurm-job", "12x"], "'12x' is not a Slurm job id"),
     (["--hosts", "a", "--ssh-config", "{tmp}/nope"], "ssh config"),
     (["--hosts", "a", "-i", "{tmp}/nokey"], "identity file"),
-    (["--local", "--timeout", "0"], "Invalid value"),
+    (["--local", "--node-timeout", "0"], "Invalid value"),
 ])
 def test_bad_input_is_exit_2_with_one_line(tmp_path: Path, capsys, args: list[str], words: str) -> None:
     (tmp_path / "empty").write_text("# nothing\n")

@@ -53,7 +53,7 @@ def test_a_real_sample_of_this_node_has_the_golden_fields_and_passes_the_schema(
     try:
         opts = SamplerOptions(interval=0.5, pattern=marker,
                               progress_files=[str(tmp_path / "rank-{rank}.jsonl"), str(tmp_path / "none-*.log")])
-        sampler = wait_until(lambda: (s := NodeSampler(opts)).targets and s, 30, "the process to be found")
+        sampler = wait_until(lambda: (s := NodeSampler(opts)).processes and s, 30, "the process to be found")
         sample = sampler.sample(tick=7)
     finally:
         proc.kill()

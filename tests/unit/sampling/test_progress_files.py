@@ -15,7 +15,7 @@ import pytest
 from ml_debug.core.errors import UsageError
 from ml_debug.sampling.options import parse_pattern
 from ml_debug.sampling.progress import FileSource, ProgressReader
-from ml_debug.top.view import outlier_lines
+from ml_debug.top.render import outlier_lines
 from tests.conftest import mldebug, validate_schema
 
 
@@ -58,7 +58,7 @@ def test_missing_and_unreadable_files_are_one_note_per_pattern_and_in_the_json(t
     env = {**os.environ, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker], env=env)
     try:
-        proc = mldebug("top", "--local", "--once", "--json", "--ranks", "--pattern", marker,
+        proc = mldebug("top", "--local", "--once", "--json", "--rank-rows", "--pattern", marker,
                        "--progress-file", nowhere, "--progress-file", per_rank, "--progress-file", directory,
                        timeout=120)
     finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ml_debug.core.errors import UsageError
-from ml_debug.health.model import Check, Status
+from ml_debug.health.result import Check, Status
 from ml_debug.slurmhook.run import decide, is_ours, reason_for
 from ml_debug.slurmhook.scontrol import NodeState, check_node_name, parse_show_node
 

@@ -248,7 +248,7 @@ def test_top_and_watch_rounds_over_512_nodes_name_the_slow_and_the_stalled_rank_
 
 
 def test_a_value_at_the_median_is_no_outlier_even_with_a_floor_of_zero() -> None:
-    from ml_debug.top.outliers import far_from_median
+    from ml_debug.top.verdict import far_from_median
 
     assert far_from_median([(i, 2.0) for i in range(6)], floor=0.0, ratio=2.0, z=3.5, min_peers=3, high=False) == []
     (far,) = far_from_median([*((i, 2.0) for i in range(6)), (9, 0.4)], floor=0.0, ratio=2.0, z=3.5, min_peers=3,
@@ -258,7 +258,7 @@ def test_a_value_at_the_median_is_no_outlier_even_with_a_floor_of_zero() -> None
 
 def test_watch_marks_a_nodes_missing_rank_exited_and_tolerates_ranks_its_owner_removed() -> None:
     from ml_debug.sampling.sample import NodeSample
-    from ml_debug.watch.model import Tracker
+    from ml_debug.watch.verdict import Tracker
 
     t = Tracker(stall=60.0, grace=0.0, straggler_factor=2.0, interval=2.0, node_timeout=30.0, started=0.0)
     a, b = (NodeSample.from_json(job.node_sample(i, 64, 1)) for i in (0, 1))

@@ -36,14 +36,14 @@ def test_the_seed_handbooks_worked_example() -> None:
     # The handbook's throughput chapter: 52B parameters, 64 A100s, global batch 1024 x 2048 tokens,
     # 127 s per iteration, with activation checkpointing: "ms*4*2*seqlen*gbs / (sp*ng*1e3)" = 107.33.
     r = _doc("--params", "52B", "--seq-len", "2048", "--global-batch", "1024", "--iter-time", "127", "--gpus", "64",
-             "--recompute", "--gpu", "NVIDIA A100-SXM4-80GB")
+             "--recompute", "--gpu-model", "NVIDIA A100-SXM4-80GB")
     assert round(r["hardware_tflops"], 2) == 107.33
     assert round(r["model_tflops"], 2) == round(107.33 * 3 / 4, 2)  # 6N, not 8N
     assert r["peak_tflops"] == 312.0 and r["mfu"] == pytest.approx(r["model_tflops"] / 312)
     assert r["hfu"] == pytest.approx(107.33 / 312, abs=1e-4)
     assert "8*N" in r["formula"] and any("= 107.3 TFLOP/s" in line for line in r["arithmetic"])
     human = mldebug("tflops", "--params", "52B", "--seq-len", "2048", "--global-batch", "1024", "--iter-time", "127",
-                    "--gpus", "64", "--recompute", "--gpu", "A100", timeout=60)
+                    "--gpus", "64", "--recompute", "--gpu-model", "A100", timeout=60)
     assert human.returncode == 0, human.stderr
     assert human.stdout.splitlines()[0].startswith("80.5 model TFLOP/s per GPU, MFU 25.8%; 107.3 hardware")
     assert "hardware: 8.724e+17 FLOPs / (127 s x 64 GPUs) = 107.3 TFLOP/s" in human.stdout
@@ -57,7 +57,7 @@ def test_a_hugging_face_config_counts_llama_2_7b(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(LLAMA2_7B))
     r = _doc("--hf-config", str(config), "--seq-len", "4096", "--global-batch", "256", "--iter-time", "10",
-             "--gpus", "64", "--gpu", "H100")
+             "--gpus", "64", "--gpu-model", "H100")
     tokens = 256 * 4096
     want = tokens * (6 * shape.params + 12 * 32 * 4096 * 4096) / (10 * 64 * 1e12)
     assert r["model_tflops"] == pytest.approx(want) and r["mfu"] == pytest.approx(want / 989)
@@ -125,3 +125,35 @@ def test_a_deeply_nested_config_is_refused_not_a_recursion_error(tmp_path: Path)
                    timeout=60)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "is nested too deeply to be a model config" in proc.stderr and "internal error" not in proc.stderr
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """In process: exit 2 with one error line and a hint; the error line."""
+    from ml_debug.cli.app import run
+
+    assert run(["tflops", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("mldebug: error: ") and lines[1].startswith("hint: "), lines
+    return lines[0]
+
+
+def test_an_mfu_above_100_percent_is_a_units_mistake(capsys: pytest.CaptureFixture[str]) -> None:
+    """--iter-time given in ms (127 for 0.127 s... here 0.01 for 10 s) made MFU 2226% and passed silently."""
+    line = _refused(capsys, "--params", "7B", "--seq-len", "4096", "--global-batch", "256", "--iter-time", "0.01",
+                    "--gpus", "64", "--gpu", "H100")
+    assert "MFU" in line and "more than 100%" in line and "units mistake" in line, line
+    # with --recompute the hardware's FLOPs are the larger: HFU is what goes over first
+    line = _refused(capsys, "--params", "7B", "--seq-len", "4096", "--global-batch", "256", "--iter-time", "0.9",
+                    "--gpus", "64", "--gpu", "H100", "--recompute")
+    assert "HFU" in line and "units mistake" in line, line
+
+
+@pytest.mark.parametrize(("step_time", "said"), [(0, "step_time_s is 0, not a positive time"),
+                                                 (-0.5, "step_time_s is -0.5, not a positive time")])
+def test_metrics_with_a_step_time_that_is_not_positive_are_refused(step_time: float, said: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A step time of 0 ended in `internal error: ZeroDivisionError`; a negative one was taken."""
+    (tmp_path / "rank-0.jsonl").write_text(json.dumps({"step": 1, "step_time_s": 0.2, "tokens": 64}) + "\n"
+                                           + json.dumps({"step": 2, "step_time_s": step_time, "tokens": 64}) + "\n")
+    line = _refused(capsys, "--params", "90K", "--metrics", str(tmp_path))
+    assert f"rank-0.jsonl line 2 (step 2): {said}" in line, line

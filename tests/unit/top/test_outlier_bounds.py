@@ -7,7 +7,7 @@ import random
 import statistics
 from typing import Any
 
-from ml_debug.top.outliers import Far, far_from_median
+from ml_debug.top.verdict import Far, far_from_median
 
 
 def _rule(values: list[tuple[Any, float]], *, floor: float, ratio: float, z: float, min_peers: int,

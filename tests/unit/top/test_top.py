@@ -18,7 +18,7 @@ import pytest
 from ml_debug.sampling.progress import FileSource, ProgressReader, last_step, rank_of_file
 from ml_debug.sampling.sample import SAMPLE_SCHEMA, SAMPLE_VERSION, NodeInfo, NodeSample, SampleError
 from ml_debug.top.options import TopOptions
-from ml_debug.top.outliers import far_from_median, find_outliers
+from ml_debug.top.verdict import far_from_median, find_outliers
 from tests.conftest import REPO, mldebug, validate_schema, wait_until
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import healthy_gpu
@@ -209,7 +209,7 @@ def test_nvml_values_badges_and_gpu_outliers_through_the_fake(tmp_path: Path) ->
     # an outlier too (seen in CI: a zombie rank); the GPU outliers are this scenario's alone.
     kinds = {(o["kind"], o["gpu"]) for o in doc["result"]["outliers"] if o["gpu"] is not None}
     assert kinds == {("busy_low_power", 2), ("gpu_util", 3), ("throttle", 3), ("ecc", 1)}
-    human = mldebug("top", "--local", "--once", "--gpus", env=fake_nvml.env(scenario), timeout=120)
+    human = mldebug("top", "--local", "--once", "--gpu-rows", env=fake_nvml.env(scenario), timeout=120)
     assert "FAKE NVML" in human.stdout  # a fake can never pass for real hardware
     assert "busy-low-power" in human.stdout and "hw-thermal" in human.stdout and "ECC 2" in human.stdout
 
@@ -228,7 +228,7 @@ def test_cpu_only_node_shows_gpus_as_not_available() -> None:
 def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None:
     from ml_debug.remote.targets import Target, TargetSpec
     from ml_debug.sampling.streams import Feed
-    from ml_debug.top.model import snapshot
+    from ml_debug.top.result import snapshot
 
     opts = TopOptions(interval=1.0, timeout=2.0)
     spec = TargetSpec(kind="ssh", targets=[Target("a"), Target("b"), Target("c")])
@@ -243,14 +243,14 @@ def test_a_silent_node_turns_not_answering_after_interval_plus_timeout() -> None
     assert r["not_answering"] == ["b", "c"] and r["exit_code"] == 4
     r = snapshot(feeds, spec, opts, started=0.0, now=101.5)
     assert r["nodes"][2]["status"] == "not answering"
-    assert r["nodes"][2]["error"] == "no answer within 3 s (--interval + --timeout)"
+    assert r["nodes"][2]["error"] == "no answer within 3 s (--interval + --node-timeout)"
 
 
 def test_a_snapshot_says_ok_only_when_every_node_answered_and_nothing_stands_out() -> None:
     from ml_debug.core.output import document
     from ml_debug.remote.targets import Target, TargetSpec
     from ml_debug.sampling.streams import Feed
-    from ml_debug.top.model import SCHEMA, SCHEMA_VERSION, snapshot
+    from ml_debug.top.result import SCHEMA, SCHEMA_VERSION, snapshot
 
     opts = TopOptions(interval=1.0, timeout=2.0)
     sample = NodeSample(seq=1, time=1.0, node=NodeInfo(host="a"))
@@ -264,7 +264,7 @@ def test_a_snapshot_says_ok_only_when_every_node_answered_and_nothing_stands_out
 
 
 def test_plain_text_when_stdout_is_not_a_terminal_and_count_stops() -> None:
-    proc = mldebug("top", "--local", "--count", "2", "--interval", "0.3", "--ranks", timeout=120)
+    proc = mldebug("top", "--local", "--count", "2", "--interval", "0.3", "--rank-rows", timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     assert proc.stdout.count("mldebug top · local · 1/1 nodes answering") == 2
     assert "\x1b[" not in proc.stdout  # no escape sequences in a pipe
@@ -274,7 +274,7 @@ def test_plain_text_when_stdout_is_not_a_terminal_and_count_stops() -> None:
 
 
 def test_the_live_view_keys_toggle_rows_cycle_sorting_and_select() -> None:
-    from ml_debug.top.view import LiveView
+    from ml_debug.top.render import LiveView
 
     calls: list[str] = []
     done = threading.Event()

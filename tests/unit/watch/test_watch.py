@@ -16,9 +16,9 @@ from ml_debug.procs.find import launcher_kind, mldebug_tool
 from ml_debug.procs.tree import ProcInfo
 from ml_debug.sampling.sample import SAMPLE_SCHEMA, SAMPLE_VERSION, NodeSample
 from ml_debug.watch.bundle import Bundle, default_dir, markdown, run_part, tail_lines
-from ml_debug.watch.model import MIN_STACK_SAMPLES, Tracker
 from ml_debug.watch.options import WatchOptions, incident_argv
 from ml_debug.watch.summary import compose
+from ml_debug.watch.verdict import MIN_STACK_SAMPLES, Tracker
 
 T0 = 1_700_000_000.0
 

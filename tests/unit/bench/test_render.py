@@ -80,7 +80,7 @@ all_reduce (busbw = algbw x 1)
 def test_human_table_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
-    from ml_debug.bench.report import render
+    from ml_debug.bench.render import render
 
     rows = [_row(1024, [100e-6, 101e-6]), _row(2**20, [0.5e-3, 1.5e-3], wrong={0: 3}),
             _row(16 * 2**20, [10e-3, 10e-3])]
@@ -93,7 +93,7 @@ def test_human_table_golden(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_csv_rows() -> None:
-    from ml_debug.bench.report import SWEEP_COLUMNS, to_csv
+    from ml_debug.bench.render import SWEEP_COLUMNS, to_csv
 
     res = _result([_row(s, [1e-3, 1e-3]) for s in (1024, 2048)])
     lines = to_csv(res).splitlines()

@@ -17,8 +17,8 @@ from ml_debug.core.errors import ExitCode
 from ml_debug.core.nvml import NvmlGateway, is_fake_source, is_na, open_gateway
 from ml_debug.core.output import log, to_jsonable
 from ml_debug.health import active_checks, gpu_checks, host_checks
-from ml_debug.health.model import Check, GpuInfo, GpuPart, NodeReport, Status, count_statuses
 from ml_debug.health.options import LEVEL_DEFAULTS, HealthOptions
+from ml_debug.health.result import Check, GpuInfo, GpuPart, NodeReport, Status, count_statuses
 from ml_debug.health.snapshot import read_gpus
 
 

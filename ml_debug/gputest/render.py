@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ml_debug.gputest.report import STAGES, GpuTestResult, stage_cell
+from ml_debug.gputest.verdict import STAGES, GpuTestResult, stage_cell
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -6,7 +6,7 @@ import pytest
 
 from ml_debug.core.errors import UsageError
 from ml_debug.gputest.isolate import IsolateEntry, analyse, schedule
-from ml_debug.gputest.report import (
+from ml_debug.gputest.verdict import (
     ABSENT,
     FAIL,
     OK,

@@ -1,7 +1,7 @@
 """How a snapshot looks: one table (a row per node; GPU and rank rows under it on request), the
 outliers under it, and the full-screen live view with its keys.
 
-Everything here draws the ``result`` dict of :func:`ml_debug.top.model.snapshot`, the same data
+Everything here draws the ``result`` dict of :func:`ml_debug.top.result.snapshot`, the same data
 ``--json`` prints, so what a person sees and what a script reads cannot disagree.
 """
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ml_debug.core.ranges import compress
 from ml_debug.top.options import SORT_KEYS
-from ml_debug.top.outliers import BADGE_WORDS, KIND_WORDS
+from ml_debug.top.verdict import BADGE_WORDS, KIND_WORDS
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

@@ -1,4 +1,4 @@
-"""The exporter's model, called directly: the shipped alert rules (real promtool), the dashboard's and
+"""The exporter's result and decisions, called directly: the shipped alert rules (real promtool), the dashboard's and
 the docs' metric names, and the stall and job decisions (the exporter on real jobs: tests/cli/test_exporter.py)."""
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def test_the_docs_page_lists_every_metric_with_its_labels() -> None:
 
 # -- stall decisions: watch's Tracker, the exporter's grace per rank ----------------------------------------
 def test_the_exporter_states_the_trackers_stall_decision_with_a_grace_per_rank() -> None:
-    from ml_debug.exporter.model import rank_values
     from ml_debug.exporter.options import ExporterOptions
+    from ml_debug.exporter.result import rank_values
     from ml_debug.exporter.sources import is_exited, make_tracker
 
     tracker = make_tracker(ExporterOptions(stall=10, grace=30, interval=1))
@@ -103,7 +103,7 @@ def test_each_job_on_a_node_is_judged_apart_and_labelled_by_its_own_id() -> None
     TORCHELASTIC_RUN_ID or the launcher."""
     from types import SimpleNamespace
 
-    from ml_debug.exporter.model import job_id_of, split_by_job
+    from ml_debug.exporter.result import job_id_of, split_by_job
 
     targets = [SimpleNamespace(pid=1, env={"SLURM_JOB_ID": "77", "TORCHELASTIC_RUN_ID": "x"}, launcher_pid=9),
                SimpleNamespace(pid=2, env={"TORCHELASTIC_RUN_ID": "run-a"}, launcher_pid=9),

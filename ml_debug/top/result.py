@@ -17,14 +17,14 @@ from ml_debug.core.gcpause import gc_paused
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.sampling.sample import NodeInfo, NodeSample
 from ml_debug.top.options import TopOptions
-from ml_debug.top.outliers import find_outliers
+from ml_debug.top.verdict import find_outliers
 
 SCHEMA = "mldebug.top"
 SCHEMA_VERSION = 1
 
 class NodeStatus(Word):
     """Whether a node still answers: its last sample is fresh, it is still connecting, it has been silent
-    longer than --interval + --timeout, or its stream ended."""
+    longer than --interval + --node-timeout, or its stream ended."""
 
     OK = "ok"
     CONNECTING = "connecting"
@@ -52,7 +52,7 @@ def node_entry(feed: Any, now: float, grace_s: float, final: bool = False) -> di
     error = feed.error
     if status == NOT_ANSWERING and error is None:
         error = (f"no sample for {age:.0f} s" if age is not None else
-                 f"no answer within {grace_s:g} s (--interval + --timeout)")
+                 f"no answer within {grace_s:g} s (--interval + --node-timeout)")
     return {
         "target": feed.label,
         "host": node.host or None,
@@ -108,7 +108,7 @@ def summary(result: dict[str, Any]) -> str:
 def snapshot(feeds: Sequence[Any], spec: TargetSpec, opts: TopOptions, *, started: float,
              now: float | None = None, final: bool = False) -> dict[str, Any]:
     """The ``mldebug.top`` result for the feeds as they are now (``final``: a node still connecting
-    has had its --interval + --timeout and is not answering)."""
+    has had its --interval + --node-timeout and is not answering)."""
     now = time.monotonic() if now is None else now
     with gc_paused():  # 2k nodes: ~200k small objects a round (core/gcpause.py)
         nodes = [node_entry(f, now, opts.grace_s, final) for f in feeds]
