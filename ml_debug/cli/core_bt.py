@@ -69,7 +69,8 @@ def _human(console: Console, result: CoreBtResult, all_threads: bool) -> None:
                            f"{visible(first.executable or '?')}", style="bold"))
         for path in g.cores[:5]:
             c = cores[path]
-            console.print(f"  {visible(path)}  pid {c.pid}  {visible(c.cmdline or '')}".rstrip())
+            console.print(f"  {visible(path)}  pid {c.pid}  {visible(c.cmdline or '')}".rstrip(),
+                          soft_wrap=True)  # a path cut in two by the width would read as two
         if len(g.cores) > 5:
             console.print(f"  ... and {len(g.cores) - 5} more")
         threads = first.threads if all_threads else first.threads[:1]

@@ -273,7 +273,7 @@ def test_a_watch_incident_records_its_nodes_where_history_is_set(tmp_path: Path,
 def test_history_reads_only_its_own_database_and_changes_no_byte(tmp_path: Path) -> None:
     """`mldebug history` is a reader: another application's SQLite file and an empty file are refused
     (exit 2) and stay byte-identical, with no -wal, -shm or -lock file beside them; a writer (the health
-    hook) never adds its tables to another application's database either. --jobs beyond SQLite's
+    hook) never adds its tables to another application's database either. --failed-jobs beyond SQLite's
     integers is a usage error, not an OverflowError."""
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as con:
