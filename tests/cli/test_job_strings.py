@@ -131,11 +131,21 @@ def test_the_watch_bundle_summary_and_watch_stderr(job: Job, tmp_path: Path) -> 
 
 
 def test_exporter_once_label_values_and_stderr(job: Job) -> None:
-    proc = mldebug("exporter", "--once", "--pid", str(job.pid), "--interval", "0.5", timeout=180)
+    """Two jobs, so that the exporter's stderr names each event's job (`[job ID]`): the job id, from the
+    rank's TORCHELASTIC_RUN_ID, carries ESC, BEL and the forged line."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                             env={**os.environ, "TORCHELASTIC_RUN_ID": "plain", "RANK": "0", "WORLD_SIZE": "1"})
+    try:
+        proc = mldebug("exporter", "--once", "--pid", str(job.pid), "--pid", str(other.pid), "--interval", "0.5",
+                       timeout=180)
+    finally:
+        other.kill()
+        other.wait(timeout=15)
     assert proc.returncode in (0, 1), proc.stderr
     series = [line for line in proc.stdout.splitlines() if line.startswith("mldebug_rank_")]
     assert series and all("job_id=" in line for line in series), proc.stdout[-2000:]
-    found = problems(proc.stdout, "the exporter's metrics", None) + problems(proc.stderr, "the exporter's stderr", None)
+    found = problems(proc.stdout, "the exporter's metrics", None) + \
+        problems(proc.stderr, "the exporter's stderr", "[job run\\e]0;T\\a\\n" + FORGED + "]")
     # the label value, as Prometheus reads it back: the visible text, not the job's control characters
     assert 'job_id="run\\\\e]0;T\\\\a\\\\n' + FORGED + '"' in proc.stdout, series[:3]
     assert not found, "\n".join(found)
