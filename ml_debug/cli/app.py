@@ -73,7 +73,11 @@ class _GroupedHelp(TyperGroup):
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"mldebug {__version__}")
+        if output.MODE.json:  # a script that asks for JSON gets one document, here too
+            output.emit("mldebug.version", 1, {"ok": True, "summary": f"mldebug {__version__}",
+                                               "version": __version__})
+        else:
+            typer.echo(f"mldebug {__version__}")
         raise typer.Exit()
 
 
@@ -119,7 +123,10 @@ def _fail(message: str, hint: str | None) -> None:
     from ml_debug.core.visible import visible  # a message may quote a job's path or string
 
     message, hint = visible(message, keep="\n"), hint and visible(hint, keep="\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except (OSError, MLDebugError):  # the output itself failed (ml_debug.core.streams): said below
+        pass
     sys.stderr.write(f"mldebug: error: {message}\n")
     if hint:
         sys.stderr.write(f"hint: {hint}\n")
@@ -227,8 +234,10 @@ OWN_SIGTERM = ("trace",)
 
 def main() -> None:
     from ml_debug.cli.exits import exit_cli
+    from ml_debug.core import streams
     from ml_debug.dist.world import is_launched
 
+    streams.prepare()  # closed, ASCII-only or unwritable streams are not internal errors
     lifecycle.adopt_parent_tie()  # a command that mldebug started (check's steps, drill's jobs) dies with it
     invoked = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     lifecycle.install(terminate=not ((invoked in RANK_COMMANDS and is_launched()) or invoked in OWN_SIGTERM))

@@ -54,10 +54,11 @@ def attach(opts: AttachOptions, targets: TargetOptions) -> int:
         return serve(opts)
     prompt = None
     if opts.eval is None and not output.MODE.json:
+        from ml_debug.core.visible import visible
         from ml_debug.debugger.prompt import run_prompt
 
-        def write(text: str) -> None:
-            print(text, flush=True)
+        def write(text: str) -> None:  # every line of the prompt: a job's string shown, never obeyed
+            print(visible(text, keep="\n"), flush=True)
 
         def prompt(s: Session, r: AttachResult) -> None:
             run_prompt(s, r, input, write)

@@ -58,37 +58,40 @@ def core_bt(opts: CoreBtOptions) -> int:
 def _human(console: Console, result: CoreBtResult, all_threads: bool) -> None:
     from rich.text import Text
 
+    from ml_debug.core.visible import visible
+
     for note in result.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {visible(note)}")
     cores = {c.path: c for c in result.cores}
     for g in result.groups:
         first = cores[g.cores[0]]
         console.print(Text(f"group {g.id}: {g.count} core(s), {g.signal or 'signal ?'}, "
-                           f"{first.executable or '?'}", style="bold"))
+                           f"{visible(first.executable or '?')}", style="bold"))
         for path in g.cores[:5]:
             c = cores[path]
-            cmd = (c.cmdline or "").replace("\n", "\\n")  # `python -c` scripts span lines
-            console.print(f"  {path}  pid {c.pid}  {cmd}".rstrip())
+            console.print(f"  {visible(path)}  pid {c.pid}  {visible(c.cmdline or '')}".rstrip(),
+                          soft_wrap=True)  # a path cut in two by the width would read as two
         if len(g.cores) > 5:
             console.print(f"  ... and {len(g.cores) - 5} more")
         threads = first.threads if all_threads else first.threads[:1]
         for i, t in enumerate(threads):
             title = "crashing thread" if i == 0 else "thread"
-            console.print(f"  {title} {t.os_thread_id} {t.name or ''}".rstrip() + ":")
+            console.print(f"  {title} {t.os_thread_id} {visible(t.name or '')}".rstrip() + ":")
             if t.frames:
                 console.print("    Python (innermost first):")
                 for f in t.frames:
-                    console.print(f"      {f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.line})")
+                    console.print(f"      {f.where(brief=True)}")
             console.print("    native (innermost first):")
             for f in t.native_frames[:25]:
                 loc = f.filename or f.library or ""
                 line = f":{f.line}" if f.line else ""
-                console.print(f"      {f.name}  {loc.rsplit('/', 1)[-1]}{line}")
+                console.print(f"      {visible(f.name)}  {visible(loc.rsplit('/', 1)[-1])}{line}")
             if len(t.native_frames) > 25:
                 console.print(f"      ... {len(t.native_frames) - 25} more frames (--json has them all)")
         console.print()
     for c in result.cores:
         if not c.ok:
-            console.print(Text(f"{'not fully read' if c.threads else 'not read'}: {c.path}: {c.error}", style="red"))
+            console.print(Text(f"{'not fully read' if c.threads else 'not read'}: {visible(c.path)}: {visible(c.error or '')}",
+                               style="red"))
     style = "bold red" if result.groups else "bold green"
-    console.print(Text(result.summary, style=style), soft_wrap=True)
+    console.print(Text(visible(result.summary), style=style), soft_wrap=True)

@@ -52,7 +52,7 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
     if cfg.out_dir is not None:  # a --out-dir that cannot be made (and checked to be ours): before torch loads
         from ml_debug.core import safefs
 
-        safefs.make_out_dir(cfg.out_dir)
+        safefs.claim_out_dir(cfg.out_dir)  # held by this launcher while its ranks write there
     from ml_debug.dist.device import choose_device, visible_gpus
 
     wants_cpu = cfg.device == "cpu" or (cfg.backend == "gloo" and cfg.device == "auto")
@@ -73,6 +73,8 @@ def gpu_test(cfg: GpuTestConfig, launch: SpawnOptions) -> int:
 
 
 def _run_as_rank(cfg: GpuTestConfig) -> int:
+    import os
+
     from ml_debug.core import output, safefs
     from ml_debug.dist.world import detect_world
     from ml_debug.gputest.render import render
@@ -87,7 +89,12 @@ def _run_as_rank(cfg: GpuTestConfig) -> int:
         if cfg.report_to is None:
             output.emit(SCHEMA, 1, result, lambda console: render(result, console))
 
-    outcome = run_rank(cfg, detect_world(), deliver)
+    world = detect_world()
+    if cfg.out_dir is not None and world.rank == 0 and "MLDEBUG_LAUNCH_DIR" not in os.environ:
+        # under torchrun, srun or mpirun rank 0 holds --out-dir for the run (a self-launched rank's
+        # launcher holds it already): another run's rank 0 is refused instead of appending to our files
+        safefs.claim_out_dir(cfg.out_dir)
+    outcome = run_rank(cfg, world, deliver)
     return outcome.exit_code
 
 

@@ -43,7 +43,7 @@ def history(opts: HistoryOptions) -> int:
     from ml_debug.history import queries
     from ml_debug.history.store import open_history
 
-    with open_history(opts.history, create=False) as h:
+    with open_history(opts.history, read_only=True) as h:
         if opts.node is not None and opts.node not in queries.known_nodes(h):
             raise UsageError(f"the history at {h.path} names no node {opts.node!r}",
                              "`mldebug history` lists the nodes it knows; node names are Slurm's (`sinfo -N`)")

@@ -53,6 +53,14 @@ def launch(opts: LaunchJobOptions) -> int:
         limit = os.environ.get("MLDEBUG_MAX_NPROC_PER_NODE", "").strip()
         check_nproc(int(opts.nproc_per_node), int(limit) if limit.isdigit() and int(limit) > 0 else None,
                     raise_with="MLDEBUG_MAX_NPROC_PER_NODE=N")
+    if opts.nproc_per_node == "gpu":  # torchrun would end in its own traceback ("Cuda is not available")
+        from ml_debug.core.errors import EnvironmentProblem
+        from ml_debug.dist.device import visible_gpus
+
+        if not visible_gpus():
+            raise EnvironmentProblem("--nproc-per-node gpu: this node has no GPU that torch can use",
+                                     "give a number of ranks (--nproc-per-node 2 runs CPU ranks), or launch on a "
+                                     "GPU node (`mldebug env` says what torch sees)")
     if output.MODE.json:  # accepted like every command's --json, it was ignored: say so before the job runs
         raise UsageError("mldebug launch prints no JSON document: its stdout is the ranks' own output",
                          "run the job without --json, then read it as JSON: mldebug logs --json LOG_DIR")

@@ -111,7 +111,7 @@ class IncidentCollector:
             self._stacks_done.wait(wait_s)  # a second SIGINT at once is the same Ctrl-C (cli.app.main)
         for p in self.bundle.parts:
             if p.status == "pending":
-                p.status, p.error = "interrupted", p.error or "Ctrl-C before it finished"
+                p.status, p.error = "interrupted", p.error or f"{_signal_word()} before it finished"
         self.status = "interrupted"
         return self.write_page(self.write_summary())
 
@@ -180,7 +180,7 @@ class IncidentCollector:
         req = dump_request(self.opts, self.spec, samples=self.opts.samples, flight_recorder=True)
         result = dump_stacks_result(self.spec, req, stop=self._stop)
         if result.interrupted:
-            part.status, part.error = "interrupted", "Ctrl-C: the samples taken before it are kept"
+            part.status, part.error = "interrupted", f"{_signal_word()}: the samples taken before it are kept"
         data = output.to_jsonable(result)
         self.stacks, self.stacks_result = data, result
         part.files.append(self.bundle.write("dump-stacks.json",
@@ -273,3 +273,11 @@ class IncidentCollector:
                    + (f"exit {self.on_incident['exit_code']}" if self.on_incident["error"] is None
                       else self.on_incident["error"]))
         self.write_summary()
+
+
+def _signal_word() -> str:
+    """What cut the bundle short, as a person says it: Ctrl-C, or the signal (SIGTERM: scancel, kill)."""
+    from ml_debug.core import lifecycle
+
+    sig = lifecycle.interrupting_signal()
+    return "Ctrl-C" if sig == "SIGINT" else sig

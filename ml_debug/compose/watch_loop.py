@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ml_debug.core import output
+from ml_debug.core import lifecycle, output
 from ml_debug.core.errors import ExitCode
+from ml_debug.core.visible import visible
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.sampling.options import SamplerOptions
 from ml_debug.sampling.sample import NodeSample
@@ -151,6 +152,7 @@ class StackRounds:
 
 
 def _terminated(signum: int, frame: Any) -> None:
+    lifecycle.note(signum)  # said as what it was: "terminated", "interrupted by SIGTERM", not a Ctrl-C
     raise KeyboardInterrupt
 
 
@@ -212,7 +214,7 @@ class Watch:
         finally:
             stacks.paused.clear()
         self.collector = None
-        output.log(f"watch: {result['summary']}")
+        output.log(f"watch: {visible(result['summary'])}")
         output.log(f"watch: bundle complete: {path}/summary.md")
         _record_in_history(inc, result, path)
         self.last = result
@@ -277,7 +279,8 @@ class Watch:
                 wake = min(tick, started + opts.duration) if opts.duration else tick  # --duration is kept to
                 time.sleep(max(0.0, wake - time.monotonic()))
         except KeyboardInterrupt:
-            output.log("watch: interrupted")
+            sig = lifecycle.interrupting_signal()
+            output.log("watch: interrupted" if sig == "SIGINT" else f"watch: terminated ({sig})")
             if self.collector is not None:  # the bundle so far is kept, and says it was cut short
                 final = self.collector.interrupt()
             elif final is None:
@@ -331,9 +334,9 @@ def render(console: Any, result: dict[str, Any]) -> None:
     from rich.text import Text
 
     style = "bold green" if result["ok"] else "bold red"
-    console.print(Text(result["summary"], style=style), soft_wrap=True)
+    console.print(Text(visible(result["summary"]), style=style), soft_wrap=True)
     for cmd in result.get("next") or []:
-        console.print(f"  next: {cmd}", soft_wrap=True)
+        console.print(f"  next: {visible(cmd)}", soft_wrap=True)
     if result.get("bundle"):
         console.print(f"  bundle: {result['bundle']} ({result['status']})", soft_wrap=True)
 

@@ -268,11 +268,12 @@ def stderr_console() -> Console:
 
 
 def log(message: str) -> None:
-    """A line for the person at the terminal: always stderr, never mixed into data (control characters
-    made visible: a message may quote a job's path or string)."""
+    """One line for the person at the terminal: always stderr, never mixed into data. Control characters
+    and newlines are made visible: a message may quote a job's path or string, and a name with a newline
+    must not add a line that reads as mldebug's own."""
     from ml_debug.core.visible import visible
 
-    sys.stderr.write(visible(message.rstrip("\n"), keep="\n\t") + "\n")
+    sys.stderr.write(visible(message.rstrip("\n"), keep="\t") + "\n")
     sys.stderr.flush()
 
 

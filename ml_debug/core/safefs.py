@@ -378,6 +378,36 @@ def make_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> None:
     os.close(open_out_dir(path, flag))
 
 
+_claimed: dict[tuple[int, int], int] = {}  # (device, inode) -> the fd that holds it while this process runs
+
+
+def claim_out_dir(path: str | os.PathLike[str], flag: str = "--out-dir") -> None:
+    """:func:`make_out_dir`, and the directory held for this run (an exclusive ``flock`` on the
+    directory itself, released when the process ends, however it ends): a second run given the same
+    directory while this one runs is refused (exit 2) instead of mixing its files with this run's.
+    Runs one after another may share it: the later one replaces the earlier one's files."""
+    import fcntl
+
+    from ml_debug.core.errors import UsageError
+
+    fd = open_out_dir(path, flag)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in _claimed:  # this process holds it already (a second step of one run)
+            return
+        held = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        _close(fd)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _close(held)
+        raise UsageError(f"{flag} {visible(os.fspath(path))} is in use by another mldebug run: the two runs would "
+                         "mix their files", "give each run its own directory, e.g. "
+                         f"{flag} {visible(os.fspath(path)).rstrip('/')}/$(date +%Y%m%d-%H%M%S)") from None
+    _claimed[(st.st_dev, st.st_ino)] = held
+
+
 def _refuse_device(dir_fd: int, name: str) -> None:
     """A device at `name` is never replaced or removed: no user can plant one (mknod needs root), so it is
     the system's own (`--csv /dev/null`), and replacing it with a file would break the machine."""

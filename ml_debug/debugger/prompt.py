@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ml_debug.core.visible import visible
 from ml_debug.debugger.dap import DapError
 from ml_debug.debugger.render import frame_line, variable_line
 from ml_debug.debugger.result import AttachResult
@@ -24,7 +25,7 @@ HELP = """commands:
 def run_prompt(s: Session, result: AttachResult, read: Callable[[str], str], write: Callable[[str], None]) -> None:
     """Serve commands until quit/detach or end of input; the process is left running either way."""
     assert result.thread is not None
-    write(f"attached to pid {result.pid} ({result.thread.name} stopped in frame {result.frame}); "
+    write(f"attached to pid {result.pid} ({visible(result.thread.name)} stopped in frame {result.frame}); "
           "'help' lists commands")
     running = False
     while True:
@@ -42,14 +43,14 @@ def run_prompt(s: Session, result: AttachResult, read: Callable[[str], str], wri
             elif cmd == "threads":
                 result.threads = s.threads()
                 for t in result.threads:
-                    write(f"{'>' if t.id == result.thread.id else ' '} {t.id} {t.name}")
+                    write(f"{'>' if t.id == result.thread.id else ' '} {t.id} {visible(t.name)}")
             elif cmd in ("c", "continue"):
                 s.resume()
                 running = True
                 write("running ('pause' stops it again, 'q' detaches)")
             elif cmd == "pause" or (running and cmd in ("bt", "where", "locals", "p", "up", "down", "frame")):
                 if not s.stop(result.thread.id):
-                    write(f"{result.thread.name} did not stop: it is in native code")
+                    write(f"{visible(result.thread.name)} did not stop: it is in native code")
                     continue
                 running = False
                 result.frames, result.frame = s.stack(result.thread.id), 0
@@ -87,7 +88,7 @@ def _frame_command(s: Session, result: AttachResult, cmd: str, arg: str, write: 
             write("usage: p EXPR")
             return
         ev = s.evaluate(result.thread.id, frame, arg)
-        write(ev.value if ev.error is None else f"error: {ev.error}")  # type: ignore[arg-type]
+        write(visible(ev.value if ev.error is None else f"error: {ev.error}", keep="\n"))  # type: ignore[arg-type]
     else:
         if cmd in ("up", "u"):
             target = frame + 1

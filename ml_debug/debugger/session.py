@@ -1,7 +1,8 @@
 """One debug session with a live process: debugpy's adapter as mldebug's child, talking DAP over a pipe.
 
-mldebug starts ``python -m debugpy.adapter`` with its stdin and stdout on one end of a socket pair
-and asks it to attach by pid (the adapter runs debugpy's injector, which uses gdb, exactly as VS
+mldebug starts debugpy's adapter (``python -m ml_debug.debugger.adapter``: debugpy's own, its injector
+quiet in the process's stderr) with its stdin and stdout on one end of a socket pair and asks it to
+attach by pid (the adapter runs debugpy's injector, which uses gdb, exactly as VS
 Code's "attach to process" does). The injected debug server connects back to the adapter on an
 ephemeral 127.0.0.1 port guarded by a random access token; the process itself never listens. The
 adapter and its injector run in their own process group, which mldebug ends on every way out
@@ -25,7 +26,7 @@ from ml_debug.core import lifecycle
 from ml_debug.debugger.dap import DapClient, DapError, Wire
 from ml_debug.debugger.result import Evaluation, FrameInfo, ThreadInfo, Variable
 
-ADAPTER = [sys.executable, "-m", "debugpy.adapter"]
+ADAPTER = [sys.executable, "-m", "ml_debug.debugger.adapter"]  # debugpy's, its injector quiet
 # The symbols gdb must read to inject debugpy: dlopen (libc; libdl before glibc 2.34), and the
 # interpreter's when it is a shared libpython. By default debugpy's injector has gdb read every
 # library's symbols, which for a torch process took 30 s instead of 4 s here

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ml_debug.core.nvml import CLOCK_EVENT_BITS
+from ml_debug.core.visible import visible
 from ml_debug.exporter.result import GpuValues, Snapshot
 
 GAUGE = "gauge"
@@ -137,7 +138,9 @@ class Families:
         if value is None or isinstance(value, (dict, list, str)):
             return  # not reported here: no series, rather than a made-up 0
         assert len(labels) == len(BY_NAME[name].labels), name
-        self.families[name].add_metric(list(labels), float(value))
+        # a label value is the job's string (its job id, a host, a file): Prometheus escapes only \\, " and
+        # newline, so an ESC or BEL would reach whoever reads the page or a query's answer on a terminal
+        self.families[name].add_metric([visible(str(v)) for v in labels], float(value))
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.families.values())

@@ -207,13 +207,13 @@ class Exporter:
 
 
 def _bind(opts: ExporterOptions, registry: Any) -> Any:
-    """prometheus_client's HTTP server on --listen; a port in use or an address not of this host is a usage
+    """The HTTP server (ml_debug.exporter.http) on --listen; a port in use or an address not of this host is a usage
     error (exit 2) with a hint."""
-    from prometheus_client import start_http_server
+    from ml_debug.exporter import http
 
     host, port = opts.address
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        server = http.start(host, port, registry)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             raise UsageError(f"--listen {opts.listen}: port {port} is already in use",

@@ -76,14 +76,21 @@ class _OutWriter:
         if out_dir is not None:
             self.path = out_dir / f"gpu-test.rank{rank:05d}.jsonl"
         self._lock = threading.Lock()
+        self._fresh = True  # this run's first line replaces what an earlier run left under the name
 
     def write(self, rep: RankReport, event: str) -> None:
         if self.path is None or self.out_dir is None:
             return
-        from ml_debug.core.safefs import open_append
+        from ml_debug.core.safefs import open_append, write_out
 
         line = json.dumps({"event": event, "time": time.time(), **output.to_jsonable(rep)})
         with self._lock:
+            if self._fresh:
+                self._fresh = False
+                note = write_out(self.out_dir, self.path.name, line + "\n")
+                if note:
+                    output.warn(f"--out-dir: {note}")
+                return
             fd, note = open_append(self.out_dir, self.path.name)  # never through a link planted there
             if note:
                 output.warn(f"--out-dir: {note}")

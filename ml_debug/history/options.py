@@ -46,7 +46,7 @@ class HistoryOptions:
                                                          "resumes, failed jobs that named it.")
     since: float | None = option(None, metavar="WHEN", parse=parse_since, format=str,
                                  help="Only what happened since then: 90m, 24h, 7d, or a date (2026-11-01T08:00).")
-    jobs: int = option(20, flags=("--failed-jobs",), renamed_from=("--jobs",), min=1, metavar="N",
+    jobs: int = option(20, flags=("--failed-jobs",), renamed_from=("--jobs",), min=1, max=1_000_000, metavar="N",
                        help="How many of the latest failed jobs to look at for recurring nodes.")
     history: Path | None = option(None, metavar="FILE", envvar="MLDEBUG_HISTORY", parse=parse_history, format=str,
                                   help=HISTORY_HELP)

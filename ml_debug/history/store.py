@@ -30,6 +30,7 @@ ENV = "MLDEBUG_HISTORY"
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another one before giving up
 DAYS_ENV = "MLDEBUG_HISTORY_DAYS"
+OUR_TABLES = ("runs", "checks", "actions", "incidents")  # a file without them is not a history database
 DEFAULT_DAYS = 90  # check results and runs older than this are pruned; drains and incidents are kept
 PRUNE_EVERY = 500  # runs between two prunes (a prune is one indexed DELETE)
 
@@ -159,12 +160,13 @@ def _open_dir(path: Path) -> int:
 class History:
     """An open history database. Use as a context manager; every ``record_*`` is its own transaction."""
 
-    def __init__(self, path: Path, *, create: bool = True) -> None:
+    def __init__(self, path: Path, *, create: bool = True, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
         shown = str(path)
         if path.name in ("", ".", ".."):
             raise UsageError(f"history database {shown} is a directory", "name a file, e.g. history.db")
-        if not create and not path.exists():
+        if (read_only or not create) and not path.exists():
             raise UsageError(f"no history database at {shown}",
                              f"the health hook writes one; name it with --history PATH or {ENV}")
         self._dir_fd = _open_dir(path)
@@ -172,12 +174,21 @@ class History:
             for name in (path.name, path.name + "-wal", path.name + "-shm", path.name + "-journal"):
                 _refuse_link(self._dir_fd, name, shown if name == path.name else f"{shown}{name[len(path.name):]}")
             # through the directory's descriptor: the directory we checked is the one SQLite uses
-            self._db = sqlite3.connect(f"/proc/self/fd/{self._dir_fd}/{path.name}", timeout=BUSY_TIMEOUT_MS / 1000,
-                                       isolation_level=None)
+            at = f"/proc/self/fd/{self._dir_fd}/{path.name}"
+            if read_only:  # SQLite itself refuses every write: the file stays byte for byte as it was
+                from urllib.parse import quote
+
+                self._db = sqlite3.connect(f"file:{quote(at)}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
+                                           isolation_level=None)
+            else:
+                self._db = sqlite3.connect(at, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         except BaseException:
             os.close(self._dir_fd)
             raise
         try:
+            if read_only:
+                self._check_read_only()
+                return
             with self._setup_lock():
                 self._prepare()
         except BaseException:
@@ -215,11 +226,45 @@ class History:
 
     # ---------------------------------------------------------------- schema
 
+    def _tables(self) -> set[str]:
+        return {str(r[0]) for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def _not_ours(self, why: str) -> UsageError:
+        return UsageError(f"{self.path} is not an mldebug history database ({why})",
+                          f"it is left as it is: name the history with --history PATH or {ENV} (the health hook "
+                          "writes one)")
+
+    def _check_read_only(self) -> None:
+        """A reader (`mldebug history`) reads only a history database: another application's SQLite file,
+        an empty file or an older file are refused as they are, never created, migrated or converted."""
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise EnvironmentProblem(
+                    f"history database {self.path} has schema version {version}; this mldebug knows up to "
+                    f"{SCHEMA_VERSION}", "it was written by a newer mldebug: upgrade mldebug here")
+            missing = set(OUR_TABLES) - self._tables()
+            if version < 1 or missing:  # SQLite reads an empty file as an empty database
+                raise self._not_ours("empty" if not self.path.stat().st_size else
+                                     f"schema version {version}, no table {', '.join(sorted(missing))}" if missing
+                                     else f"schema version {version}")
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise UsageError(f"history database {self.path} is not a readable SQLite database ({e})",
+                             "it is left as it is: move it aside to start a new history, or name another file "
+                             f"with --history PATH or {ENV}") from None
+        except BaseException:
+            self.close()
+            raise
+
     def _prepare(self) -> None:
         shown = str(self.path)
         try:
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0 and self._tables():  # another application's database: never add our tables to it
+                raise self._not_ours(f"it holds tables {', '.join(sorted(self._tables())[:4])}")
             if version > SCHEMA_VERSION:
                 raise EnvironmentProblem(
                     f"history database {shown} has schema version {version}; this mldebug knows up to "
@@ -341,9 +386,11 @@ class History:
         self.close()
 
 
-def open_history(path: str | os.PathLike[str] | None = None, *, create: bool = True) -> History:
-    """The history database at `path` (default :func:`default_path`), created and migrated as needed."""
-    return History(Path(path) if path is not None else default_path(), create=create)
+def open_history(path: str | os.PathLike[str] | None = None, *, create: bool = True,
+                 read_only: bool = False) -> History:
+    """The history database at `path` (default :func:`default_path`), created and migrated as needed;
+    `read_only`: opened read-only, and refused unless it is a history database already."""
+    return History(Path(path) if path is not None else default_path(), create=create, read_only=read_only)
 
 
 def record_incident(source: str, job: str, nodes: Iterable[str], first: str | None, summary: str) -> str | None:

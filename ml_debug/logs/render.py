@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ml_debug.core.visible import visible
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.model import PRIMARY, SECONDARY, LogsReport, TracebackGroup
 
@@ -42,14 +43,14 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     v = r.verdict
     style = {"failure": "bold red", "secondary-only": "bold yellow", "interrupted": "bold yellow",
              "suspect": "bold yellow"}.get(v.status, "bold green")
-    console.print(Text(v.summary, style=style), soft_wrap=True)
+    console.print(Text(visible(v.summary), style=style), soft_wrap=True)
     if v.status in ("failure", "secondary-only", "suspect"):
         console.print(Text(f"  how sure: {v.confidence} ({v.confidence_why})", style="dim"), soft_wrap=True)
     how = []
     if v.primary is not None:
         p = v.primary
         how.append(f"chosen by {v.basis}")
-        how.append(f"seen in {p.source}:{p.line}")
+        how.append(f"seen in {visible(p.source)}:{p.line}")
         if p.detail.get("rank_from"):
             how.append(f"rank taken from the {p.detail['rank_from']}")
         if p.detail.get("torchrun_root_cause") is False and p.detail.get("via"):
@@ -70,7 +71,8 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
         console.print(Text(f"  ! {f}", style="yellow"), soft_wrap=True)
     for s in r.sources:
         if s.repairs:
-            console.print(Text(f"  repaired {s.path}: {'; '.join(s.repairs)}", style="yellow"), soft_wrap=True)
+            console.print(Text(f"  repaired {visible(s.path)}: {'; '.join(s.repairs)}", style="yellow"),
+                          soft_wrap=True)
 
     groups = r.tracebacks if full else r.tracebacks[:tracebacks]
     if groups:
@@ -118,11 +120,12 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     if len(r.sources) > 1:  # several files: each one's view of the job (one agent's node, one rank ...)
         for s in r.sources[:MAX_ROWS]:
             if s.view or s.launchers:
-                console.print(Text(f"  {s.path}: {s.view or 'unknown writers'}"
+                console.print(Text(f"  {visible(s.path)}: {s.view or 'unknown writers'}"
                                    + (f" ({', '.join(s.launchers)})" if s.launchers else ""), style="dim"),
                               soft_wrap=True)
     for skip in r.skipped[:10]:
-        console.print(Text(f"  not read: {skip['path']}: {skip['reason']}", style="yellow"), soft_wrap=True)
+        console.print(Text(f"  not read: {visible(skip['path'])}: {visible(skip['reason'])}", style="yellow"),
+                      soft_wrap=True)
     if len(r.skipped) > 10:
         console.print(Text(f"  … {len(r.skipped) - 10} more not read (--json lists them)", style="yellow"))
     if r.dropped_events:

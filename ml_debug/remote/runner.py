@@ -77,9 +77,9 @@ def run_everywhere(
     connect_timeout_s = spec.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
     max_parallel = spec.max_parallel if max_parallel is None else max_parallel
     if out_dir is not None:
-        from ml_debug.core.safefs import make_out_dir
+        from ml_debug.core.safefs import claim_out_dir
 
-        make_out_dir(out_dir)  # before any node answers
+        claim_out_dir(out_dir)  # before any node answers; a second run into it meanwhile is refused
     results: dict[str, NodeResult] = {}
     lock = threading.Lock()
 

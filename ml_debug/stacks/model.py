@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ml_debug.core.visible import visible
+
 _SITE = re.compile(r".*/(?:site|dist)-packages/")
 _STDLIB = re.compile(r".*/lib/python\d+\.\d+/")
 
@@ -49,7 +51,14 @@ class Frame:
         return short_path(self.filename)
 
     def where(self, brief: bool = False) -> str:
-        """`name (path/file.py:88)` as a person reads it; `brief`: the file's basename only."""
+        """`name (path/file.py:88)` as a person reads it; `brief`: the file's basename only.
+
+        The job names its files and functions: the label shows their control characters and newlines
+        visibly (a name with a newline must not add a line to a tree, a table or a verdict). The fields
+        keep the exact values, for JSON."""
+        return visible(self._where(brief))
+
+    def _where(self, brief: bool) -> str:
         if brief and self.kind == "py" and self.filename:
             base = self.filename.rsplit("/", 1)[-1]
             return f"{self.name} ({base}:{self.line})" if self.line else f"{self.name} ({base})"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ml_debug.core.visible import visible
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -54,9 +56,9 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
                   f"{' by ' + ', '.join(dumpers) if dumpers else ''}; {samples} sample(s)")
     for n in nodes:
         if n.error:
-            console.print(Text(f"  node {n.host}: not reached: {n.error}", style="red"))
+            console.print(Text(f"  node {n.host}: not reached: {visible(n.error)}", style="red"))
         for note in n.notes:
-            console.print(f"  node {n.host}: {note}")
+            console.print(f"  node {n.host}: {visible(note)}")
 
     suspect_groups = {s.group for s in result.suspects if s.group}
     groups = {g.id: g for g in result.groups}
@@ -120,8 +122,8 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
         for col in ("host", "pid", "rank", "reason", "what to do"):
             table.add_column(col)
         for nd in result.not_dumped:
-            table.add_row(nd.host, str(nd.pid), "-" if nd.rank is None else str(nd.rank), nd.error or "?",
-                          nd.fix or "")
+            table.add_row(nd.host, str(nd.pid), "-" if nd.rank is None else str(nd.rank), visible(nd.error or "?"),
+                          visible(nd.fix or ""))
         console.print(table)
     if result.missing_ranks:
         from ml_debug.core.ranges import compress
@@ -132,14 +134,14 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
         _below_python(result, console)
     if result.loop_order:
         console.print()
-        console.print(Text(f"loop order (--locals): {result.loop_order['text']}", style="yellow"))
+        console.print(Text(f"loop order (--locals): {visible(result.loop_order['text'])}", style="yellow"))
 
     if result.flight_recorder:
         _flight_recorder(result.flight_recorder, console)
 
     console.print()
     style = "bold green" if result.ok else "bold red"
-    console.print(Text(result.summary, style=style), soft_wrap=True)  # one line, whatever the width
+    console.print(Text(visible(result.summary), style=style), soft_wrap=True)  # one line, whatever the width
 
 
 def _below_python(result: DumpStacksResult, console: Console) -> None:
@@ -157,7 +159,7 @@ def _below_python(result: DumpStacksResult, console: Console) -> None:
         table.add_column(col)
     for verdict, ps in sorted(by_verdict.items(), key=lambda kv: len(kv[1])):
         table.add_row(_ranks_cell([p.rank for p in ps], [f"{p.host}:{p.pid}" for p in ps]), str(len(ps)),
-                      ",".join(sorted({p.host for p in ps})), verdict)
+                      ",".join(sorted({p.host for p in ps})), visible(verdict))
     console.print(table)
 
 
@@ -173,8 +175,8 @@ def _threads(result: DumpStacksResult, console: Console) -> None:
             continue
         for t in ok[-1].threads:
             frames = t.frames or t.native_frames
-            text = " ← ".join(f.name for f in frames[:4]) or "(no frames)"
-            name = (t.name or t.thread_id) + (" (main)" if t.is_main else "")
+            text = " ← ".join(visible(f.name) for f in frames[:4]) or "(no frames)"
+            name = visible(t.name or t.thread_id) + (" (main)" if t.is_main else "")
             table.add_row(p.host, str(p.pid), "-" if p.rank is None else str(p.rank), name, text)
     console.print()
     console.print(table)
@@ -182,7 +184,7 @@ def _threads(result: DumpStacksResult, console: Console) -> None:
 
 def _coll(c: dict[str, Any] | None, seq: int | None) -> str:
     if c and c.get("op"):
-        return f"#{c['seq']} {c['op']}" + (f" {c['input_sizes']}" if c.get("input_sizes") else "")
+        return visible(f"#{c['seq']} {c['op']}" + (f" {c['input_sizes']}" if c.get("input_sizes") else ""))
     return "-" if seq is None or seq < 0 else f"#{seq}"
 
 
@@ -198,7 +200,7 @@ def _flight_recorder(fr: dict[str, Any], console: Console) -> None:
     for r in fr["ranks"]:
         rank = "-" if r.get("rank") is None else str(r["rank"])
         if not r.get("ok"):
-            table.add_row(rank, r.get("host") or "", "-", "-", "-", r.get("error") or "?")
+            table.add_row(rank, r.get("host") or "", "-", "-", "-", visible(r.get("error") or "?"))
             continue
         for pg in r["process_groups"]:
             note = "◀ behind" if (r.get("host"), r.get("pid")) in behind else ""
@@ -209,5 +211,5 @@ def _flight_recorder(fr: dict[str, Any], console: Console) -> None:
     console.print(table)
     findings = (fr.get("analysis") or {}).get("findings") or []
     for line in findings:  # the collectives matched across ranks (ml_debug.stacks.fr_analysis)
-        console.print(Text(f"  {line}", style="yellow"), soft_wrap=True)
-    console.print(Text(fr["evidence"], style="yellow" if fr["behind"] or findings else ""), soft_wrap=True)
+        console.print(Text(f"  {visible(line)}", style="yellow"), soft_wrap=True)
+    console.print(Text(visible(fr["evidence"]), style="yellow" if fr["behind"] or findings else ""), soft_wrap=True)

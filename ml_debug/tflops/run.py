@@ -44,7 +44,10 @@ def model_shape(opts: TflopsOptions) -> Shape:
         try:
             cfg = json.loads(text)
         except ValueError as e:
-            raise UsageError(f"--hf-config {opts.hf_config} is not JSON: {e}", "give a config.json") from e
+            raise UsageError(f"--hf-config {opts.hf_config} is not JSON: {e}", "give a config.json") from None
+        except RecursionError:  # a config is a few levels deep; thousands of nested brackets are not one
+            raise UsageError(f"--hf-config {opts.hf_config} is nested too deeply to be a model config",
+                             "give the model's config.json") from None
         if not isinstance(cfg, dict):
             raise UsageError(f"--hf-config {opts.hf_config} is not a JSON object", "give a config.json")
         return shape_from_hf_config(cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg,
@@ -73,7 +76,7 @@ def from_metrics(path: Path) -> tuple[float, float, int, str]:
     for number, line in enumerate(_read_regular(files[0], "--metrics", MAX_METRICS_BYTES).splitlines(), 1):
         try:
             rec: Any = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not a step line: train writes flat objects
             continue
         if isinstance(rec, dict) and isinstance(rec.get("step"), int) and isinstance(rec.get("step_time_s"), float | int) \
                 and isinstance(rec.get("tokens"), int):

@@ -43,11 +43,12 @@ def python_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def own_code() -> tuple[frozenset[str], tuple[str, ...]]:
     """Files of the tracer itself: never traced (its dump code must not record itself), nor the
-    helpers it calls inside the traced program (the rank lookup, at start and at each fork)."""
+    helpers it calls inside the traced program (the rank lookup, at start and at each fork; mldebug's
+    stdout, which the program's prints go through under `mldebug trace`: ml_debug/core/streams.py)."""
     tracing = os.path.dirname(real(__file__))
     package = os.path.dirname(tracing)
     files = frozenset({os.path.join(package, "nicertrace.py"), os.path.join(package, "cli", "trace.py"),
-                       os.path.join(package, "core", "rankvars.py")})
+                       os.path.join(package, "core", "rankvars.py"), os.path.join(package, "core", "streams.py")})
     return files, (tracing + os.sep,)
 
 

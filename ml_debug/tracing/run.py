@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ml_debug.core.errors import UsageError
 from ml_debug.nicertrace import NicerTrace
+from ml_debug.tracing.identity import trace_file_name
 
 if TYPE_CHECKING:
     from ml_debug.tracing.command_options import TraceCommandOptions
@@ -87,6 +88,30 @@ def _user_traceback(exc: BaseException, skip_files: set[str]) -> None:
     traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
 
 
+def _planted(path: str, what: str) -> UsageError:
+    from ml_debug.core.visible import visible
+
+    return UsageError(f"trace file {visible(path)}: {visible(what)}: not written, the program not run",
+                      "another user may have planted it in a shared --out-dir: remove it, or give an --out-dir of "
+                      "your own")
+
+
+def _refuse_planted(path: str) -> None:
+    """The stream's file name must be free or a regular file of ours with one name: never a link to
+    follow (the file sink opens with O_NOFOLLOW and would fail inside the traced run, which then read as
+    the program's own error), a FIFO or a hard link to another file."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise _planted(path, f"a symbolic link (to {os.readlink(path)})")
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_uid not in (os.geteuid(), os.getuid()):
+        raise _planted(path, "not a regular file of ours with one name")
+
+
 def run_traced(opts: TraceCommandOptions) -> TraceRun:
     """Run ``opts.target`` (script and its arguments, or module and its arguments) under NicerTrace.
 
@@ -118,6 +143,8 @@ def run_traced(opts: TraceCommandOptions) -> TraceRun:
             raise PermissionError(f"{out_dir} is not writable")
     except OSError as e:
         raise UsageError(f"cannot write trace files to {out_dir}: {e}", "give a writable --out-dir") from None
+    if ring is None:  # a stream opens its file as the program starts (a ring renames its file into place)
+        _refuse_planted(os.path.join(os.path.abspath(out_dir), trace_file_name()))
 
     name, args = target[0], target[1:]
     func: Callable[..., Any]
@@ -149,6 +176,12 @@ def run_traced(opts: TraceCommandOptions) -> TraceRun:
             code = 1
     except KeyboardInterrupt:
         code = 130
+    except OSError as e:
+        if tracer.path is None or e.filename != tracer.path:  # the traced program's own error
+            _user_traceback(e, skip)
+            code = 1
+        else:  # planted after the check above: the trace file refused, the program never started
+            raise _planted(tracer.path, e.strerror or str(e)) from None
     except BaseException as e:  # the traced program's own error: report it as python would
         _user_traceback(e, skip)
         code = 1

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ml_debug.core.visible import visible
+
 SCHEMA = "mldebug.watch"
 SCHEMA_VERSION = 1
 TAIL_LINES = 20
@@ -144,36 +146,44 @@ def run_part(part: Part, fn: Callable[[Part], None], timeout: float) -> None:
         part.status = "ok"
 
 
+def _md(value: Any) -> str:
+    """A value for summary.md, most of which the job wrote: control characters and newlines shown
+    visibly (a name with a newline must not add a line), and ``|`` escaped so that it stays in its cell."""
+    return visible(str(value)).replace("|", "\\|")
+
+
 def markdown(result: dict[str, Any]) -> str:
     """summary.md: the sentence first, then the next commands, the ranks and the parts."""
     inc = result.get("incident") or {}
-    lines = [f"# mldebug watch: {inc.get('kind', 'incident')}", "", f"**{result['summary']}**", ""]
+    lines = [f"# mldebug watch: {_md(inc.get('kind', 'incident'))}", "", f"**{visible(result['summary'])}**", ""]
     if result.get("next"):
-        lines += ["Next:", ""] + [f"    {c}" for c in result["next"]] + [""]
+        lines += ["Next:", ""] + [f"    {visible(c)}" for c in result["next"]] + [""]
     from ml_debug.watch.verdict import clock
 
-    lines += ["| | |", "|---|---|", f"| job | {result.get('job')} |",
+    lines += ["| | |", "|---|---|", f"| job | {_md(result.get('job'))} |",
               f"| detected | {clock(inc['time']) if inc.get('time') else '-'} |",
-              f"| watcher | {inc.get('detail', '-')} |", f"| bundle | {result.get('status')} |", ""]
+              f"| watcher | {_md(inc.get('detail', '-'))} |", f"| bundle | {_md(result.get('status'))} |", ""]
     ranks = result.get("ranks") or []
     if ranks:
         lines += ["## Ranks", "", "| rank | host | pid | status | state | CPU % | idle | where | signs |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in ranks:
             cpu = "-" if r.get("cpu_pct") is None else f"{r['cpu_pct']:.0f}"
-            lines.append(f"| {'-' if r.get('rank') is None else r['rank']} | {r.get('host')} | {r.get('pid')} | "
-                         f"{r.get('status')} | {r.get('state') or '-'} | {cpu} | {r.get('idle_s', 0):.0f} s | "
-                         f"{r.get('where') or '-'} | {'; '.join(r.get('signs') or []) or '-'} |")
+            lines.append(f"| {'-' if r.get('rank') is None else r['rank']} | {_md(r.get('host'))} | {r.get('pid')} | "
+                         f"{_md(r.get('status'))} | {_md(r.get('state') or '-')} | {cpu} | {r.get('idle_s', 0):.0f} s | "
+                         f"{_md(r.get('where') or '-')} | {_md('; '.join(r.get('signs') or []) or '-')} |")
         lines.append("")
     nodes = [n for n in result.get("nodes") or [] if not n.get("answering", True)]
     if nodes:
-        lines += ["## Nodes not answering", ""] + [f"- {n['label']}: {n.get('error') or 'silent'}" for n in nodes]
+        lines += ["## Nodes not answering", ""] + [f"- {_md(n['label'])}: {_md(n.get('error') or 'silent')}"
+                                                   for n in nodes]
         lines.append("")
     parts = result.get("parts") or []
     if parts:
         lines += ["## What this bundle holds", "", "| part | files | status | seconds |", "|---|---|---|---|"]
         for p in parts:
             status = p["status"] + (f": {p['error']}" if p.get("error") else "")
-            lines.append(f"| {p['what']} | {', '.join(p['files']) or '-'} | {status} | {p['seconds']:.1f} |")
+            lines.append(f"| {_md(p['what'])} | {_md(', '.join(p['files']) or '-')} | {_md(status)} | "
+                         f"{p['seconds']:.1f} |")
         lines.append("")
     return "\n".join(lines)

@@ -71,6 +71,64 @@ def test_version_and_python_dash_m():
     assert out.returncode == 0 and out.stdout.strip() == f"mldebug {__version__}"
 
 
+def test_json_version_is_one_document():
+    from tests.conftest import validate_schema
+
+    for argv in (["--json", "--version"], ["--version", "--json"]):
+        out = mldebug(*argv)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)  # the whole of stdout is the one document
+        validate_schema(doc, "version")
+        assert doc["result"] == {"ok": True, "summary": f"mldebug {__version__}", "version": __version__}
+
+
+def _run_with_streams(argv: list[str], *, stdin: object = None, stdout: object = None, close: tuple[int, ...] = (),
+                      env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m ml_debug ARGV` with odd standard streams: `close` names descriptors closed in the child
+    before it starts (as `>&-` does), the others as given."""
+    import os
+
+    def closing() -> None:
+        for fd in close:
+            os.close(fd)
+
+    return subprocess.run([sys.executable, "-m", "ml_debug", *argv], stdin=stdin, stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO, preexec_fn=closing,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["env", "--no-torch"], ["--json", "env", "--no-torch"], ["--version"]])
+def test_odd_standard_streams_are_no_internal_error(argv: list[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """stdout on /dev/full: one line and exit 3 (was: internal error: OSError). stdout or stdin closed
+    (`>&-`, `<&-`): the command runs (was: internal error: AttributeError, or a traceback)."""
+    with open("/dev/full", "w") as full:
+        proc = _run_with_streams(argv, stdout=full)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.splitlines()[0] == "mldebug: error: cannot write to standard output: No space left on device"
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+    for fds in ((1,), (0,), (0, 1)):
+        proc = _run_with_streams(argv, close=fds, stdin=subprocess.DEVNULL if 0 not in fds else None,
+                                 stdout=subprocess.PIPE if 1 not in fds else None)
+        assert proc.returncode == 0, (fds, proc.stderr)
+        assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr, (fds, proc.stderr)
+
+
+def test_an_ascii_only_stdout_shows_what_it_cannot_encode(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """PYTHONIOENCODING=ascii (and LANG=C): a job's log line with é and → was an internal
+    UnicodeEncodeError; it is written as \\xe9 and \\u2192, and --help still prints."""
+    log = tmp_path / "job.log"
+    log.write_text("[rank0]: caf\u00e9 \u2192 boom\n[rank0]: RuntimeError: x\n", encoding="utf-8")
+    env = {"PYTHONIOENCODING": "ascii", "LANG": "C", "LC_ALL": "C"}
+    lines = _run_with_streams(["logs", "--rank", "0", str(log)], stdout=subprocess.PIPE, env=env)
+    assert lines.returncode == 0 and "caf\\xe9 \\u2192 boom" in lines.stdout, lines.stderr
+    verdict = _run_with_streams(["logs", str(log)], stdout=subprocess.PIPE, env=env)
+    assert verdict.returncode == 1 and "RuntimeError: x" in verdict.stdout, verdict.stderr
+    helped = _run_with_streams(["--help"], stdout=subprocess.PIPE, env=env)
+    assert helped.returncode == 0 and "Usage: mldebug" in helped.stdout, helped.stderr
+    for proc in (lines, verdict, helped):
+        assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["no-such-command"], "No such command 'no-such-command'"),
     (["env", "--bogus"], "No such option: --bogus"),

@@ -242,3 +242,38 @@ def test_check_a_step_that_times_out_is_4_and_its_ranks_are_stopped() -> None:
     assert not result["ok"]
     # SIGKILLed processes vanish once reaped: give that a moment, never a hang
     wait_until(lambda: not pids_with_env(MARK, mark), 10, "every process of the timed-out step to be gone")
+
+
+# ------------------------------------------------------------------------------ a shared --out-dir
+
+
+def test_a_second_run_into_an_out_dir_in_use_is_refused_and_the_first_keeps_its_files(tmp_path: Path) -> None:
+    """Two runs given one --out-dir at once mixed their files silently (exec's node files, gpu-test's rank
+    files appended by both). The run that holds it keeps it; exec, a self-launched gpu-test and rank 0 of
+    a gpu-test under a launcher are refused with exit 2 before they write; a run after it ends may reuse it."""
+    out, go = tmp_path / "shared", tmp_path / "go"
+    env = {**os.environ, "MLDEBUG_WIDTH": "160", "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "ml_debug", "exec", "--local", "--out-dir", str(out), "--",
+                              sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(go)!r}): "
+                              "time.sleep(0.05)\nprint('first run')"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: out.is_dir(), 60, "the first run to make its --out-dir")
+        refused = "is in use by another mldebug run: the two runs would mix their files"
+        second = mldebug("exec", "--local", "--out-dir", str(out), "--", "echo", "second run", timeout=60)
+        gpu = mldebug("gpu-test", "--out-dir", str(out), "--backend", "gloo", timeout=60)
+        rank0 = mldebug("gpu-test", "--out-dir", str(out), "--backend", "gloo", timeout=60,
+                        env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+        for proc in (second, gpu, rank0):
+            assert proc.returncode == 2 and refused in proc.stderr, proc.stderr[-1500:]
+            assert "Traceback" not in proc.stderr
+        assert sorted(p.name for p in out.iterdir()) == []  # nothing of theirs, and the first has not answered
+    finally:
+        go.touch()
+        so, se = first.communicate(timeout=60)
+    assert first.returncode == 0 and "first run" in so, se
+    [name] = [p.name for p in out.iterdir() if p.suffix == ".out"]
+    assert "first run" in (out / name).read_text()
+    again = mldebug("exec", "--local", "--out-dir", str(out), "--", "echo", "third run", timeout=60)
+    assert again.returncode == 0 and "third run" in (out / name).read_text(), again.stderr

@@ -109,6 +109,73 @@ def test_a_listen_that_is_not_an_address_or_whose_port_is_taken_exits_2_with_a_h
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+def _accept_queue(port: int) -> int | None:
+    """Connections waiting to be accepted on 127.0.0.1:`port` (the listening socket's rx_queue in
+    /proc/net/tcp)."""
+    local = f"0100007F:{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[3] == "0A":
+            return int(fields[4].split(":")[1], 16)
+    return None
+
+
+# -- the HTTP server ---------------------------------------------------------------------------------------------
+def test_the_http_server_serves_metrics_a_page_and_404_and_bounds_idle_connections() -> None:
+    """prometheus_client's server answered every path with the metrics, kept a thread per idle connection
+    (3,000 connections: 3,004 threads) and answered HEAD with a body. Now: /metrics, a page at /, 404
+    elsewhere, HEAD with the GET's headers and no body, and 3,000 idle connections held by a client cost
+    at most MAX_CONNECTIONS threads; once they go, a scrape answers again."""
+    import http.client
+    import resource
+
+    from ml_debug.exporter.http import MAX_CONNECTIONS
+
+    token = uuid.uuid4().hex[:12]
+    with reserved_port() as port:
+        proc = _exporter(token, port, "--interval", "1", "--health-interval", "600", "--env",
+                         f"{TOKEN_VAR}=nobody-{token}")
+        try:
+            wait_until(lambda: _serving(proc, port) is not None, 60, "the exporter to serve")
+
+            def ask(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                try:
+                    c.request(method, path)
+                    r = c.getresponse()
+                    return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+                finally:
+                    c.close()
+
+            status, headers, body = ask("GET", "/metrics")
+            assert status == 200 and b"# HELP mldebug_" in body, body[:300]
+            assert headers["content-type"].startswith("text/plain")
+            head = ask("HEAD", "/metrics")
+            assert head[0] == 200 and head[2] == b"" and int(head[1]["content-length"]) > 1000, head[1]
+            page = ask("GET", "/")
+            assert page[0] == 200 and b'href="/metrics"' in page[2] and page[1]["content-type"].startswith("text/html")
+            for path in ("/favicon.ico", "/metricsx", "/../etc/passwd"):
+                assert ask("GET", path)[0] == 404, path
+            assert ask("HEAD", "/nope")[0] == 404
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+            idle = []
+            try:
+                for _ in range(3000):
+                    idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+                wait_until(lambda: _accept_queue(port) == 0, 60, "the exporter to accept every connection")
+                threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+                assert threads <= MAX_CONNECTIONS + 16, threads
+            finally:
+                for s in idle:
+                    s.close()
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            wait_until(lambda: _serving(proc, port) is not None, 30, "a scrape to answer once the idle clients left")
+        finally:
+            _stop(proc)
+
+
 # -- a held health run, garbage progress files ----------------------------------------------------------------
 def test_a_scrape_during_a_hung_health_run_answers_and_garbage_progress_files_are_counted(tmp_path: Path) -> None:
     from tests.fakes.held_checks import hook_env

@@ -83,3 +83,18 @@ def test_python_with_options_of_its_own_runs_as_written(tmp_path: Path) -> None:
     assert u.argv[-4:] == ["-m", "pkg", "-c", "x"] and "--no-python" not in u.argv
     s = plan(LaunchJobOptions(command=["python", "t.py", "-c", "x"], log_dir=tmp_path), host="h")
     assert s.argv[-3:] == ["t.py", "-c", "x"] and "--no-python" not in s.argv
+
+
+def test_nproc_per_node_gpu_without_a_gpu_is_one_line_exit_3(tmp_path: Path) -> None:
+    """torchrun's own answer was its traceback ("ValueError: Cuda is not available.") after the log
+    directory was made. CUDA_VISIBLE_DEVICES='' hides any GPU, so the node has none on every machine."""
+    (tmp_path / "ok.py").write_text("print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLDEBUG_JSON", "MLDEBUG_LOG_DIR")}
+    got = subprocess.run([sys.executable, "-m", "ml_debug", "launch", "--nproc-per-node", "gpu", "--", "python", "ok.py"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert got.returncode == 3, got.stderr
+    lines = got.stderr.splitlines()
+    assert len(lines) == 2 and lines[0] == "mldebug: error: --nproc-per-node gpu: this node has no GPU that torch " \
+        "can use" and lines[1].startswith("hint: "), got.stderr
+    assert got.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["ok.py"]

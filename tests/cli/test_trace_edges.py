@@ -183,3 +183,41 @@ def test_tail_lists_skipped_files_with_their_reason(tmp_path):
 def test_tail_directory_of_misnamed_files_only_is_a_usage_error(tmp_path):
     (tmp_path / "trace-notes.txt").write_text(HEAD.format(pid=1))
     assert "not named trace-HOST-RANK-PID.txt" in _usage_error(mldebug("trace-tail", ".", cwd=tmp_path))
+
+
+# The mldebug process plants a link at the very name its trace file will have (its own pid), then execs
+# mldebug trace: the pid, and so the name, stay the same, as if another user had planted it beforehand.
+PLANT_THEN_TRACE = """\
+import os, sys
+from ml_debug.tracing.identity import trace_file_name
+out, victim = sys.argv[1], sys.argv[2]
+os.symlink(victim, os.path.join(out, trace_file_name()))
+os.execv(sys.executable, [sys.executable, "-m", "ml_debug", *sys.argv[3:-1], "trace", "-o", out, "--", sys.argv[-1]])
+"""
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_a_link_planted_at_the_trace_files_name_is_refused_and_blamed(tmp_path, json_mode):
+    """Once: a traceback, a false "wrote ..." and a JSON document that blamed the program (exit 1). Now
+    one line that names the link, exit 2, the program not run, the link's target untouched."""
+    out, victim, ran = tmp_path / "shared", tmp_path / "victim", tmp_path / "ran"
+    out.mkdir()
+    victim.write_text("root's file\n")
+    program = tmp_path / "p.py"
+    program.write_text(f"open({str(ran)!r}, 'w').close()\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = pythonpath(env)
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, "-c", PLANT_THEN_TRACE, str(out), str(victim),
+                           *(["--json"] if json_mode else []), str(program)],
+                          env=env, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "wrote" not in proc.stderr, proc.stderr
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("mldebug: error:")]
+    assert f"a symbolic link (to {victim}): not written, the program not run" in error, proc.stderr
+    assert victim.read_text() == "root's file\n" and not ran.exists()
+    if json_mode:
+        doc = json.loads(proc.stdout)
+        assert doc["schema"] == "mldebug.error" and doc["result"]["error"]["kind"] == "usage", doc
+        assert "symbolic link" in doc["result"]["error"]["message"], doc

@@ -4,11 +4,14 @@ some. (A `sleep` watched for 3 s inside the 60 s --grace was reported as "1 rank
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import mldebug
+from tests.conftest import mldebug, stderr_until
 
 
 @pytest.fixture
@@ -36,3 +39,18 @@ def test_a_rank_that_never_moved_is_named_not_called_progressing(idle_process: i
     assert summary.startswith("no incident in "), summary
     assert "but 1 showed no progress yet (" in summary and f"pid {idle_process}" in summary, summary
     assert summary.endswith("for less than --stall 60 s") and "made progress" not in summary
+
+
+def test_sigterm_is_said_as_terminated_not_interrupted(idle_process: int) -> None:
+    """scancel and kill send SIGTERM: watch said "watch: interrupted" and the error "interrupted", as for a
+    Ctrl-C. Now it says which signal ended it; the exit code stays 130."""
+    proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "watch", "--pid", str(idle_process), "--interval", "1",
+                             "--stack-every", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = stderr_until(proc, f"watch: watching pid {idle_process}", "watch to start watching")
+    proc.send_signal(signal.SIGTERM)
+    out, rest = proc.communicate(timeout=60)
+    err += rest
+    assert proc.returncode == 130, err
+    assert "watch: terminated (SIGTERM)" in err and "watch: interrupted" not in err, err
+    assert "mldebug: error: interrupted by SIGTERM" in err, err

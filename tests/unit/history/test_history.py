@@ -268,3 +268,37 @@ def test_a_watch_incident_records_its_nodes_where_history_is_set(tmp_path: Path,
         line = queries.recurring(h)[0].line
     assert rows == [("watch", str(tmp_path / "bundle"), "node3", 1), ("watch", str(tmp_path / "bundle"), "node4", 0)]
     assert line == "node3: in 1 of the last 1 failed jobs, once as the first failure"
+
+
+def test_history_reads_only_its_own_database_and_changes_no_byte(tmp_path: Path) -> None:
+    """`mldebug history` is a reader: another application's SQLite file and an empty file are refused
+    (exit 2) and stay byte-identical, with no -wal, -shm or -lock file beside them; a writer (the health
+    hook) never adds its tables to another application's database either. --failed-jobs beyond SQLite's
+    integers is a usage error, not an OverflowError."""
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as con:
+        con.execute("CREATE TABLE photos(id INTEGER PRIMARY KEY, name TEXT)")
+        con.execute("INSERT INTO photos(name) VALUES ('cat.jpg')")
+    con.close()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for path, why in ((other, "schema version 0, no table actions, checks, incidents, runs"), (empty, "empty")):
+        before, listing = path.read_bytes(), sorted(os.listdir(tmp_path))
+        proc = mldebug("history", "--history", str(path))
+        assert proc.returncode == 2, proc.stderr
+        assert f"{path} is not an mldebug history database ({why})" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+        assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == listing
+    with pytest.raises(UsageError, match="not an mldebug history database .*photos"):
+        open_history(other)
+    assert "photos" in other.read_bytes().decode("latin-1") and b"checks" not in other.read_bytes()
+
+    ours = tmp_path / "ours.db"
+    with open_history(ours) as h:
+        h.record_incident("logs", "job1", ["node1"], "node1", "boom")
+    before = ours.read_bytes()
+    ok = mldebug("history", "--history", str(ours), "--failed-jobs", "5")
+    assert ok.returncode == 0 and "1 job incidents" in ok.stdout, ok.stderr
+    assert ours.read_bytes() == before
+    huge = mldebug("history", "--history", str(ours), "--failed-jobs", str(10**20))
+    assert huge.returncode == 2 and "--failed-jobs" in huge.stderr and "internal error" not in huge.stderr, huge.stderr

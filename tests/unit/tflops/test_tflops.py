@@ -117,6 +117,16 @@ def test_parse_count() -> None:
             parse_count(bad)
 
 
+def test_a_deeply_nested_config_is_refused_not_a_recursion_error(tmp_path: Path) -> None:
+    """100,000 nested objects: json's RecursionError was an internal error (exit 1)."""
+    deep = tmp_path / "config.json"
+    deep.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    proc = mldebug("tflops", "--hf-config", str(deep), "--seq-len", "8", "--global-batch", "1", "--iter-time", "1",
+                   timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "is nested too deeply to be a model config" in proc.stderr and "internal error" not in proc.stderr
+
+
 def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     """In process: exit 2 with one error line and a hint; the error line."""
     from ml_debug.cli.app import run
