@@ -94,8 +94,15 @@ def job_info(job_id: str) -> SlurmJob:
     return SlurmJob(job_id=job_id, state=state, user=user, nodes=nodes, gres_gpu=gpu)
 
 
+# A step of mldebug's inside a user's job takes none of the job's memory: `--mem=0` on a step "restricts the step
+# to the job's memory but does not remove any of it from what other steps can have" (srun(1)). Without it, where
+# Slurm allocates memory (SelectTypeParameters=CR_*_Memory), the job's own step holds all of it and every
+# overlapping step fails: "Unable to create step ...: Memory required by task is not available".
+STEP_MEMORY = "--mem=0"
+
+
 def srun_argv(job_id: str, nodes: list[str], script: str, gres_gpu: bool) -> list[str]:
-    argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
+    argv = ["srun", f"--jobid={job_id}", "--overlap", STEP_MEMORY, f"--nodes={len(nodes)}", "--ntasks-per-node=1",
             f"--ntasks={len(nodes)}", "-w", ",".join(nodes), "--label", "--kill-on-bad-exit=0",
             "--input=none"]
     if gres_gpu:
@@ -112,7 +119,7 @@ def stream_argv(job_id: str, node: str, script: str, gres_gpu: bool, name: str,
     """One step on one node of the job that runs for as long as its stdin stays open (a streaming agent,
     such as top's), sharing the job's CPUs and taking none of its GPUs. ``unbuffered`` (``-u``): srun
     passes the output on as it comes, not line by line (a byte stream such as DAP has no lines)."""
-    argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node,
+    argv = ["srun", f"--jobid={job_id}", "--overlap", STEP_MEMORY, "--nodes=1", "--ntasks=1", "-w", node,
             "--kill-on-bad-exit=0", "-J", name, *(["-u"] if unbuffered else [])]
     if gres_gpu:
         argv.append("--gres=gpu:0")

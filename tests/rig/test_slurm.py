@@ -85,7 +85,8 @@ def test_gres_jobs_get_a_gpu_free_step(rig_slurm: SlurmRig, running_job: str, mo
     assert [t.host for t in spec.targets] == rig_slurm.nodes
     assert spec.slurm_gres_gpu == bool(rig_slurm.gpus_per_node)
     argv = srun_argv(running_job, rig_slurm.nodes, "true", spec.slurm_gres_gpu)
-    assert argv[:4] == ["srun", f"--jobid={running_job}", "--overlap", f"--nodes={len(rig_slurm.nodes)}"]
+    # --mem=0: the step takes none of the job's memory (the rig allocates memory: CR_CPU_Memory)
+    assert argv[:5] == ["srun", f"--jobid={running_job}", "--overlap", "--mem=0", f"--nodes={len(rig_slurm.nodes)}"]
     assert ("--gres=gpu:0" in argv) == spec.slurm_gres_gpu
 
 
