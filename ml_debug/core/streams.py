@@ -44,6 +44,9 @@ class _Stdout(io.RawIOBase):
         try:
             return os.write(1, data)
         except BrokenPipeError:
+            # the reader went away: what is still buffered goes nowhere, and the flush at exit must not fail
+            # again (Python would then end with 120 after the command chose its own exit code)
+            _to_devnull(1, os.O_WRONLY)
             raise
         except OSError as e:
             _to_devnull(1, os.O_WRONLY)
