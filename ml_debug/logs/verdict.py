@@ -18,6 +18,7 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import expand as expand_ranks
+from ml_debug.logs.catalogue import WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.model import (
@@ -442,10 +443,7 @@ def _by_elimination(first: Event, causes: Iterable[Event], world_size: int | Non
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
-WATCHDOG_ADVICE = ("an NCCL collective timed out: the rank that stopped issuing it is the cause. To make it raise in "
-                   "the rank that called it, rerun with TORCH_NCCL_BLOCKING_WAIT=1 (mldebug launch --cuda-sync); a "
-                   "hang at the first collective across nodes: NCCL_DEBUG=INFO shows the interface each rank chose, "
-                   "set NCCL_SOCKET_IFNAME to one they share")
+WATCHDOG_ADVICE = WATCHDOG_HINT
 
 
 def next_step(ev: Event) -> str | None:
