@@ -71,6 +71,7 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
         blocks.open_block(c, lab.key, who, line, offset, rest)
         block = c._blocks[lab.key]
         block.torch_rank, block.srun_task, block.stamp = lab.torch_rank, lab.srun_task, lab.stamp
+        block.logged = blocks.logged_level(c, lab.key)
         t = find_time(lab.key + lab.stamp, ctx.day)
         if t is not None:
             block.time = t
@@ -100,6 +101,7 @@ def _nccl(c: Collector, rest: str, who: Who, line: int, offset: int) -> bool:
     if got is None:
         return False
     level, host, msg = got
+    c.nccl_lines += 1
     if host:
         c.nodes_seen.add(host)
     if "libibverbs" in msg and ("Failed" in msg or "failed" in msg):

@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from ml_debug.logs import engine
 from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node
-from ml_debug.logs.model import TIME_LAUNCHER, TIME_LINE, TIME_NEARBY, TIME_ORDER, Event, Who
+from ml_debug.logs.model import (
+    PRIMARY,
+    TIME_LAUNCHER,
+    TIME_LINE,
+    TIME_NEARBY,
+    TIME_ORDER,
+    WARNING,
+    Event,
+    Who,
+)
 from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception
 
 if TYPE_CHECKING:
@@ -36,6 +45,8 @@ _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
+# a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR
+_LOGGED = re.compile(r"(?:^|[\s\[|:])(?P<level>WARNING|WARN|INFO|DEBUG)(?:[\]\s|:]|$)|^\[?(?P<glog>[WID])\d{4} ")
 _FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
 
 
@@ -59,6 +70,9 @@ class Block:
     summary: Summary | None = None
     srun_task: int | None = None  # the srun task whose lines these are (a torchrun agent under srun --label)
     expect_code: bool = False  # the last line was a frame's 'File "..."': its code line comes next
+    logged: str | None = None
+    """The level of the logging call that printed it (the line before it: ``... [WARNING] retrying``): the
+    program caught the exception and went on; None for a traceback of no logging call (uncaught)."""
 
 
 @dataclass
@@ -204,6 +218,9 @@ def close_block(c: Collector, key: str) -> None:
     ev = Event(kind="traceback", cls=cls, message=message, label=label or message.split(":", 1)[0],
                who=block.who, source=ctx.path, line=block.start_line, offset=block.start_offset,
                source_index=ctx.index, text=block.text[:MAX_TRACEBACK_LINES], detail={"cause": cause})
+    if block.logged and cls == PRIMARY:
+        ev.cls, ev.strong = WARNING, False
+        ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"
     if block.time is not None:
         ev.time, ev.time_source = block.time, TIME_LINE
     elif block.nearby is not None:
@@ -215,6 +232,22 @@ def close_block(c: Collector, key: str) -> None:
         ev.kind, ev.strong, ev.label = "exit", False, f"exit code {code}"
         ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"})
     c._add(ev, key)
+
+def logged_level(c: Collector, key: str) -> str | None:
+    """The level of the logging record on the line before the current one, when the same writer wrote it and
+    the level is below ERROR (a handled exception, logged with its traceback)."""
+    prev = lines_before(c, 1).rstrip("\n").rstrip("\r")
+    if not prev or ("WARN" not in prev and "INFO" not in prev and "DEBUG" not in prev and prev[:1] not in "[WID"):
+        return None
+    lab = split_label(prev)
+    if lab.key != key:
+        return None
+    m = _LOGGED.search(lab.rest[:120])
+    if not m:
+        return None
+    level = m.group("level") or {"W": "WARNING", "I": "INFO", "D": "DEBUG"}[m.group("glog")]
+    return "WARNING" if level == "WARN" else level
+
 
 def summary_events(c: Collector, block: Block) -> None:
     """torchrun's ChildFailedError summary: one event per failed rank (time: when torchrun saw it)."""

@@ -99,7 +99,8 @@ LAUNCHERS: tuple[Launcher, ...] = (
         "torchrun", "torch 1.10-2.13: torchrun, python -m torch.distributed.run and torch.distributed.launch "
         "(torch/distributed/elastic/agent/server/api.py, elastic/multiprocessing/api.py, errors/__init__.py)",
         r"torch[./]distributed[./](?:elastic|run|launch)|ChildFailedError|failed \(exitcode:",
-        ("distributed", "ChildFailedError", "failed (exitcode:"),
+        ("distributed/elastic", "distributed.elastic", "distributed/run", "distributed.run", "distributed/launch",
+         "distributed.launch", "ChildFailedError", "failed (exitcode:"),
         prefixes=("[default0]:", "[<role>0]:", "[node12:5]:"),
         lines=(
             _TORCHRUN_FAILED,
@@ -238,3 +239,11 @@ SECONDARY_LABELS: frozenset[str] = frozenset(c.label for c in FAILURE_CLASSES if
 SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "ERROR", "rror", "ailed")
 """Words the scanner looks for beside the needles above: tracebacks, NCCL's lines (its tallies), a kill, and
 the log levels and failure words of lines that say no more (the suspects, a last resort)."""
+
+NCCL_LINES_PER_SOURCE = 2048
+"""NCCL lines of one source read in full; after them, only the lines below (NCCL's own findings). A process's
+first communicators say its rings, trees and transports; later ones (a job that makes a communicator per
+step, NCCL_DEBUG_SUBSYS=COLL's line per call) add nothing the report shows, and would cost a Python call
+per line."""
+NCCL_FINDING_WORDS: tuple[str, ...] = ("NCCL WARN", "NCCL version", "Bootstrap", "NET/IB :", "NET/IB:", "NET/Socket :",
+                                       "NET/Socket:", "Using network", "set by environment", "libibverbs")

@@ -23,6 +23,7 @@ from ml_debug.logs.catalogue import (
     FAILURE_CLASSES,
     LAST_WORK,
     LAUNCHERS,
+    NCCL_FINDING_WORDS,
     SCAN_WORDS,
     WATCHDOG,
     WATCHDOG_RANK,
@@ -107,9 +108,10 @@ def marks(text: str) -> Iterator[str]:
 # ----------------------------------------------------------------------------- the prefilter
 
 
-def scan_words() -> tuple[bytes, ...]:
-    """Every literal a line that can matter holds one of (the scanner's words and the catalogue's needles)."""
-    words = set(SCAN_WORDS)
+def scan_words(nccl: bool = True) -> tuple[bytes, ...]:
+    """Every literal a line that can matter holds one of (the scanner's words and the catalogue's needles);
+    without ``nccl``, NCCL's lines only where they say a finding (once a source's NCCL lines were read)."""
+    words = set(SCAN_WORDS) if nccl else set(SCAN_WORDS) - {"NCCL"} | set(NCCL_FINDING_WORDS)
     for launcher in LAUNCHERS:
         if launcher.reported:
             words.update(launcher.mark_needles)
@@ -158,12 +160,12 @@ class Prefilter:
         return starts
 
 
-_PREFILTER: Prefilter | None = None
+_PREFILTERS: dict[bool, Prefilter] = {}
 
 
-def prefilter() -> Prefilter:
-    """The process's prefilter (compiled once: a few milliseconds)."""
-    global _PREFILTER
-    if _PREFILTER is None:
-        _PREFILTER = Prefilter()
-    return _PREFILTER
+def prefilter(nccl: bool = True) -> Prefilter:
+    """The process's prefilter, with or without NCCL's ordinary lines (each compiled once: milliseconds)."""
+    got = _PREFILTERS.get(nccl)
+    if got is None:
+        got = _PREFILTERS[nccl] = Prefilter(scan_words(nccl))
+    return got

@@ -83,6 +83,7 @@ class Collector:
         self._stamp = ""  # the time stamp a collector put before the current line's labels
         self.notes: dict[int, list[str]] = {}  # source index -> what was mended in the whole text
         self.suspects: list[Event] = []  # lines that look like a failure and say no more (the last resort)
+        self.nccl_lines = 0  # NCCL lines of the source being read (catalogue.NCCL_LINES_PER_SOURCE)
         self.agent_groups: dict[int, int] = {}  # source index -> its torchrun agent's group rank (node rank)
         self.here: tuple[bytes, int] = (b"", 0)
         """The block being scanned and where the current line starts in it (set by the scanner)."""
@@ -93,6 +94,7 @@ class Collector:
         self.ctx = ctx
         self._blocks = {}
         self.line = 0
+        self.nccl_lines = 0
         if ctx.who.rank is not None:
             self.ranks_seen.add(ctx.who.rank)
         if ctx.who.node:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
+from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
 from ml_debug.logs.engine import prefilter
 from ml_debug.logs.events import Collector, SourceContext
 from ml_debug.logs.repair import MEND_LIMIT, mend, sniff
@@ -183,7 +184,7 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     find, count = block.find, block.count
     counted = 0
     pos = 0
-    cands = prefilter().candidates(block, n)
+    cands = prefilter(collector.nccl_lines < NCCL_LINES_PER_SOURCE).candidates(block, n)
     if collector.ctx is not None and collector.ctx.labelled:
         _sample(block, min(n, SAMPLE_BYTES), collector)
     ci = 0
