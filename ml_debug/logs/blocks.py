@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ml_debug.logs import engine
 from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node
 from ml_debug.logs.model import (
+    INFO,
     PRIMARY,
     TIME_LAUNCHER,
     TIME_LINE,
@@ -47,6 +48,7 @@ _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 # a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR
 _LOGGED = re.compile(r"(?:^|[\s\[|:])(?P<level>WARNING|WARN|INFO|DEBUG)(?:[\]\s|:]|$)|^\[?(?P<glog>[WID])\d{4} ")
+_LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"')
 _FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
 
 
@@ -211,6 +213,15 @@ def close_block(c: Collector, key: str) -> None:
     ctx = c.ctx
     assert ctx is not None
     final = block.exceptions[-1] if block.exceptions else ""
+    if not EXCEPTION_TYPE.match(final.strip()) and _launcher_frames(block.text):
+        # rule 1: torchrun's (or torch.distributed.launch's) own traceback reports its workers' failure; the
+        # failure summary that ends it is read as such, and one damaged or cut short is the launcher's still
+        # (its own exception, a rendezvous error or a signal, is the agent's failure: read as any other)
+        c._add(Event(kind="launcher", cls=INFO, message="the launcher's own traceback (it reports a worker's failure)",
+                     label="launcher traceback", who=block.who, source=ctx.path, line=block.start_line,
+                     offset=block.start_offset, source_index=ctx.index, strong=False,
+                     text=block.text[:MAX_TRACEBACK_LINES]), key)
+        return
     # the exceptions and their messages, not the frames (code lines say anything)
     said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
     cls, label, cause = classify(said[-4000:])
@@ -247,6 +258,12 @@ def logged_level(c: Collector, key: str) -> str | None:
         return None
     level = m.group("level") or {"W": "WARNING", "I": "INFO", "D": "DEBUG"}[m.group("glog")]
     return "WARNING" if level == "WARN" else level
+
+
+def _launcher_frames(text: list[str]) -> bool:
+    """Frames of torchrun's own code (run.py's main, launch.py, the launcher API): the traceback is the
+    launcher's. (A worker's own traceback may pass through elastic's ``@record`` wrapper, never these.)"""
+    return any(t.lstrip().startswith('File "') and _LAUNCHER_FRAME.search(t) for t in text[:MAX_TRACEBACK_LINES])
 
 
 def summary_events(c: Collector, block: Block) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ MAX_EVENTS = 100_000
 MAX_SAMPLED = 100_000  # distinct writers whose labels were sampled (see Collector.sample)
 STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
 MAX_SUSPECTS = actions.MAX_SUSPECTS
+_PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d+)\]")
 
 
 @dataclass
@@ -270,6 +272,10 @@ class Collector:
             t = find_time(rest, ctx.day)
         if t is None and self._stamp:
             t = find_time(self._stamp, ctx.day)
+        if who.rank is None and "Rank " in rest:
+            m = _PG0_RANK.search(rest)
+            if m:  # c10d's "[PG 0 Rank 3]" / "[Rank 3]": the global rank (another group's rank is its own)
+                who = Who(int(m.group(1)), who.node, who.local_rank)
         ev = Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
                    offset=offset, source_index=ctx.index, time=t, time_source=TIME_LINE if t is not None else TIME_ORDER,
                    strong=strong, detail=dict(detail or {}))
