@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ml_debug.logs.model import PRIMARY, Event, Who
+from ml_debug.logs.model import PRIMARY, TIME_LAUNCHER, TIME_NEARBY, TIME_ORDER, Event, Who
 
 _OWNED_KINDS = ("traceback", "exception", "cuda-error", "oom", "nccl-error", "shm", "gpu-fault", "signal",
                 "error-line")
@@ -105,8 +105,15 @@ def _by_torchrun(evs: list[Event], owned: list[Event]) -> bool:
         why = "torchrun's failure summary (its root cause)"
     else:
         return False
+    # rule 4: when the failure's own time is only a lower bound (a line before it) or unknown, the agent's
+    # report of it is the time that orders it against other agents' (its exit line to the millisecond, else
+    # its summary's second)
+    said = [e for e in failed if _worker(e) == _worker(owner) and e.time is not None]
+    seen = min(said, key=lambda e: (e.time is not None and e.time % 1 == 0, e.time or 0.0), default=None)
     for e in before:
         _give(e, owner.who, why)
+        if seen is not None and e.time_source in (TIME_NEARBY, TIME_ORDER):
+            e.time, e.time_source = seen.time, TIME_LAUNCHER
     return True
 
 

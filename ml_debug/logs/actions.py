@@ -46,7 +46,6 @@ _NOT_SUSPECT = re.compile(r"\b(?:0 errors?|no errors?|errors?: 0|error_?rate|fai
                           r"WARN(?:ING)?|INFO|DEBUG|retry(?:ing)?)\b|^\[?[IWD]\d{4} ", re.I)
 _KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
 _GLOBAL_RANKS = re.compile(r"\d+")
-MAX_SUSPECTS = 20
 LINE_CLASSES = ("cuda-error", "oom", "shm", "gpu-fault")
 """Failure classes that are a failure on a line of their own (no exception named): a CUDA error in c10d's log,
 the kernel's Xid, an out-of-memory message."""
@@ -158,7 +157,7 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int) -> 
     if "Killed" in rest and _KILLED.search(rest):
         c._one("signal", PRIMARY, "Killed (SIGKILL)", "killed (SIGKILL)", who, line, offset, rest, strong=False)
         return
-    if len(c.suspects) < MAX_SUSPECTS and _SUSPECT.search(rest) and not _NOT_SUSPECT.search(rest):
+    if not c.suspects_full and _SUSPECT.search(rest) and not _NOT_SUSPECT.search(rest):
         ctx = c.ctx
         assert ctx is not None
         t = find_time(rest, ctx.day)
@@ -282,7 +281,8 @@ def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who
         c.ranks_seen.add(rank)
         if who.node:
             c.node_local_rank.setdefault((who.node, local), rank)
-    c.agent_groups.setdefault(ctx.index, int(m.group("group")))
+    if m.group("group"):
+        c.agent_groups.setdefault(ctx.index, int(m.group("group")))
     return True
 
 

@@ -108,7 +108,8 @@ LAUNCHERS: tuple[Launcher, ...] = (
             Line("summary-alone", r"\s*exitcode\s*: -?\d", ("exitcode",), anchored=True),
             Line("closing", r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG\w+)", ("closing signal",)),
             # rule 6: an agent's rendezvous result says which global ranks its workers are
-            Line("agent-ranks", r"group_rank=(?P<group>\d+)(?:.{0,400}?)global_ranks=\[(?P<ranks>[\d, ]*)\]",
+            # (torch 2.x prints its fields on lines of their own; a flattened paste holds them on one)
+            Line("agent-ranks", r"(?:group_rank=(?P<group>\d+)[^\n]{0,400}?)?\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]",
                  ("global_ranks=",)),
         )),
     Launcher(

@@ -40,7 +40,7 @@ MAX_EVENTS_PER_STREAM = 64
 MAX_EVENTS = 100_000
 MAX_SAMPLED = 100_000  # distinct writers whose labels were sampled (see Collector.sample)
 STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
-MAX_SUSPECTS = actions.MAX_SUSPECTS
+MAX_SUSPECTS = 20  # lines that only look like a failure, kept as the last resort
 _PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d+)\]")
 
 
@@ -281,6 +281,10 @@ class Collector:
                    strong=strong, detail=dict(detail or {}))
         ev.blames = blamed(rest)
         self._add(ev, f"line:{who.rank}:{who.local_rank}:{who.node}")
+
+    @property
+    def suspects_full(self) -> bool:
+        return len(self.suspects) >= MAX_SUSPECTS
 
     def _add(self, ev: Event, stream: str) -> None:
         ctx = self.ctx
