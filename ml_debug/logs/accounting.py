@@ -61,20 +61,15 @@ def apply(events: list[Event], ranks_seen: Iterable[int]) -> None:
     by_source: dict[int, list[Event]] = defaultdict(list)
     for ev in events:
         by_source[ev.source_index].append(ev)
-    world_of_one = set(ranks_seen) <= {0}
     for evs in by_source.values():
         owned = [e for e in evs if _owned(e)]
-        if not owned:
-            continue
-        if _by_torchrun(evs, owned):
-            continue
-        if _by_same_error(evs, owned):
-            continue
-        locals_said = {e.who.local_rank for e in evs if e.who.local_rank is not None}
-        launched = any(e.detail.get("via") in ("torchrun", "torchrun summary") for e in evs)
-        if world_of_one and locals_said <= {0} and launched:
-            for e in owned:
-                _give(e, Who(0, e.who.node, 0), "world of one process (every rank said is 0)", "rank_from")
+        if owned and not _by_torchrun(evs, owned):
+            _by_same_error(evs, owned)
+    # rule 3: the logs say rank 0 and no other, and every local rank they say is 0: a world of one process
+    if set(ranks_seen) == {0} and all(e.who.local_rank in (None, 0) for e in events):
+        for e in events:
+            if e.who.rank is None and e.kind != "launcher":
+                _give(e, Who(0, e.who.node, e.who.local_rank), "world of one process (rank 0 only)", "rank_from")
 
 
 def _give(ev: Event, who: Who, why: str, key: str = "rank_by") -> None:

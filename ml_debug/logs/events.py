@@ -41,6 +41,9 @@ MAX_EVENTS = 100_000
 MAX_SAMPLED = 100_000  # distinct writers whose labels were sampled (see Collector.sample)
 STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
 MAX_SUSPECTS = 20  # lines that only look like a failure, kept as the last resort
+FLATTENED_NOTE = "NCCL lines flattened onto one line: read one by one"
+# where the next of several NCCL lines flattened onto one starts: "... found. host:1234:1234 [0] NCCL INFO ..."
+_NCCL_FLATTENED = re.compile(r"\s+(?=[\w.\-]{1,200}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w./\-]{1,200}:\d{1,6} )?NCCL |NCCL version )")
 _PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d+)\]")
 
 
@@ -165,6 +168,15 @@ class Collector:
             if what is not None:
                 got = self.repairs.setdefault(self.ctx.index, {})
                 got[what] = got.get(what, 0) + 1
+                for part in parts:
+                    self._feed_text(part, line, offset)
+                return
+        if text.count(" NCCL ") > 1:
+            parts = _NCCL_FLATTENED.split(text)
+            if len(parts) > 1:  # rule 7: NCCL lines flattened onto one (a paste, a log shipper), read one by one
+                notes = self.notes.setdefault(self.ctx.index, [])
+                if FLATTENED_NOTE not in notes:
+                    notes.append(FLATTENED_NOTE)
                 for part in parts:
                     self._feed_text(part, line, offset)
                 return
