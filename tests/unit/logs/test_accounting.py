@@ -2,7 +2,7 @@
 carries a rank.
 
 tests/data/logs/accounting/ holds the consoles of real torchrun runs on this machine (torch 2.13, CPU, the
-worker in worker.py; paths rewritten to /opt/venv and /job):
+workers w.py, w2.py, w3.py, w4.py; paths rewritten to /opt/venv and /job):
 
 - torchrun2.log: ``torchrun --nproc-per-node 2``, rank 1 raises, torchrun stops rank 0 (SIGTERM);
 - torchrun1.log: ``torchrun --nproc-per-node 1``, rank 0 raises;

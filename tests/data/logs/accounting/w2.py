@@ -5,3 +5,4 @@ if rank == int(os.environ.get("BAD", "3")):
     time.sleep(float(os.environ.get("DELAY", "2")))
     raise ValueError(f"bad batch on rank {rank}")
 time.sleep(20)
+# ruff: noqa  (kept as run: the consoles' tracebacks name its line numbers)
