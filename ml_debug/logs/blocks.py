@@ -37,8 +37,8 @@ NEARBY_BYTES = 4096  # how far back a traceback without a time stamp looks for o
 TRACEBACK = "Traceback (most recent call last):"
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
-EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w*\.)*(?P<short>\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault)\w*)"
-                            r": (?P<msg>.*)$")
+EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
+                            r"Failure|Fault)\w{0,100}): (?P<msg>.*)$")
 # accelerate launch (and wrapper scripts) re-raising a child's exit: "subprocess.CalledProcessError: Command '[...]'
 # returned non-zero exit status 1." (accelerate/commands/launch.py simple_launcher, Python's subprocess.py)
 _CALLED_PROCESS = re.compile(r"CalledProcessError: Command .* returned non-zero exit status (-?\d+)")

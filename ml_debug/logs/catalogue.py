@@ -140,7 +140,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
     # Ray Train and TorchX prefix each worker's lines: "(RayTrainWorker pid=123, ip=10.0.0.1) ", "trainer/0 [1]:"
     Launcher("ray", "Ray Train 2.x", r"\((?:RayTrainWorker|TrainTrainable|_RayTrainWorker\w*) pid=\d+",
              ("RayTrainWorker", "TrainTrainable"), prefixes=("(RayTrainWorker pid=123, ip=10.0.0.1) ",)),
-    Launcher("torchx", "TorchX 0.5-0.7", r"torchx\.(?:schedulers|runner)|^\w[\w\-]*/\d+ \[\d+\]:", ("torchx",),
+    Launcher("torchx", "TorchX 0.5-0.7", r"torchx[./](?:schedulers|runner|specs)|^\w[\w\-]*/\d+ \[\d+\]:", ("torchx",),
              prefixes=("trainer/0 [1]:",)),
     # not launchers: the writers of other one-line failures, in the order they are tried
     Launcher("mldebug launch", "this tool", reported=False, lines=(
@@ -158,7 +158,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
 
 # c10d's watchdog lines (ProcessGroupNCCL.cpp): read before the launchers' (their rank is in the text)
 # "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, ..., Timeout(ms)=1800000) ran for 1800341 milliseconds": the parentheses nest
-WATCHDOG = (r"Watchdog caught collective operation timeout: \w+\((?P<work>[^\n]{0,2000}?)\) ran for (?P<ms>\d+) "
+WATCHDOG = (r"Watchdog caught collective operation timeout: \w+\((?P<work>[^\n]{0,600}?)\) ran for (?P<ms>\d+) "
             r"milliseconds")
 WATCHDOG_RANK = r"\[(?:PG [^\]]{0,200}?)?Rank (\d+)\]"
 LAST_WORK = r"last enqueued NCCL work: (\d+), last completed NCCL work: (-?\d+)"

@@ -16,7 +16,7 @@ _CPP_LOCATION = re.compile(r"\[[^\]\s]{0,300}\.(?:cc|cpp|h|hpp|cu):\d+\]\s*")
 _GLOG_HEADER = re.compile(r"^\[?[IWEF]\d{4} [\d:.]+(?: +\d+)? [^\]]*\]\s*")
 _PG_TAG = re.compile(r"^\[(?:PG [^\]]*?)?Rank \d+\]\s*")
 _BOILERPLATE = re.compile(r"\s*(?:This is typically caused by .*|GLHF.*|Exception raised from .*)$")
-EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)(?::(?: (?P<msg>.*))?)?$")
+EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w{0,100}\.){0,20}[A-Za-z_]\w{0,100})(?::(?: (?P<msg>.*))?)?$")
 _BLAMED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 
 
