@@ -172,82 +172,52 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int) -> 
 Action = Callable[["Collector", LineRule, "re.Match[str]", Label, Who, int, int], bool]
 
 
-def _exit(c: Collector, rule: LineRule, code: int, who: Who, line: int, offset: int, t: float | None, time_source: str,
-          pid: int | None, stream: str) -> None:
+def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+    """A launcher's line that says a worker ended: its exit code (or signal), and whose it is, as the catalogue's
+    entry says (the groups ``code``/``sig``, ``rank``, ``local``, ``node``, ``pid``; its ``who`` and ``time``)."""
     ctx = c.ctx
     assert ctx is not None
-    ev = c._exit_event(code, who, ctx, line, offset, t, time_source, pid)
-    if ev is not None:
-        ev.detail["via"] = rule.launcher.name
-        if rule.line.note:
-            ev.detail["note"] = rule.line.note
-        c._add(ev, stream)
-
-
-def _torchrun_failed(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                     offset: int) -> bool:
-    ctx = c.ctx
-    assert ctx is not None
-    local = int(m.group("local")) if m.group("local") else None
-    pid = int(m.group("pid")) if m.group("pid") else None
-    # under srun --label, the task is the agent: one per node
-    node = ctx.who.node or lab.who.node or (srun_task_node(lab.srun_task) if lab.srun_task is not None else None)
-    ev = c._exit_event(int(m.group("code")), Who(None, node, local), ctx, line, offset, find_time(lab.rest, ctx.day),
-                       TIME_LAUNCHER, pid)
-    if ev is not None:
-        ev.detail["via"] = "torchrun"
-        if local is None:
-            ev.detail["cut"] = "torchrun's line is cut short: its local rank is not there"
-        c._add(ev, f"torchrun:{node}:{local}")
+    g = m.groupdict()
+    code = int(g["code"]) if g.get("code") else -int(g["sig"])
+    rank = int(g["rank"]) if g.get("rank") else None
+    local = int(g["local"]) if g.get("local") else None
+    pid = int(g["pid"]) if g.get("pid") else None
+    node = g.get("node")
+    if rule.line.who == "agent":  # under srun --label, the task is the agent: one per node
+        node = node or ctx.who.node or lab.who.node or (srun_task_node(lab.srun_task) if lab.srun_task is not None
+                                                         else None)
+    else:
+        rank, node = rank if rank is not None else who.rank, node or who.node
+    if node:
+        c.nodes_seen.add(node)
+        if rank is not None:
+            c.rank_node.setdefault(rank, node)
+    t = find_time(lab.rest, ctx.day) if rule.line.time != "order" else None
+    ev = c._exit_event(code, Who(rank, node, local), ctx, line, offset, t,
+                       TIME_LAUNCHER if rule.line.time == "launcher" else TIME_LINE, pid)
+    if ev is None:
+        return True
+    ev.detail["via"] = rule.launcher.name
+    if rule.line.note:
+        ev.detail["note"] = rule.line.note
+    if rule.line.weak:
+        ev.strong = False
+    if "local" in g and local is None:
+        ev.detail["cut"] = f"{rule.launcher.name}'s line is cut short: its local rank is not there"
+    c._add(ev, f"{rule.launcher.name}:{node}:{rank}:{local}:{pid}")
     return True
-
-
-def _deepspeed_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                    offset: int) -> bool:
-    ctx = c.ctx
-    assert ctx is not None
-    _exit(c, rule, int(m.group("code")), Who(None, who.node or ctx.who.node, None), line, offset,
-          find_time(lab.rest, ctx.day), TIME_LINE, None, f"deepspeed:{who.node}")
-    return True
-
 
 def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                  offset: int) -> bool:
     r = _MPI_PROCESS.search(blocks.lines_before(c, 3))
     if not r:
         return False
-    _exit(c, rule, int(m.group("code")), Who(int(r.group(1)), None, None), line, offset, None, TIME_ORDER, None,
-          f"mpirun:{r.group(1)}")
-    return True
-
-
-def _mpirun_signal(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                   offset: int) -> bool:
-    rank, sig = int(m.group("rank")), int(m.group("sig"))
-    c.rank_node.setdefault(rank, m.group("node"))
-    _exit(c, rule, -sig, Who(rank, m.group("node"), None), line, offset, None, TIME_ORDER, int(m.group("pid")),
-          f"mpirun:{rank}")
-    return True
-
-
-def _pdsh_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-               offset: int) -> bool:
     ctx = c.ctx
     assert ctx is not None
-    node = m.group("node")
-    c.nodes_seen.add(node)
-    ev = c._exit_event(int(m.group("code")), Who(None, node, None), ctx, line, offset, None, TIME_ORDER, None)
+    ev = c._exit_event(int(m.group("code")), Who(int(r.group(1)), None, None), ctx, line, offset, None, TIME_ORDER, None)
     if ev is not None:
-        ev.detail["via"] = "pdsh"
-        ev.strong = False  # ssh's exit: the node's launcher failed, what failed is in its lines
-        c._add(ev, f"pdsh:{node}")
-    return True
-
-
-def _lightning_child(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                     offset: int) -> bool:
-    _exit(c, rule, int(m.group("code")), Who(who.rank, who.node, None), line, offset, None, TIME_ORDER,
-          int(m.group("pid")), f"lightning:{m.group('pid')}")
+        ev.detail["via"] = "mpirun"
+        c._add(ev, f"mpirun:{r.group(1)}")
     return True
 
 
@@ -295,8 +265,11 @@ def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: 
         twho = Who(task, node, None)
         c.rank_node.setdefault(task, node)
         c.ranks_seen.add(task)
-        if code:
-            _exit(c, rule, int(code.group(1)), twho, line, offset, None, TIME_ORDER, None, f"srun:{task}")
+        if code and c.ctx is not None:
+            ev = c._exit_event(int(code.group(1)), twho, c.ctx, line, offset, None, TIME_ORDER, None)
+            if ev is not None:
+                ev.detail["via"] = "srun"
+                c._add(ev, f"srun:{task}")
         elif "Out Of Memory" in what:
             c._one("oom", PRIMARY, "out of memory (Slurm)", "out of memory", twho, line, offset, lab.rest)
         elif what.startswith(("Killed", "Terminated")):
@@ -371,8 +344,7 @@ def _segfault(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: W
 
 
 ACTIONS: dict[str, Action] = {
-    "torchrun-failed": _torchrun_failed, "deepspeed-exit": _deepspeed_exit, "mpirun-exit": _mpirun_exit,
-    "mpirun-signal": _mpirun_signal, "pdsh-exit": _pdsh_exit, "lightning-child": _lightning_child,
+    "exit": _exit, "mpirun-exit": _mpirun_exit,
     "summary-alone": _summary_alone, "closing": _closing, "agent-ranks": _agent_ranks, "srun-task": _srun_task,
     "srun-node-fail": _srun_node_fail, "slurm-cancel": _slurm_cancel, "oom-kill": _oom_kill,
     "launch-timeout": _launch_timeout, "tool-error": _tool_error, "python-start": _python_start, "fatal": _fatal,

@@ -39,6 +39,14 @@ class Line:
     """Matched at the start of the line's text (after its labels), not searched for."""
     note: str | None = None
     """What a reader must know about this line (shown with the event)."""
+    who: str = "line"
+    """For an ``exit``: whose exit it is besides the groups ``rank``, ``local``, ``node``: the line's writer
+    (``line``), or the agent's node (``agent``: the source's node, its label's, or its srun task's)."""
+    time: str = "order"
+    """For an ``exit``: how its time is known: ``line`` (a stamp on it), ``launcher`` (the agent saw the exit
+    then), ``order`` (its place in the file)."""
+    weak: bool = False
+    """For an ``exit``: never a cause by itself, whatever the code (ssh's exit for a node's launcher)."""
 
 
 @dataclass(frozen=True)
@@ -74,18 +82,18 @@ class FailureClass:
 # ----------------------------------------------------------------------------- launchers
 
 _TORCHRUN_FAILED = Line(
-    "torchrun-failed",
+    "exit",
     # every shape since torch 1.10: the logger's prefix varies ("ERROR:torch.distributed.elastic...:", glog's
     # "E0501 03:14:07.123 ... api.py:869] "), the line may be cut short after the exit code
     r"failed \(exitcode: (?P<code>-?\d+)\)(?:\s+local_rank: (?P<local>\d+)(?:\s+\(pid: (?P<pid>\d+)\)?)?)?",
-    ("failed (exitcode:",))
+    ("failed (exitcode:",), who="agent", time="launcher")
 
 LAUNCHERS: tuple[Launcher, ...] = (
     Launcher(
         "deepspeed", "0.9-0.19 (deepspeed/launcher/launch.py, runner.py)",
         r"deepspeed[/.]launcher|\[launch\.py:\d+:(?:main|sigkill_handler)\]", ("deepspeed", "[launch.py:"),
-        lines=(Line("deepspeed-exit", r"exits with return code = (?P<code>-?\d+)", ("exits with return code",),
-                    note="DeepSpeed's launcher prints the command line of the last rank it started, not of the one "
+        lines=(Line("exit", r"exits with return code = (?P<code>-?\d+)", ("exits with return code",),
+                    who="agent", time="line", note="DeepSpeed's launcher prints the command line of the last rank it started, not of the one "
                          "that failed: the return code is the fact"),)),
     Launcher("accelerate", "0.20-1.15 (accelerate/commands/launch.py)", r"accelerate/commands/launch\.py|accelerate launch",
              ("accelerate",)),
@@ -93,7 +101,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
         "lightning", "1.x-2.6 (lightning/fabric/strategies/launchers/subprocess_script.py)",
         r"lightning/(?:pytorch|fabric)/|pytorch_lightning/|Child process with PID \d+ terminated",
         ("lightning/", "pytorch_lightning/", "Child process with PID"),
-        lines=(Line("lightning-child", r"Child process with PID (?P<pid>\d+) terminated with code (?P<code>-?\d+)",
+        lines=(Line("exit", r"Child process with PID (?P<pid>\d+) terminated with code (?P<code>-?\d+)",
                     ("Child process with PID",)),)),
     Launcher(
         "torchrun", "torch 1.10-2.13: torchrun, python -m torch.distributed.run and torch.distributed.launch "
@@ -118,13 +126,13 @@ LAUNCHERS: tuple[Launcher, ...] = (
         lines=(
             # "The first process to do so was: Process name: [[24168,1],2]  Exit code: 1": the rank is lines above
             Line("mpirun-exit", r"\s*Exit code:\s+(?P<code>-?\d+)", ("Exit code:",), anchored=True),
-            Line("mpirun-signal", r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<node>\S+) exited on "
+            Line("exit", r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<node>\S+) exited on "
                  r"signal (?P<sig>\d+)", ("exited on signal",)),
         )),
     Launcher(
         "pdsh", "pdsh 2.x (and DeepSpeed's multi-node runner through it)", r"pdsh@", ("pdsh@",), prefixes=("node12: ",),
-        lines=(Line("pdsh-exit", r"pdsh@\S+: (?P<node>[\w.\-]+): (?P<what>.{1,200}?) exited with exit code (?P<code>\d+)",
-                    ("pdsh@",)),)),
+        lines=(Line("exit", r"pdsh@\S+: (?P<node>[\w.\-]+): (?P<what>.{1,200}?) exited with exit code (?P<code>\d+)",
+                    ("pdsh@",), weak=True),)),
     Launcher(
         "srun", "Slurm 20-24 (srun, slurmstepd)", r"srun: |slurmstepd", ("srun: ", "slurmstepd"), prefixes=("3: ",),
         lines=(

@@ -21,33 +21,34 @@ DATA = REPO / "tests" / "data"
 # (file under tests/data, a substring of the line) or the line itself
 Sample = tuple[str, str] | str
 
-LINES: dict[str, Sample] = {
-    "torchrun-failed": ("logs/accounting/torchrun2.log", "failed (exitcode: 1) local_rank: 1"),
-    "summary-alone": ("logs/accounting/torchrun2.log", "  exitcode  : 1 (pid:"),
-    "closing": ("logs/accounting/torchrun2.log", "closing signal SIGTERM"),
-    "agent-ranks": ("logs/accounting/agent1.log", "global_ranks=[2, 3]"),
-    "deepspeed-exit": ("logs_corpus/deepspeed.log", "exits with return code"),
-    "mpirun-exit": ("logs_corpus/mpirun.log", "Exit code:"),
+# (launcher, action): a line
+LINES: dict[tuple[str, str], Sample] = {
+    ("torchrun", "exit"): ("logs/accounting/torchrun2.log", "failed (exitcode: 1) local_rank: 1"),
+    ("torchrun", "summary-alone"): ("logs/accounting/torchrun2.log", "  exitcode  : 1 (pid:"),
+    ("torchrun", "closing"): ("logs/accounting/torchrun2.log", "closing signal SIGTERM"),
+    ("torchrun", "agent-ranks"): ("logs/accounting/agent1.log", "global_ranks=[2, 3]"),
+    ("deepspeed", "exit"): ("logs_corpus/deepspeed.log", "exits with return code"),
+    ("mpirun", "mpirun-exit"): ("logs_corpus/mpirun.log", "Exit code:"),
     # Open MPI 4 orte/tools/orterun/help-orterun.txt ("mpirun noticed that process rank %d with PID %d on node %s
     # exited on signal %d (%s).")
-    "mpirun-signal": "mpirun noticed that process rank 5 with PID 777 on node gpu03 exited on signal 11 (Segmentation "
+    ("mpirun", "exit"): "mpirun noticed that process rank 5 with PID 777 on node gpu03 exited on signal 11 (Segmentation "
                      "fault).",
-    "pdsh-exit": ("logs_corpus/pdsh.log", "exited with exit code"),
+    ("pdsh", "exit"): ("logs_corpus/pdsh.log", "exited with exit code"),
     # Lightning 2.x lightning/fabric/strategies/launchers/subprocess_script.py (_ChildProcessObserver)
-    "lightning-child": "Child process with PID 4242 terminated with code 1. Forcefully terminating all other processes "
+    ("lightning", "exit"): "Child process with PID 4242 terminated with code 1. Forcefully terminating all other processes "
                        "to avoid zombies 🧟",
-    "srun-task": ("logs_corpus/srun-nolabel.log", "srun: error:"),
+    ("srun", "srun-task"): ("logs_corpus/srun-nolabel.log", "srun: error:"),
     # Slurm src/srun/srun_job.c / step_launch.c: "Node failure on %s"
-    "srun-node-fail": "srun: error: Node failure on node17",
-    "slurm-cancel": "slurmstepd: error: *** JOB 8 ON node1 CANCELLED AT 2025-03-02T03:14:09 DUE TO TIME LIMIT ***",
+    ("srun", "srun-node-fail"): "srun: error: Node failure on node17",
+    ("srun", "slurm-cancel"): "slurmstepd: error: *** JOB 8 ON node1 CANCELLED AT 2025-03-02T03:14:09 DUE TO TIME LIMIT ***",
     # Slurm src/plugins/task/cgroup (task_cgroup_memory.c): "Detected %"PRIu64" oom_kill event%s in %ps."
-    "oom-kill": "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step tasks have been OOM "
+    ("srun", "oom-kill"): "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step tasks have been OOM "
                 "Killed.",
-    "launch-timeout": ("logs/launch_timeout/vm/console.log", "--timeout 5 s reached"),
-    "tool-error": ("logs/launch_nan_rank1_stopped_first/vm/console.log", ": error: "),
-    "python-start": ("logs/catalogue/start.txt", "can't open file"),
-    "fatal": ("logs/catalogue/fatal.txt", "Fatal Python error"),
-    "segfault": ("logs/catalogue/segv.txt", "Segmentation fault"),
+    ("mldebug launch", "launch-timeout"): ("logs/launch_timeout/vm/console.log", "--timeout 5 s reached"),
+    ("python", "tool-error"): ("logs/launch_nan_rank1_stopped_first/vm/console.log", ": error: "),
+    ("python", "python-start"): ("logs/catalogue/start.txt", "can't open file"),
+    ("python", "fatal"): ("logs/catalogue/fatal.txt", "Fatal Python error"),
+    ("python", "segfault"): ("logs/catalogue/segv.txt", "Segmentation fault"),
 }
 
 CLASSES: dict[str, Sample] = {
@@ -115,19 +116,19 @@ def _passes_prefilter(line: str) -> bool:
 
 
 def test_every_entry_has_a_line() -> None:
-    actions = {line.action for launcher in LAUNCHERS for line in launcher.lines}
-    assert actions == set(LINES), actions ^ set(LINES)
+    entries = {(launcher.name, line.action) for launcher in LAUNCHERS for line in launcher.lines}
+    assert entries == set(LINES), entries ^ set(LINES)
     assert {c.label for c in FAILURE_CLASSES} == set(CLASSES)
     assert {launcher.name for launcher in LAUNCHERS if launcher.marks} == set(MARKS)
 
 
-@pytest.mark.parametrize("action", sorted(LINES))
-def test_a_launcher_line_is_read_by_its_entry(action: str) -> None:
-    line = _line(LINES[action])
+@pytest.mark.parametrize("entry", sorted(LINES), ids=lambda e: "/".join(e))
+def test_a_launcher_line_is_read_by_its_entry(entry: tuple[str, str]) -> None:
+    line = _line(LINES[entry])
     rest = split_label(line).rest
     assert _passes_prefilter(line), line
-    got = [rule.line.action for rule, _ in engine.launcher_lines(rest)]
-    assert action in got, (line, got)
+    got = [(rule.launcher.name, rule.line.action) for rule, _ in engine.launcher_lines(rest)]
+    assert entry in got, (line, got)
 
 
 @pytest.mark.parametrize("label", sorted(CLASSES))

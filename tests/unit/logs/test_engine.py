@@ -4,7 +4,7 @@ Linear: each pattern searches lines of 1 kB, 10 kB and 1 MB that it does not mat
 needles, which start a match that then fails, and of ordinary text). Linear, 10x the line costs ~10x and
 100x costs ~100x; a pattern that backtracks over the rest of the line from each start costs 100x and
 10,000x (DeepSpeed's old exit pattern took 0.7 s on 10 kB). The times are the best of a few runs (noise only
-adds), and the bounds are loose (30x, 1,000x): ratios of work, never a time.
+adds), and the bounds are loose (30x, 3,000x): ratios of work, never a time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ml_debug.logs import actions, blocks, engine, text
 from ml_debug.logs.catalogue import LAST_WORK, WATCHDOG, WATCHDOG_RANK
 
 TINY, SMALL, LARGE = 1_000, 10_000, 1_000_000
-BOUND = 1000  # linear: ~100; super-linear: ~10,000
+BOUND = 3000  # linear: ~100 (up to a few hundred when 1 MB leaves the cache); super-linear: ~10,000
 ORDINARY = ("/opt/venv/lib/python3.11/site-packages/torch/utils/checkpoint.py:91: UserWarning: None of the inputs "
             "have requires_grad=True. Gradients will be None [rank3]: (12) 0x7f: ")
 
@@ -74,7 +74,7 @@ def test_every_pattern_is_linear_in_the_line(name: str) -> None:
         large = small * (LARGE // SMALL)
         if find(large):
             continue
-        ratio = _best(rx, large, 2, anchored) / max(t_small, 1e-7)
+        ratio = _best(rx, large, 3, anchored) / max(t_small, 1e-7)
         assert ratio < BOUND, f"{name}: 100x the line costs {ratio:.0f}x ({unit[:30]!r})"
         tried += 1
     assert tried, f"{name}: every filler matched"
