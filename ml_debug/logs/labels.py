@@ -81,7 +81,10 @@ def _unlabelled(line: str) -> bool:
         rest = line.lstrip(_DIGITS)
         # a time stamp is under 64 characters and only a label's "[" after it makes it one
         return not rest[:1].isdigit() and not rest.startswith(": ") and "[" not in line[:64]
-    return c != "[" and c != " " and not c.isdigit()
+    if c == " ":  # srun right-aligns its task: "  3: ..."; a traceback's indented lines start so too
+        rest = line.lstrip(" ")
+        return not rest[:1].isdigit()
+    return c != "[" and not c.isdigit()
 
 
 def split_label(line: str, node_prefix: bool = False) -> Label:

@@ -184,13 +184,19 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     find, count = block.find, block.count
     counted = 0
     pos = 0
-    cands = prefilter(collector.nccl_lines < NCCL_LINES_PER_SOURCE).candidates(block, n)
+    nccl = collector.nccl_lines < NCCL_LINES_PER_SOURCE
+    cands = prefilter(nccl).candidates(block, n)
     if collector.ctx is not None and collector.ctx.labelled:
         _sample(block, min(n, SAMPLE_BYTES), collector)
     ci = 0
     nc = len(cands)
     feed = collector.feed
     while pos < n:
+        if nccl and collector.nccl_lines >= NCCL_LINES_PER_SOURCE:
+            # the source's NCCL lines were read: the rest of the block without them (catalogue.NCCL_LINES_PER_SOURCE)
+            nccl = False
+            cands = prefilter(False).candidates(block, n)
+            ci, nc = 0, len(cands)
         if not collector.open:
             while ci < nc and cands[ci] < pos:
                 ci += 1
