@@ -183,23 +183,36 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
     # a DataLoader worker killed by SIGBUS: its shared memory (/dev/shm) ran out
     FailureClass("shm", PRIMARY, "DataLoader worker killed by a bus error (shared memory)",
                  r"DataLoader worker \(pid[^)]{0,40}\) is killed by signal: Bus error|out of shared memory",
-                 ("Bus error", "out of shared memory")),
+                 ("Bus error", "out of shared memory"),
+                 hint="a DataLoader worker died of a bus error: /dev/shm is too small for its batches. Give the "
+                      "container more (docker run --shm-size=16g, or --ipc=host; Kubernetes: an emptyDir with medium: "
+                      "Memory on /dev/shm), or lower num_workers"),
     # NCCL's shared-memory transport could not make its segment (/dev/shm too small in a container)
     FailureClass("shm", PRIMARY, "NCCL shared-memory segment failed (/dev/shm)",
                  r"(?:Error while creating|unable to allocate|failed to (?:create|open|extend)) shared memory "
                  r"(?:segment|file)|/dev/shm/nccl-\S{1,200}[^\n]{0,400}?(?:failed|[Nn]o space|[Cc]annot)",
-                 ("shared memory", "/dev/shm/nccl-")),
+                 ("shared memory", "/dev/shm/nccl-"),
+                 hint="NCCL could not create its shared-memory segment: /dev/shm is too small (a container's default "
+                      "64 MB). docker run --shm-size=1g (or --ipc=host), or NCCL_SHM_DISABLE=1 (slower)"),
     FailureClass("cuda-error", PRIMARY, "CUDA error: {what}",
-                 r"CUDA error: (?P<what>[^\n]+?)(?:\s*$|\nCUDA kernel)|CUDA error: (?P<what2>.+)", ("CUDA error",)),
+                 r"CUDA error: (?P<what>[^\n]+?)(?:\s*$|\nCUDA kernel)|CUDA error: (?P<what2>.+)", ("CUDA error",),
+                 hint="{who}: CUDA reports a kernel's error asynchronously, at a later call: the kernel that failed ran "
+                      "before the line in this traceback. Rerun with CUDA_LAUNCH_BLOCKING=1{dsa} (mldebug launch "
+                      "--cuda-sync sets them) to raise at the failing line, or on the CPU (CUDA_VISIBLE_DEVICES=\"\") "
+                      "where an out-of-range index raises at once"),
     FailureClass("oom", PRIMARY, "out of memory",
                  r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY|oom[-_]kill|Out Of Memory",
                  ("out of memory", "OutOfMemory", "Out of memory", "OUT_OF_MEMORY", "oom-kill", "oom_kill",
-                  "Out Of Memory")),
+                  "Out Of Memory"),
+                 hint="{who}{gpu} ran out of memory: lower its batch or sequence length, use activation "
+                      "checkpointing, or see what else holds memory on that GPU (mldebug top, nvidia-smi)"),
     # a hardware fault: the GPU's memory or the link failed, not the program (rule 5 gives it to its rank)
     FailureClass("gpu-fault", PRIMARY, "GPU hardware error ({what})",
                  r"(?P<what>uncorrectable ECC error|ECC error encountered|NVRM: Xid|Xid \(PCI:[^)]{0,40}\): \d+|"
                  r"GPU has fallen off the bus|unrecoverable error)",
-                 ("ECC error", "Xid", "fallen off the bus", "unrecoverable error")),
+                 ("ECC error", "Xid", "fallen off the bus", "unrecoverable error"),
+                 hint="{who}: the GPU reported a hardware fault: drain the node, read its kernel log (dmesg: NVRM "
+                      "Xid) and run `mldebug health` there before it takes another job"),
     FailureClass("nccl-error", PRIMARY, "NCCL error",
                  r"unhandled cuda error|ncclUnhandledCudaError|Cuda failure|ncclInternalError|ncclInvalidUsage|"
                  r"ncclInvalidArgument|invalid usage|NET/IB ?: Got completion from peer [^\n]{0,400}? with "
@@ -238,8 +251,8 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
     FailureClass("signal", PRIMARY, "crash (signal)",
                  r"Segmentation fault|SIGSEGV|SIGBUS|SIGABRT|SIGFPE|SIGILL|Fatal Python error|core dumped",
                  ("Segmentation fault", "SIG", "Fatal Python error", "core dumped"),
-                 hint="crashed in native code: its core file (mldebug core-bt) or a run with python -X faulthandler "
-                      "says where"),
+                 hint="{who} crashed in native code (SIGSEGV): its core file (mldebug core-bt) or a run with "
+                      "python -X faulthandler says where"),
 )
 
 SECONDARY_LABELS: frozenset[str] = frozenset(c.label for c in FAILURE_CLASSES if c.cls == SECONDARY)
