@@ -145,9 +145,11 @@ LAUNCHERS: tuple[Launcher, ...] = (
     # rule 6: the console of one pod (kubectl logs POD > POD.log): the pod's name says which node it is
     # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label
     Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False),
-    # Ray Train and TorchX prefix each worker's lines: "(RayTrainWorker pid=123, ip=10.0.0.1) ", "trainer/0 [1]:"
-    Launcher("ray", "Ray Train 2.x", r"\((?:RayTrainWorker|TrainTrainable|_RayTrainWorker\w*) pid=\d+",
-             ("RayTrainWorker", "TrainTrainable"), prefixes=("(RayTrainWorker pid=123, ip=10.0.0.1) ",)),
+    # Ray Train and TorchX prefix each worker's lines: "(RayTrainWorker pid=123, ip=10.0.0.1) ", "trainer/0 [1]:".
+    # Ray's prefix is on every line of its console: read as a label (labels.py: the node is its ip) and marked by
+    # the label sampling (events.Collector.sample), not searched for (every line would pass the prefilter)
+    Launcher("ray", "Ray Train 2.x (python/ray/_private/log_monitor.py's prefix)",
+             prefixes=("(RayTrainWorker pid=123, ip=10.0.0.1) ",)),
     Launcher("torchx", "TorchX 0.5-0.7", r"torchx[./](?:schedulers|runner|specs)|^\w[\w\-]*/\d+ \[\d+\]:", ("torchx",),
              prefixes=("trainer/0 [1]:",)),
     # not launchers: the writers of other one-line failures, in the order they are tried

@@ -226,6 +226,8 @@ class Collector:
             self._mark("torchrun")  # torchrun --tee's "[default3]:" (its default role)
         if lab.srun_task is not None:
             self._mark("srun")
+        if lab.key.startswith("("):
+            self._mark("ray")  # Ray's "(RayTrainWorker pid=..., ip=...) "
         if "]<std" in lab.key:
             self._mark("mpirun")
         if ctx.node_prefix:

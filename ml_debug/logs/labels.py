@@ -8,6 +8,7 @@ Labels, outermost first, as they nest in practice::
     [node12:5 rank37]: ...     mldebug launch (node, local rank and global rank)
     [rank37]: ...              torch itself, in front of every line of an uncaught exception
     [1,3]<stderr>: ...         Open MPI's mpirun --tag-output (job 1, rank 3)
+    (RayTrainWorker pid=81234, ip=10.0.0.12) ...   Ray's log monitor (a worker process on a node)
     job7.node12 [stderr] ...   a harness's or log shipper's source and stream (the node: the name's last part)
     node12: ...                pdsh, and DeepSpeed's multi-node runner through pdsh (only where the source's
                                lines mostly start so: see repair.sniff)
@@ -36,6 +37,7 @@ _ROLE = re.compile(r"\[(?P<role>[A-Za-z][\w.\-]*?[:\-_|]?|)(?P<local>\d+)(?: ran
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
 # a collector's "<job>.<node> [stderr] " (benchmark harnesses, log shippers) in front of the launcher's labels
 _STREAM_TAG = re.compile(r"(?:(?P<src>[\w.\-]+) )?\[(?:stdout|stderr)\] ")
+_RAY = re.compile(r"\((?P<actor>[\w.]{1,100}) pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\w.:\-]{1,100}))?\) ")
 _MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
 NODE_PREFIX = re.compile(r"([A-Za-z][\w.\-]*): ")
 
@@ -84,7 +86,7 @@ def _unlabelled(line: str) -> bool:
     if c == " ":  # srun right-aligns its task: "  3: ..."; a traceback's indented lines start so too
         rest = line.lstrip(" ")
         return not rest[:1].isdigit()
-    return c != "[" and not c.isdigit()
+    return c != "[" and c != "(" and not c.isdigit()
 
 
 def split_label(line: str, node_prefix: bool = False) -> Label:
@@ -92,6 +94,11 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
     with a node's name, as pdsh writes them)."""
     if not node_prefix and _unlabelled(line):
         return Label(_NOBODY, "", line)
+    if line[:1] == "(":  # Ray's log monitor: "(RayTrainWorker pid=81234, ip=10.0.0.12) ...": the worker's node
+        ray = _RAY.match(line)
+        if ray is None:
+            return Label(_NOBODY, "", line)
+        return Label(Who(None, ray.group("ip"), None), ray.group(0), line[ray.end():])
     rank = local = task = None
     node: str | None = None
     pos = 0

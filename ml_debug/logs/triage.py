@@ -125,7 +125,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
                       summary=verdict.summary + (f"; {len(skipped)} source(s) not read" if skipped else ""))
 
 
-LAUNCHER_ORDER = ("mldebug launch", "deepspeed", "accelerate", "lightning", "torchrun", "mpirun", "pdsh", "srun")
+LAUNCHER_ORDER = ("mldebug launch", "deepspeed", "accelerate", "lightning", "torchrun", "mpirun", "pdsh", "srun",
+                  "ray", "torchx")
 
 
 def _view(info: SourceInfo, c: Collector, index: int, ids: Identities) -> str | None:

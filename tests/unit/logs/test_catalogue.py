@@ -8,12 +8,15 @@ writes it, and the comment names the source file.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ml_debug.logs import engine
 from ml_debug.logs.catalogue import FAILURE_CLASSES, LAUNCHERS
 from ml_debug.logs.labels import split_label
 from ml_debug.logs.text import classify
+from ml_debug.logs.triage import triage
 from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data"
@@ -93,8 +96,6 @@ MARKS: dict[str, Sample] = {
     "mpirun": ("logs_corpus/mpirun.log", "Process name: ["),
     "pdsh": ("logs_corpus/pdsh.log", "pdsh@"),
     "srun": ("logs_corpus/srun-nolabel.log", "srun: error:"),
-    # Ray 2.x's log monitor prefixes each worker's lines with its actor and pid (python/ray/_private/log_monitor.py)
-    "ray": "(RayTrainWorker pid=81234, ip=10.0.0.12) Traceback (most recent call last):",
     # TorchX 0.7 torchx/schedulers/local_scheduler.py's traceback frames
     "torchx": '  File "/opt/venv/lib/python3.11/site-packages/torchx/schedulers/local_scheduler.py", line 1012, in wait',
 }
@@ -146,3 +147,17 @@ def test_a_launchers_line_marks_it(name: str) -> None:
     line = _line(MARKS[name])
     assert _passes_prefilter(line), line
     assert name in list(engine.marks(line)), line
+
+
+def test_a_ray_consoles_prefix_names_the_worker_and_its_node(tmp_path: Path) -> None:
+    """Ray 2.x's log monitor prefixes each worker's lines with its actor, pid and ip
+    (python/ray/_private/log_monitor.py): the prefix is the writer's label, its ip the node, Ray the launcher."""
+    prefix = "(RayTrainWorker pid=81234, ip=10.0.0.12) "
+    lines = ["step 10 loss 2.31", "Traceback (most recent call last):", '  File "/job/train.py", line 12, in <module>',
+             "    raise ValueError('bad batch')", "ValueError: bad batch"]
+    path = tmp_path / "ray.log"
+    path.write_text("".join(prefix + ln + "\n" for ln in lines) + "(RayTrainWorker pid=81235, ip=10.0.0.13) step 10\n")
+    report = triage([str(path)])
+    v = report.verdict
+    assert v.primary is not None and v.primary.who.node == "10.0.0.12" and "bad batch" in v.primary.message, v.summary
+    assert "ray" in report.launchers, report.launchers
