@@ -212,6 +212,8 @@ def close_block(c: Collector, key: str) -> None:
         return
     ctx = c.ctx
     assert ctx is not None
+    if c.full(key):
+        return
     final = block.exceptions[-1] if block.exceptions else ""
     if not EXCEPTION_TYPE.match(final.strip()) and _launcher_frames(block.text):
         # rule 1: torchrun's (or torch.distributed.launch's) own traceback reports its workers' failure; the

@@ -182,6 +182,22 @@ class Collector:
                 return
         self._feed_text(text, line, offset)
 
+    def in_frames(self) -> bool:
+        """One traceback is open, of unlabelled lines, in its frames: its indented lines can be taken in a run."""
+        block = self._blocks.get("") if len(self._blocks) == 1 else None
+        ctx = self.ctx
+        return (block is not None and block.stage == "frames" and not block.stamp and not block.torch_rank
+                and ctx is not None and not ctx.node_prefix)
+
+    def frames(self, run: bytes, last_line: int) -> None:
+        """Indented lines (``run``, each ending with a newline) of the open traceback's frames (``in_frames``)."""
+        block = self._blocks[""]
+        room = MAX_TRACEBACK_LINES - len(block.text)
+        if room > 0:
+            block.text.extend(run.decode("utf-8", "replace").split("\n")[:-1][:room])
+        block.expect_code = False
+        block.last_line = self.line = last_line
+
     def _mark(self, launcher: str) -> None:
         assert self.ctx is not None
         self.launchers.setdefault(self.ctx.index, set()).add(launcher)
@@ -282,23 +298,34 @@ class Collector:
              strong: bool = True, t: float | None = None, detail: dict[str, Any] | None = None) -> None:
         ctx = self.ctx
         assert ctx is not None
-        if t is None:
-            t = find_time(rest, ctx.day)
-        if t is None and self._stamp:
-            t = find_time(self._stamp, ctx.day)
         if who.rank is None and "Rank " in rest:
             m = _PG0_RANK.search(rest)
             if m:  # c10d's "[PG 0 Rank 3]" / "[Rank 3]": the global rank (another group's rank is its own)
                 who = Who(int(m.group(1)), who.node, who.local_rank)
+        stream = f"line:{who.rank}:{who.local_rank}:{who.node}"
+        if self.full(stream):
+            return
+        if t is None:
+            t = find_time(rest, ctx.day)
+        if t is None and self._stamp:
+            t = find_time(self._stamp, ctx.day)
         ev = Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
                    offset=offset, source_index=ctx.index, time=t, time_source=TIME_LINE if t is not None else TIME_ORDER,
                    strong=strong, detail=dict(detail or {}))
         ev.blames = blamed(rest)
-        self._add(ev, f"line:{who.rank}:{who.local_rank}:{who.node}")
+        self._add(ev, stream)
 
     @property
     def suspects_full(self) -> bool:
         return len(self.suspects) >= MAX_SUSPECTS
+
+    def full(self, stream: str) -> bool:
+        """The stream has all the events it may keep: a new one is only counted (the work of making it is saved)."""
+        assert self.ctx is not None
+        if self._per_stream.get((self.ctx.index, stream), 0) >= MAX_EVENTS_PER_STREAM or len(self.events) >= MAX_EVENTS:
+            self.dropped += 1
+            return True
+        return False
 
     def _add(self, ev: Event, stream: str) -> None:
         ctx = self.ctx

@@ -204,6 +204,17 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
                 break
             pos = cands[ci]
             ci += 1
+        if block.startswith(b"  ", pos) and collector.in_frames():
+            # a run of indented lines in a traceback's frames: taken in one call, not line by line
+            stop = pos
+            while stop < n and block.startswith(b"  ", stop):
+                stop = find(b"\n", stop, n) + 1
+            run = block[pos:stop]
+            if b"\r" not in run and b"\x1b" not in run:
+                lines += count(b"\n", counted, pos) + run.count(b"\n")
+                counted = pos = stop
+                collector.frames(run, lines)
+                continue
         end = find(b"\n", pos, n)
         lines += count(b"\n", counted, pos) + 1
         counted = end + 1
