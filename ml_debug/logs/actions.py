@@ -87,12 +87,14 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
             if rank is not None:
                 c.last_work[rank] = (int(m.group(1)), int(m.group(2)))
             return
-    for name in engine.marks(rest):
-        c._mark(name)
-    for rule, m in engine.launcher_lines(rest):
-        if ACTIONS[rule.line.action](c, rule, m, lab, who, line, offset):
-            return
-    _failure_line(c, rest, who, line, offset)
+    present = engine.needles_in(rest)
+    if present:
+        for name in engine.marks(rest, present):
+            c._mark(name)
+        for rule, m in engine.launcher_lines(rest, present):
+            if ACTIONS[rule.line.action](c, rule, m, lab, who, line, offset):
+                return
+    _failure_line(c, rest, who, line, offset, present)
 
 
 def _nccl(c: Collector, rest: str, who: Who, line: int, offset: int) -> bool:
@@ -132,7 +134,7 @@ def _watchdog(c: Collector, rest: str, who: Who, line: int, offset: int) -> bool
     return True
 
 
-def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int) -> None:
+def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, present: frozenset[str]) -> None:
     """An exception or failure line of no launcher; a suspect when it only looks like one."""
     stripped = rest.strip()
     m = blocks.EXCEPTION_TYPE.match(stripped) if ("rror" in rest or "xception" in rest or "Exit" in rest
@@ -141,7 +143,7 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int) -> 
     inline = None
     if m is None and ("Error: " in rest or "Exception: " in rest):
         inline = _INLINE_EXCEPTION.search(rest)
-    got = None if m or inline else engine.failure_class(rest, PRIMARY)
+    got = None if m or inline else engine.failure_class(rest, PRIMARY, present)
     if m or inline or (got is not None and got[0].kind in LINE_CLASSES):
         text = rest[inline.start():].strip() if inline else stripped
         cls, label, kind = classify(text)
@@ -150,7 +152,7 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int) -> 
         c._one(kind, cls, message, label or message.split(":", 1)[0], who, line, offset, rest,
                strong=m is not None or kind != "exception")
         return
-    got = engine.failure_class(rest, SECONDARY)
+    got = engine.failure_class(rest, SECONDARY, present)
     if got is not None:
         c._one("comm", SECONDARY, clean_message(rest), got[0].label, who, line, offset, rest)
         return

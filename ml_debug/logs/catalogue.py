@@ -264,7 +264,7 @@ SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "ERROR", "rror", "
 """Words the scanner looks for beside the needles above: tracebacks, NCCL's lines (its tallies), a kill, and
 the log levels and failure words of lines that say no more (the suspects, a last resort)."""
 
-NCCL_LINES_PER_SOURCE = 1024
+NCCL_LINES_PER_SOURCE = 512
 """NCCL lines of one source read in full; after them, only the lines below (NCCL's own findings). A process's
 first communicators say its rings, trees and transports; later ones (a job that makes a communicator per
 step, NCCL_DEBUG_SUBSYS=COLL's line per call) add nothing the report shows, and would cost a Python call

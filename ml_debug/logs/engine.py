@@ -64,26 +64,66 @@ MARKS = tuple((launcher.name, re.compile(launcher.marks), launcher.mark_needles)
               for launcher in LAUNCHERS if launcher.marks and launcher.reported)
 
 
-def _has(text: str, needles: tuple[str, ...]) -> bool:
+def _has(text: str, needles: tuple[str, ...], present: frozenset[str] | None = None) -> bool:
+    if present is not None:
+        return not present.isdisjoint(needles)
     for needle in needles:
         if needle in text:
             return True
     return False
 
 
-def launcher_lines(text: str) -> Iterator[tuple[LineRule, re.Match[str]]]:
-    """The launcher lines ``text`` (a line without its labels) matches, in catalogue order."""
+class Needles:
+    """Which of the catalogue's needles a line holds, in one Hyperscan call (a microsecond, where testing each
+    needle with ``in`` costs 16)."""
+
+    def __init__(self) -> None:
+        words = {n for r in LINE_RULES for n in r.needles} | {n for r in CLASS_RULES for n in r.entry.needles}
+        words |= {n for _, _, needles in MARKS for n in needles}
+        self.words = sorted(words)
+        n = len(self.words)
+        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self._db.compile(expressions=[re.escape(w).encode() for w in self.words], ids=list(range(n)), elements=n,
+                         flags=[hyperscan.HS_FLAG_SINGLEMATCH] * n)
+
+    def present(self, text: str) -> frozenset[str]:
+        hits: list[int] = []
+        add = hits.append
+
+        def hit(i: int, _start: int, _to: int, _flags: int, _ctx: object) -> None:
+            add(i)
+
+        self._db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=hit)
+        words = self.words
+        return frozenset(words[i] for i in hits)
+
+
+_NEEDLES: Needles | None = None
+
+
+def needles_in(text: str) -> frozenset[str]:
+    """The catalogue's needles that ``text`` holds."""
+    global _NEEDLES
+    if _NEEDLES is None:
+        _NEEDLES = Needles()
+    return _NEEDLES.present(text)
+
+
+def launcher_lines(text: str, present: frozenset[str] | None = None) -> Iterator[tuple[LineRule, re.Match[str]]]:
+    """The launcher lines ``text`` (a line without its labels) matches, in catalogue order (``present``: its
+    needles, from :func:`needles_in`)."""
     for rule in LINE_RULES:
-        if _has(text, rule.needles):
+        if _has(text, rule.needles, present):
             m = rule.rx.match(text) if rule.line.anchored else rule.rx.search(text)
             if m:
                 yield rule, m
 
 
-def failure_class(text: str, cls: str | None = None) -> tuple[FailureClass, re.Match[str]] | None:
+def failure_class(text: str, cls: str | None = None, present: frozenset[str] | None = None
+                  ) -> tuple[FailureClass, re.Match[str]] | None:
     """The first failure class (of class ``cls``, or any) whose pattern is in ``text``, with its match."""
     for rule in CLASS_RULES:
-        if (cls is None or rule.entry.cls == cls) and _has(text, rule.entry.needles):
+        if (cls is None or rule.entry.cls == cls) and _has(text, rule.entry.needles, present):
             m = rule.rx.search(text)
             if m:
                 return rule.entry, m
@@ -98,10 +138,10 @@ def class_label(entry: FailureClass, m: re.Match[str]) -> str:
     return entry.label.replace("{what}", what.strip())
 
 
-def marks(text: str) -> Iterator[str]:
+def marks(text: str, present: frozenset[str] | None = None) -> Iterator[str]:
     """The launchers whose marks are in ``text``."""
     for name, rx, needles in MARKS:
-        if _has(text, needles) and rx.search(text):
+        if _has(text, needles, present) and rx.search(text):
             yield name
 
 

@@ -66,6 +66,7 @@ class Label:
 
 _NOBODY = Who()
 _DIGITS = "0123456789"
+_DIGIT = re.compile(r"\d")
 
 
 def _unlabelled(line: str) -> bool:
@@ -81,8 +82,15 @@ def _unlabelled(line: str) -> bool:
         if not c:
             return False
         rest = line.lstrip(_DIGITS)
-        # a time stamp is under 64 characters and only a label's "[" after it makes it one
-        return not rest[:1].isdigit() and not rest.startswith(": ") and "[" not in line[:64]
+        if rest[:1].isdigit() or rest.startswith(": "):
+            return False
+        # a time stamp is under 64 characters and only a label's "[" after it makes it one; a label holds a
+        # number ("[default3]", "[rank3]", "[1,3]"), a logger's level does not ("[WARNING]")
+        p = line.find("[", 0, 64)
+        if p < 0:
+            return True
+        q = line.find("]", p, p + 120)
+        return q >= 0 and _DIGIT.search(line, p, q) is None
     if c == " ":  # srun right-aligns its task: "  3: ..."; a traceback's indented lines start so too
         rest = line.lstrip(" ")
         return not rest[:1].isdigit()
