@@ -155,6 +155,8 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
         pos = m2.end()
     if task is not None and local is None and rank is None and not m2:
         rank = task  # srun started the ranks themselves: the task id is the rank
+    if stamp and pos == len(stamp):
+        return Label(_NOBODY, "", line)  # a time stamp, then no label ("... [INFO] ..."): a line of its own
     key = line[len(stamp):pos]
     if m2 and local is not None:
         key = line[len(stamp):m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line
