@@ -46,8 +46,11 @@ _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
-# a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR
-_LOGGED = re.compile(r"(?:^|[\s\[|:])(?P<level>WARNING|WARN|INFO|DEBUG)(?:[\]\s|:]|$)|^\[?(?P<glog>[WID])\d{4} ")
+# a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR at the
+# start of the record, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", glog's
+# "W0302 ..."); NCCL's "host:pid:tid [0] NCCL INFO" is not one
+_LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
+                     r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^\[?(?P<glog>[WID])\d{4} \d\d:")
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"')
 _FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
 
@@ -255,7 +258,7 @@ def logged_level(c: Collector, key: str) -> str | None:
     lab = split_label(prev)
     if lab.key != key:
         return None
-    m = _LOGGED.search(lab.rest[:120])
+    m = _LOGGED.match(lab.rest)
     if not m:
         return None
     level = m.group("level") or {"W": "WARNING", "I": "INFO", "D": "DEBUG"}[m.group("glog")]

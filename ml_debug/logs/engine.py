@@ -177,24 +177,25 @@ class Prefilter:
         n = len(self.words)
         self._db.compile(expressions=[re.escape(w) for w in self.words], ids=list(range(n)), elements=n, flags=[0] * n)
 
-    def candidates(self, block: bytes, end: int) -> list[int]:
-        """Sorted starts of the lines of ``block[:end]`` that hold a word."""
+    def candidates(self, block: bytes, end: int, start: int = 0) -> list[int]:
+        """Sorted starts of the lines of ``block[start:end]`` (``start`` a line's start) that hold a word."""
         ends: list[int] = []
         add = ends.append
 
         def hit(_id: int, _start: int, to: int, _flags: int, _ctx: object) -> None:
             add(to)
 
-        self._db.scan(block if end == len(block) else block[:end], match_event_handler=hit)
+        self._db.scan(block if start == 0 and end == len(block) else block[start:end], match_event_handler=hit)
         if not ends:
             return []
         starts: list[int] = []
         rfind, find = block.rfind, block.find
         nxt = -1  # the end of the last line taken: later hits before it are on the same line
         for to in sorted(ends):
+            to += start
             if to <= nxt:
                 continue
-            starts.append(rfind(b"\n", 0, to) + 1)
+            starts.append(max(rfind(b"\n", start, to) + 1, start))
             nl = find(b"\n", to - 1, end)
             nxt = nl if nl >= 0 else end
         return starts

@@ -184,8 +184,11 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     find, count = block.find, block.count
     counted = 0
     pos = 0
+    # while a source's NCCL lines are still read in full, the block is taken in windows: once they are read,
+    # the rest is scanned without them (catalogue.NCCL_LINES_PER_SOURCE)
     nccl = collector.nccl_lines < NCCL_LINES_PER_SOURCE
-    cands = prefilter(nccl).candidates(block, n)
+    win_end = _window(block, 0, n, nccl)
+    cands = prefilter(nccl).candidates(block, win_end)
     if collector.ctx is not None and collector.ctx.labelled:
         _sample(block, min(n, SAMPLE_BYTES), collector)
     ci = 0
@@ -193,15 +196,21 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     feed = collector.feed
     while pos < n:
         if nccl and collector.nccl_lines >= NCCL_LINES_PER_SOURCE:
-            # the source's NCCL lines were read: the rest of the block without them (catalogue.NCCL_LINES_PER_SOURCE)
             nccl = False
-            cands = prefilter(False).candidates(block, n)
+            win_end = n
+            cands = prefilter(False).candidates(block, n, pos)
             ci, nc = 0, len(cands)
         if not collector.open:
             while ci < nc and cands[ci] < pos:
                 ci += 1
             if ci == nc:
-                break
+                if win_end >= n:
+                    break
+                start = max(pos, win_end)
+                win_end = _window(block, start, n, nccl)
+                cands = prefilter(nccl).candidates(block, win_end, start)
+                ci, nc = 0, len(cands)
+                continue
             pos = cands[ci]
             ci += 1
         if block.startswith(b"  ", pos) and collector.in_frames():
@@ -224,6 +233,18 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     lines += count(b"\n", counted, n)
     last_start = block.rfind(b"\n", 0, n - 1) + 1
     return lines, block[last_start:n - 1]
+
+
+WINDOW = 64 << 10
+
+
+def _window(block: bytes, start: int, n: int, nccl: bool) -> int:
+    """The end of the window of ``block[:n]`` from ``start`` that one prefilter pass covers: the whole rest, or,
+    while NCCL lines are read in full, about WINDOW bytes (to a line's end)."""
+    if not nccl or start + WINDOW >= n:
+        return n
+    nl = block.find(b"\n", start + WINDOW, n)
+    return n if nl < 0 else nl + 1
 
 
 def _sample(block: bytes, n: int, collector: Collector) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
 from ml_debug.logs import actions, blocks, engine, text
 from ml_debug.logs.catalogue import LAST_WORK, WATCHDOG, WATCHDOG_RANK
+from tests.conftest import REPO
 
 TINY, SMALL, LARGE = 1_000, 10_000, 1_000_000
 BOUND = 3000  # linear: ~100 (up to a few hundred when 1 MB leaves the cache); super-linear: ~10,000
@@ -91,3 +93,24 @@ def test_the_prefilter_finds_the_lines_that_hold_a_word_and_no_other() -> None:
     quiet = engine.prefilter(nccl=False).candidates(data + b"h:1:1 [0] NCCL INFO NET/IB : No device found.\n",
                                                       len(data) + 46)
     assert len(quiet) == 3, quiet
+
+
+def test_past_a_sources_first_nccl_lines_only_their_findings_and_failures_are_read(tmp_path: Path) -> None:
+    """A job that makes a communicator every step: its NCCL lines past the first NCCL_LINES_PER_SOURCE are
+    skipped, in the same 1 MiB block too, but NCCL's findings (no IB device, sockets) and a failure after them
+    are read."""
+    from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
+    from ml_debug.logs.triage import triage
+
+    old = (REPO / "tests" / "data" / "logs" / "nccl_old_format.log").read_text().splitlines()
+    channel = next(ln for ln in old if " Channel " in ln or " Ring " in ln)
+    no_ib = next(ln for ln in old if "No device found" in ln)
+    body = "\n".join([channel] * (NCCL_LINES_PER_SOURCE * 3)) + "\n"
+    path = tmp_path / "rank3.log"
+    path.write_text(body + no_ib + "\n" + body + "Traceback (most recent call last):\n"
+                    '  File "/job/train.py", line 3, in <module>\nValueError: bad batch\n')
+    report = triage([str(path)])
+    assert report.verdict.primary is not None and report.verdict.primary.message == "ValueError: bad batch"
+    hosts = (report.nccl or {}).get("hosts", [])
+    assert [h["host"] for h in hosts if h.get("no_ib_device")] == ["ip-10-0-1-17"], report.nccl
+    assert (report.nccl or {})["lines"] < NCCL_LINES_PER_SOURCE * 2, report.nccl  # the rest were skipped
