@@ -158,3 +158,14 @@ def test_nccl_slow_path_stays_a_finding_quoted_or_flattened(tmp_path: Path) -> N
         findings = " ".join(str(f) for f in (report.nccl or {}).get("findings", []))
         assert "TCP sockets" in findings and "no InfiniBand device found" in findings, (name, report.nccl)
 
+
+
+def test_a_pods_console_is_its_node_and_its_agent_names_the_ranks(tmp_path: Path) -> None:
+    """Rule 6: ``kubectl logs trainjob-worker-0 > trainjob-worker-0.log`` (a PyTorchJob's pod): the pod is the node,
+    and its agent's ``global_ranks=[2, 3]`` and failed line name rank 3 (the console of a real agent, saved under
+    a pod's name, cut after its failed line)."""
+    text = (DATA / "agent1.log").read_text()
+    path = tmp_path / "trainjob-worker-0.log"
+    path.write_text(text[:text.index("\n", text.index("failed (exitcode: 1)")) + 1])
+    v = triage([str(path)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 3 and v.primary.who.node == "trainjob-worker-0", v.summary
