@@ -322,7 +322,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
             hint = (f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` while the job "
                     "runs, the Flight Recorder, or the node's kernel log (OOM killer)")
         if any(c.kind == "watchdog" for c in causes.values()):  # NCCL's: asynchronous, raised far from the cause
-            hint = (hint + "; " if hint else "") + WATCHDOG_ADVICE
+            hint = (hint + "; " if hint else "") + WATCHDOG_HINT
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
         return Verdict(status="secondary-only", summary=summary, basis=basis,
@@ -443,9 +443,6 @@ def _by_elimination(first: Event, causes: Iterable[Event], world_size: int | Non
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
-WATCHDOG_ADVICE = WATCHDOG_HINT
-
-
 def next_step(ev: Event) -> str | None:
     """What to do about the cause ``ev`` names: its failure class's next step (catalogue.py)."""
     text = ev.message + " " + ev.label
