@@ -5,11 +5,17 @@
   console with per-line labels) and what the shape says about its rank and node.
 - ``labels.py``: the per-line labels launchers add (``srun --label``, torchrun ``--tee``/``--role``,
   torch's own ``[rankN]:``) and the time stamps log lines carry.
-- ``scan.py``: one streaming pass per source; only lines that can matter reach Python code.
+- ``catalogue.py``: what each launcher prints and what it means (its marks, label prefixes, failure lines
+  and their actions), and each class of failure text (pattern, primary or secondary, next step): data.
+- ``engine.py``: the catalogue compiled and applied; the prefilter (every needle, one Hyperscan pass).
+- ``scan.py``: one streaming pass per source; only lines that pass the prefilter reach Python code.
 - ``readers.py``: every source read into one collector, here or by reader processes (one per CPU for
   large logs), their collectors taken in in source order.
-- ``events.py``: failure events from those lines (tracebacks kept whole, torchrun's failure summary,
-  Slurm's messages), each classed primary (a cause) or secondary (a consequence of a peer).
+- ``events.py``: the ``Collector``, fed each source's lines; ``actions.py`` reads one line (the catalogue's
+  launcher lines, exception and failure lines), ``blocks.py`` tracebacks and torchrun's failure summary
+  (kept whole), ``text.py`` a failure text's class and short form. Each event is classed primary (a
+  cause) or secondary (a consequence of a peer).
+- ``accounting.py``: the launchers' accounting gives unlabelled failures their rank (issue 38's rules).
 - ``nccl.py``: what ``NCCL_DEBUG=INFO`` lines say about versions, transports, rings and trees, and the
   classic slow-path causes.
 - ``verdict.py``: identities resolved, duplicates merged, the first failure named, tracebacks collapsed

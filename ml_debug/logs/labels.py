@@ -8,6 +8,7 @@ Labels, outermost first, as they nest in practice::
     [node12:5 rank37]: ...     mldebug launch (node, local rank and global rank)
     [rank37]: ...              torch itself, in front of every line of an uncaught exception
     [1,3]<stderr>: ...         Open MPI's mpirun --tag-output (job 1, rank 3)
+    (RayTrainWorker pid=81234, ip=10.0.0.12) ...   Ray's log monitor (a worker process on a node)
     job7.node12 [stderr] ...   a harness's or log shipper's source and stream (the node: the name's last part)
     node12: ...                pdsh, and DeepSpeed's multi-node runner through pdsh (only where the source's
                                lines mostly start so: see repair.sniff)
@@ -36,6 +37,7 @@ _ROLE = re.compile(r"\[(?P<role>[A-Za-z][\w.\-]*?[:\-_|]?|)(?P<local>\d+)(?: ran
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
 # a collector's "<job>.<node> [stderr] " (benchmark harnesses, log shippers) in front of the launcher's labels
 _STREAM_TAG = re.compile(r"(?:(?P<src>[\w.\-]+) )?\[(?:stdout|stderr)\] ")
+_RAY = re.compile(r"\((?P<actor>[\w.]{1,100}) pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\w.:\-]{1,100}))?\) ")
 _MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
 NODE_PREFIX = re.compile(r"([A-Za-z][\w.\-]*): ")
 
@@ -64,6 +66,7 @@ class Label:
 
 _NOBODY = Who()
 _DIGITS = "0123456789"
+_DIGIT = re.compile(r"\d")
 
 
 def _unlabelled(line: str) -> bool:
@@ -79,9 +82,19 @@ def _unlabelled(line: str) -> bool:
         if not c:
             return False
         rest = line.lstrip(_DIGITS)
-        # a time stamp is under 64 characters and only a label's "[" after it makes it one
-        return not rest[:1].isdigit() and not rest.startswith(": ") and "[" not in line[:64]
-    return c != "[" and c != " " and not c.isdigit()
+        if rest[:1].isdigit() or rest.startswith(": "):
+            return False
+        # a time stamp is under 64 characters and only a label's "[" after it makes it one; a label holds a
+        # number ("[default3]", "[rank3]", "[1,3]"), a logger's level does not ("[WARNING]")
+        p = line.find("[", 0, 64)
+        if p < 0:
+            return True
+        q = line.find("]", p, p + 120)
+        return q >= 0 and _DIGIT.search(line, p, q) is None
+    if c == " ":  # srun right-aligns its task: "  3: ..."; a traceback's indented lines start so too
+        rest = line.lstrip(" ")
+        return not rest[:1].isdigit()
+    return c != "[" and c != "(" and not c.isdigit()
 
 
 def split_label(line: str, node_prefix: bool = False) -> Label:
@@ -89,6 +102,11 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
     with a node's name, as pdsh writes them)."""
     if not node_prefix and _unlabelled(line):
         return Label(_NOBODY, "", line)
+    if line[:1] == "(":  # Ray's log monitor: "(RayTrainWorker pid=81234, ip=10.0.0.12) ...": the worker's node
+        ray = _RAY.match(line)
+        if ray is None:
+            return Label(_NOBODY, "", line)
+        return Label(Who(None, ray.group("ip"), None), ray.group(0), line[ray.end():])
     rank = local = task = None
     node: str | None = None
     pos = 0
@@ -137,6 +155,8 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
         pos = m2.end()
     if task is not None and local is None and rank is None and not m2:
         rank = task  # srun started the ranks themselves: the task id is the rank
+    if stamp and pos == len(stamp):
+        return Label(_NOBODY, "", line)  # a time stamp, then no label ("... [INFO] ..."): a line of its own
     key = line[len(stamp):pos]
     if m2 and local is not None:
         key = line[len(stamp):m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line

@@ -53,6 +53,8 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
         how.append(f"seen in {visible(p.source)}:{p.line}")
         if p.detail.get("rank_from"):
             how.append(f"rank taken from the {p.detail['rank_from']}")
+        if p.detail.get("rank_by"):
+            how.append(f"rank named by {p.detail['rank_by']}")
         if p.detail.get("torchrun_root_cause") is False and p.detail.get("via"):
             how.append("torchrun's own 'Root Cause' names another rank")
     elif v.basis:

@@ -1,15 +1,9 @@
 """One streaming pass over each source; only the lines that can matter reach Python code.
 
-A source is read in blocks of 1 MiB (the passes below then run in the CPU's cache). In each block,
-C-speed ``bytes.find`` looks for a handful of words that failure lines contain (``Traceback``,
-``rror`` for Error and error, ``NCCL``, ``Killed``, ``Segmentation fault``, ``python`` for the
-interpreter's own start-up errors); only the lines holding
-one are decoded and handed to the collector. While a traceback (or torchrun's failure
-summary) is open, every following line of that source is handed over too, until it closes. A
-regular expression with the same words in one alternation is several times slower in CPython's
-engine than these few searches, and each extra word costs about as much as reading the data once:
-torchrun's own "failed (exitcode: N)" and "closing signal" lines are therefore read only when they
-come with its failure summary (a traceback), which repeats what they say.
+A source is read in blocks of 1 MiB. In each block, one pass of the prefilter (engine.py: every word of
+the catalogue and of failure lines, in one Hyperscan database) finds the lines that hold any of them;
+only those are decoded and handed to the collector. While a traceback (or torchrun's failure summary) is
+open, every following line of that source is handed over too, until it closes.
 
 Memory stays bounded: one block, the events and the NCCL tallies. Ordinary lines are never kept.
 """
@@ -25,15 +19,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
+from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
+from ml_debug.logs.engine import prefilter
 from ml_debug.logs.events import Collector, SourceContext
 from ml_debug.logs.repair import MEND_LIMIT, mend, sniff
 from ml_debug.logs.sources import Source
 
 BLOCK = 1 << 20
 MAX_LINE = 1 << 20  # a "line" longer than this is cut (a binary file, a progress bar without newlines)
-# "xit": the launchers' exit lines (torchrun's "exitcode", srun's and pdsh's "exit code", Open MPI's "Exit code",
-# DeepSpeed's "exits with return code"); "ERROR" and "ailed": log levels and failures that say no more
-NEEDLES = (b"Traceback", b"rror", b"NCCL", b"Killed", b"Segmentation fault", b"python", b"xit", b"ERROR", b"ailed")
 TAIL_BYTES = 64 << 10
 SAMPLE_BYTES = 4 << 10  # the lines at the start of each block whose labels say who writes (ranks seen)
 
@@ -130,21 +123,6 @@ def opened(src: Source) -> Iterator[IO[bytes]]:
         yield Capped(f, src)  # type: ignore[misc]
 
 
-def _candidates(block: bytes, end: int) -> list[int]:
-    """Sorted starts of the lines of ``block[:end]`` that hold a needle."""
-    starts: set[int] = set()
-    find, rfind = block.find, block.rfind
-    for needle in NEEDLES:
-        i = find(needle, 0, end)
-        while i >= 0:
-            starts.add(rfind(b"\n", 0, i) + 1)
-            nl = find(b"\n", i, end)
-            if nl < 0:
-                break
-            i = find(needle, nl + 1, end)
-    return sorted(starts)
-
-
 def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[bytes]:
     """The source's data in blocks; mended first (repair.py) when its first bytes show a pasted log's damage."""
     first = f.read(BLOCK)
@@ -206,20 +184,46 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     find, count = block.find, block.count
     counted = 0
     pos = 0
-    cands = _candidates(block, n)
+    # while a source's NCCL lines are still read in full, the block is taken in windows: once they are read,
+    # the rest is scanned without them (catalogue.NCCL_LINES_PER_SOURCE)
+    nccl = collector.nccl_lines < NCCL_LINES_PER_SOURCE
+    win_end = _window(block, 0, n, nccl)
+    cands = prefilter(nccl).candidates(block, win_end)
     if collector.ctx is not None and collector.ctx.labelled:
         _sample(block, min(n, SAMPLE_BYTES), collector)
     ci = 0
     nc = len(cands)
     feed = collector.feed
     while pos < n:
+        if nccl and collector.nccl_lines >= NCCL_LINES_PER_SOURCE:
+            nccl = False
+            win_end = n
+            cands = prefilter(False).candidates(block, n, pos)
+            ci, nc = 0, len(cands)
         if not collector.open:
             while ci < nc and cands[ci] < pos:
                 ci += 1
             if ci == nc:
-                break
+                if win_end >= n:
+                    break
+                start = max(pos, win_end)
+                win_end = _window(block, start, n, nccl)
+                cands = prefilter(nccl).candidates(block, win_end, start)
+                ci, nc = 0, len(cands)
+                continue
             pos = cands[ci]
             ci += 1
+        if block.startswith(b"  ", pos) and collector.in_frames():
+            # a run of indented lines in a traceback's frames: taken in one call, not line by line
+            stop = pos
+            while stop < n and block.startswith(b"  ", stop):
+                stop = find(b"\n", stop, n) + 1
+            run = block[pos:stop]
+            if b"\r" not in run and b"\x1b" not in run:
+                lines += count(b"\n", counted, pos) + run.count(b"\n")
+                counted = pos = stop
+                collector.frames(run, lines)
+                continue
         end = find(b"\n", pos, n)
         lines += count(b"\n", counted, pos) + 1
         counted = end + 1
@@ -229,6 +233,18 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     lines += count(b"\n", counted, n)
     last_start = block.rfind(b"\n", 0, n - 1) + 1
     return lines, block[last_start:n - 1]
+
+
+WINDOW = 64 << 10
+
+
+def _window(block: bytes, start: int, n: int, nccl: bool) -> int:
+    """The end of the window of ``block[:n]`` from ``start`` that one prefilter pass covers: the whole rest, or,
+    while NCCL lines are read in full, about WINDOW bytes (to a line's end)."""
+    if not nccl or start + WINDOW >= n:
+        return n
+    nl = block.find(b"\n", start + WINDOW, n)
+    return n if nl < 0 else nl + 1
 
 
 def _sample(block: bytes, n: int, collector: Collector) -> None:

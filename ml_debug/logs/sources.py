@@ -37,6 +37,9 @@ LAUNCH_SCHEMA = "mldebug.launch"
 _TREE = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/(stdout|stderr)\.log(?:\.gz)?$")
 _TREE_ERROR = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/error\.json$")
 _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_.]?(\d+)(?![\d])", re.IGNORECASE)
+# `kubectl logs POD > POD.log`: a Kubeflow PyTorchJob's (or MPIJob's) pod, "<job>-master-0", "<job>-worker-3",
+# "<job>-launcher-0": the pod is the node its lines came from (rule 6 of logs/accounting.py)
+_POD_NAME = re.compile(r"^(?P<pod>[a-z0-9](?:[a-z0-9.\-]{0,200}?)-(?:master|worker|launcher)-\d{1,6})(?=[._]|$)")
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
 _SKIP_DIRS = ("trace", "fr", "__pycache__")
 
@@ -112,7 +115,8 @@ def classify_path(path: str, node: str | None = None) -> Source:
         return Source(path, "train-metrics", Who(int(r.group(1)) if r else None, node, None), gz=gz)
     if r:
         return Source(path, "rank-file", Who(int(r.group(1)), node, None), gz=gz)
-    return Source(path, "console", Who(None, node, None), gz=gz)
+    pod = _POD_NAME.match(base) if node is None else None
+    return Source(path, "console", Who(None, pod.group("pod") if pod else node, None), gz=gz)
 
 
 def expand(paths: list[str]) -> Expanded:

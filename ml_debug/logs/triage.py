@@ -9,6 +9,7 @@ from typing import Any
 from ml_debug.core import testhooks
 from ml_debug.core.errors import UsageError
 from ml_debug.core.ranges import compress
+from ml_debug.logs import accounting
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import split_label, strip_ansi
 from ml_debug.logs.model import PRIMARY, LogsReport, SourceInfo, Who
@@ -91,6 +92,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
             marks = marks | {"mldebug launch"}
         info.launchers = [name for name in LAUNCHER_ORDER if name in marks]
         info.view = _view(info, collector, i, ids)
+    accounting.apply(collector.events, collector.ranks_seen | {e.who.rank for e in collector.events
+                                                               if e.who.rank is not None})
     events = dedupe(collector.events)
     nccl = collector.nccl.report()
     ranks = set(collector.ranks_seen) | {e.who.rank for e in events if e.who.rank is not None}
@@ -122,7 +125,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
                       summary=verdict.summary + (f"; {len(skipped)} source(s) not read" if skipped else ""))
 
 
-LAUNCHER_ORDER = ("mldebug launch", "deepspeed", "accelerate", "lightning", "torchrun", "mpirun", "pdsh", "srun")
+LAUNCHER_ORDER = ("mldebug launch", "deepspeed", "accelerate", "lightning", "torchrun", "mpirun", "pdsh", "srun",
+                  "ray", "torchx")
 
 
 def _view(info: SourceInfo, c: Collector, index: int, ids: Identities) -> str | None:

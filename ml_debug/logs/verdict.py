@@ -18,6 +18,7 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import expand as expand_ranks
+from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.model import (
@@ -321,7 +322,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
             hint = (f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` while the job "
                     "runs, the Flight Recorder, or the node's kernel log (OOM killer)")
         if any(c.kind == "watchdog" for c in causes.values()):  # NCCL's: asynchronous, raised far from the cause
-            hint = (hint + "; " if hint else "") + WATCHDOG_ADVICE
+            hint = (hint + "; " if hint else "") + WATCHDOG_HINT
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
         return Verdict(status="secondary-only", summary=summary, basis=basis,
@@ -442,40 +443,27 @@ def _by_elimination(first: Event, causes: Iterable[Event], world_size: int | Non
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
-WATCHDOG_ADVICE = ("an NCCL collective timed out: the rank that stopped issuing it is the cause. To make it raise in "
-                   "the rank that called it, rerun with TORCH_NCCL_BLOCKING_WAIT=1 (mldebug launch --cuda-sync); a "
-                   "hang at the first collective across nodes: NCCL_DEBUG=INFO shows the interface each rank chose, "
-                   "set NCCL_SOCKET_IFNAME to one they share")
-
-
 def next_step(ev: Event) -> str | None:
-    """What to do about the cause ``ev`` names."""
+    """What to do about the cause ``ev`` names: its failure class's next step (catalogue.py)."""
     text = ev.message + " " + ev.label
-    who = ev.who.label()
-    if ev.kind == "shm" or ev.detail.get("cause") == "shm":
-        if "DataLoader" in text:
-            return ("a DataLoader worker died of a bus error: /dev/shm is too small for its batches. Give the "
-                    "container more (docker run --shm-size=16g, or --ipc=host; Kubernetes: an emptyDir with medium: "
-                    "Memory on /dev/shm), or lower num_workers")
-        return ("NCCL could not create its shared-memory segment: /dev/shm is too small (a container's default "
-                "64 MB). docker run --shm-size=1g (or --ipc=host), or NCCL_SHM_DISABLE=1 (slower)")
-    if ev.kind == "oom" or ev.detail.get("cause") == "oom":
-        gpu = _GPU.search(ev.message)
-        on = f" (GPU {gpu.group(1)})" if gpu else ""
-        return (f"{who}{on} ran out of memory: lower its batch or sequence length, use activation checkpointing, "
-                "or see what else holds memory on that GPU (mldebug top, nvidia-smi)")
-    if ev.kind == "cuda-error" or ev.detail.get("cause") == "cuda-error":
-        dsa = " and TORCH_USE_CUDA_DSA=1, which names the failing assert" if _DEVICE_ASSERT.search(text) else ""
-        return (f"{who}: CUDA reports a kernel's error asynchronously, at a later call: the kernel that failed ran "
-                "before the line in this traceback. Rerun with CUDA_LAUNCH_BLOCKING=1" + dsa + " (mldebug launch "
-                "--cuda-sync sets them) to raise at the failing line, or on the CPU (CUDA_VISIBLE_DEVICES=\"\") where "
-                "an out-of-range index raises at once")
-    if ev.kind == "watchdog" or "NCCL operations have failed or timed out" in text:
-        return WATCHDOG_ADVICE
-    if ev.detail.get("exit_code") == -11 or "SIGSEGV" in text:
-        return (f"{who} crashed in native code (SIGSEGV): its core file (mldebug core-bt) or a run with "
-                "python -X faulthandler says where")
-    return None
+    kind = ev.detail.get("cause", ev.kind)
+    if ev.kind in ("oom", "shm", "cuda-error", "watchdog", "gpu-fault"):
+        kind = ev.kind
+    if "NCCL operations have failed or timed out" in text:
+        kind = "watchdog"
+    segv = ev.detail.get("exit_code") == -11 or "SIGSEGV" in text
+    if segv:
+        kind = "signal"
+    elif kind == "signal":
+        return None  # another signal (SIGKILL, SIGABRT): its cause is elsewhere (the OOM killer, an abort's message)
+    entries = [c for c in FAILURE_CLASSES if c.kind == kind and c.hint]
+    entry = next((c for c in entries if c.label == ev.label or ("DataLoader" in c.label) == ("DataLoader" in text)),
+                 entries[0] if entries else None)
+    if entry is None or entry.hint is None:
+        return None
+    gpu = _GPU.search(ev.message)
+    dsa = " and TORCH_USE_CUDA_DSA=1, which names the failing assert" if _DEVICE_ASSERT.search(text) else ""
+    return entry.hint.format(who=ev.who.label(), gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa)
 
 
 def _findings(events: list[Event]) -> list[str]:

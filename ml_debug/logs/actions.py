@@ -1,0 +1,355 @@
+"""One line, read: NCCL's lines, a traceback's start, c10d's watchdog, the catalogue's launcher lines (each
+turned into an event by its action below), then exception and failure lines of no launcher.
+
+``detect`` tries, in order: NCCL (its tallies, its WARN lines), a traceback's header (blocks.py reads the
+rest), the watchdog's timeout, the catalogue's launcher lines (engine.launcher_lines, catalogue order; the
+first action that takes the line ends it), then a line that names an exception or a failure class, and
+last a line that only looks like a failure (a suspect).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ml_debug.logs import blocks, engine
+from ml_debug.logs.engine import LineRule
+from ml_debug.logs.labels import Label, find_time, srun_task_node
+from ml_debug.logs.model import (
+    INFO,
+    PRIMARY,
+    SECONDARY,
+    TIME_LAUNCHER,
+    TIME_LINE,
+    TIME_ORDER,
+    WARNING,
+    Event,
+    Who,
+)
+from ml_debug.logs.text import classify, clean_message, short_exception
+
+if TYPE_CHECKING:
+    from ml_debug.logs.events import Collector
+
+_WATCHDOG = re.compile(engine.WATCHDOG)
+_WATCHDOG_RANK = re.compile(engine.WATCHDOG_RANK)
+_LAST_WORK = re.compile(engine.LAST_WORK)
+_MPI_PROCESS = re.compile(r"Process name: \[(?:\[\d+,\d+\],|[^\]]{0,200}@\d+,)(\d+)\]")
+# a line that starts with an exception (anchored), or names one in its middle (a logger reporting it)
+_INLINE_EXCEPTION = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w{0,100}\.){0,10}\w{0,100}(?:Error|Exception): \S")
+# A line that looks like a failure but says no more: the last resort when nothing else was found
+_SUSPECT = re.compile(r"\b(?:ERROR|FATAL|CRITICAL|[Ee]rror|[Ff]ailed|FAILED|[Aa]borted|core dumped)\b")
+# counts of none, and warnings or info lines that mention a failure (torchvision's "UserWarning: Failed to load image
+# Python extension", a retry that worked): a job that printed them may well have succeeded
+_NOT_SUSPECT = re.compile(r"\b(?:0 errors?|no errors?|errors?: 0|error_?rate|failed: 0|without errors?|\w{0,100}Warning|"
+                          r"WARN(?:ING)?|INFO|DEBUG|retry(?:ing)?)\b|^\[?[IWD]\d{4} ", re.I)
+_KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
+_GLOBAL_RANKS = re.compile(r"\d+")
+LINE_CLASSES = ("cuda-error", "oom", "shm", "gpu-fault")
+"""Failure classes that are a failure on a line of their own (no exception named): a CUDA error in c10d's log,
+the kernel's Xid, an out-of-memory message."""
+
+
+def _expand_tasks(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        if lo.isdigit() and (not sep or hi.isdigit()):
+            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return out
+
+
+def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
+    ctx = c.ctx
+    assert ctx is not None
+    rest = lab.rest
+    if "NCCL" in rest and _nccl(c, rest, who, line, offset):
+        return
+    if rest.startswith(blocks.TRACEBACK):
+        blocks.open_block(c, lab.key, who, line, offset, rest)
+        block = c._blocks[lab.key]
+        block.torch_rank, block.srun_task, block.stamp = lab.torch_rank, lab.srun_task, lab.stamp
+        block.logged = blocks.logged_level(c, lab.key)
+        t = find_time(lab.key + lab.stamp, ctx.day)
+        if t is not None:
+            block.time = t
+        else:
+            block.nearby = blocks.time_before(c)
+        return
+    if "Watchdog caught" in rest and _watchdog(c, rest, who, line, offset):
+        return
+    if "last enqueued NCCL work" in rest:
+        m = _LAST_WORK.search(rest)
+        if m:
+            r = _WATCHDOG_RANK.search(rest)
+            rank = who.rank if who.rank is not None else (int(r.group(1)) if r else None)
+            if rank is not None:
+                c.last_work[rank] = (int(m.group(1)), int(m.group(2)))
+            return
+    present = engine.needles_in(rest)
+    if present:
+        for name in engine.marks(rest, present):
+            c._mark(name)
+        for rule, m in engine.launcher_lines(rest, present):
+            if ACTIONS[rule.line.action](c, rule, m, lab, who, line, offset):
+                return
+    _failure_line(c, rest, who, line, offset, present)
+
+
+def _nccl(c: Collector, rest: str, who: Who, line: int, offset: int) -> bool:
+    got = c.nccl.feed(rest, who.rank)
+    if got is None:
+        return False
+    level, host, msg = got
+    c.nccl_lines += 1
+    if host:
+        c.nodes_seen.add(host)
+    if "libibverbs" in msg and ("Failed" in msg or "failed" in msg):
+        # NCCL goes on over TCP sockets: the job runs, slowly, without InfiniBand/RoCE
+        c._one("nccl-fallback", WARNING, "NCCL could not load libibverbs: it falls back to TCP sockets "
+               "(no InfiniBand/RoCE)", "NCCL fell back to sockets (libibverbs failed to load)",
+               Who(who.rank, who.node or host, who.local_rank), line, offset, rest)
+        return True
+    if level == "WARN":
+        cls, label, kind = classify(msg)
+        if kind == "exception":
+            cls, label, kind = WARNING, "NCCL WARN", "nccl-warn"
+        c._one(kind, cls, f"NCCL WARN {clean_message(msg)}", label, who, line, offset, rest, strong=cls != WARNING)
+    return True
+
+
+def _watchdog(c: Collector, rest: str, who: Who, line: int, offset: int) -> bool:
+    m = _WATCHDOG.search(rest)
+    if not m:
+        return False
+    r = _WATCHDOG_RANK.search(rest)
+    if r and who.rank is None:
+        who = Who(int(r.group(1)), who.node, who.local_rank)
+    work = dict(kv.split("=", 1) for kv in m.group("work").split(", ") if "=" in kv)
+    msg = (f"NCCL watchdog timeout: {work.get('OpType', '?')} SeqNum={work.get('SeqNum', '?')} ran for "
+           f"{int(m.group('ms')) / 1000:g} s")
+    c._one("watchdog", SECONDARY, msg, "NCCL watchdog timeout", who, line, offset, rest,
+           detail={"op": work.get("OpType"), "seq": work.get("SeqNum")})
+    return True
+
+
+def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, present: frozenset[str]) -> None:
+    """An exception or failure line of no launcher; a suspect when it only looks like one."""
+    stripped = rest.strip()
+    m = blocks.EXCEPTION_TYPE.match(stripped) if ("rror" in rest or "xception" in rest or "Exit" in rest
+                                                  or "Interrupt" in rest or "Fail" in rest or "Fault" in rest) \
+        else None
+    inline = None
+    if m is None and ("Error: " in rest or "Exception: " in rest):
+        inline = _INLINE_EXCEPTION.search(rest)
+    got = None if m or inline else engine.failure_class(rest, PRIMARY, present)
+    if m or inline or (got is not None and got[0].kind in LINE_CLASSES):
+        text = rest[inline.start():].strip() if inline else stripped
+        cls, label, kind = classify(text)
+        message = short_exception(text) if (m or inline) else clean_message(text)
+        # an exception named in the middle of a line (a logger reporting one) may have been handled
+        c._one(kind, cls, message, label or message.split(":", 1)[0], who, line, offset, rest,
+               strong=m is not None or kind != "exception")
+        return
+    got = engine.failure_class(rest, SECONDARY, present)
+    if got is not None:
+        c._one("comm", SECONDARY, clean_message(rest), got[0].label, who, line, offset, rest)
+        return
+    if "Killed" in rest and _KILLED.search(rest):
+        c._one("signal", PRIMARY, "Killed (SIGKILL)", "killed (SIGKILL)", who, line, offset, rest, strong=False)
+        return
+    if not c.suspects_full and _SUSPECT.search(rest) and not _NOT_SUSPECT.search(rest):
+        ctx = c.ctx
+        assert ctx is not None
+        t = find_time(rest, ctx.day)
+        c.suspects.append(Event(kind="suspect", cls=PRIMARY, message=clean_message(rest), label="a line that "
+                                "looks like a failure", who=who, source=ctx.path, line=line, offset=offset,
+                                source_index=ctx.index, time=t, time_source=TIME_LINE if t is not None else TIME_ORDER,
+                                strong=False))
+
+
+# ----------------------------------------------------------------------------- the catalogue's actions
+
+Action = Callable[["Collector", LineRule, "re.Match[str]", Label, Who, int, int], bool]
+
+
+def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+    """A launcher's line that says a worker ended: its exit code (or signal), and whose it is, as the catalogue's
+    entry says (the groups ``code``/``sig``, ``rank``, ``local``, ``node``, ``pid``; its ``who`` and ``time``)."""
+    ctx = c.ctx
+    assert ctx is not None
+    g = m.groupdict()
+    code = int(g["code"]) if g.get("code") else -int(g["sig"])
+    rank = int(g["rank"]) if g.get("rank") else None
+    local = int(g["local"]) if g.get("local") else None
+    pid = int(g["pid"]) if g.get("pid") else None
+    node = g.get("node")
+    if rule.line.who == "agent":  # under srun --label, the task is the agent: one per node
+        node = node or ctx.who.node or lab.who.node or (srun_task_node(lab.srun_task) if lab.srun_task is not None
+                                                         else None)
+    else:
+        rank, node = rank if rank is not None else who.rank, node or who.node
+    if node:
+        c.nodes_seen.add(node)
+        if rank is not None:
+            c.rank_node.setdefault(rank, node)
+    t = find_time(lab.rest, ctx.day) if rule.line.time != "order" else None
+    ev = c._exit_event(code, Who(rank, node, local), ctx, line, offset, t,
+                       TIME_LAUNCHER if rule.line.time == "launcher" else TIME_LINE, pid)
+    if ev is None:
+        return True
+    ev.detail["via"] = rule.launcher.name
+    if rule.line.note:
+        ev.detail["note"] = rule.line.note
+    if rule.line.weak:
+        ev.strong = False
+    if "local" in g and local is None:
+        ev.detail["cut"] = f"{rule.launcher.name}'s line is cut short: its local rank is not there"
+    c._add(ev, f"{rule.launcher.name}:{node}:{rank}:{local}:{pid}")
+    return True
+
+def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                 offset: int) -> bool:
+    r = _MPI_PROCESS.search(blocks.lines_before(c, 3))
+    if not r:
+        return False
+    ctx = c.ctx
+    assert ctx is not None
+    ev = c._exit_event(int(m.group("code")), Who(int(r.group(1)), None, None), ctx, line, offset, None, TIME_ORDER, None)
+    if ev is not None:
+        ev.detail["via"] = "mpirun"
+        c._add(ev, f"mpirun:{r.group(1)}")
+    return True
+
+
+def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                   offset: int) -> bool:
+    if lab.key in c._blocks:
+        return False
+    blocks.summary_alone(c, lab, who, line, offset)
+    return True
+
+
+def _closing(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+    ctx = c.ctx
+    assert ctx is not None
+    sig = m.group("sig")
+    c._one("launcher", INFO, f"torchrun sends {sig} to pid {m.group('pid')}", f"torchrun stops the other ranks ({sig})",
+           Who(None, ctx.who.node, None), line, offset, lab.rest, strong=False, t=find_time(lab.rest, ctx.day),
+           detail={"pid": int(m.group("pid")), "signal": sig})
+    return True
+
+
+def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                 offset: int) -> bool:
+    """torchrun's rendezvous result: ``group_rank=G ... global_ranks=[8, 9, 10, 11]``, local rank i is the i-th."""
+    ctx = c.ctx
+    assert ctx is not None
+    ranks = [int(x) for x in _GLOBAL_RANKS.findall(m.group("ranks"))]
+    pairs = c.local_rank_pairs.setdefault(ctx.index, {})
+    for local, rank in enumerate(ranks):
+        pairs.setdefault(local, rank)
+        c.ranks_seen.add(rank)
+        if who.node:
+            c.node_local_rank.setdefault((who.node, local), rank)
+    if m.group("group"):
+        c.agent_groups.setdefault(ctx.index, int(m.group("group")))
+    return True
+
+
+def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+               offset: int) -> bool:
+    node, what = m.group("node"), m.group("what").strip()
+    c.nodes_seen.add(node)
+    code = re.search(r"exit code (\d+)", what)
+    for task in _expand_tasks(m.group("tasks")):
+        twho = Who(task, node, None)
+        c.rank_node.setdefault(task, node)
+        c.ranks_seen.add(task)
+        if code and c.ctx is not None:
+            ev = c._exit_event(int(code.group(1)), twho, c.ctx, line, offset, None, TIME_ORDER, None)
+            if ev is not None:
+                ev.detail["via"] = "srun"
+                c._add(ev, f"srun:{task}")
+        elif "Out Of Memory" in what:
+            c._one("oom", PRIMARY, "out of memory (Slurm)", "out of memory", twho, line, offset, lab.rest)
+        elif what.startswith(("Killed", "Terminated")):
+            c._one("signal", SECONDARY, f"{what.lower()} by srun after another task failed",
+                   f"{what.lower()} by srun", twho, line, offset, lab.rest, strong=False)
+    return True
+
+
+def _srun_node_fail(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                    offset: int) -> bool:
+    node = m.group("node")
+    c._one("slurm", PRIMARY, f"Slurm: node failure on {node}", "node failure", Who(None, node, None), line, offset,
+           lab.rest)
+    return True
+
+
+def _slurm_cancel(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                  offset: int) -> bool:
+    ctx = c.ctx
+    assert ctx is not None
+    why = (m.group("why") or "").strip()
+    strong = bool(why) and why != "CANCELLED"
+    what = m.group("what").lower()
+    text = f"Slurm cancelled the {what} {m.group('id')} on {m.group('node')}" + (f" due to {why.lower()}" if why else "")
+    c._one("slurm", PRIMARY if strong else SECONDARY, text,
+           f"Slurm: {what} cancelled" + (f" ({why.lower()})" if why else ""), Who(None, m.group("node"), None), line,
+           offset, lab.rest, strong=strong, t=find_time(m.group("at"), ctx.day))
+    return True
+
+
+def _oom_kill(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+    c._one("oom", PRIMARY, f"out of host memory: {m.group('n')} process(es) killed by the cgroup OOM killer",
+           "out of memory", Who(None, who.node, None), line, offset, lab.rest)
+    return True
+
+
+def _launch_timeout(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                    offset: int) -> bool:
+    ctx = c.ctx
+    assert ctx is not None
+    # the ranks' SIGTERM tracebacks that follow are its consequence
+    c._one("launcher", PRIMARY, f"the job reached mldebug launch --run-timeout {m.group('s')} s: the launcher stopped "
+           "every rank", "stopped at --run-timeout", Who(None, ctx.who.node, None), line, offset, lab.rest)
+    return True
+
+
+def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                offset: int) -> bool:
+    msg = m.group("msg")
+    cls, label, kind = classify(msg)
+    c._one("error-line" if kind == "exception" else kind, cls, clean_message(msg), label or clean_message(msg), who,
+           line, offset, lab.rest)
+    return True
+
+
+def _python_start(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                  offset: int) -> bool:
+    c._one("exception", PRIMARY, clean_message(f"{m.group('exe')}: {m.group('msg')}"), f"python: {m.group('what')}",
+           who, line, offset, lab.rest)
+    return True
+
+
+def _fatal(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+    c._one("signal", PRIMARY, clean_message(f"Fatal Python error: {m.group('msg')}"),
+           "crash (" + clean_message(m.group("msg")) + ")", who, line, offset, lab.rest)
+    return True
+
+
+def _segfault(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+    c._one("signal", PRIMARY, clean_message(lab.rest), "crash (Segmentation fault)", who, line, offset, lab.rest)
+    return True
+
+
+ACTIONS: dict[str, Action] = {
+    "exit": _exit, "mpirun-exit": _mpirun_exit,
+    "summary-alone": _summary_alone, "closing": _closing, "agent-ranks": _agent_ranks, "srun-task": _srun_task,
+    "srun-node-fail": _srun_node_fail, "slurm-cancel": _slurm_cancel, "oom-kill": _oom_kill,
+    "launch-timeout": _launch_timeout, "tool-error": _tool_error, "python-start": _python_start, "fatal": _fatal,
+    "segfault": _segfault,
+}
+"""The catalogue's actions: what a launcher line's match means (each returns False to let the next rule try)."""

@@ -1,0 +1,347 @@
+"""Tracebacks and torchrun's failure summary, read whole: the state of a block being read, line by line, from
+one writer's stream (its labels), and the events it gives when it closes.
+
+A traceback's frames are kept (indented lines, or a pasted traceback's stripped ones), then its exception
+line and the message lines after it; chained exceptions are followed. torchrun's ``ChildFailedError`` opens
+its failure summary: one entry per failed rank (rank, local rank, exit code, pid, host, time), the root
+cause flagged; each entry becomes an exit event that the accounting (accounting.py) reads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ml_debug.logs import engine
+from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node
+from ml_debug.logs.model import (
+    INFO,
+    PRIMARY,
+    TIME_LAUNCHER,
+    TIME_LINE,
+    TIME_NEARBY,
+    TIME_ORDER,
+    WARNING,
+    Event,
+    Who,
+)
+from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception
+
+if TYPE_CHECKING:
+    from ml_debug.logs.events import Collector
+
+MAX_TRACEBACK_LINES = 400
+TRAILING_LINES = 8  # message lines kept after an exception line (CUDA's "might be asynchronously reported" ...)
+NEARBY_BYTES = 4096  # how far back a traceback without a time stamp looks for one
+TRACEBACK = "Traceback (most recent call last):"
+CHAIN = ("The above exception was the direct cause of the following exception:",
+         "During handling of the above exception, another exception occurred:")
+EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
+                            r"Failure|Fault)\w{0,100}): (?P<msg>.*)$")
+# accelerate launch (and wrapper scripts) re-raising a child's exit: "subprocess.CalledProcessError: Command '[...]'
+# returned non-zero exit status 1." (accelerate/commands/launch.py simple_launcher, Python's subprocess.py)
+_CALLED_PROCESS = re.compile(r"CalledProcessError: Command .* returned non-zero exit status (-?\d+)")
+_SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
+_SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
+_RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
+_EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
+# a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR at the
+# start of the record, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", glog's
+# "W0302 ..."); NCCL's "host:pid:tid [0] NCCL INFO" is not one
+_LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
+                     r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^\[?(?P<glog>[WID])\d{4} \d\d:")
+_LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"')
+_FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
+
+
+@dataclass
+class Block:
+    """A traceback (or torchrun's failure summary) being read, line by line, from one stream."""
+
+    who: Who
+    start_line: int
+    start_offset: int
+    last_line: int
+    text: list[str] = field(default_factory=list)
+    stage: str = "frames"  # frames, trailing, chain, summary
+    event: Event | None = None
+    trailing_left: int = 0
+    exceptions: list[str] = field(default_factory=list)
+    time: float | None = None
+    nearby: float | None = None
+    torch_rank: bool = False
+    stamp: str = ""  # the time stamp in front of its header: its other lines have one too
+    summary: Summary | None = None
+    srun_task: int | None = None  # the srun task whose lines these are (a torchrun agent under srun --label)
+    expect_code: bool = False  # the last line was a frame's 'File "..."': its code line comes next
+    logged: str | None = None
+    """The level of the logging call that printed it (the line before it: ``... [WARNING] retrying``): the
+    program caught the exception and went on; None for a traceback of no logging call (uncaught)."""
+
+
+@dataclass
+class Summary:
+    """torchrun's ChildFailedError report: one entry per failed rank, the root cause flagged."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    root_next: bool = False
+    seen_root: bool = False
+    field_name: str | None = None
+
+
+
+def open_block(c: Collector, key: str, who: Who, line: int, offset: int, first: str) -> None:
+    c._blocks[key] = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[first])
+
+def feed_block(c: Collector, key: str, block: Block, rest: str, who: Who, line: int) -> bool:
+    """Feed a line of an open block's stream; False when the line is not part of it."""
+    block.last_line = line
+    if block.stage == "summary":
+        return summary_line(c, key, block, rest)
+    if block.stage == "frames":
+        if rest.startswith((" ", "\t")) or not rest:
+            block.expect_code = False
+            if len(block.text) < MAX_TRACEBACK_LINES:
+                block.text.append(rest)
+            return True
+        # a traceback pasted with its indentation stripped: frames, their code lines, the ^^^ markers
+        stripped = rest.strip()
+        if stripped.startswith('File "') or (block.expect_code and not EXCEPTION_TYPE.match(stripped)) \
+                or set(stripped) <= {"^", "~"}:
+            block.expect_code = stripped.startswith('File "')
+            if len(block.text) < MAX_TRACEBACK_LINES:
+                block.text.append("  " + rest if block.expect_code else "    " + rest)
+            return True
+        if rest.startswith(TRACEBACK):  # a traceback inside the traceback: the outer one was cut short
+            close_block(c, key)
+            return False
+        if not EXCEPTION_LINE.match(rest.strip()) and ":" not in rest:
+            return True  # noise from an unlabelled writer between the frames
+        block.text.append(rest)
+        block.exceptions.append(rest.strip())
+        if "ChildFailedError" in rest:
+            block.stage, block.summary = "summary", Summary()
+            return True
+        block.stage, block.trailing_left = "trailing", TRAILING_LINES
+        return True
+    if block.stage in ("trailing", "chain"):
+        stripped = rest.strip()
+        if stripped in CHAIN:
+            block.text += ["", rest]
+            block.stage = "chain"
+            block.trailing_left = TRAILING_LINES
+            return True
+        if rest.startswith(TRACEBACK) and block.stage == "chain":
+            block.text.append(rest)
+            block.stage = "frames"
+            return True
+        if not stripped:
+            block.trailing_left -= 1
+            if block.trailing_left <= 0:
+                close_block(c, key)
+            return True
+        if block.stage == "chain" or rest.startswith(TRACEBACK) or looks_like_a_log_line(c, rest):
+            close_block(c, key)
+            return False
+        # the exception's message goes on (CUDA's advice, NCCL's "Last error:" ...)
+        if len(block.text) < MAX_TRACEBACK_LINES:
+            block.text.append(rest)
+        block.trailing_left -= 1
+        if block.trailing_left <= 0:
+            close_block(c, key)
+        return True
+    return False
+
+def time_before(c: Collector) -> float | None:
+    """The time stamp of the nearest line before the current one (within a few kB), or None."""
+    block, pos = c.here
+    assert c.ctx is not None
+    end = pos - 1
+    lo = max(0, pos - NEARBY_BYTES)
+    while end > lo:
+        start = block.rfind(b"\n", lo, end) + 1
+        if start == 0 and lo > 0:
+            return None
+        t = find_time(block[start:end].decode("utf-8", "replace")[:200], c.ctx.day)
+        if t is not None:
+            return t
+        end = start - 1
+    return None
+
+def looks_like_a_log_line(c: Collector, rest: str) -> bool:
+    assert c.ctx is not None
+    return (find_time(rest[:40], c.ctx.day) is not None or " NCCL " in rest or rest.startswith("[")
+            or rest.startswith(("srun:", "slurmstepd:")))
+
+def summary_line(c: Collector, key: str, block: Block, rest: str) -> bool:
+    s = block.summary
+    assert s is not None
+    if len(block.text) < MAX_TRACEBACK_LINES:
+        block.text.append(rest)
+    stripped = rest.strip()
+    if stripped.startswith("=") and set(stripped) == {"="}:
+        if s.seen_root:
+            close_block(c, key)
+        return True
+    if stripped.startswith("Root Cause"):
+        s.root_next = True
+        return True
+    m = _SUMMARY_ENTRY.match(stripped)
+    if m:
+        s.entries.append({"root": s.root_next})
+        s.seen_root = s.seen_root or s.root_next
+        s.root_next = False
+        s.field_name = None
+        return True
+    f = _SUMMARY_FIELD.match(rest)
+    if f and s.entries:
+        s.field_name = f.group(1)
+        s.entries[-1][f.group(1)] = f.group(2).strip()
+        return True
+    if s.field_name == "traceback" and s.entries and rest.startswith("  "):
+        s.entries[-1]["traceback"] = s.entries[-1].get("traceback", "") + "\n" + rest[2:]
+        return True
+    return True
+
+def close_block(c: Collector, key: str) -> None:
+    block = c._blocks.pop(key)
+    whole = "\n".join(block.text)
+    for name in engine.marks(whole):  # the launcher's own frames (accelerate/commands/launch.py ...)
+        if name in _FRAME_LAUNCHERS:
+            c._mark(name)
+    if block.summary is not None:
+        summary_events(c, block)
+        return
+    ctx = c.ctx
+    assert ctx is not None
+    if c.full(key):
+        return
+    final = block.exceptions[-1] if block.exceptions else ""
+    if not EXCEPTION_TYPE.match(final.strip()) and _launcher_frames(block.text):
+        # rule 1: torchrun's (or torch.distributed.launch's) own traceback reports its workers' failure; the
+        # failure summary that ends it is read as such, and one damaged or cut short is the launcher's still
+        # (its own exception, a rendezvous error or a signal, is the agent's failure: read as any other)
+        c._add(Event(kind="launcher", cls=INFO, message="the launcher's own traceback (it reports a worker's failure)",
+                     label="launcher traceback", who=block.who, source=ctx.path, line=block.start_line,
+                     offset=block.start_offset, source_index=ctx.index, strong=False,
+                     text=block.text[:MAX_TRACEBACK_LINES]), key)
+        return
+    # the exceptions and their messages, not the frames (code lines say anything)
+    said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
+    cls, label, cause = classify(said[-4000:])
+    message = short_exception(final) if final else "traceback (cut short)"
+    ev = Event(kind="traceback", cls=cls, message=message, label=label or message.split(":", 1)[0],
+               who=block.who, source=ctx.path, line=block.start_line, offset=block.start_offset,
+               source_index=ctx.index, text=block.text[:MAX_TRACEBACK_LINES], detail={"cause": cause})
+    if block.logged and cls == PRIMARY:
+        ev.cls, ev.strong = WARNING, False
+        ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"
+    if block.time is not None:
+        ev.time, ev.time_source = block.time, TIME_LINE
+    elif block.nearby is not None:
+        ev.time, ev.time_source = block.nearby, TIME_NEARBY
+    ev.blames = blamed(whole)
+    m = _CALLED_PROCESS.search(final)
+    if m:  # a launcher (accelerate, a wrapper script) reporting its child's exit: evidence, not a cause
+        code = int(m.group(1))
+        ev.kind, ev.strong, ev.label = "exit", False, f"exit code {code}"
+        ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"})
+    c._add(ev, key)
+
+def logged_level(c: Collector, key: str) -> str | None:
+    """The level of the logging record on the line before the current one, when the same writer wrote it and
+    the level is below ERROR (a handled exception, logged with its traceback)."""
+    prev = lines_before(c, 1).rstrip("\n").rstrip("\r")
+    if not prev or ("WARN" not in prev and "INFO" not in prev and "DEBUG" not in prev and prev[:1] not in "[WID"):
+        return None
+    lab = split_label(prev)
+    if lab.key != key:
+        return None
+    m = _LOGGED.match(lab.rest)
+    if not m:
+        return None
+    level = m.group("level") or {"W": "WARNING", "I": "INFO", "D": "DEBUG"}[m.group("glog")]
+    return "WARNING" if level == "WARN" else level
+
+
+def _launcher_frames(text: list[str]) -> bool:
+    """Frames of torchrun's own code (run.py's main, launch.py, the launcher API): the traceback is the
+    launcher's. (A worker's own traceback may pass through elastic's ``@record`` wrapper, never these.)"""
+    return any(t.lstrip().startswith('File "') and _LAUNCHER_FRAME.search(t) for t in text[:MAX_TRACEBACK_LINES])
+
+
+def summary_events(c: Collector, block: Block) -> None:
+    """torchrun's ChildFailedError summary: one event per failed rank (time: when torchrun saw it)."""
+    ctx = c.ctx
+    assert ctx is not None and block.summary is not None
+    for entry in block.summary.entries:
+        rank = local = None
+        m = _RANK_LOCAL.match(entry.get("rank", ""))
+        if m:
+            rank = int(m.group(1)) if int(m.group(1)) >= 0 else None
+            local = int(m.group(2)) if m.group(2) is not None else None
+        code = pid = None
+        m = _EXIT_PID.match(entry.get("exitcode", ""))
+        if m:
+            code = int(m.group(1))
+            pid = int(m.group(2)) if m.group(2) else None
+        host = entry.get("host") or None
+        node = host.split(".")[0] if host and host not in ("localhost", "<N/A>") else None
+        who = Who(rank, node, local).merged(block.who) if block.who.rank is None else Who(rank, node, local)
+        if rank is not None and local is not None:
+            c.local_rank_pairs.setdefault(ctx.index, {}).setdefault(local, rank)
+        if rank is not None:
+            c.ranks_seen.add(rank)
+            if node:
+                c.rank_node.setdefault(rank, node)
+        if node and block.srun_task is not None:
+            c.srun_hosts.setdefault(srun_task_node(block.srun_task), node)
+        t = find_time(entry.get("time", ""), ctx.day)
+        tb = (entry.get("traceback") or "").strip()
+        ev = c._exit_event(code, who, ctx, block.start_line, block.start_offset, t, TIME_LAUNCHER, pid)
+        if ev is None:
+            continue
+        if tb and "Traceback" in tb:
+            lines = tb.splitlines()
+            final = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+            cls, label, kind = classify(tb)
+            ev = Event(kind="error-file", cls=cls, message=short_exception(final),
+                       label=label or short_exception(final).split(":", 1)[0], who=who, source=ctx.path,
+                       line=block.start_line, offset=block.start_offset, source_index=ctx.index, time=t,
+                       time_source=TIME_LAUNCHER if t is not None else TIME_ORDER, text=lines,
+                       detail={"exit_code": code, "via": "torchrun summary"})
+        ev.detail["torchrun_root_cause"] = bool(entry.get("root"))
+        if entry.get("error_file") and entry["error_file"] != "<N/A>":
+            ev.detail["error_file"] = entry["error_file"]
+        c._add(ev, f"summary:{rank}")
+
+
+def lines_before(c: Collector, n: int) -> str:
+    """The ``n`` lines before the current one (within the block being scanned)."""
+    block, pos = c.here
+    start = pos
+    for _ in range(n):
+        if start <= 0:
+            break
+        start = block.rfind(b"\n", 0, start - 1) + 1
+    return block[start:pos].decode("utf-8", "replace")
+
+def summary_alone(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
+    """torchrun's failure summary pasted without its traceback (or with its header cut): an entry's exitcode
+    line opens it; the entry's lines before it (and whether it was the root cause) are read back."""
+    summary = Summary()
+    block = Block(who=who, start_line=line, start_offset=offset, last_line=line, stage="summary",
+                   summary=summary)
+    c._blocks[lab.key] = block
+    before = lines_before(c, 8).split("\n")
+    entry = [ln for ln in before if ln.strip()]
+    start = max((i for i, ln in enumerate(entry) if _SUMMARY_ENTRY.match(ln.strip())), default=None)
+    root = start is not None and start > 0 and entry[start - 1].strip().startswith("Root Cause")
+    summary.entries.append({"root": root})
+    summary.seen_root = root
+    for ln in entry[(start + 1 if start is not None else 0):]:
+        f = _SUMMARY_FIELD.match(split_label(ln).rest)
+        if f:
+            summary.entries[-1][f.group(1)] = f.group(2).strip()
+    summary_line(c, lab.key, block, lab.rest)

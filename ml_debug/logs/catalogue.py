@@ -1,0 +1,274 @@
+"""What launchers and failing programs print, and what it means: data, applied by engine.py.
+
+Two lists:
+
+- :data:`LAUNCHERS`: one entry per launcher (or writer of one-line failures: Slurm, Python, c10d): the
+  words that mark its lines (``marks``), the labels it puts in front of lines (``prefixes``, read by
+  labels.py), and its lines that account for a failure (``lines``): which rank, exit code, signal, or
+  who it stopped. Each line names the ``action`` of the collector that turns its match into an event
+  (events.py): the pattern says *what* is on the line, the action says *what it means* for the job.
+- :data:`FAILURE_CLASSES`: one entry per class of failure text (an exception, an error line): its
+  pattern, whether it is a cause (primary) or a consequence of a peer (secondary), its kind, and the
+  next step for the user.
+
+Each entry's ``needles`` are literal words of which every match holds at least one: the prefilter
+(engine.py) runs a pattern only on the lines that hold one of its needles, so most lines cost one
+literal scan. Every pattern is linear in the line's length (no unbounded ``.*`` before a literal that
+may be absent, bounded repeats in front of the needle): tests/unit/logs/test_engine.py checks both.
+
+Adding a launcher or a class: one entry here, and a test with a real line of the real program
+(tests/unit/logs/test_catalogue.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ml_debug.logs.model import PRIMARY, SECONDARY
+
+
+@dataclass(frozen=True)
+class Line:
+    """A launcher's line that accounts for a failure (or stops a rank), and the action that reads it."""
+
+    action: str
+    """The collector's reading of a match (events.py ``ACTIONS``): exit, stop, summary ..."""
+    pattern: str
+    needles: tuple[str, ...]
+    anchored: bool = False
+    """Matched at the start of the line's text (after its labels), not searched for."""
+    note: str | None = None
+    """What a reader must know about this line (shown with the event)."""
+    who: str = "line"
+    """For an ``exit``: whose exit it is besides the groups ``rank``, ``local``, ``node``: the line's writer
+    (``line``), or the agent's node (``agent``: the source's node, its label's, or its srun task's)."""
+    time: str = "order"
+    """For an ``exit``: how its time is known: ``line`` (a stamp on it), ``launcher`` (the agent saw the exit
+    then), ``order`` (its place in the file)."""
+    weak: bool = False
+    """For an ``exit``: never a cause by itself, whatever the code (ssh's exit for a node's launcher)."""
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """One launcher: how to know its lines, and what its failure lines say."""
+
+    name: str
+    versions: str
+    marks: str = ""
+    """A pattern found in its own lines or in the frames of its own tracebacks: the logs came from it."""
+    mark_needles: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+    """The labels it writes in front of a worker's lines (documentation; labels.py reads them)."""
+    lines: tuple[Line, ...] = ()
+    reported: bool = True
+    """Named in the report's launchers when its marks are seen (False: a writer, not a launcher)."""
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    """A class of failure text: the first class whose pattern matches an exception or error line names it."""
+
+    kind: str
+    cls: str
+    label: str
+    """The label events of this class share; ``{what}`` is the pattern's ``what`` group."""
+    pattern: str
+    needles: tuple[str, ...]
+    hint: str | None = None
+    """The next step (verdict.next_step adds what depends on the event: its rank, its GPU)."""
+
+
+# ----------------------------------------------------------------------------- launchers
+
+_TORCHRUN_FAILED = Line(
+    "exit",
+    # every shape since torch 1.10: the logger's prefix varies ("ERROR:torch.distributed.elastic...:", glog's
+    # "E0501 03:14:07.123 ... api.py:869] "), the line may be cut short after the exit code
+    r"failed \(exitcode: (?P<code>-?\d+)\)(?:\s+local_rank: (?P<local>\d+)(?:\s+\(pid: (?P<pid>\d+)\)?)?)?",
+    ("failed (exitcode:",), who="agent", time="launcher")
+
+LAUNCHERS: tuple[Launcher, ...] = (
+    Launcher(
+        "deepspeed", "0.9-0.19 (deepspeed/launcher/launch.py, runner.py)",
+        r"deepspeed[/.]launcher|\[launch\.py:\d+:(?:main|sigkill_handler)\]", ("deepspeed", "[launch.py:"),
+        lines=(Line("exit", r"exits with return code = (?P<code>-?\d+)", ("exits with return code",),
+                    who="agent", time="line", note="DeepSpeed's launcher prints the command line of the last rank it started, not of the one "
+                         "that failed: the return code is the fact"),)),
+    Launcher("accelerate", "0.20-1.15 (accelerate/commands/launch.py)", r"accelerate/commands/launch\.py|accelerate launch",
+             ("accelerate",)),
+    Launcher(
+        "lightning", "1.x-2.6 (lightning/fabric/strategies/launchers/subprocess_script.py)",
+        r"lightning/(?:pytorch|fabric)/|pytorch_lightning/|Child process with PID \d+ terminated",
+        ("lightning/", "pytorch_lightning/", "Child process with PID"),
+        lines=(Line("exit", r"Child process with PID (?P<pid>\d+) terminated with code (?P<code>-?\d+)",
+                    ("Child process with PID",)),)),
+    Launcher(
+        "torchrun", "torch 1.10-2.13: torchrun, python -m torch.distributed.run and torch.distributed.launch "
+        "(torch/distributed/elastic/agent/server/api.py, elastic/multiprocessing/api.py, errors/__init__.py)",
+        r"torch[./]distributed[./](?:elastic|run|launch)|ChildFailedError|failed \(exitcode:",
+        ("distributed/elastic", "distributed.elastic", "distributed/run", "distributed.run", "distributed/launch",
+         "distributed.launch", "ChildFailedError", "failed (exitcode:"),
+        prefixes=("[default0]:", "[<role>0]:", "[node12:5]:"),
+        lines=(
+            _TORCHRUN_FAILED,
+            # the failure summary pasted without its traceback: an entry's "exitcode  : 1 (pid: 42)" line
+            Line("summary-alone", r"\s*exitcode\s*: -?\d", ("exitcode",), anchored=True),
+            Line("closing", r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG\w+)", ("closing signal",)),
+            # rule 6: an agent's rendezvous result says which global ranks its workers are
+            # (torch 2.x prints its fields on lines of their own; a flattened paste holds them on one)
+            Line("agent-ranks", r"(?:group_rank=(?P<group>\d+)[^\n]{0,400}?)?\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]",
+                 ("global_ranks=",)),
+        )),
+    Launcher(
+        "mpirun", "Open MPI 4 (mpirun) and 5 (prterun)", r"mpirun|prterun|Primary job\s+terminated|Process name: \[",
+        ("mpirun", "prterun", "Primary job", "Process name: ["), prefixes=("[1,3]<stderr>:",),
+        lines=(
+            # "The first process to do so was: Process name: [[24168,1],2]  Exit code: 1": the rank is lines above
+            Line("mpirun-exit", r"\s*Exit code:\s+(?P<code>-?\d+)", ("Exit code:",), anchored=True),
+            Line("exit", r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<node>\S+) exited on "
+                 r"signal (?P<sig>\d+)", ("exited on signal",)),
+        )),
+    Launcher(
+        "pdsh", "pdsh 2.x (and DeepSpeed's multi-node runner through it)", r"pdsh@", ("pdsh@",), prefixes=("node12: ",),
+        lines=(Line("exit", r"pdsh@\S+: (?P<node>[\w.\-]+): (?P<what>.{1,200}?) exited with exit code (?P<code>\d+)",
+                    ("pdsh@",), weak=True),)),
+    Launcher(
+        "srun", "Slurm 20-24 (srun, slurmstepd)", r"srun: |slurmstepd", ("srun: ", "slurmstepd"), prefixes=("3: ",),
+        lines=(
+            Line("srun-task", r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)", ("srun: error:",)),
+            Line("srun-node-fail", r"srun: error: Node failure on (?P<node>\S+)", ("Node failure",)),
+            Line("slurm-cancel", r"\*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
+                 r"(?: DUE TO (?P<why>[A-Z ]{1,40}?))?(?: \*\*\*)?$", ("CANCELLED AT",)),
+            Line("oom-kill", r"Detected (?P<n>\d+) oom[-_]kill event", ("oom-kill", "oom_kill")),
+        )),
+    # rule 6: the console of one pod (kubectl logs POD > POD.log): the pod's name says which node it is
+    # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label
+    Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False),
+    # Ray Train and TorchX prefix each worker's lines: "(RayTrainWorker pid=123, ip=10.0.0.1) ", "trainer/0 [1]:".
+    # Ray's prefix is on every line of its console: read as a label (labels.py: the node is its ip) and marked by
+    # the label sampling (events.Collector.sample), not searched for (every line would pass the prefilter)
+    Launcher("ray", "Ray Train 2.x (python/ray/_private/log_monitor.py's prefix)",
+             prefixes=("(RayTrainWorker pid=123, ip=10.0.0.1) ",)),
+    Launcher("torchx", "TorchX 0.5-0.7", r"torchx[./](?:schedulers|runner|specs)|^\w[\w\-]*/\d+ \[\d+\]:", ("torchx",),
+             prefixes=("trainer/0 [1]:",)),
+    # not launchers: the writers of other one-line failures, in the order they are tried
+    Launcher("mldebug launch", "this tool", reported=False, lines=(
+        # --run-timeout since 2026-11 (logs written before say --timeout)
+        Line("launch-timeout", r"mldebug launch: error: --(?:run-)?timeout (?P<s>\S+) s reached", ("mldebug launch: error: --",)),)),
+    Launcher("python", "CPython 3.8-3.14", reported=False, lines=(
+        Line("tool-error", r"(?:mldebug|python\d?(?:\.\d+)?): error: (?P<msg>.+)", (": error: ",)),
+        # the interpreter's own errors before any code runs (no traceback follows)
+        Line("python-start", r"(?:^|/)(?P<exe>python[\d.]{0,8}): (?P<msg>(?P<what>can't open file|No module named|"
+             r"Error while finding module specification) .+)", ("can't open file", "No module named",
+                                                                  "Error while finding module")),
+        Line("fatal", r"Fatal Python error: (?P<msg>.+)", ("Fatal Python error",)),
+        Line("segfault", r"Segmentation fault", ("Segmentation fault",)),
+    )),
+)
+
+# c10d's watchdog lines (ProcessGroupNCCL.cpp): read before the launchers' (their rank is in the text)
+# "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, ..., Timeout(ms)=1800000) ran for 1800341 milliseconds": the parentheses nest
+WATCHDOG = (r"Watchdog caught collective operation timeout: \w+\((?P<work>[^\n]{0,600}?)\) ran for (?P<ms>\d+) "
+            r"milliseconds")
+WATCHDOG_RANK = r"\[(?:PG [^\]]{0,200}?)?Rank (\d+)\]"
+LAST_WORK = r"last enqueued NCCL work: (\d+), last completed NCCL work: (-?\d+)"
+
+
+# ----------------------------------------------------------------------------- failure classes
+
+WATCHDOG_HINT = ("an NCCL collective timed out: the rank that stopped issuing it is the cause. To make it raise in "
+                 "the rank that called it, rerun with TORCH_NCCL_BLOCKING_WAIT=1 (mldebug launch --cuda-sync); a "
+                 "hang at the first collective across nodes: NCCL_DEBUG=INFO shows the interface each rank chose, "
+                 "set NCCL_SOCKET_IFNAME to one they share")
+
+FAILURE_CLASSES: tuple[FailureClass, ...] = (
+    # a DataLoader worker killed by SIGBUS: its shared memory (/dev/shm) ran out
+    FailureClass("shm", PRIMARY, "DataLoader worker killed by a bus error (shared memory)",
+                 r"DataLoader worker \(pid[^)]{0,40}\) is killed by signal: Bus error|out of shared memory",
+                 ("Bus error", "out of shared memory"),
+                 hint="a DataLoader worker died of a bus error: /dev/shm is too small for its batches. Give the "
+                      "container more (docker run --shm-size=16g, or --ipc=host; Kubernetes: an emptyDir with medium: "
+                      "Memory on /dev/shm), or lower num_workers"),
+    # NCCL's shared-memory transport could not make its segment (/dev/shm too small in a container)
+    FailureClass("shm", PRIMARY, "NCCL shared-memory segment failed (/dev/shm)",
+                 r"(?:Error while creating|unable to allocate|failed to (?:create|open|extend)) shared memory "
+                 r"(?:segment|file)|/dev/shm/nccl-\S{1,200}[^\n]{0,400}?(?:failed|[Nn]o space|[Cc]annot)",
+                 ("shared memory", "/dev/shm/nccl-"),
+                 hint="NCCL could not create its shared-memory segment: /dev/shm is too small (a container's default "
+                      "64 MB). docker run --shm-size=1g (or --ipc=host), or NCCL_SHM_DISABLE=1 (slower)"),
+    FailureClass("cuda-error", PRIMARY, "CUDA error: {what}",
+                 r"CUDA error: (?P<what>[^\n]+?)(?:\s*$|\nCUDA kernel)|CUDA error: (?P<what2>.+)", ("CUDA error",),
+                 hint="{who}: CUDA reports a kernel's error asynchronously, at a later call: the kernel that failed ran "
+                      "before the line in this traceback. Rerun with CUDA_LAUNCH_BLOCKING=1{dsa} (mldebug launch "
+                      "--cuda-sync sets them) to raise at the failing line, or on the CPU (CUDA_VISIBLE_DEVICES=\"\") "
+                      "where an out-of-range index raises at once"),
+    FailureClass("oom", PRIMARY, "out of memory",
+                 r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY|oom[-_]kill|Out Of Memory",
+                 ("out of memory", "OutOfMemory", "Out of memory", "OUT_OF_MEMORY", "oom-kill", "oom_kill",
+                  "Out Of Memory"),
+                 hint="{who}{gpu} ran out of memory: lower its batch or sequence length, use activation "
+                      "checkpointing, or see what else holds memory on that GPU (mldebug top, nvidia-smi)"),
+    # a hardware fault: the GPU's memory or the link failed, not the program (rule 5 gives it to its rank)
+    FailureClass("gpu-fault", PRIMARY, "GPU hardware error ({what})",
+                 r"(?P<what>uncorrectable ECC error|ECC error encountered|NVRM: Xid|Xid \(PCI:[^)]{0,40}\): \d+|"
+                 r"GPU has fallen off the bus|unrecoverable error)",
+                 ("ECC error", "Xid", "fallen off the bus", "unrecoverable error"),
+                 hint="{who}: the GPU reported a hardware fault: drain the node, read its kernel log (dmesg: NVRM "
+                      "Xid) and run `mldebug health` there before it takes another job"),
+    FailureClass("nccl-error", PRIMARY, "NCCL error",
+                 r"unhandled cuda error|ncclUnhandledCudaError|Cuda failure|ncclInternalError|ncclInvalidUsage|"
+                 r"ncclInvalidArgument|invalid usage|NET/IB ?: Got completion from peer [^\n]{0,400}? with "
+                 r"(?:error|status)",
+                 ("unhandled cuda error", "ncclUnhandledCudaError", "Cuda failure", "ncclInternalError",
+                  "ncclInvalid", "invalid usage", "Got completion from peer")),
+    # the consequences of another rank's failure
+    FailureClass("watchdog", SECONDARY, "NCCL watchdog timeout",
+                 r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out",
+                 ("Watchdog caught", "Some NCCL operations"), hint=WATCHDOG_HINT),
+    FailureClass("comm", SECONDARY, "Connection reset by peer", r"Connection reset by peer|ConnectionResetError",
+                 ("Connection reset by peer", "ConnectionResetError")),
+    FailureClass("comm", SECONDARY, "Connection closed by peer",
+                 r"Connection closed by (?:remote )?peer|closed by remote peer", ("closed by",)),
+    FailureClass("comm", SECONDARY, "Broken pipe", r"Broken pipe|BrokenPipeError", ("Broken pipe", "BrokenPipeError")),
+    FailureClass("comm", SECONDARY, "gloo timeout waiting for a peer",
+                 r"Timed out waiting \d+ms for (?:recv|send) operation", ("Timed out waiting",)),
+    FailureClass("comm", SECONDARY, "NCCL remote error",
+                 r"ncclRemoteError|remote process exited or there was a network error",
+                 ("ncclRemoteError", "remote process exited")),
+    FailureClass("comm", SECONDARY, "NCCL communicator aborted",
+                 r"NCCL communicator was aborted|[Cc]ommunicator was aborted", ("ommunicator was aborted",)),
+    FailureClass("comm", SECONDARY, "a peer did not reach the barrier", r"failed to pass monitoredBarrier",
+                 ("monitoredBarrier",)),
+    FailureClass("comm", SECONDARY, "store lost its server",
+                 r"recvValue failed|Failed to recv, got 0 bytes|DistStoreError|Socket Timeout|Connection refused|"
+                 r"DistNetworkError",
+                 ("recvValue failed", "Failed to recv", "DistStoreError", "Socket Timeout", "Connection refused",
+                  "DistNetworkError")),
+    FailureClass("watchdog", SECONDARY, "watchdog stopped the process",
+                 r"watchdog thread terminated with exception|Heartbeat monitor timed out|"
+                 r"taking the entire process down",
+                 ("watchdog thread terminated", "Heartbeat monitor", "entire process down"), hint=WATCHDOG_HINT),
+    FailureClass("comm", SECONDARY, "stopped by a signal", r"SignalException|KeyboardInterrupt",
+                 ("SignalException", "KeyboardInterrupt")),
+    FailureClass("signal", PRIMARY, "crash (signal)",
+                 r"Segmentation fault|SIGSEGV|SIGBUS|SIGABRT|SIGFPE|SIGILL|Fatal Python error|core dumped",
+                 ("Segmentation fault", "SIG", "Fatal Python error", "core dumped"),
+                 hint="{who} crashed in native code (SIGSEGV): its core file (mldebug core-bt) or a run with "
+                      "python -X faulthandler says where"),
+)
+
+SECONDARY_LABELS: frozenset[str] = frozenset(c.label for c in FAILURE_CLASSES if c.cls == SECONDARY)
+
+
+SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "ERROR", "rror", "ailed")
+"""Words the scanner looks for beside the needles above: tracebacks, NCCL's lines (its tallies), a kill, and
+the log levels and failure words of lines that say no more (the suspects, a last resort)."""
+
+NCCL_LINES_PER_SOURCE = 512
+"""NCCL lines of one source read in full; after them, only the lines below (NCCL's own findings). A process's
+first communicators say its rings, trees and transports; later ones (a job that makes a communicator per
+step, NCCL_DEBUG_SUBSYS=COLL's line per call) add nothing the report shows, and would cost a Python call
+per line."""
+NCCL_FINDING_WORDS: tuple[str, ...] = ("NCCL WARN", "NCCL version", "Bootstrap", "NET/IB :", "NET/IB:", "NET/Socket :",
+                                       "NET/Socket:", "Using network", "set by environment", "libibverbs")

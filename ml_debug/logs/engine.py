@@ -1,0 +1,212 @@
+"""The catalogue (catalogue.py) compiled and applied: which lines can matter, which class a failure text
+is, which launcher line a line is, which launchers wrote a text.
+
+Prefilter: every needle of the catalogue, and the scanner's own words, in one Hyperscan database. One
+pass over a block of a log finds the lines that hold any of them (most lines of a training log hold
+none, and cost that one pass); measured on the line mixes of benchmarks/bench_logs.py, this pass runs
+at grep's speed where one ``bytes.find`` pass per word (the pure-Python way) cost 8x more, and a
+combined regular expression in CPython's ``re`` 24x more (docs/commands/logs.md has the figures).
+
+On a line that passed, a pattern is run only when one of its own needles is in the line (a few C-speed
+substring tests), so a line costs its few relevant patterns, not the whole catalogue.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import hyperscan
+
+from ml_debug.logs.catalogue import (
+    FAILURE_CLASSES,
+    LAST_WORK,
+    LAUNCHERS,
+    NCCL_FINDING_WORDS,
+    SCAN_WORDS,
+    WATCHDOG,
+    WATCHDOG_RANK,
+    FailureClass,
+    Launcher,
+    Line,
+)
+
+__all__ = ["LAST_WORK", "WATCHDOG", "WATCHDOG_RANK"]
+
+
+@dataclass(frozen=True)
+class LineRule:
+    """A launcher line, compiled."""
+
+    launcher: Launcher
+    line: Line
+    rx: re.Pattern[str]
+    needles: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClassRule:
+    """A failure class, compiled."""
+
+    entry: FailureClass
+    rx: re.Pattern[str]
+
+
+def _compile_lines() -> tuple[LineRule, ...]:
+    return tuple(LineRule(launcher, line, re.compile(line.pattern), line.needles)
+                 for launcher in LAUNCHERS for line in launcher.lines)
+
+
+LINE_RULES = _compile_lines()
+CLASS_RULES = tuple(ClassRule(c, re.compile(c.pattern)) for c in FAILURE_CLASSES)
+MARKS = tuple((launcher.name, re.compile(launcher.marks), launcher.mark_needles)
+              for launcher in LAUNCHERS if launcher.marks and launcher.reported)
+
+
+def _has(text: str, needles: tuple[str, ...], present: frozenset[str] | None = None) -> bool:
+    if present is not None:
+        return not present.isdisjoint(needles)
+    for needle in needles:
+        if needle in text:
+            return True
+    return False
+
+
+class Needles:
+    """Which of the catalogue's needles a line holds, in one Hyperscan call (a microsecond, where testing each
+    needle with ``in`` costs 16)."""
+
+    def __init__(self) -> None:
+        words = {n for r in LINE_RULES for n in r.needles} | {n for r in CLASS_RULES for n in r.entry.needles}
+        words |= {n for _, _, needles in MARKS for n in needles}
+        self.words = sorted(words)
+        n = len(self.words)
+        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self._db.compile(expressions=[re.escape(w).encode() for w in self.words], ids=list(range(n)), elements=n,
+                         flags=[hyperscan.HS_FLAG_SINGLEMATCH] * n)
+
+    def present(self, text: str) -> frozenset[str]:
+        hits: list[int] = []
+        add = hits.append
+
+        def hit(i: int, _start: int, _to: int, _flags: int, _ctx: object) -> None:
+            add(i)
+
+        self._db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=hit)
+        words = self.words
+        return frozenset(words[i] for i in hits)
+
+
+_NEEDLES: Needles | None = None
+
+
+def needles_in(text: str) -> frozenset[str]:
+    """The catalogue's needles that ``text`` holds."""
+    global _NEEDLES
+    if _NEEDLES is None:
+        _NEEDLES = Needles()
+    return _NEEDLES.present(text)
+
+
+def launcher_lines(text: str, present: frozenset[str] | None = None) -> Iterator[tuple[LineRule, re.Match[str]]]:
+    """The launcher lines ``text`` (a line without its labels) matches, in catalogue order (``present``: its
+    needles, from :func:`needles_in`)."""
+    for rule in LINE_RULES:
+        if _has(text, rule.needles, present):
+            m = rule.rx.match(text) if rule.line.anchored else rule.rx.search(text)
+            if m:
+                yield rule, m
+
+
+def failure_class(text: str, cls: str | None = None, present: frozenset[str] | None = None
+                  ) -> tuple[FailureClass, re.Match[str]] | None:
+    """The first failure class (of class ``cls``, or any) whose pattern is in ``text``, with its match."""
+    for rule in CLASS_RULES:
+        if (cls is None or rule.entry.cls == cls) and _has(text, rule.entry.needles, present):
+            m = rule.rx.search(text)
+            if m:
+                return rule.entry, m
+    return None
+
+
+def class_label(entry: FailureClass, m: re.Match[str]) -> str:
+    if "{what}" not in entry.label:
+        return entry.label
+    groups = m.groupdict()
+    what = next((g for k, g in groups.items() if k.startswith("what") and g), "")
+    return entry.label.replace("{what}", what.strip())
+
+
+def marks(text: str, present: frozenset[str] | None = None) -> Iterator[str]:
+    """The launchers whose marks are in ``text``."""
+    for name, rx, needles in MARKS:
+        if _has(text, needles, present) and rx.search(text):
+            yield name
+
+
+# ----------------------------------------------------------------------------- the prefilter
+
+
+def scan_words(nccl: bool = True) -> tuple[bytes, ...]:
+    """Every literal a line that can matter holds one of (the scanner's words and the catalogue's needles);
+    without ``nccl``, NCCL's lines only where they say a finding (once a source's NCCL lines were read)."""
+    words = set(SCAN_WORDS) if nccl else set(SCAN_WORDS) - {"NCCL"} | set(NCCL_FINDING_WORDS)
+    for launcher in LAUNCHERS:
+        if launcher.reported:
+            words.update(launcher.mark_needles)
+        for line in launcher.lines:
+            words.update(line.needles)
+    for entry in FAILURE_CLASSES:
+        words.update(entry.needles)
+    # a word that holds another is found by the shorter one: keep the shortest (fewer matches to report)
+    kept = sorted(words, key=len)
+    out: list[str] = []
+    for w in kept:
+        if not any(k in w for k in out):
+            out.append(w)
+    return tuple(w.encode() for w in sorted(out))
+
+
+class Prefilter:
+    """One pass over a block for every word: the starts of the lines that hold any."""
+
+    def __init__(self, words: tuple[bytes, ...] | None = None) -> None:
+        self.words = words if words is not None else scan_words()
+        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        n = len(self.words)
+        self._db.compile(expressions=[re.escape(w) for w in self.words], ids=list(range(n)), elements=n, flags=[0] * n)
+
+    def candidates(self, block: bytes, end: int, start: int = 0) -> list[int]:
+        """Sorted starts of the lines of ``block[start:end]`` (``start`` a line's start) that hold a word."""
+        ends: list[int] = []
+        add = ends.append
+
+        def hit(_id: int, _start: int, to: int, _flags: int, _ctx: object) -> None:
+            add(to)
+
+        self._db.scan(block if start == 0 and end == len(block) else block[start:end], match_event_handler=hit)
+        if not ends:
+            return []
+        starts: list[int] = []
+        rfind, find = block.rfind, block.find
+        nxt = -1  # the end of the last line taken: later hits before it are on the same line
+        for to in sorted(ends):
+            to += start
+            if to <= nxt:
+                continue
+            starts.append(max(rfind(b"\n", start, to) + 1, start))
+            nl = find(b"\n", to - 1, end)
+            nxt = nl if nl >= 0 else end
+        return starts
+
+
+_PREFILTERS: dict[bool, Prefilter] = {}
+
+
+def prefilter(nccl: bool = True) -> Prefilter:
+    """The process's prefilter, with or without NCCL's ordinary lines (each compiled once: milliseconds)."""
+    got = _PREFILTERS.get(nccl)
+    if got is None:
+        got = _PREFILTERS[nccl] = Prefilter(scan_words(nccl))
+    return got

@@ -1,0 +1,79 @@
+"""Failure text made short and classed: one readable line of a message, an exception's short name, the
+class of a failure text (from the catalogue), what an exit by signal means."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from ml_debug.logs.engine import class_label, failure_class
+from ml_debug.logs.model import PRIMARY, SECONDARY
+
+MESSAGE_CHARS = 64 << 10  # the most of a message kept; the human view shows less (labels.brief)
+
+_CPP_LOCATION = re.compile(r"\[[^\]\s]{0,300}\.(?:cc|cpp|h|hpp|cu):\d+\]\s*")
+# c10d's glog header and process-group tag: "[E0302 03:14:07.123456 ProcessGroupNCCL.cpp:1595] [PG 0 Rank 37] "
+_GLOG_HEADER = re.compile(r"^\[?[IWEF]\d{4} [\d:.]+(?: +\d+)? [^\]]*\]\s*")
+_PG_TAG = re.compile(r"^\[(?:PG [^\]]*?)?Rank \d+\]\s*")
+_BOILERPLATE = re.compile(r"\s*(?:This is typically caused by .*|GLHF.*|Exception raised from .*)$")
+EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w{0,100}\.){0,20}[A-Za-z_]\w{0,100})(?::(?: (?P<msg>.*))?)?$")
+_BLAMED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+def clean_message(text: str) -> str:
+    """One readable line: C++ source locations and boilerplate advice dropped, shortened."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    line = _PG_TAG.sub("", _GLOG_HEADER.sub("", line))
+    if "This is typically" in line or "GLHF" in line or "Exception raised from" in line:
+        line = _BOILERPLATE.sub("", line)
+    if "." in line and ":" in line:
+        line = _CPP_LOCATION.sub("", line)
+    return line[:MESSAGE_CHARS]
+
+
+def short_exception(line: str) -> str:
+    """``torch.distributed.DistNetworkError: x`` -> ``DistNetworkError: x`` (the last name only)."""
+    m = EXCEPTION_LINE.match(line.strip())
+    if not m:
+        return clean_message(line)
+    name = m.group("type").rsplit(".", 1)[-1]
+    msg = m.group("msg")
+    return clean_message(f"{name}: {msg}" if msg else name)
+
+
+def classify(text: str) -> tuple[str, str, str]:
+    """(class, label, kind) of a failure described by ``text`` (an exception with its message): the first
+    class of the catalogue that matches; an exception of no class is a primary of kind ``exception``."""
+    got = failure_class(text)
+    if got is None:
+        return PRIMARY, "", "exception"
+    entry, m = got
+    label = class_label(entry, m)
+    if entry.kind == "cuda-error":
+        label = clean_message(label)
+    return entry.cls, label, entry.kind
+
+
+SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
+
+
+def signal_event_text(code: int) -> tuple[str, str, bool, str]:
+    """(class, message, strong, label) for a rank that ended with exit code ``code`` < 0 (killed by -code)."""
+    sig = -code
+    name = SIGNAL_NAMES.get(sig, f"signal {sig}")
+    if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        return SECONDARY, f"stopped by {name} (the launcher stops the other ranks after one fails)", False, \
+            f"stopped by {name}"
+    if sig == signal.SIGKILL:
+        return PRIMARY, "killed by SIGKILL (the kernel's OOM killer, a job limit, or kill -9)", True, "killed (SIGKILL)"
+    return PRIMARY, f"crashed with {name}", True, f"crashed ({name})"
+
+
+def blamed(text: str) -> list[int]:
+    """The ranks gloo's monitored barrier names as missing."""
+    if "monitoredBarrier" not in text:
+        return []
+    m = _BLAMED.search(text)
+    if not m:
+        return []
+    return [int(x) for x in re.findall(r"\d+", m.group(1))]

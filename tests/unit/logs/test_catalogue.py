@@ -1,0 +1,163 @@
+"""Every entry of the catalogue (ml_debug/logs/catalogue.py) has a line of the real program that it reads: the
+line passes the prefilter, holds one of the entry's needles, and its pattern (and no earlier class) reads it.
+
+Lines come from the real consoles in tests/data (file, and a substring that picks the line). Where the program
+cannot run here (Slurm's controller, a GPU, NCCL, Ray, TorchX), the line is written as the program's source
+writes it, and the comment names the source file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ml_debug.logs import engine
+from ml_debug.logs.catalogue import FAILURE_CLASSES, LAUNCHERS
+from ml_debug.logs.labels import split_label
+from ml_debug.logs.text import classify
+from ml_debug.logs.triage import triage
+from tests.conftest import REPO
+
+DATA = REPO / "tests" / "data"
+
+# (file under tests/data, a substring of the line) or the line itself
+Sample = tuple[str, str] | str
+
+# (launcher, action): a line
+LINES: dict[tuple[str, str], Sample] = {
+    ("torchrun", "exit"): ("logs/accounting/torchrun2.log", "failed (exitcode: 1) local_rank: 1"),
+    ("torchrun", "summary-alone"): ("logs/accounting/torchrun2.log", "  exitcode  : 1 (pid:"),
+    ("torchrun", "closing"): ("logs/accounting/torchrun2.log", "closing signal SIGTERM"),
+    ("torchrun", "agent-ranks"): ("logs/accounting/agent1.log", "global_ranks=[2, 3]"),
+    ("deepspeed", "exit"): ("logs_corpus/deepspeed.log", "exits with return code"),
+    ("mpirun", "mpirun-exit"): ("logs_corpus/mpirun.log", "Exit code:"),
+    # Open MPI 4 orte/tools/orterun/help-orterun.txt ("mpirun noticed that process rank %d with PID %d on node %s
+    # exited on signal %d (%s).")
+    ("mpirun", "exit"): "mpirun noticed that process rank 5 with PID 777 on node gpu03 exited on signal 11 (Segmentation "
+                     "fault).",
+    ("pdsh", "exit"): ("logs_corpus/pdsh.log", "exited with exit code"),
+    # Lightning 2.x lightning/fabric/strategies/launchers/subprocess_script.py (_ChildProcessObserver)
+    ("lightning", "exit"): "Child process with PID 4242 terminated with code 1. Forcefully terminating all other processes "
+                       "to avoid zombies 🧟",
+    ("srun", "srun-task"): ("logs_corpus/srun-nolabel.log", "srun: error:"),
+    # Slurm src/srun/srun_job.c / step_launch.c: "Node failure on %s"
+    ("srun", "srun-node-fail"): "srun: error: Node failure on node17",
+    ("srun", "slurm-cancel"): "slurmstepd: error: *** JOB 8 ON node1 CANCELLED AT 2025-03-02T03:14:09 DUE TO TIME LIMIT ***",
+    # Slurm src/plugins/task/cgroup (task_cgroup_memory.c): "Detected %"PRIu64" oom_kill event%s in %ps."
+    ("srun", "oom-kill"): "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step tasks have been OOM "
+                "Killed.",
+    ("mldebug launch", "launch-timeout"): ("logs/launch_timeout/vm/console.log", "--timeout 5 s reached"),
+    ("python", "tool-error"): ("logs/launch_nan_rank1_stopped_first/vm/console.log", ": error: "),
+    ("python", "python-start"): ("logs/catalogue/start.txt", "can't open file"),
+    ("python", "fatal"): ("logs/catalogue/fatal.txt", "Fatal Python error"),
+    ("python", "segfault"): ("logs/catalogue/segv.txt", "Segmentation fault"),
+}
+
+CLASSES: dict[str, Sample] = {
+    "DataLoader worker killed by a bus error (shared memory)": ("logs_corpus/torchrun-bus.log", "Bus error"),
+    # NCCL 2.12-2.21 src/misc/shmutils.cc
+    "NCCL shared-memory segment failed (/dev/shm)": "3d3e22c3066f:168:168 [0] misc/shmutils.cc:113 NCCL WARN Error while "
+    "creating shared memory segment /dev/shm/nccl-UbzKZ9 (size 9637888)",
+    # c10d ProcessGroupNCCL.cpp's watchdog, torch 2.4-2.13 (C10_CUDA_CHECK's message)
+    "CUDA error: {what}": "[E1128 03:14:07.123456 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0(default_pg) Rank 3] "
+    "Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered",
+    "out of memory": ("logs_corpus/torchrun-oom.log", "OutOfMemoryError"),
+    # the NVIDIA driver's kernel log (dmesg): "NVRM: Xid (PCI:%04x:%02x:%02x): %d, ..."
+    "GPU hardware error ({what})": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+    # NCCL src/include/checks.h (CUDACHECK): "Cuda failure '%s'"; the error names ncclUnhandledCudaError
+    "NCCL error": "node1:1234:1234 [0] enqueue.cc:1234 NCCL WARN Cuda failure 'an illegal memory access was "
+                  "encountered'",
+    "NCCL watchdog timeout": ("logs/watchdog_one_rank_silent.log", "Watchdog caught"),
+    "Connection reset by peer": ("logs/raise_then_sigabrt_at_exit/console.log", "Connection reset by peer"),
+    "Connection closed by peer": ("logs/raise_then_sigabrt_at_exit/console.log", "closed by"),
+    "Broken pipe": ("logs/accounting/agent0.log", "Broken pipe"),
+    "gloo timeout waiting for a peer": ("logs/catalogue/gloo_recv.log", "RuntimeError: [/"),
+    # NCCL 2.12+ src/include/nccl.h's ncclRemoteError, as torch's ProcessGroupNCCL raises it
+    "NCCL remote error": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process "
+                        "exited or there was a network error, NCCL version 2.21.5",
+    # torch c10d ProcessGroupNCCL.cpp (abort): "NCCL communicator was aborted on rank %d."
+    "NCCL communicator aborted": "RuntimeError: NCCL communicator was aborted on rank 1.",
+    "a peer did not reach the barrier": ("logs/catalogue/gloo_barrier.log", "RuntimeError: [Rank 0]"),
+    "store lost its server": ("logs/accounting/agent0.log", "DistNetworkError: Failed to recv"),
+    # c10d ProcessGroupNCCL.cpp (heartbeat monitor, torch 2.3+)
+    "watchdog stopped the process": "[E1128 03:14:07.123456 ProcessGroupNCCL.cpp:1404] [PG ID 0 PG GUID 0(default_pg) "
+    "Rank 2] Heartbeat monitor timed out! Process will be terminated after dumping debug info.",
+    "stopped by a signal": ("logs/launch_timeout/vm/console.log", "SignalException: Process"),
+    "crash (signal)": ("logs_corpus/torchrun-segv.log", "(SIGSEGV)"),
+}
+
+# launcher marks: the launcher, and a line of its own
+MARKS: dict[str, Sample] = {
+    "deepspeed": ("logs_corpus/deepspeed.log", "[launch.py:"),
+    "accelerate": ("logs_corpus/accelerate.log", "accelerate/commands/launch.py"),
+    "lightning": ("logs_corpus/lightning.log", "lightning/"),
+    "torchrun": ("logs/accounting/torchrun2.log", "torch/distributed/elastic/multiprocessing/api.py"),
+    "mpirun": ("logs_corpus/mpirun.log", "Process name: ["),
+    "pdsh": ("logs_corpus/pdsh.log", "pdsh@"),
+    "srun": ("logs_corpus/srun-nolabel.log", "srun: error:"),
+    # TorchX 0.7 torchx/schedulers/local_scheduler.py's traceback frames
+    "torchx": '  File "/opt/venv/lib/python3.11/site-packages/torchx/schedulers/local_scheduler.py", line 1012, in wait',
+}
+
+
+def _line(sample: Sample) -> str:
+    if isinstance(sample, str):
+        return sample
+    name, part = sample
+    for line in (DATA / name).read_text().splitlines():
+        if part in line:
+            return line
+    raise AssertionError(f"no line of {name} holds {part!r}")
+
+
+def _passes_prefilter(line: str) -> bool:
+    data = (line + "\n").encode()
+    return engine.prefilter().candidates(data, len(data)) == [0]
+
+
+def test_every_entry_has_a_line() -> None:
+    entries = {(launcher.name, line.action) for launcher in LAUNCHERS for line in launcher.lines}
+    assert entries == set(LINES), entries ^ set(LINES)
+    assert {c.label for c in FAILURE_CLASSES} == set(CLASSES)
+    assert {launcher.name for launcher in LAUNCHERS if launcher.marks} == set(MARKS)
+
+
+@pytest.mark.parametrize("entry", sorted(LINES), ids=lambda e: "/".join(e))
+def test_a_launcher_line_is_read_by_its_entry(entry: tuple[str, str]) -> None:
+    line = _line(LINES[entry])
+    rest = split_label(line).rest
+    assert _passes_prefilter(line), line
+    got = [(rule.launcher.name, rule.line.action) for rule, _ in engine.launcher_lines(rest)]
+    assert entry in got, (line, got)
+
+
+@pytest.mark.parametrize("label", sorted(CLASSES))
+def test_a_failure_line_is_classed_by_its_entry(label: str) -> None:
+    line = _line(CLASSES[label])
+    entry = next(c for c in FAILURE_CLASSES if c.label == label)
+    assert _passes_prefilter(line), line
+    assert any(n in line for n in entry.needles), (line, entry.needles)
+    cls, got, kind = classify(split_label(line).rest)
+    assert (cls, kind) == (entry.cls, entry.kind) and (got == label or "{what}" in label), (line, cls, got, kind)
+
+
+@pytest.mark.parametrize("name", sorted(MARKS))
+def test_a_launchers_line_marks_it(name: str) -> None:
+    line = _line(MARKS[name])
+    assert _passes_prefilter(line), line
+    assert name in list(engine.marks(line)), line
+
+
+def test_a_ray_consoles_prefix_names_the_worker_and_its_node(tmp_path: Path) -> None:
+    """Ray 2.x's log monitor prefixes each worker's lines with its actor, pid and ip
+    (python/ray/_private/log_monitor.py): the prefix is the writer's label, its ip the node, Ray the launcher."""
+    prefix = "(RayTrainWorker pid=81234, ip=10.0.0.12) "
+    lines = ["step 10 loss 2.31", "Traceback (most recent call last):", '  File "/job/train.py", line 12, in <module>',
+             "    raise ValueError('bad batch')", "ValueError: bad batch"]
+    path = tmp_path / "ray.log"
+    path.write_text("".join(prefix + ln + "\n" for ln in lines) + "(RayTrainWorker pid=81235, ip=10.0.0.13) step 10\n")
+    report = triage([str(path)])
+    v = report.verdict
+    assert v.primary is not None and v.primary.who.node == "10.0.0.12" and "bad batch" in v.primary.message, v.summary
+    assert "ray" in report.launchers, report.launchers

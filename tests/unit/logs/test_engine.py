@@ -1,0 +1,116 @@
+"""The catalogue's patterns are linear in the line's length, and the prefilter finds every line that can matter.
+
+Linear: each pattern searches lines of 1 kB, 10 kB and 1 MB that it does not match (built of its own
+needles, which start a match that then fails, and of ordinary text). Linear, 10x the line costs ~10x and
+100x costs ~100x; a pattern that backtracks over the rest of the line from each start costs 100x and
+10,000x (DeepSpeed's old exit pattern took 0.7 s on 10 kB). The times are the best of a few runs (noise only
+adds), and the bounds are loose (30x, 3,000x): ratios of work, never a time.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from ml_debug.logs import actions, blocks, engine, text
+from ml_debug.logs.catalogue import LAST_WORK, WATCHDOG, WATCHDOG_RANK
+from tests.conftest import REPO
+
+TINY, SMALL, LARGE = 1_000, 10_000, 1_000_000
+BOUND = 3000  # linear: ~100 (up to a few hundred when 1 MB leaves the cache); super-linear: ~10,000
+ORDINARY = ("/opt/venv/lib/python3.11/site-packages/torch/utils/checkpoint.py:91: UserWarning: None of the inputs "
+            "have requires_grad=True. Gradients will be None [rank3]: (12) 0x7f: ")
+
+
+def _patterns() -> list[tuple[str, re.Pattern[str], tuple[str, ...]]]:
+    out = [(f"line {r.launcher.name}/{r.line.action}", r.rx, r.needles) for r in engine.LINE_RULES]
+    out += [(f"class {r.entry.label}", r.rx, r.entry.needles) for r in engine.CLASS_RULES]
+    out += [(f"mark {name}", rx, needles) for name, rx, needles in engine.MARKS]
+    out += [("watchdog", re.compile(WATCHDOG), ("Watchdog caught collective operation timeout: WorkNCCL(",)),
+            ("watchdog rank", re.compile(WATCHDOG_RANK), ("[PG 0 ",)), ("last work", re.compile(LAST_WORK), ())]
+    # the collector's own patterns run on every candidate line too
+    out += [("inline exception", actions._INLINE_EXCEPTION, ("Error: ", "a.b.")),
+            ("suspect", actions._SUSPECT, ()), ("not suspect", actions._NOT_SUSPECT, ()),
+            ("^exception line", blocks.EXCEPTION_TYPE, ("Error",)), ("^exception name", text.EXCEPTION_LINE, ("a.",))]
+    out += [(f"^{name}", rx, needles) for name, rx, needles in out if name.startswith("line ") and
+            next(r for r in engine.LINE_RULES if r.rx is rx).line.anchored]
+    return out
+
+
+PATTERNS = _patterns()
+
+
+def _best(rx: re.Pattern[str], line: str, runs: int, anchored: bool) -> float:
+    run = rx.match if anchored else rx.search
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        run(line)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _fillers(needles: tuple[str, ...]) -> list[str]:
+    # a needle cut short of what follows it in a match ("failed (exitcode: " then no digits), and ordinary text
+    return [n + " " for n in needles[:2]] + [ORDINARY, "a" * 50 + ".", "[" * 20 + "(" * 20 + ": " * 10]
+
+
+@pytest.mark.parametrize("name", [p[0] for p in PATTERNS])
+def test_every_pattern_is_linear_in_the_line(name: str) -> None:
+    _, rx, needles = next(p for p in PATTERNS if p[0] == name)
+    anchored = name.startswith("^")  # used with match (from the line's start), as the code does
+    find = rx.match if anchored else rx.search
+    tried = 0
+    for unit in _fillers(needles):
+        tiny = (unit * (TINY // len(unit) + 1))[:TINY]
+        small = tiny * (SMALL // TINY)
+        if find(small):
+            continue  # a line it matches says nothing about the cost of a line it does not
+        t_tiny = _best(rx, tiny, 7, anchored)
+        t_small = _best(rx, small, 5, anchored)
+        ratio = t_small / max(t_tiny, 1e-7)
+        assert ratio < 30, f"{name}: 10x the line costs {ratio:.0f}x ({unit[:30]!r})"
+        large = small * (LARGE // SMALL)
+        if find(large):
+            continue
+        ratio = _best(rx, large, 3, anchored) / max(t_small, 1e-7)
+        assert ratio < BOUND, f"{name}: 100x the line costs {ratio:.0f}x ({unit[:30]!r})"
+        tried += 1
+    assert tried, f"{name}: every filler matched"
+
+
+def test_the_prefilter_finds_the_lines_that_hold_a_word_and_no_other() -> None:
+    words = engine.scan_words()
+    assert b"Traceback" in words and b"NCCL" in words and b"failed (exitcode:" not in words  # "ailed" finds it
+    data = b"plain\nx Traceback y\nplain again\nfoo failed (exitcode: 1)\nNCCL INFO x\nlast\n"
+    starts = engine.prefilter().candidates(data, len(data))
+    assert [data[s:data.index(b"\n", s)] for s in starts] == [b"x Traceback y", b"foo failed (exitcode: 1)",
+                                                              b"NCCL INFO x"]
+    # past a source's first NCCL lines, only their findings
+    quiet = engine.prefilter(nccl=False).candidates(data + b"h:1:1 [0] NCCL INFO NET/IB : No device found.\n",
+                                                      len(data) + 46)
+    assert len(quiet) == 3, quiet
+
+
+def test_past_a_sources_first_nccl_lines_only_their_findings_and_failures_are_read(tmp_path: Path) -> None:
+    """A job that makes a communicator every step: its NCCL lines past the first NCCL_LINES_PER_SOURCE are
+    skipped, in the same 1 MiB block too, but NCCL's findings (no IB device, sockets) and a failure after them
+    are read."""
+    from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
+    from ml_debug.logs.triage import triage
+
+    old = (REPO / "tests" / "data" / "logs" / "nccl_old_format.log").read_text().splitlines()
+    channel = next(ln for ln in old if " Channel " in ln or " Ring " in ln)
+    no_ib = next(ln for ln in old if "No device found" in ln)
+    body = "\n".join([channel] * (NCCL_LINES_PER_SOURCE * 3)) + "\n"
+    path = tmp_path / "rank3.log"
+    path.write_text(body + no_ib + "\n" + body + "Traceback (most recent call last):\n"
+                    '  File "/job/train.py", line 3, in <module>\nValueError: bad batch\n')
+    report = triage([str(path)])
+    assert report.verdict.primary is not None and report.verdict.primary.message == "ValueError: bad batch"
+    hosts = (report.nccl or {}).get("hosts", [])
+    assert [h["host"] for h in hosts if h.get("no_ib_device")] == ["ip-10-0-1-17"], report.nccl
+    assert (report.nccl or {})["lines"] < NCCL_LINES_PER_SOURCE * 2, report.nccl  # the rest were skipped
