@@ -47,10 +47,12 @@ _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 # a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR at the
-# start of the record, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", glog's
-# "W0302 ..."); NCCL's "host:pid:tid [0] NCCL INFO" is not one
+# start of the record, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", absl's
+# glog-style "W0302 01:00:00.000 123 train.py:88] ..."); NCCL's "host:pid:tid [0] NCCL INFO" is not one, nor c10's
+# C++ glog line ("[W1128 04:18:40.186 socket.cpp:207] [c10d] ..."): another thread's warning that happens to come
+# just before a rank's own traceback, never the record of a Python logging call
 _LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
-                     r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^\[?(?P<glog>[WID])\d{4} \d\d:")
+                     r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"')
 _FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
 
