@@ -32,15 +32,6 @@ def _ranks_of(ranks: list[int | None], members: list[str]) -> str:
     return ",".join("pid " + m.rsplit(":", 1)[1] for m in members[:20]) + (" …" if len(members) > 20 else "")
 
 
-def _chain(node: TreeNode) -> tuple[list[str], TreeNode]:
-    """A chain of single children with the same ranks: one branch (as the text tree draws it)."""
-    frames = [node.frame]
-    while len(node.children) == 1 and node.children[0].count == node.count:
-        node = node.children[0]
-        frames.append(node.frame)
-    return frames, node
-
-
 def _below(group: StackGroup, by_member: dict[str, DumpedProcess]) -> list[str]:
     """What the kernel says of a group's processes (the first four): the line beside the suspect."""
     out = []
@@ -82,7 +73,7 @@ def tree_html(result: DumpStacksResult) -> str:
         return "".join(parts)
 
     def add(node: TreeNode, depth: int) -> None:
-        frames, last = _chain(node)
+        frames, last = node.chain()
         onpath = bool(suspect_groups.intersection(node.groups))
         opened = onpath or (not suspect_groups and depth == 0)
         spec = rank_spec(node.ranks)

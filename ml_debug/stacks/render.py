@@ -22,15 +22,6 @@ def _chain_lines(frames: list[str], full: bool) -> list[str]:
     return [*frames[:CHAIN_KEEP], f"… {hidden} frames (--full shows them) …", *frames[-CHAIN_KEEP:]]
 
 
-def _collapse(node: TreeNode) -> tuple[list[str], TreeNode]:
-    """Follow a chain of single children with the same ranks: one tree line for the whole chain."""
-    frames = [node.frame]
-    while len(node.children) == 1 and node.children[0].count == node.count:
-        node = node.children[0]
-        frames.append(node.frame)
-    return frames, node
-
-
 def _ranks_cell(ranks: list[int | None], members: list[str]) -> str:
     if ranks and all(r is not None for r in ranks) and len(set(ranks)) == len(ranks):
         from ml_debug.core.ranges import compress
@@ -68,7 +59,7 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
                     "branch)", guide_style="dim")
 
         def add(parent: Any, node: TreeNode) -> None:
-            frames, last = _collapse(node)
+            frames, last = node.chain()
             label = Text()
             label.append(f"[{node.ranks}]", style="bold cyan")
             label.append(f" ({node.count})")

@@ -99,6 +99,15 @@ class TreeNode:
         return cls(frame=d["frame"], ranks=d["ranks"], count=int(d["count"]), groups=list(d["groups"]),
                    children=[cls.from_json(c) for c in d["children"]])
 
+    def chain(self) -> tuple[list[str], TreeNode]:
+        """The frames down a chain of single children with the same ranks (one branch, as the views draw it),
+        and the node where the chain ends."""
+        node, frames = self, [self.frame]
+        while len(node.children) == 1 and node.children[0].count == node.count:
+            node = node.children[0]
+            frames.append(node.frame)
+        return frames, node
+
 
 @dataclass(frozen=True)
 class NodeSummary:
