@@ -136,8 +136,8 @@ def _local_results() -> list[Result]:
             subprocess.run(["xargs", "-I", "{}", py_spy, "dump", "--pid", "{}"], input=pgrep.stdout,
                            capture_output=True, text=True, check=True, timeout=300)
 
-        from ml_debug.stacks.command import local_report
         from ml_debug.stacks.request import DumpRequest
+        from ml_debug.stacks.run import local_report
 
         def library() -> None:
             result = local_report(DumpRequest(pids=[job.pid]))

@@ -7,7 +7,7 @@ to draw them beside the time of the analysis they show.
 
 Uses the scale benchmark's synthetic job (benchmarks/bench_scale.py: 8 ranks a node, one rank stuck in
 its data loader, a 3D layout's Flight Recorder with a rank that never issued a collective and a desync),
-read by ``stacks.report.read_node_document`` and analysed by ``build_report`` as dump-stacks does, and
+read by ``stacks.verdict.read_node_document`` and analysed by ``build_report`` as dump-stacks does, and
 its logs (one file per rank, 4 KiB each here) triaged as ``mldebug logs`` does. Each size runs in a fresh
 child process. Goal: the page of a 16k-rank job well under 10 MB (``SIZE_GOAL_MB``)."""
 
@@ -34,7 +34,7 @@ def child(n: int) -> dict[str, Any]:
     from ml_debug.logs.triage import triage
     from ml_debug.page import build
     from ml_debug.stacks.fr_analysis import EntryPool
-    from ml_debug.stacks.report import build_report, read_node_document
+    from ml_debug.stacks.verdict import build_report, read_node_document
 
     pool = EntryPool()
     nodes, processes, records = [], [], []

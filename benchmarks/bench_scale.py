@@ -5,7 +5,7 @@
 
 Each size runs in a fresh child process that builds what the client holds after a 16k-rank
 `dump-stacks`: every node's document as JSON text, parsed back and read by
-`stacks.report.read_node_document` as the client reads it, then times (CPU time of the child: steadier
+`stacks.verdict.read_node_document` as the client reads it, then times (CPU time of the child: steadier
 than wall time on a shared machine, the analyses are single-threaded; the least of REPEAT = 11 runs at
 every size):
 
@@ -361,7 +361,7 @@ def child(n: int) -> dict[str, Any]:
     from ml_debug.stacks.fr_analysis import EntryPool
     from ml_debug.stacks.fr_analysis import analyse as fr_analyse
     from ml_debug.stacks.merge import Member, analyse
-    from ml_debug.stacks.report import read_node_document
+    from ml_debug.stacks.verdict import read_node_document
 
     # what arrives: one JSON text per node, read as dump-stacks reads it (one entry pool for the run)
     members: list[Member] = []

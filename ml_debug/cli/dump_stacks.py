@@ -42,9 +42,9 @@ def register(app: typer.Typer) -> None:
 def dump_stacks(req: DumpRequest, targets: TargetOptions) -> int:
     from ml_debug.core import output
     from ml_debug.page import build
-    from ml_debug.stacks.command import dump_stacks_result
     from ml_debug.stacks.render import render
-    from ml_debug.stacks.report import SCHEMA, SCHEMA_VERSION
+    from ml_debug.stacks.run import dump_stacks_result
+    from ml_debug.stacks.verdict import SCHEMA, SCHEMA_VERSION
 
     for flag, path in (("--html", req.html), ("--speedscope", req.speedscope)):
         if path is not None:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ml_debug.history.queries import HistoryResult
-    from ml_debug.logs.model import LogsReport
+    from ml_debug.logs.result import LogsReport
 
 SCHEMA = "mldebug.history"
 

@@ -48,8 +48,8 @@ def register(app: typer.Typer) -> None:
 def logs(opts: LogsOptions, pm: PostmortemOptions | None = None) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import ExitCode, UsageError
-    from ml_debug.logs.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.logs.render import render
+    from ml_debug.logs.result import SCHEMA, SCHEMA_VERSION
     from ml_debug.logs.triage import triage
 
     if pm is not None and (pm.wanted or _has_dumps(opts, pm)):
@@ -98,7 +98,7 @@ def _demux(opts: LogsOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
     from ml_debug.core.visible import visible
-    from ml_debug.logs.model import SCHEMA, SCHEMA_VERSION
+    from ml_debug.logs.result import SCHEMA, SCHEMA_VERSION
     from ml_debug.logs.triage import MAX_DEMUX_LINES, demux
 
     lines: list[dict[str, object]] = []

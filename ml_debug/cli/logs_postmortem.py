@@ -12,8 +12,8 @@ from ml_debug.postmortem.options import PostmortemOptions
 def postmortem(opts: LogsOptions, pm: PostmortemOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import ExitCode
-    from ml_debug.logs.model import SCHEMA, SCHEMA_VERSION
     from ml_debug.logs.render import render as render_logs
+    from ml_debug.logs.result import SCHEMA, SCHEMA_VERSION
     from ml_debug.logs.triage import triage
     from ml_debug.postmortem.collect import run
     from ml_debug.postmortem.render import render
@@ -57,7 +57,7 @@ def postmortem(opts: LogsOptions, pm: PostmortemOptions) -> int:
 def _empty_report(ok: bool, summary: str, block: dict[str, object]) -> dict[str, object]:
     """The logs' document when no log file could be read: an empty report, and the post-mortem."""
     from ml_debug.core.output import to_jsonable
-    from ml_debug.logs.model import LogsReport, Verdict
+    from ml_debug.logs.result import LogsReport, Verdict
 
     empty = LogsReport(verdict=Verdict(status="none", summary="no log file read"), sources=[], events=[],
                        tracebacks=[], timeline=[], ranks_seen="", world_size=None, nodes=[], progress={}, nccl=None)

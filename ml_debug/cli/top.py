@@ -57,8 +57,8 @@ def dump_stacks_callback(spec: Any, opts: TopOptions) -> Any:
     """The `d` key: dump-stacks' own library call on one node's ranks (the same selectors as top's)."""
 
     def dump(label: str) -> dict[str, Any]:
-        from ml_debug.stacks.command import dump_stacks_report
         from ml_debug.stacks.request import DumpRequest
+        from ml_debug.stacks.run import dump_stacks_report
 
         one = dataclasses.replace(spec, targets=[t for t in spec.targets if t.label == label])
         req = DumpRequest(pattern=opts.pattern, user=opts.user, env=list(opts.env))

@@ -172,10 +172,10 @@ class IncidentCollector:
             self._stacks_done.set()
 
     def _write_stacks(self, part: Part) -> None:
-        from ml_debug.stacks.command import dump_stacks_result
         from ml_debug.stacks.render import render
-        from ml_debug.stacks.report import SCHEMA as STACKS_SCHEMA
-        from ml_debug.stacks.report import SCHEMA_VERSION as STACKS_VERSION
+        from ml_debug.stacks.run import dump_stacks_result
+        from ml_debug.stacks.verdict import SCHEMA as STACKS_SCHEMA
+        from ml_debug.stacks.verdict import SCHEMA_VERSION as STACKS_VERSION
 
         req = dump_request(self.opts, self.spec, samples=self.opts.samples, flight_recorder=True)
         result = dump_stacks_result(self.spec, req, stop=self._stop)

@@ -135,7 +135,7 @@ class StackRounds:
         req = dump_request(self.opts, self.spec, samples=1, flight_recorder=False)
         req = dataclasses.replace(req, dumper="py-spy")
         if self.spec.kind == "local":
-            from ml_debug.stacks.command import dump_stacks_report
+            from ml_debug.stacks.run import dump_stacks_report
 
             return stack_observations(dump_stacks_report(self.spec, req))
         from ml_debug.remote.runner import on_every_node

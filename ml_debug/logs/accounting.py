@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ml_debug.logs.model import PRIMARY, TIME_LAUNCHER, TIME_NEARBY, TIME_ORDER, Event, Who
+from ml_debug.logs.result import PRIMARY, TIME_LAUNCHER, TIME_NEARBY, TIME_ORDER, Event, Who
 
 _OWNED_KINDS = ("traceback", "exception", "cuda-error", "oom", "nccl-error", "shm", "gpu-fault", "signal",
                 "error-line")

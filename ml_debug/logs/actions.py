@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ml_debug.logs import blocks, engine
 from ml_debug.logs.engine import LineRule
 from ml_debug.logs.labels import Label, find_time, srun_task_node
-from ml_debug.logs.model import (
+from ml_debug.logs.result import (
     INFO,
     PRIMARY,
     SECONDARY,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ml_debug.logs import engine
 from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node
-from ml_debug.logs.model import (
+from ml_debug.logs.result import (
     INFO,
     PRIMARY,
     TIME_LAUNCHER,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ml_debug.logs.model import PRIMARY, SECONDARY
+from ml_debug.logs.result import PRIMARY, SECONDARY
 
 
 @dataclass(frozen=True)

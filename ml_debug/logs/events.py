@@ -29,9 +29,9 @@ from typing import Any
 from ml_debug.logs import actions, blocks
 from ml_debug.logs.blocks import MAX_TRACEBACK_LINES, Block
 from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unstamped
-from ml_debug.logs.model import PRIMARY, TIME_ERROR_FILE, TIME_LINE, TIME_ORDER, Event, Who
 from ml_debug.logs.nccl import NcclCollector
 from ml_debug.logs.repair import mend_line
+from ml_debug.logs.result import PRIMARY, TIME_ERROR_FILE, TIME_LINE, TIME_ORDER, Event, Who
 from ml_debug.logs.text import blamed, classify, clean_message, short_exception, signal_event_text
 
 __all__ = ["Collector", "SourceContext", "classify", "clean_message", "short_exception"]

@@ -29,7 +29,7 @@ import functools
 import re
 from dataclasses import dataclass, replace
 
-from ml_debug.logs.model import Who
+from ml_debug.logs.result import Who
 
 _SRUN = re.compile(r" *(\d+): ")
 # The role is empty or starts with a letter, so a bracketed date ("[2024-05-01]") is not a role.

@@ -34,7 +34,7 @@ from typing import IO, Any
 from ml_debug.core import lifecycle, testhooks
 from ml_debug.core.gcpause import gc_paused
 from ml_debug.logs.events import Collector
-from ml_debug.logs.model import SourceInfo
+from ml_debug.logs.result import SourceInfo
 from ml_debug.logs.scan import feed_source
 from ml_debug.logs.sources import Expanded, Source
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ml_debug.core.visible import visible
 from ml_debug.logs.labels import brief, clock
-from ml_debug.logs.model import PRIMARY, SECONDARY, LogsReport, TracebackGroup
+from ml_debug.logs.result import PRIMARY, SECONDARY, LogsReport, TracebackGroup
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ml_debug.core.errors import UsageError
-from ml_debug.logs.model import Who
+from ml_debug.logs.result import Who
 
 LAUNCH_MANIFEST = "launch.json"
 LAUNCH_SCHEMA = "mldebug.launch"

@@ -7,7 +7,7 @@ import re
 import signal
 
 from ml_debug.logs.engine import class_label, failure_class
-from ml_debug.logs.model import PRIMARY, SECONDARY
+from ml_debug.logs.result import PRIMARY, SECONDARY
 
 MESSAGE_CHARS = 64 << 10  # the most of a message kept; the human view shows less (labels.brief)
 

@@ -12,8 +12,8 @@ from ml_debug.core.ranges import compress
 from ml_debug.logs import accounting
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import split_label, strip_ansi
-from ml_debug.logs.model import PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.readers import read_all
+from ml_debug.logs.result import PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.verdict import (

@@ -21,7 +21,7 @@ from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
-from ml_debug.logs.model import (
+from ml_debug.logs.result import (
     INFO,
     PRIMARY,
     SECONDARY,

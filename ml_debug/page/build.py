@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from ml_debug.page import flight, nodes, shell, stacks, timeline
 
 if TYPE_CHECKING:
-    from ml_debug.logs.model import LogsReport
-    from ml_debug.stacks.report import DumpStacksResult
+    from ml_debug.logs.result import LogsReport
+    from ml_debug.stacks.verdict import DumpStacksResult
 
 TONE = {0: "ok", 1: "problem", 3: "partial", 4: "partial"}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ml_debug.stacks.report import DumpStacksResult
+    from ml_debug.stacks.verdict import DumpStacksResult
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 PER_PROCESS = 256  # beyond this, the per-process profiles would only repeat the groups

@@ -1,5 +1,5 @@
 """The dump-stacks views: the merged stack tree (suspect opened, its below-Python line beside it), the
-suspects, the groups, the nodes and what was not dumped. Drawn from ``stacks.report.DumpStacksResult``."""
+suspects, the groups, the nodes and what was not dumped. Drawn from ``stacks.verdict.DumpStacksResult``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ml_debug.page.shell import Section
 from ml_debug.page.text import esc
 
 if TYPE_CHECKING:
-    from ml_debug.stacks.report import DumpedProcess, DumpStacksResult, StackGroup, TreeNode
+    from ml_debug.stacks.verdict import DumpedProcess, DumpStacksResult, StackGroup, TreeNode
 
 MAX_ROWS = 500  # rows of a long table (nodes, not dumped); the rest is counted, all fine or all alike
 CHAIN_KEEP = 3  # frames named at each end of a long chain in a branch's title

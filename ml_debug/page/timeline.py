@@ -1,5 +1,5 @@
 """The logs views: the ranks' timeline per node (the first failure, the failures that followed it), the
-timeline table, identical tracebacks and the sources read. Drawn from ``logs.model.LogsReport``."""
+timeline table, identical tracebacks and the sources read. Drawn from ``logs.result.LogsReport``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ml_debug.page.shell import Section
 from ml_debug.page.text import esc
 
 if TYPE_CHECKING:
-    from ml_debug.logs.model import Event, LogsReport
+    from ml_debug.logs.result import Event, LogsReport
 
 MAX_LANES = 300  # nodes drawn as lanes; the rest are counted
 MAX_MARKS = 60  # events drawn per lane

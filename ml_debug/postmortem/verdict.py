@@ -21,7 +21,7 @@ from ml_debug.postmortem.kernel import KernelEvent, NodeKernelLog
 
 KERNEL_CAUSES = ("xid", "oom-kill", "segfault")
 TRACEBACK_KINDS = ("traceback", "exception", "error-file", "cuda-error")
-"""The logs' event kinds that are the rank's own account of its failure (``ml_debug.logs.model.Event.kind``)."""
+"""The logs' event kinds that are the rank's own account of its failure (``ml_debug.logs.result.Event.kind``)."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from ml_debug.core.output import log, progress
 from ml_debug.core.ptrace import PtraceCheck, check_ptrace
 from ml_debug.procs.find import FoundProcess, FoundProcesses
 from ml_debug.stacks.dumpers import DumpOptions, Tools, dump_process
-from ml_debug.stacks.model import ProcessDump
+from ml_debug.stacks.result import ProcessDump
 
 MAX_PARALLEL = 32
 

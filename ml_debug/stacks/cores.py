@@ -24,8 +24,8 @@ from ml_debug.core.output import log, progress
 from ml_debug.core.safefs import Refused
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
 from ml_debug.stacks.elfcore import BadCore, executable_of, is_core_fd, read_notes_fd, truncation
-from ml_debug.stacks.model import Frame, ThreadDump
 from ml_debug.stacks.parsers import parse_gdb, parse_pystack
+from ml_debug.stacks.result import Frame, ThreadDump
 from ml_debug.stacks.tools import find_tool, first_error_line, run_tool
 
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")

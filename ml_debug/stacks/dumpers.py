@@ -15,8 +15,8 @@ from ml_debug.core.errors import UsageError
 from ml_debug.core.extras import PARTS, MissingPart
 from ml_debug.core.ptrace import PtraceCheck
 from ml_debug.procs.tree import process_state
-from ml_debug.stacks.model import Attempt, ProcessDump, ThreadDump
 from ml_debug.stacks.parsers import PYBT_MARK, parse_gdb, parse_pyspy_json, parse_pystack
+from ml_debug.stacks.result import Attempt, ProcessDump, ThreadDump
 from ml_debug.stacks.tools import ToolRun, find_tool, first_error_line, run_tool
 
 DUMPERS = ("auto", "py-spy", "pystack", "gdb")

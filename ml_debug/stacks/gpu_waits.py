@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ml_debug.stacks.model import Frame
+from ml_debug.stacks.result import Frame
 
 # Native functions (C API, runtime API, and c10's wrappers) that return only when the GPU has caught
 # up. Matched on the name without its arguments, exactly or as the last `::` component.

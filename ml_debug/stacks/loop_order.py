@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ml_debug.core.ranges import compress
-from ml_debug.stacks.model import Frame
+from ml_debug.stacks.result import Frame
 
 # Names that count iterations. A rank's own identity (rank, pid, device, port) differs between ranks
 # by design and is never compared.

@@ -18,7 +18,7 @@ from typing import Any
 
 from ml_debug.core.ranges import compress
 from ml_debug.stacks import gpu_waits
-from ml_debug.stacks.model import Frame, ProcessDump, is_library_path, short_path
+from ml_debug.stacks.result import Frame, ProcessDump, is_library_path, short_path
 
 # Calls where a rank waits for its peers. Matched on the function name in torch.distributed
 # (or deepspeed.comm) files; `wait` covers Work.wait() on async handles.

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from ml_debug.stacks.model import Frame, ThreadDump
+from ml_debug.stacks.result import Frame, ThreadDump
 
 
 def parse_pyspy_json(text: str, pid: int) -> list[ThreadDump]:

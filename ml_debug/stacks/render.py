@@ -10,7 +10,7 @@ from ml_debug.core.visible import visible
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ml_debug.stacks.report import DumpStacksResult, TreeNode
+    from ml_debug.stacks.verdict import DumpStacksResult, TreeNode
 
 CHAIN_KEEP = 3  # frames shown at each end of a long chain unless --full
 
@@ -35,7 +35,7 @@ def render(result: DumpStacksResult, console: Console, *, full: bool = False, al
     from rich.text import Text
     from rich.tree import Tree
 
-    from ml_debug.stacks.report import GroupState, ProcessState
+    from ml_debug.stacks.verdict import GroupState, ProcessState
 
     procs = result.processes
     nodes = result.nodes

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ml_debug.logs.model import PRIMARY, SECONDARY, LogsReport
+from ml_debug.logs.result import PRIMARY, SECONDARY, LogsReport
 from ml_debug.logs.triage import triage
 from tests.conftest import REPO
 from tests.rig.fixtures import rig_port

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ml_debug.logs.model import Verdict
+from ml_debug.logs.result import Verdict
 
 
 def logs_verdict(verdict: Verdict) -> Verdict:

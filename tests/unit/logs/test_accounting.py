@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ml_debug.logs.model import INFO, PRIMARY
+from ml_debug.logs.result import INFO, PRIMARY
 from ml_debug.logs.triage import triage
 from tests.conftest import REPO
 from tests.unit.logs.test_pasted import _numbered, _quoted, _wrapped

@@ -23,8 +23,8 @@ from ml_debug.logs import scan
 from ml_debug.logs.events import classify
 from ml_debug.logs.labels import find_time, split_label
 from ml_debug.logs.launch import PREFIX_TEMPLATE, plan, prepare
-from ml_debug.logs.model import PRIMARY, SECONDARY, Who
 from ml_debug.logs.options import LaunchJobOptions
+from ml_debug.logs.result import PRIMARY, SECONDARY, Who
 from ml_debug.logs.triage import triage
 from tests.conftest import REPO, require, validate_schema
 
@@ -478,7 +478,7 @@ def test_a_rank_that_raised_and_then_aborted_while_exiting_failed_once() -> None
     """Real torchrun logs (tests/data/logs/raise_then_sigabrt_at_exit/): rank 2 raised a ValueError, then
     gloo aborted its exit ("terminate called without an active exception"), so torchrun saw -6 (SIGABRT).
     A process ends once: one failure for rank 2, told by its exception, with the signal in its detail."""
-    from ml_debug.logs.model import PRIMARY
+    from ml_debug.logs.result import PRIMARY
     from ml_debug.logs.triage import triage
     from tests.conftest import REPO
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ml_debug.logs.model import PRIMARY
+from ml_debug.logs.result import PRIMARY
 from ml_debug.logs.triage import triage
 from tests.conftest import REPO
 

@@ -3,7 +3,7 @@ accounting is the rig's recorded sacct text; the logs' report is `mldebug logs`'
 
 from __future__ import annotations
 
-from ml_debug.logs.model import Event, LogsReport, Verdict, Who
+from ml_debug.logs.result import Event, LogsReport, Verdict, Who
 from ml_debug.postmortem.accounting import judge, parse_sacct
 from ml_debug.postmortem.frdumps import FrSource
 from ml_debug.postmortem.kernel import NodeKernelLog, parse_lines

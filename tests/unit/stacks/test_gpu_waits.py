@@ -8,7 +8,7 @@ import pytest
 
 from ml_debug.stacks import gpu_waits
 from ml_debug.stacks.merge import Member, analyse
-from ml_debug.stacks.model import Frame, ProcessDump, ThreadDump
+from ml_debug.stacks.result import Frame, ProcessDump, ThreadDump
 
 TORCH_CUDA = "/venv/lib/python3.12/site-packages/torch/cuda/__init__.py"
 TRAIN = "/home/me/run/train.py"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ml_debug.stacks.loop_order import RankFrames, loop_order
-from ml_debug.stacks.model import Frame
+from ml_debug.stacks.result import Frame
 from tests.conftest import REPO, kill_pids, mldebug, pids_with_env, require, wait_until
 
 WORKER = r'''

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from ml_debug.core.ranges import compress, expand
 from ml_debug.stacks.merge import Member, analyse, collective_frame
-from ml_debug.stacks.model import Frame, ProcessDump, ThreadDump, short_path
+from ml_debug.stacks.result import Frame, ProcessDump, ThreadDump, short_path
 
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 LOGGER = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"

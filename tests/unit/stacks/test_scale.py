@@ -18,7 +18,7 @@ from ml_debug.remote.hostlist import compress_hostlist, expand_hostlist
 from ml_debug.stacks import flight
 from ml_debug.stacks.fr_analysis import analyse as fr_analyse
 from ml_debug.stacks.merge import Member, analyse
-from ml_debug.stacks.model import dump_from_json
+from ml_debug.stacks.result import dump_from_json
 
 N = 4096
 ODD = job.culprits(N)
@@ -106,7 +106,7 @@ def test_rank_ranges_and_hostlists_of_16k_ranks_round_trip() -> None:
 def test_a_nodes_equal_flight_recorder_entries_are_kept_once_and_the_analysis_is_unchanged() -> None:
     import copy
 
-    from ml_debug.stacks.report import read_node_document
+    from ml_debug.stacks.verdict import read_node_document
 
     n = 64
     plain = [job.fr_record(rank, n) for rank in range(n)]
@@ -164,7 +164,7 @@ def test_the_whole_run_comparison_finds_what_comparing_number_by_number_finds(mo
 def test_one_entry_pool_for_every_node_shares_equal_entries_across_nodes_and_4k_culprits_stay_named(
         fr_records: list[dict[str, Any]]) -> None:
     from ml_debug.stacks.fr_analysis import EntryPool
-    from ml_debug.stacks.report import read_node_document
+    from ml_debug.stacks.verdict import read_node_document
 
     def copied(r: dict[str, Any]) -> dict[str, Any]:  # new lists, the same (per rank distinct) entries
         if "collectives" not in r:  # the rank whose dump never came

@@ -18,7 +18,8 @@ from ml_debug.core import output
 from ml_debug.core.errors import ExitCode
 from ml_debug.remote.targets import TargetSpec
 from ml_debug.stacks.fr_analysis import EntryPool
-from ml_debug.stacks.report import (
+from ml_debug.stacks.request import DumpRequest
+from ml_debug.stacks.verdict import (
     SCHEMA,
     SCHEMA_VERSION,
     DumpStacksResult,
@@ -31,7 +32,6 @@ from ml_debug.stacks.report import (
     read_node_document,
     with_node_note,
 )
-from ml_debug.stacks.request import DumpRequest
 
 
 def _options(req: DumpRequest) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from ml_debug.stacks.flight import section
 from ml_debug.stacks.fr_analysis import EntryPool, share_entries
 from ml_debug.stacks.loop_order import LoopOrder, RankFrames, loop_order
 from ml_debug.stacks.merge import Analysis, Member, Suspect, analyse, member_state
-from ml_debug.stacks.model import Frame, ProcessDump, dump_from_json
+from ml_debug.stacks.result import Frame, ProcessDump, dump_from_json
 
 SCHEMA = "mldebug.dump-stacks"
 SCHEMA_VERSION = 1

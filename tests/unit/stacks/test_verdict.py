@@ -14,8 +14,8 @@ from ml_debug.core.output import document, to_jsonable
 from ml_debug.procs.find import FoundProcess
 from ml_debug.stacks import flight
 from ml_debug.stacks.cores import CoreReport, CoreSearch, core_bt_result
-from ml_debug.stacks.model import Attempt, Frame, ProcessDump, ThreadDump
-from ml_debug.stacks.report import (
+from ml_debug.stacks.result import Attempt, Frame, ProcessDump, ThreadDump
+from ml_debug.stacks.verdict import (
     NO_TARGETS_HINT,
     DumpStacksResult,
     GroupState,
