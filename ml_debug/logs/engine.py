@@ -64,13 +64,41 @@ MARKS = tuple((launcher.name, re.compile(launcher.marks), launcher.mark_needles)
               for launcher in LAUNCHERS if launcher.marks and launcher.reported)
 
 
-def _has(text: str, needles: tuple[str, ...], present: frozenset[str] | None = None) -> bool:
-    if present is not None:
-        return not present.isdisjoint(needles)
+def _has(text: str, needles: tuple[str, ...]) -> bool:
     for needle in needles:
         if needle in text:
             return True
     return False
+
+
+def _index(needles: list[tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
+    """Each needle: the rules (their positions) that hold it."""
+    out: dict[str, list[int]] = {}
+    for i, words in enumerate(needles):
+        for w in words:
+            out.setdefault(w, []).append(i)
+    return {w: tuple(ids) for w, ids in out.items()}
+
+
+def _which(index: dict[str, tuple[int, ...]], present: frozenset[str]) -> list[int]:
+    """The rules, in catalogue order, with one of the ``present`` needles: a line's few, not every rule."""
+    got: set[int] = set()
+    for w in present:
+        ids = index.get(w)
+        if ids:
+            got.update(ids)
+    return sorted(got)
+
+
+LINE_INDEX = _index([r.needles for r in LINE_RULES])
+CLASS_INDEX = _index([r.entry.needles for r in CLASS_RULES])
+MARK_INDEX = _index([needles for _, _, needles in MARKS])
+
+
+DETECT_WORDS = ("NCCL", "Traceback", "Watchdog caught", "Killed", "rror", "xception", "Exit", "Interrupt", "Fail",
+                "Fault", "ERROR", "FATAL", "CRITICAL", "ailed", "FAILED", "borted", "core dumped")
+"""Beside the needles, a literal of everything actions.detect looks for outside the catalogue (its exception,
+kill, watchdog and suspect patterns): a line that holds none of them, nor a needle, says nothing to it."""
 
 
 class Needles:
@@ -80,7 +108,7 @@ class Needles:
     def __init__(self) -> None:
         words = {n for r in LINE_RULES for n in r.needles} | {n for r in CLASS_RULES for n in r.entry.needles}
         words |= {n for _, _, needles in MARKS for n in needles}
-        self.words = sorted(words)
+        self.words = sorted(words | set(DETECT_WORDS))
         n = len(self.words)
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self._db.compile(expressions=[re.escape(w).encode() for w in self.words], ids=list(range(n)), elements=n,
@@ -112,8 +140,9 @@ def needles_in(text: str) -> frozenset[str]:
 def launcher_lines(text: str, present: frozenset[str] | None = None) -> Iterator[tuple[LineRule, re.Match[str]]]:
     """The launcher lines ``text`` (a line without its labels) matches, in catalogue order (``present``: its
     needles, from :func:`needles_in`)."""
-    for rule in LINE_RULES:
-        if _has(text, rule.needles, present):
+    rules = LINE_RULES if present is None else [LINE_RULES[i] for i in _which(LINE_INDEX, present)]
+    for rule in rules:
+        if present is not None or _has(text, rule.needles):
             m = rule.rx.match(text) if rule.line.anchored else rule.rx.search(text)
             if m:
                 yield rule, m
@@ -122,8 +151,9 @@ def launcher_lines(text: str, present: frozenset[str] | None = None) -> Iterator
 def failure_class(text: str, cls: str | None = None, present: frozenset[str] | None = None
                   ) -> tuple[FailureClass, re.Match[str]] | None:
     """The first failure class (of class ``cls``, or any) whose pattern is in ``text``, with its match."""
-    for rule in CLASS_RULES:
-        if (cls is None or rule.entry.cls == cls) and _has(text, rule.entry.needles, present):
+    rules = CLASS_RULES if present is None else [CLASS_RULES[i] for i in _which(CLASS_INDEX, present)]
+    for rule in rules:
+        if (cls is None or rule.entry.cls == cls) and (present is not None or _has(text, rule.entry.needles)):
             m = rule.rx.search(text)
             if m:
                 return rule.entry, m
@@ -140,8 +170,9 @@ def class_label(entry: FailureClass, m: re.Match[str]) -> str:
 
 def marks(text: str, present: frozenset[str] | None = None) -> Iterator[str]:
     """The launchers whose marks are in ``text``."""
-    for name, rx, needles in MARKS:
-        if _has(text, needles, present) and rx.search(text):
+    marks_ = MARKS if present is None else [MARKS[i] for i in _which(MARK_INDEX, present)]
+    for name, rx, needles in marks_:
+        if (present is not None or _has(text, needles)) and rx.search(text):
             yield name
 
 
