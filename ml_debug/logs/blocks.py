@@ -209,7 +209,7 @@ def summary_line(c: Collector, key: str, block: Block, rest: str) -> bool:
 def close_block(c: Collector, key: str) -> None:
     block = c._blocks.pop(key)
     whole = "\n".join(block.text)
-    for name in engine.marks(whole, engine.needles_in(whole)):  # the launcher's own frames (accelerate/commands/launch.py ...)
+    for name in engine.marks(whole):  # the launcher's own frames (accelerate/commands/launch.py ...)
         if name in _FRAME_LAUNCHERS:
             c._mark(name)
     if block.summary is not None:

@@ -7,8 +7,9 @@ none, and cost that one pass); measured on the line mixes of benchmarks/bench_lo
 at grep's speed where one ``bytes.find`` pass per word (the pure-Python way) cost 8x more, and a
 combined regular expression in CPython's ``re`` 24x more (docs/commands/logs.md has the figures).
 
-On a line that passed, a pattern is run only when one of its own needles is in the line (a few C-speed
-substring tests), so a line costs its few relevant patterns, not the whole catalogue.
+On a line that passed, one more Hyperscan call says which needles it holds, and only the patterns that
+hold one of them are run (looked up by needle): a line costs its few relevant patterns, not the whole
+catalogue.
 """
 
 from __future__ import annotations
@@ -62,13 +63,6 @@ LINE_RULES = _compile_lines()
 CLASS_RULES = tuple(ClassRule(c, re.compile(c.pattern)) for c in FAILURE_CLASSES)
 MARKS = tuple((launcher.name, re.compile(launcher.marks), launcher.mark_needles)
               for launcher in LAUNCHERS if launcher.marks and launcher.reported)
-
-
-def _has(text: str, needles: tuple[str, ...]) -> bool:
-    for needle in needles:
-        if needle in text:
-            return True
-    return False
 
 
 def _index(needles: list[tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
@@ -140,20 +134,19 @@ def needles_in(text: str) -> frozenset[str]:
 def launcher_lines(text: str, present: frozenset[str] | None = None) -> Iterator[tuple[LineRule, re.Match[str]]]:
     """The launcher lines ``text`` (a line without its labels) matches, in catalogue order (``present``: its
     needles, from :func:`needles_in`)."""
-    rules = LINE_RULES if present is None else [LINE_RULES[i] for i in _which(LINE_INDEX, present)]
-    for rule in rules:
-        if present is not None or _has(text, rule.needles):
-            m = rule.rx.match(text) if rule.line.anchored else rule.rx.search(text)
-            if m:
-                yield rule, m
+    for i in _which(LINE_INDEX, needles_in(text) if present is None else present):
+        rule = LINE_RULES[i]
+        m = rule.rx.match(text) if rule.line.anchored else rule.rx.search(text)
+        if m:
+            yield rule, m
 
 
 def failure_class(text: str, cls: str | None = None, present: frozenset[str] | None = None
                   ) -> tuple[FailureClass, re.Match[str]] | None:
     """The first failure class (of class ``cls``, or any) whose pattern is in ``text``, with its match."""
-    rules = CLASS_RULES if present is None else [CLASS_RULES[i] for i in _which(CLASS_INDEX, present)]
-    for rule in rules:
-        if (cls is None or rule.entry.cls == cls) and (present is not None or _has(text, rule.entry.needles)):
+    for i in _which(CLASS_INDEX, needles_in(text) if present is None else present):
+        rule = CLASS_RULES[i]
+        if cls is None or rule.entry.cls == cls:
             m = rule.rx.search(text)
             if m:
                 return rule.entry, m
@@ -170,9 +163,9 @@ def class_label(entry: FailureClass, m: re.Match[str]) -> str:
 
 def marks(text: str, present: frozenset[str] | None = None) -> Iterator[str]:
     """The launchers whose marks are in ``text``."""
-    marks_ = MARKS if present is None else [MARKS[i] for i in _which(MARK_INDEX, present)]
-    for name, rx, needles in marks_:
-        if (present is not None or _has(text, needles)) and rx.search(text):
+    for i in _which(MARK_INDEX, needles_in(text) if present is None else present):
+        name, rx, _needles = MARKS[i]
+        if rx.search(text):
             yield name
 
 
