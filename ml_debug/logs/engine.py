@@ -67,21 +67,16 @@ MARKS = tuple((launcher.name, re.compile(launcher.marks), launcher.mark_needles)
 
 def _index(needles: list[tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
     """Each needle: the rules (their positions) that hold it."""
-    out: dict[str, list[int]] = {}
+    out: dict[str, tuple[int, ...]] = {}
     for i, words in enumerate(needles):
         for w in words:
-            out.setdefault(w, []).append(i)
-    return {w: tuple(ids) for w, ids in out.items()}
+            out[w] = out.get(w, ()) + (i,)
+    return out
 
 
 def _which(index: dict[str, tuple[int, ...]], present: frozenset[str]) -> list[int]:
     """The rules, in catalogue order, with one of the ``present`` needles: a line's few, not every rule."""
-    got: set[int] = set()
-    for w in present:
-        ids = index.get(w)
-        if ids:
-            got.update(ids)
-    return sorted(got)
+    return sorted({i for w in present for i in index.get(w, ())})
 
 
 LINE_INDEX = _index([r.needles for r in LINE_RULES])
@@ -100,9 +95,7 @@ class Needles:
     needle with ``in`` costs 16)."""
 
     def __init__(self) -> None:
-        words = {n for r in LINE_RULES for n in r.needles} | {n for r in CLASS_RULES for n in r.entry.needles}
-        words |= {n for _, _, needles in MARKS for n in needles}
-        self.words = sorted(words | set(DETECT_WORDS))
+        self.words = sorted({*LINE_INDEX, *CLASS_INDEX, *MARK_INDEX, *DETECT_WORDS})
         n = len(self.words)
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self._db.compile(expressions=[re.escape(w).encode() for w in self.words], ids=list(range(n)), elements=n,
@@ -110,12 +103,7 @@ class Needles:
 
     def present(self, text: str) -> frozenset[str]:
         hits: list[int] = []
-        add = hits.append
-
-        def hit(i: int, _start: int, _to: int, _flags: int, _ctx: object) -> None:
-            add(i)
-
-        self._db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=hit)
+        self._db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=lambda i, *_: hits.append(i))
         words = self.words
         return frozenset(words[i] for i in hits)
 
