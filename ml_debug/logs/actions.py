@@ -88,12 +88,13 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
                 c.last_work[rank] = (int(m.group(1)), int(m.group(2)))
             return
     present = engine.needles_in(rest)
-    if present:
-        for name in engine.marks(rest, present):
-            c._mark(name)
-        for rule, m in engine.launcher_lines(rest, present):
-            if ACTIONS[rule.line.action](c, rule, m, lab, who, line, offset):
-                return
+    if not present:
+        return  # none of the words of anything below (engine.DETECT_WORDS): a line read only inside a block
+    for name in engine.marks(rest, present):
+        c._mark(name)
+    for rule, m in engine.launcher_lines(rest, present):
+        if ACTIONS[rule.line.action](c, rule, m, lab, who, line, offset):
+            return
     _failure_line(c, rest, who, line, offset, present)
 
 

@@ -258,9 +258,6 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "python -X faulthandler says where"),
 )
 
-SECONDARY_LABELS: frozenset[str] = frozenset(c.label for c in FAILURE_CLASSES if c.cls == SECONDARY)
-
-
 SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "ERROR", "rror", "ailed")
 """Words the scanner looks for beside the needles above: tracebacks, NCCL's lines (its tallies), a kill, and
 the log levels and failure words of lines that say no more (the suspects, a last resort)."""

@@ -7,8 +7,9 @@ none, and cost that one pass); measured on the line mixes of benchmarks/bench_lo
 at grep's speed where one ``bytes.find`` pass per word (the pure-Python way) cost 8x more, and a
 combined regular expression in CPython's ``re`` 24x more (docs/commands/logs.md has the figures).
 
-On a line that passed, a pattern is run only when one of its own needles is in the line (a few C-speed
-substring tests), so a line costs its few relevant patterns, not the whole catalogue.
+On a line that passed, one more Hyperscan call says which needles it holds, and only the patterns that
+hold one of them are run (looked up by needle): a line costs its few relevant patterns, not the whole
+catalogue.
 """
 
 from __future__ import annotations
@@ -64,13 +65,29 @@ MARKS = tuple((launcher.name, re.compile(launcher.marks), launcher.mark_needles)
               for launcher in LAUNCHERS if launcher.marks and launcher.reported)
 
 
-def _has(text: str, needles: tuple[str, ...], present: frozenset[str] | None = None) -> bool:
-    if present is not None:
-        return not present.isdisjoint(needles)
-    for needle in needles:
-        if needle in text:
-            return True
-    return False
+def _index(needles: list[tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
+    """Each needle: the rules (their positions) that hold it."""
+    out: dict[str, tuple[int, ...]] = {}
+    for i, words in enumerate(needles):
+        for w in words:
+            out[w] = out.get(w, ()) + (i,)
+    return out
+
+
+def _which(index: dict[str, tuple[int, ...]], present: frozenset[str]) -> list[int]:
+    """The rules, in catalogue order, with one of the ``present`` needles: a line's few, not every rule."""
+    return sorted({i for w in present for i in index.get(w, ())})
+
+
+LINE_INDEX = _index([r.needles for r in LINE_RULES])
+CLASS_INDEX = _index([r.entry.needles for r in CLASS_RULES])
+MARK_INDEX = _index([needles for _, _, needles in MARKS])
+
+
+DETECT_WORDS = ("NCCL", "Traceback", "Watchdog caught", "Killed", "rror", "xception", "Exit", "Interrupt", "Fail",
+                "Fault", "ERROR", "FATAL", "CRITICAL", "ailed", "FAILED", "borted", "core dumped")
+"""Beside the needles, a literal of everything actions.detect looks for outside the catalogue (its exception,
+kill, watchdog and suspect patterns): a line that holds none of them, nor a needle, says nothing to it."""
 
 
 class Needles:
@@ -78,9 +95,7 @@ class Needles:
     needle with ``in`` costs 16)."""
 
     def __init__(self) -> None:
-        words = {n for r in LINE_RULES for n in r.needles} | {n for r in CLASS_RULES for n in r.entry.needles}
-        words |= {n for _, _, needles in MARKS for n in needles}
-        self.words = sorted(words)
+        self.words = sorted({*LINE_INDEX, *CLASS_INDEX, *MARK_INDEX, *DETECT_WORDS})
         n = len(self.words)
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self._db.compile(expressions=[re.escape(w).encode() for w in self.words], ids=list(range(n)), elements=n,
@@ -88,12 +103,7 @@ class Needles:
 
     def present(self, text: str) -> frozenset[str]:
         hits: list[int] = []
-        add = hits.append
-
-        def hit(i: int, _start: int, _to: int, _flags: int, _ctx: object) -> None:
-            add(i)
-
-        self._db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=hit)
+        self._db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=lambda i, *_: hits.append(i))
         words = self.words
         return frozenset(words[i] for i in hits)
 
@@ -112,18 +122,19 @@ def needles_in(text: str) -> frozenset[str]:
 def launcher_lines(text: str, present: frozenset[str] | None = None) -> Iterator[tuple[LineRule, re.Match[str]]]:
     """The launcher lines ``text`` (a line without its labels) matches, in catalogue order (``present``: its
     needles, from :func:`needles_in`)."""
-    for rule in LINE_RULES:
-        if _has(text, rule.needles, present):
-            m = rule.rx.match(text) if rule.line.anchored else rule.rx.search(text)
-            if m:
-                yield rule, m
+    for i in _which(LINE_INDEX, needles_in(text) if present is None else present):
+        rule = LINE_RULES[i]
+        m = rule.rx.match(text) if rule.line.anchored else rule.rx.search(text)
+        if m:
+            yield rule, m
 
 
 def failure_class(text: str, cls: str | None = None, present: frozenset[str] | None = None
                   ) -> tuple[FailureClass, re.Match[str]] | None:
     """The first failure class (of class ``cls``, or any) whose pattern is in ``text``, with its match."""
-    for rule in CLASS_RULES:
-        if (cls is None or rule.entry.cls == cls) and _has(text, rule.entry.needles, present):
+    for i in _which(CLASS_INDEX, needles_in(text) if present is None else present):
+        rule = CLASS_RULES[i]
+        if cls is None or rule.entry.cls == cls:
             m = rule.rx.search(text)
             if m:
                 return rule.entry, m
@@ -140,8 +151,9 @@ def class_label(entry: FailureClass, m: re.Match[str]) -> str:
 
 def marks(text: str, present: frozenset[str] | None = None) -> Iterator[str]:
     """The launchers whose marks are in ``text``."""
-    for name, rx, needles in MARKS:
-        if _has(text, needles, present) and rx.search(text):
+    for i in _which(MARK_INDEX, needles_in(text) if present is None else present):
+        name, rx, _needles = MARKS[i]
+        if rx.search(text):
             yield name
 
 

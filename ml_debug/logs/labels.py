@@ -235,7 +235,7 @@ def find_time(text: str, default_day: _dt.date) -> float | None:
     """The Unix time of the first time stamp in ``text`` (local time unless it says its zone), or None."""
     m = _ISO.search(text)
     if m:
-        y, mo, d, hh, mi, ss = (int(g) for g in m.groups()[:6])
+        y, mo, d, hh, mi, ss = map(int, m.groups()[:6])
         frac = _fraction(m.group(7))
         zone = m.group(8)
         if zone:
@@ -248,16 +248,16 @@ def find_time(text: str, default_day: _dt.date) -> float | None:
         return _local(y, mo, d, hh, mi, ss, frac)
     m = _GLOG.search(text)
     if m:
-        mo, d, hh, mi, ss = (int(g) for g in m.groups()[:5])
+        mo, d, hh, mi, ss = map(int, m.groups()[:5])
         return _local(_year_of(mo, d, default_day), mo, d, hh, mi, ss, _fraction(m.group(6)))
     m = _SYSLOG.search(text)
     if m:
         mo = _MONTHS.index(m.group(1)) + 1
-        d, hh, mi, ss = (int(g) for g in m.groups()[1:5])
+        d, hh, mi, ss = map(int, m.groups()[1:5])
         return _local(_year_of(mo, d, default_day), mo, d, hh, mi, ss, 0.0)
     m = _CLOCK.search(text)
     if m:
-        hh, mi, ss = (int(g) for g in m.groups()[:3])
+        hh, mi, ss = map(int, m.groups()[:3])
         if hh < 24 and mi < 60 and ss < 61:
             return _local(default_day.year, default_day.month, default_day.day, hh, mi, min(ss, 59),
                           _fraction(m.group(4)))

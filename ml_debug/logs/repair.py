@@ -25,7 +25,6 @@ from ml_debug.logs.labels import NODE_PREFIX, find_time
 
 SNIFF_BYTES = 16 << 10
 MEND_LIMIT = 64 << 20
-_QUOTE = re.compile(rb"^(?:> ?)+", re.M)
 _NUMBERED = re.compile(r"^\s{0,6}(\d{1,7})(?:\s*[|│:]\s?|\t| {1,2})")
 _TB_HEAD = "Traceback (most recent call last):"
 _FRAME = re.compile(r'(?:^|\s|\]: ?)File "')

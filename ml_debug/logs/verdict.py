@@ -22,7 +22,6 @@ from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.result import (
-    INFO,
     PRIMARY,
     SECONDARY,
     TIME_ERROR_FILE,
@@ -601,7 +600,3 @@ def progress(c: Collector, metrics: list[dict[str, Any]]) -> dict[str, Any]:
         out["nccl_work"] = {"ranks": compress(done), "max_completed": top, "behind": compress(behind),
                             "completed": {str(r): w for r, w in sorted(done.items())}}
     return out
-
-
-def warnings_of(events: list[Event]) -> list[Event]:
-    return [e for e in events if e.cls in (WARNING, INFO) and e.kind != "launcher"]
