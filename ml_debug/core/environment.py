@@ -133,9 +133,6 @@ class EnvReport:
     summary: str
 
 
-find_tool = find_program  # a tool on PATH, or next to this interpreter (pip puts py-spy into the venv's bin/)
-
-
 def _tool_version(name: str, path: str) -> str | None:
     if name == "torchrun":  # has no --version; it is torch's own launcher
         return f"torch {package_version('torch')}"
@@ -149,7 +146,7 @@ def _tool_version(name: str, path: str) -> str | None:
 
 def tools() -> list[Tool]:
     """Which debugging and launcher tools are installed, with their versions (`X --version`)."""
-    paths = {name: find_tool(name) for name in TOOLS}
+    paths = {name: find_program(name) for name in TOOLS}
     with ThreadPoolExecutor(max_workers=len(TOOLS)) as pool:
         versions = {n: pool.submit(_tool_version, n, p) for n, p in paths.items() if p}
         try:

@@ -19,14 +19,14 @@ from typing import Any
 
 from ml_debug.core import safefs
 from ml_debug.core.errors import ExitCode, UsageError
-from ml_debug.core.extras import PARTS, MissingPart
+from ml_debug.core.extras import PARTS, MissingPart, find_program
 from ml_debug.core.output import log, progress
 from ml_debug.core.safefs import Refused
 from ml_debug.stacks.dumpers import gdb_argv, gdb_python_helper
 from ml_debug.stacks.elfcore import BadCore, executable_of, is_core_fd, read_notes_fd, truncation
 from ml_debug.stacks.parsers import parse_gdb, parse_pystack
 from ml_debug.stacks.result import Frame, ThreadDump
-from ml_debug.stacks.tools import find_tool, first_error_line, run_tool
+from ml_debug.stacks.tools import first_error_line, run_tool
 
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 CORE_USES_PID = Path("/proc/sys/kernel/core_uses_pid")
@@ -264,7 +264,7 @@ def _analyse_fd(path: Path, fd: int, st: os.stat_result, t0: float, timeout: flo
 
     exe = executable or executable_of(notes)
     report.executable = exe
-    gdb, pystack = find_tool("gdb"), find_tool("pystack")
+    gdb, pystack = find_program("gdb"), find_program("pystack")
     errors: list[str] = []
     if gdb:
         helper = gdb_python_helper(exe=exe) if exe else None

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 
 from ml_debug.core.errors import UsageError
-from ml_debug.core.extras import PARTS, MissingPart
+from ml_debug.core.extras import PARTS, MissingPart, find_program
 from ml_debug.core.ptrace import PtraceCheck
 from ml_debug.procs.tree import process_state
 from ml_debug.stacks.parsers import PYBT_MARK, parse_gdb, parse_pyspy_json, parse_pystack
 from ml_debug.stacks.result import Attempt, ProcessDump, ThreadDump
-from ml_debug.stacks.tools import ToolRun, find_tool, first_error_line, run_tool
+from ml_debug.stacks.tools import ToolRun, first_error_line, run_tool
 
 DUMPERS = ("auto", "py-spy", "pystack", "gdb")
 
@@ -48,7 +48,7 @@ def resolve_tools(dumper: str) -> Tools:
     dumper = str(dumper)  # a Dumper is its value: PARTS and the attributes below are keyed by it
     if dumper not in DUMPERS:
         raise UsageError(f"unknown dumper {dumper!r}", f"choose one of: {', '.join(DUMPERS)}")
-    tools = Tools(find_tool("py-spy"), find_tool("pystack"), find_tool("gdb"))
+    tools = Tools(find_program("py-spy"), find_program("pystack"), find_program("gdb"))
     needed = "py-spy" if dumper == "auto" else dumper
     if getattr(tools, needed.replace("-", "_")) is None:
         others = " | ".join(f"--dumper {d}" for d in DUMPERS[1:] if d != needed)

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 
 from ml_debug.core import lifecycle
-from ml_debug.core.extras import find_program as find_tool  # noqa: F401  (the dumpers' name for it)
 from ml_debug.procs.tree import process_state
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from ml_debug.core.extras import find_program
 from ml_debug.stacks.cores import pattern_globs
 from ml_debug.stacks.elfcore import is_core, read_notes
 from ml_debug.stacks.parsers import parse_pystack
-from ml_debug.stacks.tools import find_tool
 from tests.conftest import REPO, mldebug, require, stderr_until
 
 SCHEMA = json.loads((REPO / "ml_debug" / "schemas" / "core-bt.json").read_text())
@@ -139,7 +139,7 @@ def test_pystack_core_thread_headers_without_a_thread_name() -> None:
 
 def test_core_bt_with_pystack_alone(core_dir: Path, tmp_path: Path) -> None:
     """No gdb on PATH: `pystack core` alone gives the native and the Python frames."""
-    pystack = find_tool("pystack")
+    pystack = find_program("pystack")
     require(pystack, "pystack")
     assert pystack is not None
     require(not os.path.exists(os.path.join(os.path.dirname(sys.executable), "gdb")), "no gdb beside python")
@@ -291,7 +291,7 @@ def test_ctrl_c_while_reading_cores_shows_those_read(core_dir: Path, tmp_path: P
 def test_a_cut_core_says_the_tools_errors_about_the_file_given(core_dir: Path, tmp_path: Path) -> None:
     """A core cut to 100 bytes: pystack's error is its traceback's last line (`RuntimeError: ...`), not a
     `File ...` frame of it, and gdb's names the file given, not mldebug's /proc/PID/fd/N."""
-    require(find_tool("gdb") and find_tool("pystack"), "gdb and pystack")
+    require(find_program("gdb") and find_program("pystack"), "gdb and pystack")
     cut = tmp_path / "core.100"
     cut.write_bytes(_core(core_dir).read_bytes()[:100])
     proc = mldebug("core-bt", "--json", str(cut), timeout=120)

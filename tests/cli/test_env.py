@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ml_debug.core.environment import find_tool
+from ml_debug.core.extras import find_program
 from tests.conftest import mldebug, require, validate_schema
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import healthy_gpu
@@ -62,7 +62,7 @@ def _sleeper(*prefix: str) -> subprocess.Popen[str]:
 
 
 def test_ptrace_verdict_matches_a_real_attach():
-    py_spy = find_tool("py-spy")
+    py_spy = find_program("py-spy")
     require(py_spy, "py-spy")
     verdict = _env_json("--no-torch")["result"]["ptrace"]
     target = _sleeper()
@@ -98,7 +98,7 @@ def test_ptrace_verdict_for_an_unprivileged_user_matches_real_attaches():
     import shutil
 
     require(os.geteuid() == 0 and shutil.which("setpriv"), "root and setpriv (to drop privileges)")
-    py_spy = find_tool("py-spy")
+    py_spy = find_program("py-spy")
     require(py_spy, "py-spy")
     drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all"]
