@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ml_debug.health.xid import describe
+from ml_debug.health.xid import parse_xids
 
 KINDS = ("xid", "oom-kill", "segfault", "hung-task")
 
@@ -34,7 +34,6 @@ else
 fi
 """
 
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\):\s*(\d+)(?:,\s*(.*))?")
 # "Out of memory: Killed process 4242 (python) total-vm:...", "Memory cgroup out of memory: Killed process 4242 (python)"
 _OOM = re.compile(r"(Memory cgroup out of memory|Out of memory)(?: \(oom_kill_allocating_task\))?: Kill(?:ed)? process "
                   r"(\d+) \(([^)]*)\)(.*)")
@@ -125,12 +124,11 @@ def split_stamp(line: str) -> tuple[float | None, str]:
 def parse_line(line: str, node: str | None = None) -> KernelEvent | None:
     """The event one kernel line holds, or None."""
     t, text = split_stamp(line.rstrip("\n"))
-    m = _XID.search(text)
-    if m:
-        xid = int(m.group(2))
-        meaning, severity, action = describe(xid)
-        detail = {"xid": xid, "bus_id": m.group(1).lower(), "meaning": meaning, "severity": severity,
-                  "action": action, "text": (m.group(3) or "").strip()[:200]}
+    xids = parse_xids([text])  # health's reader of the driver's Xid lines, and its table of meanings
+    if xids:
+        x = xids[0]
+        detail = {"xid": x.xid, "bus_id": x.bus_id, "meaning": x.meaning, "severity": x.severity,
+                  "action": x.action, "text": x.detail}
         pid = re.search(r"pid=(\d+)", text)
         name = re.search(r"name=([^,]+)", text)
         return KernelEvent("xid", text.strip(), node, t, int(pid.group(1)) if pid else None,
