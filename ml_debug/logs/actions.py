@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ml_debug.logs import blocks, engine
+from ml_debug.logs import blocks, engine, repeats
 from ml_debug.logs.engine import LineRule
 from ml_debug.logs.labels import Label, find_time, srun_task_node
 from ml_debug.logs.result import (
@@ -38,12 +38,6 @@ _LAST_WORK = re.compile(engine.LAST_WORK)
 _MPI_PROCESS = re.compile(r"Process name: \[(?:\[\d+,\d+\],|[^\]]{0,200}@\d+,)(\d+)\]")
 # a line that starts with an exception (anchored), or names one in its middle (a logger reporting it)
 _INLINE_EXCEPTION = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w{0,100}\.){0,10}\w{0,100}(?:Error|Exception): \S")
-# A line that looks like a failure but says no more: the last resort when nothing else was found
-_SUSPECT = re.compile(r"\b(?:ERROR|FATAL|CRITICAL|[Ee]rror|[Ff]ailed|FAILED|[Aa]borted|core dumped)\b")
-# counts of none, and warnings or info lines that mention a failure (torchvision's "UserWarning: Failed to load image
-# Python extension", a retry that worked): a job that printed them may well have succeeded
-_NOT_SUSPECT = re.compile(r"\b(?:0 errors?|no errors?|errors?: 0|error_?rate|failed: 0|without errors?|\w{0,100}Warning|"
-                          r"WARN(?:ING)?|INFO|DEBUG|retry(?:ing)?)\b|^\[?[IWD]\d{4} ", re.I)
 _KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
 _GLOBAL_RANKS = re.compile(r"\d+")
 LINE_CLASSES = ("cuda-error", "oom", "shm", "gpu-fault")
@@ -70,6 +64,8 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
         blocks.open_block(c, lab.key, who, line, offset, rest)
         block = c._blocks[lab.key]
         block.torch_rank, block.srun_task, block.stamp = lab.torch_rank, lab.srun_task, lab.stamp
+        if not lab.key and not lab.stamp and not lab.who.known:
+            block.origin = repeats.rememberable(c)
         block.logged = blocks.logged_level(c, lab.key)
         t = find_time(lab.key + lab.stamp, ctx.day)
         if t is not None:
@@ -88,7 +84,7 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
                 c.last_work[rank] = (int(m.group(1)), int(m.group(2)))
             return
     present = engine.needles_in(rest)
-    if not present:
+    if not present or present == engine.ONLY_NOT_SUSPECT:
         return  # none of the words of anything below (engine.DETECT_WORDS): a line read only inside a block
     for name in engine.marks(rest, present):
         c._mark(name)
@@ -160,7 +156,7 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, pre
     if "Killed" in rest and _KILLED.search(rest):
         c._one("signal", PRIMARY, "Killed (SIGKILL)", "killed (SIGKILL)", who, line, offset, rest, strong=False)
         return
-    if not c.suspects_full and _SUSPECT.search(rest) and not _NOT_SUSPECT.search(rest):
+    if not c.suspects_full and engine.SUSPECT in present and engine.NOT_SUSPECT not in present:
         ctx = c.ctx
         assert ctx is not None
         t = find_time(rest, ctx.day)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ml_debug.logs import engine
+from ml_debug.logs import engine, repeats
 from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node
 from ml_debug.logs.result import (
     INFO,
@@ -35,6 +35,7 @@ MAX_TRACEBACK_LINES = 400
 TRAILING_LINES = 8  # message lines kept after an exception line (CUDA's "might be asynchronously reported" ...)
 NEARBY_BYTES = 4096  # how far back a traceback without a time stamp looks for one
 TRACEBACK = "Traceback (most recent call last):"
+HEADER = TRACEBACK.encode()
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
 EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
@@ -80,6 +81,13 @@ class Block:
     logged: str | None = None
     """The level of the logging call that printed it (the line before it: ``... [WARNING] retrying``): the
     program caught the exception and went on; None for a traceback of no logging call (uncaught)."""
+    consumed: int = 1
+    """Its lines read so far (a repeat is remembered only when every line from its header on was its own)."""
+    origin: tuple[bytes, int] | None = None
+    """The scanned block and where its header starts in it, while repeats.py may remember it (unlabelled
+    lines, each read whole)."""
+    reading: Reading | None = None
+    """What its text said when it was last this long (a repeat's, from repeats.py): not read again."""
 
 
 @dataclass
@@ -99,6 +107,12 @@ def open_block(c: Collector, key: str, who: Who, line: int, offset: int, first: 
 def feed_block(c: Collector, key: str, block: Block, rest: str, who: Who, line: int) -> bool:
     """Feed a line of an open block's stream; False when the line is not part of it."""
     block.last_line = line
+    took = _take(c, key, block, rest)
+    block.consumed += took
+    return took
+
+
+def _take(c: Collector, key: str, block: Block, rest: str) -> bool:
     if block.stage == "summary":
         return summary_line(c, key, block, rest)
     if block.stage == "frames":
@@ -144,7 +158,7 @@ def feed_block(c: Collector, key: str, block: Block, rest: str, who: Who, line: 
                 close_block(c, key)
             return True
         if block.stage == "chain" or rest.startswith(TRACEBACK) or looks_like_a_log_line(c, rest):
-            close_block(c, key)
+            close_block(c, key, closer=True)
             return False
         # the exception's message goes on (CUDA's advice, NCCL's "Last error:" ...)
         if len(block.text) < MAX_TRACEBACK_LINES:
@@ -206,50 +220,85 @@ def summary_line(c: Collector, key: str, block: Block, rest: str) -> bool:
         return True
     return True
 
-def close_block(c: Collector, key: str) -> None:
-    block = c._blocks.pop(key)
+@dataclass(frozen=True)
+class Reading:
+    """What a traceback's text says: its text alone decides it, so a repeat of it is not read again."""
+
+    launchers: tuple[str, ...]  # launchers whose own frames it holds (accelerate/commands/launch.py ...)
+    report: bool  # rule 1: torchrun's (or torch.distributed.launch's) own traceback, reporting a worker's failure
+    cls: str
+    label: str | None
+    cause: str
+    message: str
+    blames: Any
+    exit_code: int | None  # a launcher's subprocess.CalledProcessError: its child's exit code
+    length: int  # the number of text lines read
+
+
+def read(block: Block) -> Reading:
     whole = "\n".join(block.text)
-    for name in engine.marks(whole):  # the launcher's own frames (accelerate/commands/launch.py ...)
-        if name in _FRAME_LAUNCHERS:
-            c._mark(name)
+    launchers = tuple(name for name in engine.marks(whole) if name in _FRAME_LAUNCHERS)
+    final = block.exceptions[-1] if block.exceptions else ""
+    # rule 1: a launcher's own traceback reports its workers' failure; the failure summary that ends it is read as
+    # such, and one damaged or cut short is the launcher's still (its own exception, a rendezvous error or a
+    # signal, is the agent's failure: read as any other)
+    report = not EXCEPTION_TYPE.match(final.strip()) and _launcher_frames(block.text)
+    # the exceptions and their messages, not the frames (code lines say anything)
+    said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
+    cls, label, cause = classify(said[-4000:])
+    m = _CALLED_PROCESS.search(final)
+    return Reading(launchers, report, cls, label, cause, short_exception(final) if final else "traceback (cut short)",
+                   blamed(whole), int(m.group(1)) if m else None, len(block.text))
+
+
+def close_block(c: Collector, key: str, closer: bool = False) -> None:
+    """The block of ``key`` ends (``closer``: at a line of its stream that is not its own)."""
+    block = c._blocks.pop(key)
     if block.summary is not None:
+        for name in engine.marks("\n".join(block.text)):
+            if name in _FRAME_LAUNCHERS:
+                c._mark(name)
         summary_events(c, block)
         return
     ctx = c.ctx
     assert ctx is not None
-    if c.full(key):
+    reading = block.reading if block.reading is not None and block.reading.length == len(block.text) else None
+    stream = key if block.logged is None else f"handled:{key}"  # handled ones never crowd out the last failure
+    full = c.full(stream)  # then it is only counted: the work of making its event is saved
+    if full and reading is None and not repeats.wanted(c, block, closer):
+        for name in engine.marks("\n".join(block.text)):
+            if name in _FRAME_LAUNCHERS:
+                c._mark(name)
         return
-    final = block.exceptions[-1] if block.exceptions else ""
-    if not EXCEPTION_TYPE.match(final.strip()) and _launcher_frames(block.text):
-        # rule 1: torchrun's (or torch.distributed.launch's) own traceback reports its workers' failure; the
-        # failure summary that ends it is read as such, and one damaged or cut short is the launcher's still
-        # (its own exception, a rendezvous error or a signal, is the agent's failure: read as any other)
+    reading = reading or read(block)
+    for name in reading.launchers:
+        c._mark(name)
+    if closer:
+        repeats.remember(c, block, reading)
+    if full:
+        return
+    if reading.report:
         c._add(Event(kind="launcher", cls=INFO, message="the launcher's own traceback (it reports a worker's failure)",
                      label="launcher traceback", who=block.who, source=ctx.path, line=block.start_line,
                      offset=block.start_offset, source_index=ctx.index, strong=False,
-                     text=block.text[:MAX_TRACEBACK_LINES]), key)
+                     text=block.text[:MAX_TRACEBACK_LINES]), stream)
         return
-    # the exceptions and their messages, not the frames (code lines say anything)
-    said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
-    cls, label, cause = classify(said[-4000:])
-    message = short_exception(final) if final else "traceback (cut short)"
-    ev = Event(kind="traceback", cls=cls, message=message, label=label or message.split(":", 1)[0],
-               who=block.who, source=ctx.path, line=block.start_line, offset=block.start_offset,
-               source_index=ctx.index, text=block.text[:MAX_TRACEBACK_LINES], detail={"cause": cause})
-    if block.logged and cls == PRIMARY:
+    ev = Event(kind="traceback", cls=reading.cls, message=reading.message,
+               label=reading.label or reading.message.split(":", 1)[0], who=block.who, source=ctx.path,
+               line=block.start_line, offset=block.start_offset, source_index=ctx.index,
+               text=block.text[:MAX_TRACEBACK_LINES], detail={"cause": reading.cause})
+    if block.logged and reading.cls == PRIMARY:
         ev.cls, ev.strong = WARNING, False
         ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"
     if block.time is not None:
         ev.time, ev.time_source = block.time, TIME_LINE
     elif block.nearby is not None:
         ev.time, ev.time_source = block.nearby, TIME_NEARBY
-    ev.blames = blamed(whole)
-    m = _CALLED_PROCESS.search(final)
-    if m:  # a launcher (accelerate, a wrapper script) reporting its child's exit: evidence, not a cause
-        code = int(m.group(1))
-        ev.kind, ev.strong, ev.label = "exit", False, f"exit code {code}"
-        ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"})
-    c._add(ev, key)
+    ev.blames = reading.blames
+    if reading.exit_code is not None:  # a launcher (accelerate, a wrapper script) reporting its child's exit
+        ev.kind, ev.strong, ev.label = "exit", False, f"exit code {reading.exit_code}"
+        ev.detail.update({"exit_code": reading.exit_code, "via": "a launcher's subprocess.CalledProcessError"})
+    c._add(ev, stream)
 
 def logged_level(c: Collector, key: str) -> str | None:
     """The level of the logging record on the line before the current one, when the same writer wrote it and

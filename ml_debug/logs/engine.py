@@ -74,9 +74,20 @@ def _index(needles: list[tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
     return out
 
 
+_WHICH: dict[tuple[int, frozenset[str]], list[int]] = {}
+MAX_WHICH = 4096
+
+
 def _which(index: dict[str, tuple[int, ...]], present: frozenset[str]) -> list[int]:
-    """The rules, in catalogue order, with one of the ``present`` needles: a line's few, not every rule."""
-    return sorted({i for w in present for i in index.get(w, ())})
+    """The rules, in catalogue order, with one of the ``present`` needles: a line's few, not every rule (kept
+    per set of needles: a log's lines hold few different sets)."""
+    key = (id(index), present)
+    got = _WHICH.get(key)
+    if got is None:
+        if len(_WHICH) >= MAX_WHICH:
+            _WHICH.clear()
+        got = _WHICH[key] = sorted({i for w in present for i in index.get(w, ())})
+    return got
 
 
 LINE_INDEX = _index([r.needles for r in LINE_RULES])
@@ -90,16 +101,33 @@ DETECT_WORDS = ("NCCL", "Traceback", "Watchdog caught", "Killed", "rror", "xcept
 kill, watchdog and suspect patterns): a line that holds none of them, nor a needle, says nothing to it."""
 
 
+SUSPECT = "<suspect>"
+NOT_SUSPECT = "<not suspect>"
+SHAPES = {
+    # a line that looks like a failure but says no more: the last resort when nothing else was found
+    SUSPECT: (r"\b(?:ERROR|FATAL|CRITICAL|[Ee]rror|[Ff]ailed|FAILED|[Aa]borted|core dumped)\b", 0),
+    # counts of none, and warnings or info lines that mention a failure (torchvision's "UserWarning: Failed to load
+    # image Python extension", a retry that worked): a job that printed them may well have succeeded
+    NOT_SUSPECT: (r"\b(?:0 errors?|no errors?|errors?: 0|error_?rate|failed: 0|without errors?|WARN(?:ING)?|INFO|"
+                  r"DEBUG|retry(?:ing)?)\b|Warning\b|^\[?[IWD]\d{4} ", hyperscan.HS_FLAG_CASELESS),
+}
+"""Shapes of a line, said by the same Hyperscan call as the needles (a line costs one call, where CPython's ``re``
+took 3 us for these two alone); a SUSPECT line holds one of DETECT_WORDS too."""
+ONLY_NOT_SUSPECT = frozenset({NOT_SUSPECT})
+
+
 class Needles:
-    """Which of the catalogue's needles a line holds, in one Hyperscan call (a microsecond, where testing each
-    needle with ``in`` costs 16)."""
+    """Which of the catalogue's needles and SHAPES a line holds, in one Hyperscan call (a microsecond, where
+    testing each needle with ``in`` costs 16)."""
 
     def __init__(self) -> None:
-        self.words = sorted({*LINE_INDEX, *CLASS_INDEX, *MARK_INDEX, *DETECT_WORDS})
+        self.words = sorted({*LINE_INDEX, *CLASS_INDEX, *MARK_INDEX, *DETECT_WORDS}) + list(SHAPES)
         n = len(self.words)
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self._db.compile(expressions=[re.escape(w).encode() for w in self.words], ids=list(range(n)), elements=n,
-                         flags=[hyperscan.HS_FLAG_SINGLEMATCH] * n)
+        self._db.compile(
+            expressions=[SHAPES[w][0].encode() if w in SHAPES else re.escape(w).encode() for w in self.words],
+            ids=list(range(n)), elements=n,
+            flags=[hyperscan.HS_FLAG_SINGLEMATCH | (SHAPES[w][1] if w in SHAPES else 0) for w in self.words])
 
     def present(self, text: str) -> frozenset[str]:
         hits: list[int] = []
@@ -112,7 +140,7 @@ _NEEDLES: Needles | None = None
 
 
 def needles_in(text: str) -> frozenset[str]:
-    """The catalogue's needles that ``text`` holds."""
+    """The catalogue's needles (and SHAPES) that ``text`` holds."""
     global _NEEDLES
     if _NEEDLES is None:
         _NEEDLES = Needles()

@@ -31,6 +31,7 @@ from ml_debug.logs.blocks import MAX_TRACEBACK_LINES, Block
 from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unstamped
 from ml_debug.logs.nccl import NcclCollector
 from ml_debug.logs.repair import mend_line
+from ml_debug.logs.repeats import Repeat
 from ml_debug.logs.result import PRIMARY, TIME_ERROR_FILE, TIME_LINE, TIME_ORDER, Event, Who
 from ml_debug.logs.text import blamed, classify, clean_message, short_exception, signal_event_text
 
@@ -92,12 +93,14 @@ class Collector:
         self.agent_groups: dict[int, int] = {}  # source index -> its torchrun agent's group rank (node rank)
         self.here: tuple[bytes, int] = (b"", 0)
         """The block being scanned and where the current line starts in it (set by the scanner)."""
+        self.repeats: list[Repeat] = []  # the source's tracebacks read once (repeats.py)
 
     # ------------------------------------------------------------------ sources
 
     def begin(self, ctx: SourceContext) -> None:
         self.ctx = ctx
         self._blocks = {}
+        self.repeats = []
         self.line = 0
         self.nccl_lines = 0
         if ctx.who.rank is not None:
@@ -146,7 +149,7 @@ class Collector:
     def portable(self) -> Collector:
         """This collector without the source being read (to send to another process between sources)."""
         assert not self._blocks, "a source is still being read"
-        self.ctx, self.here, self._stamp = None, (b"", 0), ""
+        self.ctx, self.here, self._stamp, self.repeats = None, (b"", 0), "", []
         return self
 
     @property
@@ -156,20 +159,20 @@ class Collector:
 
     # ------------------------------------------------------------------ lines
 
-    def feed(self, raw: bytes, line: int, offset: int) -> None:
-        """One line (without its newline) at ``line`` (1-based) and byte ``offset`` of the source."""
+    def feed(self, raw: bytes, line: int, offset: int, quiet: bool = False) -> None:
+        """One line (without its newline) at ``line`` (1-based) and byte ``offset`` of the source (``quiet``: it
+        holds none of the prefilter's words, and is handed over only because a block is open)."""
         assert self.ctx is not None
         self.line = line
         text = raw.decode("utf-8", "replace").rstrip("\r")
         if "\x1b" in text:
-            text = strip_ansi(text)
+            text, quiet = strip_ansi(text), False  # a word may be whole only without the escapes
         if "\r" in text or "%|" in text or "\u2501" in text or "\u2578" in text or text.endswith("]"):
             parts, what = mend_line(text)
             if what is not None:
                 got = self.repairs.setdefault(self.ctx.index, {})
                 got[what] = got.get(what, 0) + 1
-                for part in parts:
-                    self._feed_text(part, line, offset)
+                self._feed_parts(parts, line, offset, quiet)
                 return
         if text.count(" NCCL ") > 1:
             parts = _NCCL_FLATTENED.split(text)
@@ -177,10 +180,16 @@ class Collector:
                 notes = self.notes.setdefault(self.ctx.index, [])
                 if FLATTENED_NOTE not in notes:
                     notes.append(FLATTENED_NOTE)
-                for part in parts:
-                    self._feed_text(part, line, offset)
+                self._feed_parts(parts, line, offset, quiet)
                 return
-        self._feed_text(text, line, offset)
+        self._feed_text(text, line, offset, quiet)
+
+    def _feed_parts(self, parts: list[str], line: int, offset: int, quiet: bool) -> None:
+        """The parts of one line, read as lines: a traceback they are in is not remembered (repeats.py)."""
+        for part in parts:
+            self._feed_text(part, line, offset, quiet)
+        for block in self._blocks.values():
+            block.origin = None
 
     def in_frames(self) -> bool:
         """One traceback is open, of unlabelled lines, in its frames: its indented lines can be taken in a run."""
@@ -196,13 +205,14 @@ class Collector:
         if room > 0:
             block.text.extend(run.decode("utf-8", "replace").split("\n")[:-1][:room])
         block.expect_code = False
+        block.consumed += run.count(b"\n")
         block.last_line = self.line = last_line
 
     def _mark(self, launcher: str) -> None:
         assert self.ctx is not None
         self.launchers.setdefault(self.ctx.index, set()).add(launcher)
 
-    def _feed_text(self, text: str, line: int, offset: int) -> None:
+    def _feed_text(self, text: str, line: int, offset: int, quiet: bool = False) -> None:
         assert self.ctx is not None
         lab = split_label(text, self.ctx.node_prefix) if self.ctx.labelled else Label(Who(), "", text)
         self._stamp = lab.stamp
@@ -224,6 +234,8 @@ class Collector:
                 return
         if self._blocks and line % 256 == 0:
             self._expire(line)
+        if quiet and "NCCL" not in lab.rest:
+            return  # no block took it, and it holds nothing detect looks for (NCCL's tallies read on)
         actions.detect(self, lab, who, line, offset)
 
     def sample(self, raw: bytes) -> None:
@@ -319,13 +331,17 @@ class Collector:
     def suspects_full(self) -> bool:
         return len(self.suspects) >= MAX_SUSPECTS
 
+    def has_room(self, stream: str) -> bool:
+        """The stream may keep another event."""
+        assert self.ctx is not None
+        return self._per_stream.get((self.ctx.index, stream), 0) < MAX_EVENTS_PER_STREAM and len(self.events) < MAX_EVENTS
+
     def full(self, stream: str) -> bool:
         """The stream has all the events it may keep: a new one is only counted (the work of making it is saved)."""
-        assert self.ctx is not None
-        if self._per_stream.get((self.ctx.index, stream), 0) >= MAX_EVENTS_PER_STREAM or len(self.events) >= MAX_EVENTS:
-            self.dropped += 1
-            return True
-        return False
+        if self.has_room(stream):
+            return False
+        self.dropped += 1
+        return True
 
     def _add(self, ev: Event, stream: str) -> None:
         ctx = self.ctx

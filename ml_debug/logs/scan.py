@@ -20,9 +20,11 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
+from ml_debug.logs.blocks import HEADER
 from ml_debug.logs.engine import prefilter
 from ml_debug.logs.events import Collector, SourceContext
 from ml_debug.logs.repair import MEND_LIMIT, mend, sniff
+from ml_debug.logs.repeats import replay
 from ml_debug.logs.sources import Source
 
 BLOCK = 1 << 20
@@ -224,11 +226,23 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
                 counted = pos = stop
                 collector.frames(run, lines)
                 continue
+        if not collector.open and collector.repeats and block.startswith(HEADER, pos):
+            at = lines + count(b"\n", counted, pos) + 1
+            again = replay(collector, block, pos, at, base + pos)
+            if again is not None:  # a traceback this source printed before: put back whole (repeats.py)
+                lines = at + again.lines - 1
+                counted = pos = pos + len(again.span)
+                continue
+        quiet = False
+        if collector.open and pos < win_end:  # a line handed over because a block is open: is it a candidate?
+            while ci < nc and cands[ci] < pos:
+                ci += 1
+            quiet = ci == nc or cands[ci] != pos
         end = find(b"\n", pos, n)
         lines += count(b"\n", counted, pos) + 1
         counted = end + 1
         collector.here = (block, pos)
-        feed(block[pos:end], lines, base + pos)
+        feed(block[pos:end], lines, base + pos, quiet)
         pos = end + 1
     lines += count(b"\n", counted, n)
     last_start = block.rfind(b"\n", 0, n - 1) + 1

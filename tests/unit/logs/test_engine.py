@@ -33,7 +33,6 @@ def _patterns() -> list[tuple[str, re.Pattern[str], tuple[str, ...]]]:
             ("watchdog rank", re.compile(WATCHDOG_RANK), ("[PG 0 ",)), ("last work", re.compile(LAST_WORK), ())]
     # the collector's own patterns run on every candidate line too
     out += [("inline exception", actions._INLINE_EXCEPTION, ("Error: ", "a.b.")),
-            ("suspect", actions._SUSPECT, ()), ("not suspect", actions._NOT_SUSPECT, ()),
             ("^exception line", blocks.EXCEPTION_TYPE, ("Error",)), ("^exception name", text.EXCEPTION_LINE, ("a.",))]
     out += [(f"^{name}", rx, needles) for name, rx, needles in out if name.startswith("line ") and
             next(r for r in engine.LINE_RULES if r.rx is rx).line.anchored]

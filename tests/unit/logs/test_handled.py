@@ -36,3 +36,28 @@ def test_a_traceback_after_a_logging_record_below_error_is_handled(tmp_path: Pat
     else:
         assert v.status == "failure" and v.primary is not None and "ValueError: bad batch" in v.primary.message, \
             v.summary
+
+
+HANDLED = """2026-11-28 04:{m:02d}:{s:02d},000 [WARNING] data: fetching shard {i:05d} failed, retrying (1/5)
+Traceback (most recent call last):
+  File "/opt/venv/lib/python3.11/site-packages/urllib3/connection.py", line 466, in getresponse
+    httplib_response = super().getresponse()
+  File "/usr/lib/python3.11/socket.py", line 706, in readinto
+    return self._sock.recv_into(b)
+TimeoutError: The read operation timed out
+
+2026-11-28 04:{m:02d}:{s:02d},500 [INFO] trainer: step {i} | loss 2.1
+"""
+
+
+@pytest.mark.parametrize("retries", [3, 200])
+def test_the_fatal_traceback_after_many_handled_ones_is_the_failure(tmp_path: Path, retries: int) -> None:
+    """A data loader that retried hundreds of times, each retry logged with its traceback, then died: the handled
+    tracebacks (read once, their repeats counted) never crowd out the one that ended the rank."""
+    log = tmp_path / "rank0.log"
+    log.write_text("".join(HANDLED.format(m=i // 60 % 60, s=i % 60, i=i) for i in range(retries))
+                   + "2026-11-28 05:00:00,000 [ERROR] trainer: step failed\n" + TRACEBACK)
+    report = triage([str(log)])
+    v = report.verdict
+    assert v.status == "failure" and v.primary is not None and "ValueError: bad batch" in v.primary.message, v.summary
+    assert v.primary.line == retries * 9 + 2, v.primary.line
