@@ -86,6 +86,9 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
     present = engine.needles_in(rest)
     if not present or present == engine.ONLY_NOT_SUSPECT:
         return  # none of the words of anything below (engine.DETECT_WORDS): a line read only inside a block
+    if engine.suspect_at_most(present):
+        _suspect(c, rest, who, line, offset, present)
+        return
     for name in engine.marks(rest, present):
         c._mark(name)
     for rule, m in engine.launcher_lines(rest, present):
@@ -156,6 +159,11 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, pre
     if "Killed" in rest and _KILLED.search(rest):
         c._one("signal", PRIMARY, "Killed (SIGKILL)", "killed (SIGKILL)", who, line, offset, rest, strong=False)
         return
+    _suspect(c, rest, who, line, offset, present)
+
+
+def _suspect(c: Collector, rest: str, who: Who, line: int, offset: int, present: frozenset[str]) -> None:
+    """A line that only looks like a failure: kept as the last resort."""
     if not c.suspects_full and engine.SUSPECT in present and engine.NOT_SUSPECT not in present:
         ctx = c.ctx
         assert ctx is not None

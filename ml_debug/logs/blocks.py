@@ -303,10 +303,15 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
 def logged_level(c: Collector, key: str) -> str | None:
     """The level of the logging record on the line before the current one, when the same writer wrote it and
     the level is below ERROR (a handled exception, logged with its traceback)."""
-    prev = lines_before(c, 1).rstrip("\n").rstrip("\r")
-    if not prev or ("WARN" not in prev and "INFO" not in prev and "DEBUG" not in prev and prev[:1] not in "[WID"):
-        return None
-    lab = split_label(prev)
+    buf, pos = c.here
+    said = c.said
+    if said is not None and said[0] is buf and 0 < pos and said[1] == buf.rfind(b"\n", 0, pos - 1) + 1:
+        lab = said[2]  # that line was just read: its labels are known
+    else:
+        prev = lines_before(c, 1).rstrip("\n").rstrip("\r")
+        if not prev or ("WARN" not in prev and "INFO" not in prev and "DEBUG" not in prev and prev[:1] not in "[WID"):
+            return None
+        lab = split_label(prev)
     if lab.key != key:
         return None
     m = _LOGGED.match(lab.rest)

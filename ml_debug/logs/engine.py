@@ -95,10 +95,13 @@ CLASS_INDEX = _index([r.entry.needles for r in CLASS_RULES])
 MARK_INDEX = _index([needles for _, _, needles in MARKS])
 
 
-DETECT_WORDS = ("NCCL", "Traceback", "Watchdog caught", "Killed", "rror", "xception", "Exit", "Interrupt", "Fail",
-                "Fault", "ERROR", "FATAL", "CRITICAL", "ailed", "FAILED", "borted", "core dumped")
+CHECK_WORDS = ("NCCL", "Traceback", "Watchdog caught", "Killed", "rror", "xception", "Exit", "Interrupt", "Fail",
+               "Fault")
+SUSPECT_WORDS = ("ERROR", "FATAL", "CRITICAL", "ailed", "FAILED", "borted", "core dumped")
+DETECT_WORDS = CHECK_WORDS + SUSPECT_WORDS
 """Beside the needles, a literal of everything actions.detect looks for outside the catalogue (its exception,
-kill, watchdog and suspect patterns): a line that holds none of them, nor a needle, says nothing to it."""
+kill and watchdog checks, and the SUSPECT shape's words): a line that holds none of them, nor a needle, says
+nothing to it."""
 
 
 SUSPECT = "<suspect>"
@@ -114,6 +117,13 @@ SHAPES = {
 """Shapes of a line, said by the same Hyperscan call as the needles (a line costs one call, where CPython's ``re``
 took 3 us for these two alone); a SUSPECT line holds one of DETECT_WORDS too."""
 ONLY_NOT_SUSPECT = frozenset({NOT_SUSPECT})
+_LEADS = frozenset({*CHECK_WORDS, *LINE_INDEX, *CLASS_INDEX, *MARK_INDEX})
+
+
+def suspect_at_most(present: frozenset[str]) -> bool:
+    """A line with these needles is at most a suspect: no rule of the catalogue, nor a check of detect's, has one
+    (``... [WARNING] fetching shard 12 failed, retrying``)."""
+    return present.isdisjoint(_LEADS)
 
 
 class Needles:

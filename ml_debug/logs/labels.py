@@ -69,7 +69,7 @@ _DIGITS = "0123456789"
 _DIGIT = re.compile(r"\d")
 
 
-def _unlabelled(line: str) -> bool:
+def unlabelled(line: str) -> bool:
     """No label can start this line (a few C-speed tests; False means: look with the expressions below).
 
     Every label starts with "[" (torch, torchrun, mpirun, mldebug launch), a time stamp then "[", spaces
@@ -100,7 +100,7 @@ def _unlabelled(line: str) -> bool:
 def split_label(line: str, node_prefix: bool = False) -> Label:
     """The labels at the start of ``line`` and the text after them (``node_prefix``: the source's lines start
     with a node's name, as pdsh writes them)."""
-    if not node_prefix and _unlabelled(line):
+    if not node_prefix and unlabelled(line):
         return Label(_NOBODY, "", line)
     if line[:1] == "(":  # Ray's log monitor: "(RayTrainWorker pid=81234, ip=10.0.0.12) ...": the worker's node
         ray = _RAY.match(line)

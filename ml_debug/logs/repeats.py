@@ -12,7 +12,6 @@ repeat to the next is taken anew: its place, the logging call that printed it, t
 
 from __future__ import annotations
 
-from copy import copy
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -80,7 +79,8 @@ def replay(c: Collector, buf: bytes, pos: int, line: int, offset: int) -> Repeat
     else:
         return None
     c.here = (buf, pos)
-    block = copy(r.state)
+    block: Block = object.__new__(blocks.Block)  # a copy of the state (copy.copy's work, a third of its time)
+    block.__dict__.update(r.state.__dict__)
     block.text, block.exceptions = list(block.text), list(block.exceptions)
     block.start_line, block.start_offset, block.last_line = line, offset, line + r.lines - 1
     block.logged = blocks.logged_level(c, "")

@@ -196,13 +196,14 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
     ci = 0
     nc = len(cands)
     feed = collector.feed
+    open_blocks = collector._blocks  # while any is open, every line is handed over (one dict per source)
     while pos < n:
         if nccl and collector.nccl_lines >= NCCL_LINES_PER_SOURCE:
             nccl = False
             win_end = n
             cands = prefilter(False).candidates(block, n, pos)
             ci, nc = 0, len(cands)
-        if not collector.open:
+        if not open_blocks:
             while ci < nc and cands[ci] < pos:
                 ci += 1
             if ci == nc:
@@ -226,7 +227,7 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
                 counted = pos = stop
                 collector.frames(run, lines)
                 continue
-        if not collector.open and collector.repeats and block.startswith(HEADER, pos):
+        if not open_blocks and collector.repeats and block.startswith(HEADER, pos):
             at = lines + count(b"\n", counted, pos) + 1
             again = replay(collector, block, pos, at, base + pos)
             if again is not None:  # a traceback this source printed before: put back whole (repeats.py)
@@ -234,7 +235,7 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
                 counted = pos = pos + len(again.span)
                 continue
         quiet = False
-        if collector.open and pos < win_end:  # a line handed over because a block is open: is it a candidate?
+        if open_blocks and pos < win_end:  # a line handed over because a block is open: is it a candidate?
             while ci < nc and cands[ci] < pos:
                 ci += 1
             quiet = ci == nc or cands[ci] != pos
@@ -242,7 +243,8 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
         lines += count(b"\n", counted, pos) + 1
         counted = end + 1
         collector.here = (block, pos)
-        feed(block[pos:end], lines, base + pos, quiet)
+        if not (quiet and collector.feed_quiet(block[pos:end], lines)):
+            feed(block[pos:end], lines, base + pos, quiet)
         pos = end + 1
     lines += count(b"\n", counted, n)
     last_start = block.rfind(b"\n", 0, n - 1) + 1
