@@ -1,4 +1,4 @@
-"""Job logs: which rank failed first, and why (`mldebug logs`); a launcher whose logs say it (`mldebug launch`).
+"""Job logs: which rank failed first, and why (`mldebug logs`).
 
 - ``sources.py``: PATH arguments into log sources (files, directories, globs, stdin, gzip), each with
   its shape (torchelastic ``--log-dir`` tree, error.json, per-rank file, mldebug train metrics, a
@@ -20,5 +20,5 @@
   classic slow-path causes.
 - ``verdict.py``: identities resolved, duplicates merged, the first failure named, tracebacks collapsed
   with their rank sets, the timeline.
-- ``render.py``: the human view. ``launch.py``: torchrun with logs laid out for ``mldebug logs``.
+- ``render.py``: the human view.
 """
