@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ml_debug.logs.options import LaunchJobOptions
+from ml_debug.launch.options import LaunchJobOptions
 
 HELP = """Run a training script under torchrun with labelled, tee'd, per-rank logs.
 
@@ -42,7 +42,7 @@ def launch(opts: LaunchJobOptions) -> int:
     from ml_debug.core import output
     from ml_debug.core.errors import UsageError
     from ml_debug.core.extras import require
-    from ml_debug.logs.launch import CONSOLE, plan, prepare, run
+    from ml_debug.launch.run import CONSOLE, plan, prepare, run
 
     require("torch", "mldebug launch (torchrun is part of torch)")  # not a job log that says it
     if opts.nproc_per_node.isdigit():  # a rank count the node cannot run is refused before torchrun starts

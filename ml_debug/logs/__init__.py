@@ -1,4 +1,4 @@
-"""Job logs: which rank failed first, and why (`mldebug logs`); a launcher whose logs say it (`mldebug launch`).
+"""Job logs: which rank failed first, and why (`mldebug logs`).
 
 - ``sources.py``: PATH arguments into log sources (files, directories, globs, stdin, gzip), each with
   its shape (torchelastic ``--log-dir`` tree, error.json, per-rank file, mldebug train metrics, a
@@ -15,10 +15,11 @@
   launcher lines, exception and failure lines), ``blocks.py`` tracebacks and torchrun's failure summary
   (kept whole), ``text.py`` a failure text's class and short form. Each event is classed primary (a
   cause) or secondary (a consequence of a peer).
-- ``accounting.py``: the launchers' accounting gives unlabelled failures their rank (issue 38's rules).
+- ``accounting.py``: who is who, from what the lines said; the launchers' accounting gives unlabelled
+  failures their rank (issue 38's rules).
 - ``nccl.py``: what ``NCCL_DEBUG=INFO`` lines say about versions, transports, rings and trees, and the
   classic slow-path causes.
-- ``verdict.py``: identities resolved, duplicates merged, the first failure named, tracebacks collapsed
+- ``verdict.py``: duplicates merged, the first failure named, tracebacks collapsed
   with their rank sets, the timeline.
-- ``render.py``: the human view. ``launch.py``: torchrun with logs laid out for ``mldebug logs``.
+- ``render.py``: the human view.
 """

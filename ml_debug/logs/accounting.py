@@ -1,4 +1,5 @@
-"""The launchers' own accounting names the rank of failures that no label names.
+"""Who wrote each failure: what every line said about who is who (:class:`Identities`), and the launchers' own
+accounting, which names the rank of failures that no label names.
 
 A worker's lines often carry no rank (torchrun without ``--tee``, a plain ``python -m
 torch.distributed.launch``, a pod's console): its traceback is "unknown rank". The launcher that ran it
@@ -19,7 +20,7 @@ are resolved and before duplicates are merged:
 5. A hardware or CUDA error in an unlabelled traceback, and a ``[Rank N]`` c10d line (process group
    0) that carries the same error, are rank N's.
 6. An agent's ``group_rank=G ... global_ranks=[...]`` says which global ranks its local ranks are
-   (actions.py records it; verdict.Identities resolves with it).
+   (actions.py records it; :class:`Identities` resolves with it).
 7. NCCL's slow-path lines stay findings when quoted or flattened (repair.py, nccl.py).
 """
 
@@ -28,11 +29,63 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from ml_debug.logs.events import Collector
 from ml_debug.logs.result import PRIMARY, TIME_LAUNCHER, TIME_NEARBY, TIME_ORDER, Event, Who
 
 _OWNED_KINDS = ("traceback", "exception", "cuda-error", "oom", "nccl-error", "shm", "gpu-fault", "signal",
                 "error-line")
 _HARDWARE = ("cuda-error", "gpu-fault", "nccl-error")
+
+
+class Identities:
+    """Fills in the rank and node of events from what every line said about who is who."""
+
+    def __init__(self, c: Collector) -> None:
+        self.c = c
+        hosts = set(c.nodes_seen)
+        self.single_node = len(hosts) <= 1
+        self.assumed = False
+        """Whether the last :meth:`resolve` took a local rank for the rank (one node, no better source)."""
+        pairs: dict[int, set[int]] = defaultdict(set)
+        for per_source in c.local_rank_pairs.values():
+            for local, rank in per_source.items():
+                pairs[local].add(rank)
+        self.pairs = {local: next(iter(ranks)) for local, ranks in pairs.items() if len(ranks) == 1}
+        # one node for sure: every pair torchrun's summary (or a label) gave has its local rank equal to the rank
+        self.by_node: dict[str, set[int]] = defaultdict(set)
+        for r, n in c.rank_node.items():
+            self.by_node[n].add(r)
+        self.one_node = self.single_node and bool(pairs) and all(ranks == {local} for local, ranks in pairs.items())
+
+    def resolve(self, who: Who, source_index: int) -> Who:
+        """``who`` with its rank filled in where the logs say it; a local rank stays one unless they do (a
+        ``[default3]:`` of a job of several nodes is not rank 3)."""
+        c = self.c
+        self.assumed = False
+        rank = who.rank
+        if rank is None and who.local_rank is not None:
+            if who.node and (who.node, who.local_rank) in c.node_local_rank:
+                rank = c.node_local_rank[(who.node, who.local_rank)]
+            elif who.local_rank in c.local_rank_pairs.get(source_index, {}):
+                rank = c.local_rank_pairs[source_index][who.local_rank]
+            elif self.single_node and who.local_rank in self.pairs:
+                rank = self.pairs[who.local_rank]  # another file of the same agent says it
+            elif self.one_node:
+                rank = who.local_rank  # one node: torchrun's local rank is the rank
+                self.assumed = True
+        if rank is None and who.local_rank is None and who.node:
+            on_node = self.by_node.get(who.node, set())
+            if len(on_node) == 1:
+                rank = next(iter(on_node))  # the only rank seen on that node (pdsh, srun: one rank per node)
+        node = who.node
+        if node in c.srun_hosts and (rank is not None
+                                     or sum(1 for h in c.srun_hosts.values() if h == c.srun_hosts[node]) == 1):
+            # an agent under srun --label: its summary named its host (two agents of one host stay apart
+            # while only their local ranks are known)
+            node = c.srun_hosts[node]
+        if node is None and rank is not None:
+            node = c.rank_node.get(rank) or c.nccl.rank_host.get(rank)
+        return Who(rank, node, who.local_rank)
 
 
 def _unlabelled(ev: Event) -> bool:

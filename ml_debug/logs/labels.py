@@ -175,11 +175,12 @@ def strip_ansi(line: str) -> str:
 
 # ----------------------------------------------------------------------------- time stamps
 
+_MONTHS = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
 # A time stamp written in front of a program's own line by what collected it: kubectl logs --timestamps
 # and docker logs -t (RFC 3339), moreutils' ts (``Nov 25 04:00:00``), a logger's ``[2026-11-25 04:00:00]``.
 _STAMP_PREFIX = re.compile(r"\[?(?:\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
-                           r"|(?:" + "|".join("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()) +
-                           r") +\d{1,2} \d\d:\d\d:\d\d(?:[.,]\d{1,9})?|\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)\]?:? ")
+                           r"|(?:" + "|".join(_MONTHS) + r") +\d{1,2} \d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
+                           r"|\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)\]?:? ")
 
 
 def unstamped(lab: Label) -> Label:
@@ -192,7 +193,6 @@ def unstamped(lab: Label) -> Label:
 
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?")
 _GLOG = re.compile(r"(?<![\w])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})")
-_MONTHS = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
 _SYSLOG = re.compile(r"\b(" + "|".join(_MONTHS) + r") +(\d{1,2}) (\d\d):(\d\d):(\d\d)")
 _CLOCK = re.compile(r"(?<![\d:.])(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(?![\d:])")
 
@@ -279,8 +279,3 @@ def clock(t: float | None) -> str:
         return "-"
     return _dt.datetime.fromtimestamp(t).strftime("%H:%M:%S")
 
-
-def iso(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return _dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="milliseconds")

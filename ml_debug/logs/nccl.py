@@ -23,29 +23,19 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ml_debug.core.ranges import compress
+from ml_debug.logs.text import few, numbers_aside
 
 _LINE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<loc>[\w./\-]+:\d+) )?"
                    r"NCCL (?P<level>INFO|WARN|TRACE|ABORT) ?(?P<msg>.*)")
 _BARE_VERSION = re.compile(r"NCCL version (\S+)")
-_COMM = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) n[Rr]anks (\d+)(?: nNodes (\d+) localRanks (\d+) localRank (\d+))?")
-_BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?(\S+?):")
-_NET_IB = re.compile(r"NET/IB ?: Using (.*)")
-_NET_SOCKET = re.compile(r"NET/Socket ?: Using (.*)")
 _IFACE = re.compile(r"\[\d+\](\S+?):[\d.a-fA-F:%]+<\d+>")
 _IB_DEV = re.compile(r"\[\d+\]\s*(\w+):\d+/(\w+)")
-_NO_IB = re.compile(r"NET/IB ?: No device found")
-_NETWORK = re.compile(r"Using network (\S+(?: \S+)?)")
-_ENV = re.compile(r"(NCCL_\w+) set by environment to (.*?)\.?$")
-_CHANNEL = re.compile(r"(?:Channel|Ring) (\d+)(?:/\d+)? : (\d+)(?:\[\w+\])? -> (\d+)(?:\[\w+\])?"
-                      r"(?: \[(send|receive)\])? via (.+)$")
-_RING_ORDER = re.compile(r"(?:Channel|Ring) (\d+)(?:/\d+)? :((?:\s+\d+)+)\s*$")
-_TREES = re.compile(r"Trees? (?:\[\d+\] \S+\s*)+")
 _TREE_ITEM = re.compile(r"\[(\d+)\] (\S+)")
-_CONNECTED = re.compile(r"Connected all (rings|trees)")
 
 MAX_PAIRS = 200_000  # bounded memory: a 4096-rank job has ~130k ring/tree neighbour pairs at most
 MAX_WARNINGS = 200
@@ -122,16 +112,17 @@ class NcclCollector:
                 return ("INFO", "", text)
             return None
         self.lines += 1
-        host, pid, msg, level = m.group("host"), int(m.group("pid")), m.group("msg"), m.group("level")
+        host, pid_text, msg, level = m.group("host", "pid", "msg", "level")
+        pid = int(pid_text)
         r = self.proc_rank.get((host, pid), rank)
         if level == "WARN":
             self._warn(msg, host, r)
-            return (level, host, msg)
-        self._info(msg, host, pid, r)
+        else:
+            self._info(msg, host, pid, r)
         return (level, host, msg)
 
     def _warn(self, msg: str, host: str, rank: int | None) -> None:
-        key = re.sub(r"\d+", "N", re.sub(r"0x[0-9a-fA-F]+", "0x", msg))[:200]
+        key = numbers_aside(msg)[:200]
         w = self.warnings.get(key)
         if w is None:
             if len(self.warnings) >= MAX_WARNINGS:
@@ -144,57 +135,47 @@ class NcclCollector:
             w.ranks.add(rank)
 
     def _info(self, msg: str, host: str, pid: int, rank: int | None) -> None:
-        if msg.startswith("NCCL version"):
-            self.versions[msg.split()[2] if len(msg.split()) > 2 else msg] += 1
-            return
-        if msg.startswith(("Channel", "Ring")):
-            c = _CHANNEL.match(msg)
-            if c:
-                self._pair(int(c.group(2)), int(c.group(3)), c.group(5), host)
-                return
-            o = _RING_ORDER.match(msg)
-            if o and len(self.rings) < 64:
-                self.rings.setdefault(int(o.group(1)), " ".join(o.group(2).split()))
-            return
-        if msg.startswith("Tree"):
-            if rank is not None and _TREES.match(msg):
-                self.trees[rank] = len(_TREE_ITEM.findall(msg))
-            return
-        m = _COMM.search(msg)
-        if m:
-            r = int(m.group(1))
-            self.proc_rank[(host, pid)] = r
-            self.rank_host[r] = host
-            self._host_said.add(r)
-            self.nranks[int(m.group(2))] += 1
-            if m.group(3):
-                self.nnodes[int(m.group(3))] += 1
-            return
-        m = _BOOTSTRAP.search(msg)
-        if m:
-            self.bootstrap[host].add(m.group(1))
-            return
-        if _NO_IB.search(msg):
-            self.no_ib.add(host)
-            return
-        m = _NET_IB.search(msg)
-        if m:
-            self.ib_devices[host].update(f"{d}/{kind}" for d, kind in _IB_DEV.findall(m.group(1)))
-            return
-        m = _NET_SOCKET.search(msg)
-        if m:
-            self.socket_ifaces[host].update(_IFACE.findall(m.group(1)))
-            return
-        m = _NETWORK.search(msg)
-        if m:
-            self.network[host].add(m.group(1))
-            return
-        m = _ENV.search(msg)
-        if m:
-            self.env[m.group(1)][m.group(2).strip()] += 1
-            return
-        m = _CONNECTED.search(msg)
-        if m and rank is not None:
+        """What an INFO message says, recorded by the first row of ``_INFO`` that reads it."""
+        if msg.startswith(_FIRST_WORDS):
+            for word, rx, record in _STARTING:
+                if msg.startswith(word):
+                    m = rx.match(msg)
+                    if m:
+                        record(self, m, host, pid, rank)
+                    return
+        for word, rx, record in _HOLDING:
+            if word in msg:
+                m = rx.search(msg)
+                if m:
+                    record(self, m, host, pid, rank)
+                    return
+
+    def _version(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
+        words = m.string.split()
+        self.versions[words[2] if len(words) > 2 else m.string] += 1
+
+    def _channel(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
+        channel, src, dst, via, order = m.groups()
+        if via:
+            self._pair(int(src), int(dst), via, host)
+        elif len(self.rings) < 64:
+            self.rings.setdefault(int(channel), " ".join(order.split()))
+
+    def _trees(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
+        if rank is not None:
+            self.trees[rank] = len(_TREE_ITEM.findall(m.string))
+
+    def _comm(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
+        r = int(m.group(1))
+        self.proc_rank[(host, pid)] = r
+        self.rank_host[r] = host
+        self._host_said.add(r)
+        self.nranks[int(m.group(2))] += 1
+        if m.group(3):
+            self.nnodes[int(m.group(3))] += 1
+
+    def _connected(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
+        if rank is not None:
             self.connected[m.group(1)].add(rank)
 
     def _pair(self, src: int, dst: int, via: str, host: str) -> None:
@@ -315,9 +296,8 @@ class NcclCollector:
             if ib_off:
                 why.append("NCCL_IB_DISABLE=" + ",".join(sorted(ib_off)))
             if self.no_ib:
-                why.append("no InfiniBand device found on " + ", ".join(sorted(self.no_ib)[:8])
-                           + (" ..." if len(self.no_ib) > 8 else ""))
-            net = {v for v in self.env.get("NCCL_NET", {})}
+                why.append("no InfiniBand device found on " + few(sorted(self.no_ib), 8))
+            net = set(self.env.get("NCCL_NET", {}))
             if net:
                 why.append("NCCL_NET=" + ",".join(sorted(net)))
             add("socket-not-ib", "warning",
@@ -326,10 +306,10 @@ class NcclCollector:
                 + (f" ({'; '.join(why)})" if why else ""))
         for var, what in DISABLE_VARS.items():
             values = self.env.get(var)
-            if values and var.endswith("_DISABLE") and any(v.strip() not in ("0", "") for v in values):
-                add(var.lower().replace("_", "-"), "warning", f"{var}={','.join(sorted(values))}: {what}")
-            elif values and not var.endswith("_DISABLE"):
-                add(var.lower().replace("_", "-"), "info", f"{var}={','.join(sorted(values))}: {what}")
+            switch = var.endswith("_DISABLE")  # a switch is news when on; a level set by hand always is
+            if values and (not switch or any(v.strip() not in ("0", "") for v in values)):
+                add(var.lower().replace("_", "-"), "warning" if switch else "info",
+                    f"{var}={','.join(sorted(values))}: {what}")
         self._interface_findings(add)
         if len(self.versions) > 1:
             add("version-mismatch", "warning",
@@ -356,15 +336,14 @@ class NcclCollector:
             groups: dict[frozenset[str], list[str]] = defaultdict(list)
             for h, n in names.items():
                 groups[n].append(h)
-            text = "; ".join(f"{', '.join(sorted(hs)[:4])}{' ...' if len(hs) > 4 else ''}: "
-                             f"{', '.join(sorted(chosen[hs[0]]))}" for n, hs in groups.items())
+            text = "; ".join(f"{few(sorted(hs), 4)}: {', '.join(sorted(chosen[hs[0]]))}" for hs in groups.values())
             add("interface-mismatch", "warning",
                 f"hosts use different network interfaces: {text} (set NCCL_SOCKET_IFNAME to one interface name "
                 "every node has)")
         bad = sorted(h for h, ifs in chosen.items() if any(i.startswith(SLOW_INTERFACES) for i in ifs))
         if bad:
             add("bad-interface", "warning",
-                f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}: NCCL uses a loopback, docker or virtual "
+                f"{few(bad, 4)}: NCCL uses a loopback, docker or virtual "
                 f"interface ({', '.join(sorted({i for h in bad for i in chosen[h]}))}): set NCCL_SOCKET_IFNAME")
         ib = {h: frozenset(d) for h, d in self.ib_devices.items() if d}
         if ib and (len(set(ib.values())) > 1 or (self.no_ib - set(ib))):
@@ -373,3 +352,35 @@ class NcclCollector:
                 "hosts see different InfiniBand devices (" + ", ".join(str(c) for c in counts) + " device(s)"
                 + (f"; none on {', '.join(sorted(self.no_ib)[:4])}" if self.no_ib - set(ib) else "")
                 + "): a missing or down HCA")
+
+
+
+
+_Record = Callable[[NcclCollector, "re.Match[str]", str, int, "int | None"], None]
+# a pair of ranks and its transport ("Channel 00/0 : 8[0] -> 15[7] via P2P/IPC/read"), or a ring's order
+_CHANNEL = (r"(?:Channel|Ring) (\d+)(?:/\d+)? :(?: (\d+)(?:\[\w+\])? -> (\d+)(?:\[\w+\])?(?: \[(?:send|receive)\])? via (.+)$"
+            r"|((?:\s+\d+)+)\s*$)")
+_INFO: tuple[tuple[str, str, _Record], ...] = (
+    # What NCCL's INFO messages say, as data: (the word a message starts with (^) or holds, the pattern then read,
+    # what a match records). The first row whose word is there and whose pattern matches records the message; a
+    # message that starts with a ^ word is that row's or none's (a "Channel" message that is neither a pair of ranks
+    # nor a ring order is no comm line). Most messages cost a few substring tests and one pattern at most.
+    ("^Channel", _CHANNEL, NcclCollector._channel),
+    ("^Tree", r"Trees? (?:\[\d+\] \S+\s*)+", NcclCollector._trees),
+    ("^Ring", _CHANNEL, NcclCollector._channel),  # NCCL before 2.4
+    ("^NCCL version", r"NCCL version", NcclCollector._version),
+    ("comm 0x", r"comm 0x[0-9a-f]+ rank (\d+) n[Rr]anks (\d+)(?: nNodes (\d+) localRanks (\d+) localRank (\d+))?",
+     NcclCollector._comm),
+    ("Bootstrap", r"Bootstrap ?: Using (?:\[\d+\])?(\S+?):", lambda c, m, host, *_: c.bootstrap[host].add(m[1])),
+    ("NET/IB", r"NET/IB ?: No device found", lambda c, m, host, *_: c.no_ib.add(host)),
+    ("NET/IB", r"NET/IB ?: Using (.*)",
+     lambda c, m, host, *_: c.ib_devices[host].update(f"{d}/{kind}" for d, kind in _IB_DEV.findall(m[1]))),
+    ("NET/Socket", r"NET/Socket ?: Using (.*)", lambda c, m, host, *_: c.socket_ifaces[host].update(_IFACE.findall(m[1]))),
+    ("Using network ", r"Using network (\S+(?: \S+)?)", lambda c, m, host, *_: c.network[host].add(m[1])),
+    (" set by environment to ", r"(NCCL_\w+) set by environment to (.*?)\.?$",
+     lambda c, m, *_: c.env[m[1]].update([m[2].strip()])),
+    ("Connected all ", r"Connected all (rings|trees)", NcclCollector._connected),
+)
+_STARTING = tuple((word[1:], re.compile(pattern), record) for word, pattern, record in _INFO if word[0] == "^")
+_HOLDING = tuple((word, re.compile(pattern), record) for word, pattern, record in _INFO if word[0] != "^")
+_FIRST_WORDS = tuple(word for word, _, _ in _STARTING)

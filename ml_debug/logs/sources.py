@@ -42,6 +42,7 @@ _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_.]?(\d+)(?![\d])", re.IGNORECASE)
 _POD_NAME = re.compile(r"^(?P<pod>[a-z0-9](?:[a-z0-9.\-]{0,200}?)-(?:master|worker|launcher)-\d{1,6})(?=[._]|$)")
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
 _SKIP_DIRS = ("trace", "fr", "__pycache__")
+_CONSOLES = ("console.log", "console.log.gz")  # an `mldebug launch` node's console, beside its manifest
 
 
 @dataclass
@@ -169,14 +170,12 @@ def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
                              "give log files or directories (or - for standard input: `cat FIFO | mldebug logs -`)")
         out.skipped.append({"path": path, "reason": "not a regular file"})
         return
-    node = None
     parent = os.path.dirname(os.path.abspath(path))
     man = _manifest(parent)
     if man is not None:
-        node = str(man.get("node") or "") or None
         out.manifests[parent] = man
-    src = classify_path(path, node)
-    if man is not None and os.path.basename(path) in ("console.log", "console.log.gz"):
+    src = classify_path(path, _node_of(man))
+    if man is not None and os.path.basename(path) in _CONSOLES:
         src.shape = "launch"
     add(src, st, None)
 
@@ -190,8 +189,8 @@ def _walk(root: str, out: Expanded, add: _Add) -> None:
         man = _manifest(dirpath)
         if man is not None:
             out.manifests[dirpath] = man
-        node = _node_for(dirpath, out.manifests)
         launch_dir = _launch_root(dirpath, out.manifests)
+        node = _node_of(out.manifests[launch_dir]) if launch_dir is not None else None
         real_dir = os.path.realpath(dirpath)  # its files are no links (lstat below): their real path is this + name
         for name in sorted(filenames):
             if not _is_log_name(name):
@@ -209,16 +208,16 @@ def _walk(root: str, out: Expanded, add: _Add) -> None:
                 out.skipped.append({"path": full, "reason": "not a regular file"})
                 continue
             src = classify_path(full, node)
-            if launch_dir is not None and dirpath == launch_dir and name in ("console.log", "console.log.gz"):
+            if dirpath == launch_dir and name in _CONSOLES:
                 src.shape = "launch"
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console
             add(src, st, os.path.join(real_dir, name))
 
 
-def _node_for(dirpath: str, manifests: dict[str, dict[str, object]]) -> str | None:
-    d = _launch_root(dirpath, manifests)
-    return str(manifests[d].get("node") or "") or None if d is not None else None
+def _node_of(manifest: dict[str, object] | None) -> str | None:
+    """The node an `mldebug launch` manifest names."""
+    return str(manifest.get("node") or "") or None if manifest is not None else None
 
 
 def _launch_root(dirpath: str, manifests: dict[str, dict[str, object]]) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Iterable
 
 from ml_debug.logs.engine import class_label, failure_class
 from ml_debug.logs.result import PRIMARY, SECONDARY
@@ -18,6 +19,19 @@ _PG_TAG = re.compile(r"^\[(?:PG [^\]]*?)?Rank \d+\]\s*")
 _BOILERPLATE = re.compile(r"\s*(?:This is typically caused by .*|GLHF.*|Exception raised from .*)$")
 EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w{0,100}\.){0,20}[A-Za-z_]\w{0,100})(?::(?: (?P<msg>.*))?)?$")
 _BLAMED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_NUM = re.compile(r"\d+")
+
+
+def numbers_aside(text: str) -> str:
+    """``text`` with its addresses and numbers made alike (``0x``, ``N``): one message, whichever rank or run wrote it."""
+    return _NUM.sub("N", _HEX.sub("0x", text))
+
+
+def few(words: Iterable[str], n: int, sep: str = ", ") -> str:
+    """The first ``n`` of ``words`` joined, and `` ...`` when there are more."""
+    words = list(words)
+    return sep.join(words[:n]) + (" ..." if len(words) > n else "")
 
 
 def clean_message(text: str) -> str:

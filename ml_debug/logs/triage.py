@@ -9,6 +9,7 @@ from typing import Any
 from ml_debug.core import testhooks
 from ml_debug.core.errors import UsageError
 from ml_debug.core.ranges import compress
+from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs import accounting
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import split_label, strip_ansi
@@ -16,15 +17,7 @@ from ml_debug.logs.readers import read_all
 from ml_debug.logs.result import PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
-from ml_debug.logs.verdict import (
-    Identities,
-    collapse_tracebacks,
-    decide,
-    dedupe,
-    launched,
-    progress,
-    timeline,
-)
+from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, launched, progress, timeline
 
 MAX_DEMUX_LINES = 200_000
 """How many lines a JSON document of one rank's lines holds (it is built in memory); the text view streams."""
@@ -78,7 +71,7 @@ def launch_exit(manifests: dict[str, dict[str, object]]) -> int | None:
 
 def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[dict[str, Any]],
                  skipped: list[dict[str, str]]) -> LogsReport:
-    ids = Identities(collector)
+    ids = accounting.Identities(collector)
     for ev in collector.events:
         ev.who = ids.resolve(ev.who, ev.source_index)
         if ids.assumed:
@@ -129,7 +122,7 @@ LAUNCHER_ORDER = ("mldebug launch", "deepspeed", "accelerate", "lightning", "tor
                   "ray", "torchx")
 
 
-def _view(info: SourceInfo, c: Collector, index: int, ids: Identities) -> str | None:
+def _view(info: SourceInfo, c: Collector, index: int, ids: accounting.Identities) -> str | None:
     """Whose lines a source holds: 'rank 3', 'local rank 1 on unknown node', or the ranks, local ranks and nodes
     its labels and failures name (a torchrun agent's console is one node's view of the job)."""
     if info.who.rank is not None or info.who.local_rank is not None:
@@ -174,7 +167,7 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
         raise UsageError("--rank/--node cannot read standard input (it is read twice)",
                          "save it to a file first")
     collected = _collect(exp, jobs=jobs)
-    ids = Identities(collected[0])
+    ids = accounting.Identities(collected[0])
     report = build_report(*collected)
     count = 0
     sources_used: set[str] = set()
@@ -207,14 +200,8 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
         if truncated:
             break
     return {"rank": rank, "node": node, "lines": count, "sources": sorted(sources_used), "truncated": truncated,
-            "ranks_seen": compress(seen_ranks | _ranks_of(report.ranks_seen)),
+            "ranks_seen": compress(seen_ranks | set(expand_ranks(report.ranks_seen))),
             "nodes": sorted(seen_nodes | set(report.nodes))}
-
-
-def _ranks_of(text: str) -> set[int]:
-    from ml_debug.core.ranges import expand
-
-    return set(expand(text))
 
 
 def _all_lines(src: Source) -> Any:

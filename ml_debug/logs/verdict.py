@@ -1,5 +1,5 @@
-"""From events to the answer: identities resolved, duplicates merged, the first failure named,
-identical tracebacks collapsed with their rank sets, and a timeline.
+"""From events to the answer: duplicates merged, the first failure named, identical tracebacks collapsed
+with their rank sets, and a timeline.
 
 The first failure is the earliest primary event (strong evidence first: an exception, a CUDA error, a
 crash by signal, an out-of-memory; a bare exit code only when nothing else exists). Earliest means:
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import defaultdict
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from ml_debug.core.errors import ExitCode
@@ -36,10 +36,9 @@ from ml_debug.logs.result import (
     Verdict,
     Who,
 )
+from ml_debug.logs.text import few, numbers_aside
 
 MAX_TIMELINE = 60
-_NUM = re.compile(r"\d+")
-_HEX = re.compile(r"0x[0-9a-fA-F]+")
 _TYPE_PREFIX = re.compile(r"^\w+: ")
 _BASIS = {TIME_LINE: "line time stamps", TIME_ERROR_FILE: "error file time stamps",
           TIME_LAUNCHER: "torchrun's failure summary", TIME_ORDER: "file order",
@@ -48,60 +47,6 @@ _BASIS = {TIME_LINE: "line time stamps", TIME_ERROR_FILE: "error file time stamp
 _RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "shm": 2, "signal": 3,
              "exception": 4, "error-line": 5, "watchdog": 6, "comm": 6, "slurm": 7, "exit": 8, "launcher": 9,
              "nccl-warn": 9}
-
-
-# ----------------------------------------------------------------------------- identities
-
-
-class Identities:
-    """Fills in the rank and node of events from what every line said about who is who."""
-
-    def __init__(self, c: Collector) -> None:
-        self.c = c
-        hosts = set(c.nodes_seen)
-        self.single_node = len(hosts) <= 1
-        self.assumed = False
-        """Whether the last :meth:`resolve` took a local rank for the rank (one node, no better source)."""
-        pairs: dict[int, set[int]] = defaultdict(set)
-        for per_source in c.local_rank_pairs.values():
-            for local, rank in per_source.items():
-                pairs[local].add(rank)
-        self.pairs = {local: next(iter(ranks)) for local, ranks in pairs.items() if len(ranks) == 1}
-        # one node for sure: every pair torchrun's summary (or a label) gave has its local rank equal to the rank
-        self.by_node: dict[str, set[int]] = defaultdict(set)
-        for r, n in c.rank_node.items():
-            self.by_node[n].add(r)
-        self.one_node = self.single_node and bool(pairs) and all(ranks == {local} for local, ranks in pairs.items())
-
-    def resolve(self, who: Who, source_index: int) -> Who:
-        """``who`` with its rank filled in where the logs say it; a local rank stays one unless they do (a
-        ``[default3]:`` of a job of several nodes is not rank 3)."""
-        c = self.c
-        self.assumed = False
-        rank = who.rank
-        if rank is None and who.local_rank is not None:
-            if who.node and (who.node, who.local_rank) in c.node_local_rank:
-                rank = c.node_local_rank[(who.node, who.local_rank)]
-            elif who.local_rank in c.local_rank_pairs.get(source_index, {}):
-                rank = c.local_rank_pairs[source_index][who.local_rank]
-            elif self.single_node and who.local_rank in self.pairs:
-                rank = self.pairs[who.local_rank]  # another file of the same agent says it
-            elif self.one_node:
-                rank = who.local_rank  # one node: torchrun's local rank is the rank
-                self.assumed = True
-        if rank is None and who.local_rank is None and who.node:
-            on_node = self.by_node.get(who.node, set())
-            if len(on_node) == 1:
-                rank = next(iter(on_node))  # the only rank seen on that node (pdsh, srun: one rank per node)
-        node = who.node
-        if node in c.srun_hosts and (rank is not None
-                                     or sum(1 for h in c.srun_hosts.values() if h == c.srun_hosts[node]) == 1):
-            # an agent under srun --label: its summary named its host (two agents of one host stay apart
-            # while only their local ranks are known)
-            node = c.srun_hosts[node]
-        if node is None and rank is not None:
-            node = c.rank_node.get(rank) or c.nccl.rank_host.get(rank)
-        return Who(rank, node, who.local_rank)
 
 
 def _identity_key(who: Who) -> tuple[Any, ...]:
@@ -113,7 +58,7 @@ def _identity_key(who: Who) -> tuple[Any, ...]:
 
 
 def _norm(message: str) -> str:
-    return _NUM.sub("N", _HEX.sub("0x", _TYPE_PREFIX.sub("", message.strip())))[:160]
+    return numbers_aside(_TYPE_PREFIX.sub("", message.strip()))[:160]
 
 
 def _family(ev: Event) -> str:
@@ -245,10 +190,6 @@ def _subject(first: Event, strong: list[Event], causes: Iterable[Event],
             f"rank {first.who.rank}'s error is about rank {subject}, which was stopped before it wrote its own")
 
 
-def _quoted(label: str) -> str:
-    return f'"{label}"'
-
-
 def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: int | None) -> Verdict:
     """The verdict in the light of how `mldebug launch` ended (its manifests' ``exit_code``).
 
@@ -310,11 +251,9 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     blamed_text = compress(set(blamed)) if blamed else None
     if not strong and not weak:
         first, basis = _earliest(list(causes.values()), "failure")
-        counts = _label_counts(causes.values())
         ranks = compress(failed_ranks)
         who = f"ranks {ranks}" if ranks else ", ".join(sorted({c.who.label() for c in causes.values()}))
-        summary = (f"no primary failure found: {who} failed only as a consequence of a peer "
-                   f"({', '.join(f'{n} x {_quoted(lbl)}' for lbl, n in counts)})")
+        summary = f"no primary failure found: {who} failed only as a consequence of a peer ({_tally(causes.values())})"
         hint = None
         if silent:
             summary += f"; rank{'s' if ',' in silent or '-' in silent else ''} {silent} left no failure in the logs"
@@ -325,7 +264,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
         return Verdict(status="secondary-only", summary=summary, basis=basis,
-                       secondary=_secondary_rows(causes.values(), None), silent_ranks=silent,
+                       secondary=_secondary_rows(causes.values()), silent_ranks=silent,
                        blamed_ranks=blamed_text, hint=hint, confidence="low",
                        confidence_why="only consequences of a peer's failure were found: the cause is not in "
                                       "these logs")
@@ -358,15 +297,13 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     if after:
         after_ranks = compress({c.who.rank for c in after if c.who.rank is not None})
         unknown = sum(1 for c in after if c.who.rank is None)
-        counts = _label_counts(after)
         who = f"ranks {after_ranks}" if after_ranks else ""
         if unknown:
             who += (" and " if who else "") + f"{unknown} unattributed writer(s)"
-        tail.append(f"{who} failed after it: {', '.join(f'{n} x {_quoted(lbl)}' for lbl, n in counts)}")
+        tail.append(f"{who} failed after it: {_tally(after)}")
     if independent:
         tail.append(f"{len(independent)} other rank(s) failed on their own: "
-                    + "; ".join(f"{e.who.label()}: {brief(e.message)}" for e in independent[:3])
-                    + (" ..." if len(independent) > 3 else ""))
+                    + few((f"{e.who.label()}: {brief(e.message)}" for e in independent), 3, "; "))
     if same:
         tail.insert(0, f"rank{'s' if len(same) > 1 else ''} {compress({c.who.rank for c in same if c.who.rank is not None})}"
                        " reported the same")
@@ -376,7 +313,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         silent = compress(set(expand_ranks(silent)) - {first.who.rank}) or None
     confidence, why = _confidence(first, basis, tie, strong)
     return Verdict(status="failure", summary=summary, primary=first, basis=basis,
-                   secondary=_secondary_rows(after, first), independent=independent, silent_ranks=silent,
+                   secondary=_secondary_rows(after), independent=independent, silent_ranks=silent,
                    blamed_ranks=blamed_text, confidence=confidence, confidence_why=why,
                    tie=compress({e.who.rank for e in [first, *tie] if e.who.rank is not None}) or None if tie else None)
 
@@ -442,6 +379,8 @@ def _by_elimination(first: Event, causes: Iterable[Event], world_size: int | Non
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
+
+
 def next_step(ev: Event) -> str | None:
     """What to do about the cause ``ev`` names: its failure class's next step (catalogue.py)."""
     text = ev.message + " " + ev.label
@@ -479,21 +418,21 @@ def _findings(events: list[Event]) -> list[str]:
 
 
 def _label_counts(events: Iterable[Event]) -> list[tuple[str, int]]:
-    counts: dict[str, int] = defaultdict(int)
-    for e in events:
-        counts[e.label] += 1
+    """Each label and how many events have it, the most common first."""
+    counts = Counter(e.label for e in events)
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-def _secondary_rows(events: Iterable[Event], first: Event | None) -> list[dict[str, Any]]:
-    rows: dict[str, set[int]] = defaultdict(set)
-    counts: dict[str, int] = defaultdict(int)
+def _tally(events: Iterable[Event]) -> str:
+    return ", ".join(f'{n} x "{label}"' for label, n in _label_counts(events))
+
+
+def _secondary_rows(events: Collection[Event]) -> list[dict[str, Any]]:
+    ranks: dict[str, set[int]] = defaultdict(set)
     for e in events:
-        counts[e.label] += 1
         if e.who.rank is not None:
-            rows[e.label].add(e.who.rank)
-    return [{"label": lbl, "count": n, "ranks": compress(rows[lbl])}
-            for lbl, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+            ranks[e.label].add(e.who.rank)
+    return [{"label": label, "count": n, "ranks": compress(ranks[label])} for label, n in _label_counts(events)]
 
 
 # ----------------------------------------------------------------------------- tracebacks and timeline
@@ -508,7 +447,7 @@ def _signature(lines: list[str]) -> str:
         if s.startswith('File "'):
             out.append(s.rsplit("/", 1)[-1])  # the same code in two venvs is the same frame
         else:
-            out.append(_NUM.sub("N", _HEX.sub("0x", s)))
+            out.append(numbers_aside(s))
     return "\n".join(out)
 
 
@@ -574,7 +513,7 @@ def _merged(evs: list[Event]) -> list[TimelineRow]:
         others.append(set() if e.who.rank is not None else {_writer(e)})
     for row, rs, os_ in zip(rows, ranks, others, strict=True):
         row.ranks = compress(rs)
-        row.who = ", ".join(sorted(os_)[:3]) + (" ..." if len(os_) > 3 else "")
+        row.who = few(sorted(os_), 3)
     return rows
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ml_debug.core.errors import UsageError
-from ml_debug.logs.launch import plan, prepare
-from ml_debug.logs.options import LaunchJobOptions, parse_nnodes, parse_nproc_per_node
+from ml_debug.launch.options import LaunchJobOptions, parse_nnodes, parse_nproc_per_node
+from ml_debug.launch.run import plan, prepare
 
 
 def _launch(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from ml_debug.core.errors import UsageError
+from ml_debug.launch.options import LaunchJobOptions
+from ml_debug.launch.run import PREFIX_TEMPLATE, plan, prepare
 from ml_debug.logs import scan
 from ml_debug.logs.events import classify
 from ml_debug.logs.labels import find_time, split_label
-from ml_debug.logs.launch import PREFIX_TEMPLATE, plan, prepare
-from ml_debug.logs.options import LaunchJobOptions
 from ml_debug.logs.result import PRIMARY, SECONDARY, Who
 from ml_debug.logs.triage import triage
 from tests.conftest import REPO, require, validate_schema

@@ -71,8 +71,8 @@ def test_nccl_operations_that_failed_or_timed_out_point_at_blocking_wait_and_the
 
 
 def test_launch_cuda_sync_sets_the_variables(tmp_path: Path) -> None:
-    from ml_debug.logs.launch import plan
-    from ml_debug.logs.options import LaunchJobOptions
+    from ml_debug.launch.options import LaunchJobOptions
+    from ml_debug.launch.run import plan
 
     on = plan(LaunchJobOptions(command=["train.py"], cuda_sync=True, log_dir=tmp_path), host="n1", environ={})
     assert {k: on.env[k] for k in ("CUDA_LAUNCH_BLOCKING", "TORCH_USE_CUDA_DSA", "TORCH_NCCL_BLOCKING_WAIT")} == \

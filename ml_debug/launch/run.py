@@ -36,7 +36,7 @@ from typing import IO, Any
 from ml_debug.core import lifecycle
 from ml_debug.core.errors import ExitCode, UsageError
 from ml_debug.dist.options import debug_rank_argv
-from ml_debug.logs.options import LaunchJobOptions
+from ml_debug.launch.options import LaunchJobOptions
 from ml_debug.logs.sources import LAUNCH_MANIFEST, LAUNCH_SCHEMA
 
 PREFIX_TEMPLATE = "[${role_name}${local_rank} rank${rank}]:"
