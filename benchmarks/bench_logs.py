@@ -113,8 +113,11 @@ def _warnings(step: int, t: float) -> str:
 
 
 def _tracebacks(step: int, t: float) -> str:
-    """A handled error logged with its traceback (a data loader's retry), library frames, then training goes on."""
+    """A handled error logged with its traceback (a data loader's retry), library frames, then training goes on.
+    Every other one's message names the shard (its bytes differ from the last one's), as an I/O error's does."""
     stamp = _stamp(t)
+    error = ("TimeoutError: The read operation timed out" if step % 2 else
+             f"OSError: [Errno 5] Input/output error: '/data/train/shard_{step:05d}.tar'")
     return (f"{stamp} [WARNING] data: fetching shard {step:05d} failed, retrying (1/5)\n"
             "Traceback (most recent call last):\n"
             '  File "/opt/venv/lib/python3.11/site-packages/urllib3/connectionpool.py", line 537, in _make_request\n'
@@ -126,7 +129,7 @@ def _tracebacks(step: int, t: float) -> str:
             "    response.begin()\n"
             '  File "/usr/lib/python3.11/socket.py", line 706, in readinto\n'
             "    return self._sock.recv_into(b)\n"
-            "TimeoutError: The read operation timed out\n\n"
+            f"{error}\n\n"
             + "".join(_logging(step * 40 + i, t + i * 0.55) for i in range(40)))
 
 

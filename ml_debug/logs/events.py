@@ -28,7 +28,7 @@ from typing import Any
 
 from ml_debug.logs import actions, blocks
 from ml_debug.logs.blocks import MAX_TRACEBACK_LINES, Block
-from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unlabelled, unstamped
+from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unstamped
 from ml_debug.logs.nccl import NcclCollector
 from ml_debug.logs.repair import mend_line
 from ml_debug.logs.repeats import Repeat
@@ -46,12 +46,6 @@ FLATTENED_NOTE = "NCCL lines flattened onto one line: read one by one"
 # where the next of several NCCL lines flattened onto one starts: "... found. host:1234:1234 [0] NCCL INFO ..."
 _NCCL_FLATTENED = re.compile(r"\s+(?=[\w.\-]{1,200}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w./\-]{1,200}:\d{1,6} )?NCCL |NCCL version )")
 _PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d+)\]")
-
-
-def plain(text: str) -> bool:
-    """:meth:`Collector.feed` reads the line as it is: no escapes, nothing to mend, not NCCL lines flattened."""
-    return ("\x1b" not in text and "\r" not in text and "%|" not in text and "\u2501" not in text
-            and "\u2578" not in text and not text.endswith("]") and text.count(" NCCL ") <= 1)
 
 
 @dataclass
@@ -193,22 +187,6 @@ class Collector:
                 self._feed_parts(parts, line, offset, quiet)
                 return
         self._feed_text(text, line, offset, quiet, whole)
-
-    def feed_quiet(self, raw: bytes, line: int) -> bool:
-        """A quiet line (none of the prefilter's words) while only the unlabelled stream's block is open, read as
-        :meth:`feed` reads it in fewer steps (the block takes it or ends at it; nothing else can come of it);
-        False when it is not plain and unlabelled: then :meth:`feed` reads it."""
-        ctx = self.ctx
-        assert ctx is not None
-        block = self._blocks.get("") if len(self._blocks) == 1 else None
-        if block is None or block.stamp or block.torch_rank or ctx.node_prefix:
-            return False
-        text = raw.decode("utf-8", "replace").rstrip("\r")
-        if not plain(text) or "NCCL" in text or (ctx.labelled and not unlabelled(text)):
-            return False
-        self.line, self._stamp, self.said = line, "", None
-        blocks.feed_block(self, "", block, text, ctx.who, line)
-        return True
 
     def _feed_parts(self, parts: list[str], line: int, offset: int, quiet: bool) -> None:
         """The parts of one line, read as lines: a traceback they are in is not remembered (repeats.py)."""
