@@ -30,6 +30,7 @@ from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception
 
 if TYPE_CHECKING:
     from ml_debug.logs.events import Collector
+    from ml_debug.logs.repeats import Frames
 
 MAX_TRACEBACK_LINES = 400
 TRAILING_LINES = 8  # message lines kept after an exception line (CUDA's "might be asynchronously reported" ...)
@@ -89,9 +90,9 @@ class Block:
     """What its text said when it was last this long (a repeat's, from repeats.py): not read again."""
     marked: int = 0
     """Its first lines whose launchers' marks this source has taken (a repeat's, when its first was read)."""
-    before_exception: tuple[int, Block] | None = None
+    before_exception: tuple[int, Block | Frames] | None = None
     """While it may be remembered: where its first exception line starts in the scanned block, and its state
-    before that line (repeats.py remembers its frames too)."""
+    before that line (or the frames repeats.py knew it by)."""
 
 
     def copy(self) -> Block:
@@ -288,8 +289,6 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
     full = c.full(stream)  # then it is only counted: the work of making its event is saved
     if full and reading is None and not repeats.wanted(c, block, closer):
         _mark_frames(c, block.text[block.marked:])
-        if closer:
-            repeats.remember(c, block, None)  # its frames, at least
         return
     reading = reading or read(block)
     for name in reading.launchers:

@@ -31,7 +31,7 @@ from ml_debug.logs.blocks import MAX_TRACEBACK_LINES, Block
 from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unstamped
 from ml_debug.logs.nccl import NcclCollector
 from ml_debug.logs.repair import mend_line
-from ml_debug.logs.repeats import Repeat
+from ml_debug.logs.repeats import Frames
 from ml_debug.logs.result import PRIMARY, TIME_ERROR_FILE, TIME_LINE, TIME_ORDER, Event, Who
 from ml_debug.logs.text import blamed, classify, clean_message, short_exception, signal_event_text
 
@@ -93,7 +93,7 @@ class Collector:
         self.agent_groups: dict[int, int] = {}  # source index -> its torchrun agent's group rank (node rank)
         self.here: tuple[bytes, int] = (b"", 0)
         """The block being scanned and where the current line starts in it (set by the scanner)."""
-        self.repeats: list[Repeat] = []  # the source's tracebacks read once (repeats.py)
+        self.repeats: list[Frames] = []  # the tracebacks this source printed, read once (repeats.py)
         self.said: tuple[bytes, int, Label] | None = None
         """The last line read whole, where it starts in the scanned block, and its labels (blocks.logged_level)."""
 

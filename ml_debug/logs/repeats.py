@@ -1,20 +1,22 @@
 """A traceback that a source repeats is read once: a retry loop that logs each failure with its traceback
-(``logger.warning("retrying", exc_info=True)``) may print the same one thousands of times.
+(``logger.warning("retrying", exc_info=True)``) may print the same one thousands of times, its message the same
+(``TimeoutError: The read operation timed out``) or not (``OSError: ... '/data/shard_00042.tar'``).
 
-When a traceback of unlabelled lines ends at a line that is not its own, the bytes from its header to its
-last line are remembered, with the state its block was left in and what its text said
-(:class:`blocks.Reading`); so are its frames (up to its exception line), with the state before that line, for a
-repeat whose message differs (``OSError: ... '/data/shard_00042.tar'``): then its exception line and what follows
-are read as any, and its text is read anew. Where a line of the same source starts with those bytes again, the block is
-put back in that state at once: its lines are not handed over one by one and its text is not read
-again. The line after it decides, as the first time, whether the traceback ends there; if it does not
-(the message goes on), the block reads on as any other and its text is read anew. What differs from one
-repeat to the next is taken anew: its place, the logging call that printed it, the time before it.
+When a traceback of unlabelled lines ends at a line that is not its own, two things are remembered: its
+*frames*, the bytes from its header to its first exception line, with the state its block was in before that
+line; and its *ending*, the bytes from there to its last line, with the state its block was left in and what its
+text said (:class:`blocks.Reading`). Where a line of the same source starts with known frames again, the block is
+put back in the state after them at once, their lines are not handed over one by one; if a known ending follows,
+the block is put back as it was after that too, and its text is not read again. Else its exception line and what
+follows are read as any, and the whole is read anew. The line after the last decides, as the first time, whether
+the traceback ends there; if it does not (the message goes on), the block reads on as any other and its text is
+read anew. What differs from one repeat to the next is taken anew: its place, the logging call that printed it
+(handled or not), the time before it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ml_debug.logs import blocks  # blocks.py calls back here as a block closes: names are taken at call time
@@ -23,17 +25,28 @@ if TYPE_CHECKING:
     from ml_debug.logs.blocks import Block, Reading
     from ml_debug.logs.events import Collector
 
-MAX_REMEMBERED = 16  # tracebacks, and their frames, remembered per source
-MAX_SPAN = 64 << 10  # the longest one remembered, in bytes
+MAX_FRAMES = 8  # distinct frames remembered per source
+MAX_ENDINGS = 4  # endings remembered per frames
+MAX_SPAN = 64 << 10  # the longest frames or ending remembered, in bytes
 
 
 @dataclass(frozen=True)
-class Repeat:
+class Ending:
     span: bytes
-    """Its bytes, from the start of its header to the end of its last line (or of its frames)."""
+    """Its bytes, from its exception line to its last line."""
     lines: int
+    """The traceback's lines, its frames' with them."""
     state: Block
-    """Its block after those lines."""
+    """The traceback's block after its last line, with its reading."""
+
+
+@dataclass
+class Frames:
+    span: bytes
+    """Its bytes, from the header to its exception line."""
+    state: Block
+    """Its block before its exception line."""
+    endings: list[Ending] = field(default_factory=list)
 
 
 def rememberable(c: Collector) -> tuple[bytes, int] | None:
@@ -41,65 +54,80 @@ def rememberable(c: Collector) -> tuple[bytes, int] | None:
     ctx = c.ctx
     assert ctx is not None
     buf, pos = c.here
-    if ctx.node_prefix or len(c.repeats) >= MAX_REMEMBERED or not buf.startswith(blocks.HEADER, pos):
+    if ctx.node_prefix or len(c.repeats) >= MAX_FRAMES or not buf.startswith(blocks.HEADER, pos):
         return None
     return buf, pos
 
 
-def _span(c: Collector, block: Block, end: int) -> bytes | None:
-    """The bytes of ``block`` up to ``end`` (where its next line starts), when they may be remembered: in the
-    scanned block, every line its own, not remembered yet."""
-    if block.origin is None or len(c.repeats) >= MAX_REMEMBERED:
+def _parts(c: Collector, block: Block) -> tuple[Frames | None, bytes, bytes] | None:
+    """``block``, closing at the current line: its known frames (or None), its frames' bytes and its ending's;
+    None when it is not to be remembered (not in the scanned block, a line not its own, too long)."""
+    if block.origin is None or block.before_exception is None:
         return None
     origin, start = block.origin
-    if c.here[0] is not origin or not 0 < end - start <= MAX_SPAN:
+    at, before = block.before_exception
+    end = c.here[1]
+    if c.here[0] is not origin or not start < at < end or end - start > 2 * MAX_SPAN:
         return None
-    span = origin[start:end]
-    if any(r.span == span for r in c.repeats):
+    known = before if isinstance(before, Frames) else None
+    ending = origin[at:end]
+    if known is not None:
+        if len(known.endings) >= MAX_ENDINGS or ending.count(b"\n") != block.consumed - known.state.consumed:
+            return None
+        return known, known.span, ending
+    frames = origin[start:at]
+    if len(c.repeats) >= MAX_FRAMES or frames.count(b"\n") != before.consumed or \
+            frames.count(b"\n") + ending.count(b"\n") != block.consumed:
         return None
-    return span
+    return None, frames, ending
 
 
 def wanted(c: Collector, block: Block, closer: bool) -> bool:
     """Whether ``block``, closing, will be remembered (then it is read though no event of it is kept)."""
-    span = _span(c, block, c.here[1]) if closer else None
-    return span is not None and span.count(b"\n") == block.consumed
+    return closer and _parts(c, block) is not None
 
 
 def remember(c: Collector, block: Block, reading: Reading | None) -> None:
-    """``block``, closing at the current line (not its own): its bytes, its state and ``reading`` (when read),
-    then its frames and the state before its exception line."""
-    span = _span(c, block, c.here[1]) if reading is not None else None
-    if span is not None and span.count(b"\n") == block.consumed:
-        state = block.copy()
-        state.origin, state.before_exception, state.reading, state.time, state.nearby = None, None, reading, None, None
-        c.repeats.append(Repeat(span, block.consumed, state))
-    if block.before_exception is not None:
-        at, state = block.before_exception
-        span = _span(c, block, at)
-        if span is not None and span.count(b"\n") == state.consumed:
-            state.origin, state.before_exception = None, None
-            c.repeats.append(Repeat(span, state.consumed, state))
+    """``block``, closing at the current line (not its own): its frames, and its ending with ``reading``."""
+    parts = _parts(c, block)
+    if parts is None or reading is None:
+        return
+    known, frames, ending = parts
+    if known is None:
+        _, before = block.before_exception  # type: ignore[misc]
+        before.origin, before.before_exception = None, None
+        known = Frames(frames, before)
+        c.repeats.append(known)
+    if any(e.span == ending for e in known.endings):
+        return
+    state = block.copy()
+    state.origin, state.before_exception, state.reading, state.time, state.nearby = None, None, reading, None, None
+    known.endings.append(Ending(ending, block.consumed, state))
 
 
-def replay(c: Collector, buf: bytes, pos: int, line: int, offset: int) -> Repeat | None:
-    """The longest remembered traceback (or frames) that starts at ``pos`` (a line's start, nothing open), put
-    back as the open block it was after its last line; None when none does."""
-    found = None
-    for r in c.repeats:
-        if (found is None or len(r.span) > len(found.span)) and buf.startswith(r.span, pos):
-            found = r
-    if found is None:
-        return None
+def replay(c: Collector, buf: bytes, pos: int, line: int, offset: int) -> int:
+    """The remembered traceback (or frames) that starts at ``pos`` (a line's start, nothing open), put back as
+    the open block it was after its last line: the number of bytes taken (0 when none starts there)."""
+    for known in c.repeats:
+        if buf.startswith(known.span, pos):
+            break
+    else:
+        return 0
+    at = pos + len(known.span)
+    ending = next((e for e in known.endings if buf.startswith(e.span, at)), None)
     c.here = (buf, pos)
-    block = found.state.copy()
-    block.start_line, block.start_offset, block.last_line = line, offset, line + found.lines - 1
+    if ending is not None:
+        block = ending.state.copy()
+        lines, taken = ending.lines, len(known.span) + len(ending.span)
+    else:  # its frames only: its ending, read as any, may be remembered as it closes
+        block = known.state.copy()
+        block.origin, block.before_exception = (buf, pos), (at, known)
+        lines, taken = known.state.consumed, len(known.span)
+    block.start_line, block.start_offset, block.last_line = line, offset, line + lines - 1
     block.marked = len(block.text)  # the first one's reading took its launchers' marks
-    if block.stage == "frames":  # its frames only: the whole may be remembered as it closes (its frames are)
-        block.origin, block.before_exception = (buf, pos), (pos + len(found.span), found.state)
     block.logged = blocks.logged_level(c, "")
     if c.has_room("" if block.logged is None else "handled:"):
         block.nearby = blocks.time_before(c)
     c._blocks[""] = block
     c.line = block.last_line
-    return found
+    return taken

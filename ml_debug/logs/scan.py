@@ -229,10 +229,10 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
                 continue
         if not open_blocks and collector.repeats and block.startswith(HEADER, pos):
             at = lines + count(b"\n", counted, pos) + 1
-            again = replay(collector, block, pos, at, base + pos)
-            if again is not None:  # a traceback this source printed before: put back whole (repeats.py)
-                lines = at + again.lines - 1
-                counted = pos = pos + len(again.span)
+            taken = replay(collector, block, pos, at, base + pos)
+            if taken:  # a traceback (or its frames) this source printed before: put back (repeats.py)
+                lines = collector.line
+                counted = pos = pos + taken
                 continue
         quiet = False
         if open_blocks and pos < win_end:  # a line handed over because a block is open: is it a candidate?
