@@ -28,7 +28,7 @@ from typing import Any
 
 from ml_debug.logs import actions, blocks
 from ml_debug.logs.blocks import MAX_TRACEBACK_LINES, Block
-from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unstamped
+from ml_debug.logs.labels import Label, brief, find_time, split_label, strip_ansi, unlabelled, unstamped
 from ml_debug.logs.nccl import NcclCollector
 from ml_debug.logs.repair import mend_line
 from ml_debug.logs.repeats import Frames
@@ -46,6 +46,15 @@ FLATTENED_NOTE = "NCCL lines flattened onto one line: read one by one"
 # where the next of several NCCL lines flattened onto one starts: "... found. host:1234:1234 [0] NCCL INFO ..."
 _NCCL_FLATTENED = re.compile(r"\s+(?=[\w.\-]{1,200}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w./\-]{1,200}:\d{1,6} )?NCCL |NCCL version )")
 _PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d+)\]")
+
+
+_NOBODY = Who()
+
+
+def _plain(text: str) -> bool:
+    """:meth:`Collector.feed` reads the line as it is: no escapes, nothing to mend, not NCCL lines flattened."""
+    return ("\x1b" not in text and "\r" not in text and "%|" not in text and "\u2501" not in text
+            and "\u2578" not in text and not text.endswith("]") and text.count(" NCCL ") <= 1)
 
 
 @dataclass
@@ -187,6 +196,30 @@ class Collector:
                 self._feed_parts(parts, line, offset, quiet)
                 return
         self._feed_text(text, line, offset, quiet, whole)
+
+    def feed_open(self, raw: bytes, line: int, offset: int, quiet: bool) -> bool:
+        """A line of a source whose unlabelled stream's block is the only one open, read as :meth:`feed` reads
+        it, without looking for labels it has none of; False when it may have some (then feed reads it)."""
+        ctx = self.ctx
+        assert ctx is not None
+        block = self._blocks.get("")
+        if block is None or len(self._blocks) > 1 or block.stamp or block.torch_rank or ctx.node_prefix:
+            return False
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        if not _plain(text) or (ctx.labelled and text and not unlabelled(text)):
+            return False
+        self.line, self._stamp, self.said = line, "", None
+        if blocks.feed_block(self, "", block, text, ctx.who, line):
+            return True
+        if self._blocks and line % 256 == 0:
+            self._expire(line)
+        if quiet and "NCCL" not in text:
+            return True
+        lab = Label(_NOBODY, "", text)
+        if ctx.labelled:
+            self.said = (*self.here, lab)
+        actions.detect(self, lab, ctx.who, line, offset)
+        return True
 
     def _feed_parts(self, parts: list[str], line: int, offset: int, quiet: bool) -> None:
         """The parts of one line, read as lines: a traceback they are in is not remembered (repeats.py)."""

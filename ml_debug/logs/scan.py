@@ -243,7 +243,8 @@ def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collecto
         lines += count(b"\n", counted, pos) + 1
         counted = end + 1
         collector.here = (block, pos)
-        feed(block[pos:end], lines, base + pos, quiet)
+        if not (open_blocks and collector.feed_open(block[pos:end], lines, base + pos, quiet)):
+            feed(block[pos:end], lines, base + pos, quiet)
         pos = end + 1
     lines += count(b"\n", counted, n)
     last_start = block.rfind(b"\n", 0, n - 1) + 1

@@ -1,5 +1,6 @@
 """The quick paths of the log reader read what the plain path reads: a traceback read once and put back whole (or
-its frames) at its repeats (ml_debug/logs/repeats.py), and quiet lines (none of the prefilter's words) that an open
+its frames) at its repeats (ml_debug/logs/repeats.py), lines of an unlabelled source while its stream's block is open read
+without looking for labels (``Collector.feed_open``), and quiet lines (none of the prefilter's words) that an open
 block does not take, dropped without detect. Logs are built at random from pieces real jobs print, read with the quick paths and
 without them (and in small blocks, so that tracebacks straddle the reader's block boundaries): the reports must be
 identical."""
@@ -79,6 +80,7 @@ def _loud(feed: Any) -> Any:
 def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(repeats, "MAX_FRAMES", 0)
     m.setattr(events.Collector, "feed", _loud(events.Collector.feed))
+    m.setattr(events.Collector, "feed_open", lambda *_: False)
 
 
 @pytest.mark.parametrize("block", [scan.BLOCK, 4096])  # 4 kB: tracebacks straddle the reader's blocks
