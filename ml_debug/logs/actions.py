@@ -18,7 +18,6 @@ from ml_debug.logs import blocks, engine, repeats
 from ml_debug.logs.engine import LineRule
 from ml_debug.logs.labels import Label, find_time, srun_task_node
 from ml_debug.logs.result import (
-    INFO,
     PRIMARY,
     SECONDARY,
     TIME_LAUNCHER,
@@ -200,8 +199,9 @@ def says(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, l
         who = Who(None, fields.get("node") or who.node, None)
     elif said.who == "source":
         who = Who(None, c.ctx.who.node, None)
+    detail = {k: int(v) if v and v.isdecimal() else v for k, v in fields.items() if k in said.detail}
     c._one(said.kind, said.cls, _FIELDS.vformat(said.message, (), fields), _FIELDS.vformat(said.label, (), fields),
-           who, line, offset, lab.rest)
+           who, line, offset, lab.rest, strong=said.strong, detail=detail)
     return True
 
 
@@ -259,16 +259,6 @@ def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, w
     if lab.key in c._blocks:
         return False
     blocks.summary_alone(c, lab, who, line, offset)
-    return True
-
-
-def _closing(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
-    ctx = c.ctx
-    assert ctx is not None
-    sig = m.group("sig")
-    c._one("launcher", INFO, f"torchrun sends {sig} to pid {m.group('pid')}", f"torchrun stops the other ranks ({sig})",
-           Who(None, ctx.who.node, None), line, offset, lab.rest, strong=False, t=find_time(lab.rest, ctx.day),
-           detail={"pid": int(m.group("pid")), "signal": sig})
     return True
 
 
@@ -335,8 +325,8 @@ def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who:
 
 
 ACTIONS: dict[str, Action] = {
-    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _summary_alone, "closing": _closing,
-    "agent-ranks": _agent_ranks, "srun-task": _srun_task, "slurm-cancel": _slurm_cancel, "tool-error": _tool_error,
+    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _summary_alone, "agent-ranks": _agent_ranks,
+    "srun-task": _srun_task, "slurm-cancel": _slurm_cancel, "tool-error": _tool_error,
 }
 """The catalogue's actions: what a launcher line's match means (each returns False to let the next rule try); a line
 whose entry says its event (``Line.says``) is read by :func:`says`."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ml_debug.logs.result import PRIMARY, SECONDARY
+from ml_debug.logs.result import INFO, PRIMARY, SECONDARY
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class Says:
     who: str = "line"
     """Whose event it is: the line's writer (``line``); a node, no rank (``node``: the ``node`` group, else the
     writer's node); the node of the source's writer, no rank (``source``: a launcher's own line)."""
+    strong: bool = True
+    """False: evidence, never a cause by itself (a launcher stopping the other ranks)."""
+    detail: tuple[str, ...] = ()
+    """Groups kept in the event's detail (a group of digits as a number)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,10 @@ LAUNCHERS: tuple[Launcher, ...] = (
             _TORCHRUN_FAILED,
             # the failure summary pasted without its traceback: an entry's "exitcode  : 1 (pid: 42)" line
             Line("summary-alone", r"\s*exitcode\s*: -?\d", ("exitcode",), anchored=True),
-            Line("closing", r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG\w+)", ("closing signal",)),
+            Line("closing", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", ("closing signal",),
+                 says=Says("launcher", INFO, "torchrun sends {signal} to pid {pid}",
+                           "torchrun stops the other ranks ({signal})", who="source", strong=False,
+                           detail=("pid", "signal"))),
             # rule 6: an agent's rendezvous result says which global ranks its workers are
             # (torch 2.x prints its fields on lines of their own; a flattened paste holds them on one)
             Line("agent-ranks", r"(?:group_rank=(?P<group>\d+)[^\n]{0,400}?)?\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]",
