@@ -1,5 +1,6 @@
 """One line, read: NCCL's lines, a traceback's start, c10d's watchdog, the catalogue's launcher lines (each
-turned into an event by its action below), then exception and failure lines of no launcher.
+turned into an event by its action below, or by :func:`says` where its entry says the event), then exception
+and failure lines of no launcher.
 
 ``detect`` tries, in order: NCCL (its tallies, its WARN lines), a traceback's header (blocks.py reads the
 rest), the watchdog's timeout, the catalogue's launcher lines (engine.launcher_lines, catalogue order; the
