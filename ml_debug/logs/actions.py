@@ -1,5 +1,6 @@
 """One line, read: NCCL's lines, a traceback's start, c10d's watchdog, the catalogue's launcher lines (each
-turned into an event by its action below), then exception and failure lines of no launcher.
+turned into an event by its action below, or by :func:`says` where its entry says the event), then exception
+and failure lines of no launcher.
 
 ``detect`` tries, in order: NCCL (its tallies, its WARN lines), a traceback's header (blocks.py reads the
 rest), the watchdog's timeout, the catalogue's launcher lines (engine.launcher_lines, catalogue order; the
@@ -10,6 +11,7 @@ last a line that only looks like a failure (a suspect).
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -17,7 +19,6 @@ from ml_debug.logs import blocks, engine, repeats
 from ml_debug.logs.engine import LineRule
 from ml_debug.logs.labels import Label, find_time, srun_task_node
 from ml_debug.logs.result import (
-    INFO,
     PRIMARY,
     SECONDARY,
     TIME_LAUNCHER,
@@ -92,7 +93,7 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
     for name in engine.marks(rest, present):
         c._mark(name)
     for rule, m in engine.launcher_lines(rest, present):
-        if ACTIONS[rule.line.action](c, rule, m, lab, who, line, offset):
+        if (says if rule.line.says else ACTIONS[rule.line.action])(c, rule, m, lab, who, line, offset):
             return
     _failure_line(c, rest, who, line, offset, present)
 
@@ -179,6 +180,32 @@ def _suspect(c: Collector, rest: str, who: Who, line: int, offset: int, present:
 Action = Callable[["Collector", LineRule, "re.Match[str]", Label, Who, int, int], bool]
 
 
+class _Fields(string.Formatter):
+    """A catalogue format's fields; ``{name!c}``: the text made one readable line (clean_message)."""
+
+    def convert_field(self, value: object, conversion: str | None) -> object:
+        return clean_message(str(value)) if conversion == "c" else super().convert_field(value, conversion)
+
+
+_FIELDS = _Fields()
+
+
+def says(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+    """A line whose catalogue entry says the event it means (``Line.says``): that event, its message and label
+    formatted from the match."""
+    said = rule.line.says
+    assert said is not None and c.ctx is not None
+    fields = {**m.groupdict(), "match": m.group(0), "line": lab.rest}
+    if said.who == "node":
+        who = Who(None, fields.get("node") or who.node, None)
+    elif said.who == "source":
+        who = Who(None, c.ctx.who.node, None)
+    detail = {k: int(v) if v and v.isdecimal() else v for k, v in fields.items() if k in said.detail}
+    c._one(said.kind, said.cls, _FIELDS.vformat(said.message, (), fields), _FIELDS.vformat(said.label, (), fields),
+           who, line, offset, lab.rest, strong=said.strong, detail=detail)
+    return True
+
+
 def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
     """A launcher's line that says a worker ended: its exit code (or signal), and whose it is, as the catalogue's
     entry says (the groups ``code``/``sig``, ``rank``, ``local``, ``node``, ``pid``; its ``who`` and ``time``)."""
@@ -236,16 +263,6 @@ def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, w
     return True
 
 
-def _closing(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
-    ctx = c.ctx
-    assert ctx is not None
-    sig = m.group("sig")
-    c._one("launcher", INFO, f"torchrun sends {sig} to pid {m.group('pid')}", f"torchrun stops the other ranks ({sig})",
-           Who(None, ctx.who.node, None), line, offset, lab.rest, strong=False, t=find_time(lab.rest, ctx.day),
-           detail={"pid": int(m.group("pid")), "signal": sig})
-    return True
-
-
 def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                  offset: int) -> bool:
     """torchrun's rendezvous result: ``group_rank=G ... global_ranks=[8, 9, 10, 11]``, local rank i is the i-th."""
@@ -285,14 +302,6 @@ def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: 
     return True
 
 
-def _srun_node_fail(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                    offset: int) -> bool:
-    node = m.group("node")
-    c._one("slurm", PRIMARY, f"Slurm: node failure on {node}", "node failure", Who(None, node, None), line, offset,
-           lab.rest)
-    return True
-
-
 def _slurm_cancel(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                   offset: int) -> bool:
     ctx = c.ctx
@@ -307,22 +316,6 @@ def _slurm_cancel(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, wh
     return True
 
 
-def _oom_kill(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
-    c._one("oom", PRIMARY, f"out of host memory: {m.group('n')} process(es) killed by the cgroup OOM killer",
-           "out of memory", Who(None, who.node, None), line, offset, lab.rest)
-    return True
-
-
-def _launch_timeout(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                    offset: int) -> bool:
-    ctx = c.ctx
-    assert ctx is not None
-    # the ranks' SIGTERM tracebacks that follow are its consequence
-    c._one("launcher", PRIMARY, f"the job reached mldebug launch --run-timeout {m.group('s')} s: the launcher stopped "
-           "every rank", "stopped at --run-timeout", Who(None, ctx.who.node, None), line, offset, lab.rest)
-    return True
-
-
 def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                 offset: int) -> bool:
     msg = m.group("msg")
@@ -332,29 +325,9 @@ def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who:
     return True
 
 
-def _python_start(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                  offset: int) -> bool:
-    c._one("exception", PRIMARY, clean_message(f"{m.group('exe')}: {m.group('msg')}"), f"python: {m.group('what')}",
-           who, line, offset, lab.rest)
-    return True
-
-
-def _fatal(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
-    c._one("signal", PRIMARY, clean_message(f"Fatal Python error: {m.group('msg')}"),
-           "crash (" + clean_message(m.group("msg")) + ")", who, line, offset, lab.rest)
-    return True
-
-
-def _segfault(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
-    c._one("signal", PRIMARY, clean_message(lab.rest), "crash (Segmentation fault)", who, line, offset, lab.rest)
-    return True
-
-
 ACTIONS: dict[str, Action] = {
-    "exit": _exit, "mpirun-exit": _mpirun_exit,
-    "summary-alone": _summary_alone, "closing": _closing, "agent-ranks": _agent_ranks, "srun-task": _srun_task,
-    "srun-node-fail": _srun_node_fail, "slurm-cancel": _slurm_cancel, "oom-kill": _oom_kill,
-    "launch-timeout": _launch_timeout, "tool-error": _tool_error, "python-start": _python_start, "fatal": _fatal,
-    "segfault": _segfault,
+    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _summary_alone, "agent-ranks": _agent_ranks,
+    "srun-task": _srun_task, "slurm-cancel": _slurm_cancel, "tool-error": _tool_error,
 }
-"""The catalogue's actions: what a launcher line's match means (each returns False to let the next rule try)."""
+"""The catalogue's actions: what a launcher line's match means (each returns False to let the next rule try); a line
+whose entry says its event (``Line.says``) is read by :func:`says`."""

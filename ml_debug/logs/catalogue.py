@@ -6,7 +6,9 @@ Two lists:
   words that mark its lines (``marks``), the labels it puts in front of lines (``prefixes``, read by
   labels.py), and its lines that account for a failure (``lines``): which rank, exit code, signal, or
   who it stopped. Each line names the ``action`` of the collector that turns its match into an event
-  (events.py): the pattern says *what* is on the line, the action says *what it means* for the job.
+  (actions.py): the pattern says *what* is on the line, the action says *what it means* for the job. A
+  line that means one event as it stands (a node failure, a fatal error) says it here instead (``says``:
+  its kind, class, message and label over the match's groups), and needs no code.
 - :data:`FAILURE_CLASSES`: one entry per class of failure text (an exception, an error line): its
   pattern, whether it is a cause (primary) or a consequence of a peer (secondary), its kind, and the
   next step for the user.
@@ -24,7 +26,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ml_debug.logs.result import PRIMARY, SECONDARY
+from ml_debug.logs.result import INFO, PRIMARY, SECONDARY
+
+
+@dataclass(frozen=True)
+class Says:
+    """The one event a launcher line means as it stands (read by actions.says, no action of its own).
+
+    ``message`` and ``label`` are formats over the match's named groups, ``match`` (what the pattern
+    matched) and ``line`` (the line's text after its labels); ``{name!c}`` is that text made one readable
+    line (text.clean_message)."""
+
+    kind: str
+    cls: str
+    message: str
+    label: str
+    who: str = "line"
+    """Whose event it is: the line's writer (``line``); a node, no rank (``node``: the ``node`` group, else the
+    writer's node); the node of the source's writer, no rank (``source``: a launcher's own line)."""
+    strong: bool = True
+    """False: evidence, never a cause by itself (a launcher stopping the other ranks)."""
+    detail: tuple[str, ...] = ()
+    """Groups kept in the event's detail (a group of digits as a number)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +55,8 @@ class Line:
     """A launcher's line that accounts for a failure (or stops a rank), and the action that reads it."""
 
     action: str
-    """The collector's reading of a match (events.py ``ACTIONS``): exit, stop, summary ..."""
+    """Its name, and the collector's reading of a match (actions.py ``ACTIONS``: exit, closing, summary ...);
+    a line that ``says`` its event is read by actions.says."""
     pattern: str
     needles: tuple[str, ...]
     anchored: bool = False
@@ -47,6 +71,7 @@ class Line:
     then), ``order`` (its place in the file)."""
     weak: bool = False
     """For an ``exit``: never a cause by itself, whatever the code (ssh's exit for a node's launcher)."""
+    says: Says | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +139,10 @@ LAUNCHERS: tuple[Launcher, ...] = (
             _TORCHRUN_FAILED,
             # the failure summary pasted without its traceback: an entry's "exitcode  : 1 (pid: 42)" line
             Line("summary-alone", r"\s*exitcode\s*: -?\d", ("exitcode",), anchored=True),
-            Line("closing", r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG\w+)", ("closing signal",)),
+            Line("closing", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", ("closing signal",),
+                 says=Says("launcher", INFO, "torchrun sends {signal} to pid {pid}",
+                           "torchrun stops the other ranks ({signal})", who="source", strong=False,
+                           detail=("pid", "signal"))),
             # rule 6: an agent's rendezvous result says which global ranks its workers are
             # (torch 2.x prints its fields on lines of their own; a flattened paste holds them on one)
             Line("agent-ranks", r"(?:group_rank=(?P<group>\d+)[^\n]{0,400}?)?\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]",
@@ -137,10 +165,13 @@ LAUNCHERS: tuple[Launcher, ...] = (
         "srun", "Slurm 20-24 (srun, slurmstepd)", r"srun: |slurmstepd", ("srun: ", "slurmstepd"), prefixes=("3: ",),
         lines=(
             Line("srun-task", r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)", ("srun: error:",)),
-            Line("srun-node-fail", r"srun: error: Node failure on (?P<node>\S+)", ("Node failure",)),
+            Line("srun-node-fail", r"srun: error: Node failure on (?P<node>\S+)", ("Node failure",),
+                 says=Says("slurm", PRIMARY, "Slurm: node failure on {node}", "node failure", who="node")),
             Line("slurm-cancel", r"\*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
                  r"(?: DUE TO (?P<why>[A-Z ]{1,40}?))?(?: \*\*\*)?$", ("CANCELLED AT",)),
-            Line("oom-kill", r"Detected (?P<n>\d+) oom[-_]kill event", ("oom-kill", "oom_kill")),
+            Line("oom-kill", r"Detected (?P<n>\d+) oom[-_]kill event", ("oom-kill", "oom_kill"),
+                 says=Says("oom", PRIMARY, "out of host memory: {n} process(es) killed by the cgroup OOM killer",
+                           "out of memory", who="node")),
         )),
     # rule 6: the console of one pod (kubectl logs POD > POD.log): the pod's name says which node it is
     # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label
@@ -154,16 +185,23 @@ LAUNCHERS: tuple[Launcher, ...] = (
              prefixes=("trainer/0 [1]:",)),
     # not launchers: the writers of other one-line failures, in the order they are tried
     Launcher("mldebug launch", "this tool", reported=False, lines=(
-        # --run-timeout since 2026-11 (logs written before say --timeout)
-        Line("launch-timeout", r"mldebug launch: error: --(?:run-)?timeout (?P<s>\S+) s reached", ("mldebug launch: error: --",)),)),
+        # --run-timeout since 2026-11 (logs written before say --timeout); the ranks' SIGTERM tracebacks that
+        # follow are its consequence
+        Line("launch-timeout", r"mldebug launch: error: --(?:run-)?timeout (?P<s>\S+) s reached",
+             ("mldebug launch: error: --",),
+             says=Says("launcher", PRIMARY, "the job reached mldebug launch --run-timeout {s} s: the launcher "
+                       "stopped every rank", "stopped at --run-timeout", who="source")),)),
     Launcher("python", "CPython 3.8-3.14", reported=False, lines=(
         Line("tool-error", r"(?:mldebug|python\d?(?:\.\d+)?): error: (?P<msg>.+)", (": error: ",)),
         # the interpreter's own errors before any code runs (no traceback follows)
-        Line("python-start", r"(?:^|/)(?P<exe>python[\d.]{0,8}): (?P<msg>(?P<what>can't open file|No module named|"
-             r"Error while finding module specification) .+)", ("can't open file", "No module named",
-                                                                  "Error while finding module")),
-        Line("fatal", r"Fatal Python error: (?P<msg>.+)", ("Fatal Python error",)),
-        Line("segfault", r"Segmentation fault", ("Segmentation fault",)),
+        Line("python-start", r"(?:^|(?<=/))python[\d.]{0,8}: (?P<what>can't open file|No module named|"
+             r"Error while finding module specification) .+",
+             ("can't open file", "No module named", "Error while finding module"),
+             says=Says("exception", PRIMARY, "{match!c}", "python: {what}")),
+        Line("fatal", r"Fatal Python error: (?P<msg>.+)", ("Fatal Python error",),
+             says=Says("signal", PRIMARY, "{match!c}", "crash ({msg!c})")),
+        Line("segfault", r"Segmentation fault", ("Segmentation fault",),
+             says=Says("signal", PRIMARY, "{line!c}", "crash (Segmentation fault)")),
     )),
 )
 

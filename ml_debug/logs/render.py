@@ -23,6 +23,13 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _say(console: Console, text: str, style: str = "") -> None:
+    """One line of the view (or a few, wrapped by the terminal: a message is never cut here)."""
+    from rich.text import Text
+
+    console.print(Text(text, style=style), soft_wrap=True)
+
+
 def _traceback_lines(g: TracebackGroup, full: bool) -> list[str]:
     """The traceback as printed, the frames shortened to the last few unless ``full``."""
     lines = [ln for ln in g.text if ln.strip() and set(ln.strip()) - {"^", "~"}]
@@ -43,9 +50,9 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     v = r.verdict
     style = {"failure": "bold red", "secondary-only": "bold yellow", "interrupted": "bold yellow",
              "suspect": "bold yellow"}.get(v.status, "bold green")
-    console.print(Text(visible(v.summary), style=style), soft_wrap=True)
+    _say(console, visible(v.summary), style)
     if v.status in ("failure", "secondary-only", "suspect"):
-        console.print(Text(f"  how sure: {v.confidence} ({v.confidence_why})", style="dim"), soft_wrap=True)
+        _say(console, f"  how sure: {v.confidence} ({v.confidence_why})", "dim")
     how = []
     if v.primary is not None:
         p = v.primary
@@ -60,21 +67,20 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     elif v.basis:
         how.append(f"order: {v.basis}")
     if how:
-        console.print(Text("  " + "; ".join(how), style="dim"), soft_wrap=True)
+        _say(console, "  " + "; ".join(how), "dim")
     if v.silent_ranks and v.status == "failure":
-        console.print(Text(f"  ranks with no failure in the logs: {v.silent_ranks}", style="dim"), soft_wrap=True)
+        _say(console, f"  ranks with no failure in the logs: {v.silent_ranks}", "dim")
     if v.blamed_ranks:
-        console.print(Text(f"  peers name rank(s) {v.blamed_ranks} as missing", style="yellow"), soft_wrap=True)
+        _say(console, f"  peers name rank(s) {v.blamed_ranks} as missing", "yellow")
     if v.hint:
-        console.print(Text(f"  next step: {v.hint}"), soft_wrap=True)
+        _say(console, f"  next step: {v.hint}")
     if v.primary is not None and v.primary.detail.get("note"):
-        console.print(Text(f"  note: {v.primary.detail['note']}", style="dim"), soft_wrap=True)
+        _say(console, f"  note: {v.primary.detail['note']}", "dim")
     for f in v.findings:
-        console.print(Text(f"  ! {f}", style="yellow"), soft_wrap=True)
+        _say(console, f"  ! {f}", "yellow")
     for s in r.sources:
         if s.repairs:
-            console.print(Text(f"  repaired {visible(s.path)}: {'; '.join(s.repairs)}", style="yellow"),
-                          soft_wrap=True)
+            _say(console, f"  repaired {visible(s.path)}: {'; '.join(s.repairs)}", "yellow")
 
     groups = r.tracebacks if full else r.tracebacks[:tracebacks]
     if groups:
@@ -82,10 +88,10 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
         for g in groups:
             ranks = f"ranks {g.ranks}" if g.ranks else ", ".join(g.who) or "unknown rank"
             cls = "primary" if g.cls == PRIMARY else "secondary"
-            console.print(Text(f"  {ranks} ({g.count} x, {cls}): {g.message if full else brief(g.message)}",
-                               style="bold red" if g.cls == PRIMARY else "yellow"), soft_wrap=True)
+            _say(console, f"  {ranks} ({g.count} x, {cls}): {g.message if full else brief(g.message)}",
+                 "bold red" if g.cls == PRIMARY else "yellow")
             for line in _traceback_lines(g, full):
-                console.print(Text(f"    {line}"), soft_wrap=True)
+                _say(console, f"    {line}")
         if len(r.tracebacks) > len(groups):
             console.print(Text(f"  … {len(r.tracebacks) - len(groups)} more (--full or --json)", style="dim"))
 
@@ -115,19 +121,17 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     total = sum(s.bytes for s in r.sources)
     lines = sum(s.lines for s in r.sources)
     launchers = f"; written by {', '.join(r.launchers)}" if r.launchers else ""
-    console.print(Text(f"\nread {len(r.sources)} source(s), {_size(total)}, {lines:,} lines ("
-                       + ", ".join(f"{n} {k}" for k, n in sorted(shapes.items())) + f"); ranks seen {r.ranks_seen or '-'}"
-                       + (f" of {r.world_size}" if r.world_size else "")
-                       + (f" on {len(r.nodes)} node(s)" if r.nodes else "") + launchers, style="dim"), soft_wrap=True)
+    _say(console, f"\nread {len(r.sources)} source(s), {_size(total)}, {lines:,} lines ("
+         + ", ".join(f"{n} {k}" for k, n in sorted(shapes.items())) + f"); ranks seen {r.ranks_seen or '-'}"
+         + (f" of {r.world_size}" if r.world_size else "")
+         + (f" on {len(r.nodes)} node(s)" if r.nodes else "") + launchers, "dim")
     if len(r.sources) > 1:  # several files: each one's view of the job (one agent's node, one rank ...)
         for s in r.sources[:MAX_ROWS]:
             if s.view or s.launchers:
-                console.print(Text(f"  {visible(s.path)}: {s.view or 'unknown writers'}"
-                                   + (f" ({', '.join(s.launchers)})" if s.launchers else ""), style="dim"),
-                              soft_wrap=True)
+                _say(console, f"  {visible(s.path)}: {s.view or 'unknown writers'}"
+                     + (f" ({', '.join(s.launchers)})" if s.launchers else ""), "dim")
     for skip in r.skipped[:10]:
-        console.print(Text(f"  not read: {visible(skip['path'])}: {visible(skip['reason'])}", style="yellow"),
-                      soft_wrap=True)
+        _say(console, f"  not read: {visible(skip['path'])}: {visible(skip['reason'])}", "yellow")
     if len(r.skipped) > 10:
         console.print(Text(f"  … {len(r.skipped) - 10} more not read (--json lists them)", style="yellow"))
     if r.dropped_events:
@@ -135,16 +139,14 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
 
 
 def _render_nccl(r: LogsReport, console: Console) -> None:
-    from rich.text import Text
-
     n = r.nccl
     assert n is not None
     versions = ", ".join(n["versions"]) or "version not printed"
     world = f", {n['world_size']} ranks" if n.get("world_size") else ""
     nodes = f" on {n['nodes']} node(s)" if n.get("nodes") else ""
     nets = sorted({x for h in n["hosts"] for x in h["network"]})
-    console.print(Text(f"\nNCCL {versions}{world}{nodes}" + (f", network {', '.join(nets)}" if nets else "")
-                       + f" ({n['lines']:,} NCCL_DEBUG lines)", style="bold"), soft_wrap=True)
+    _say(console, f"\nNCCL {versions}{world}{nodes}" + (f", network {', '.join(nets)}" if nets else "")
+         + f" ({n['lines']:,} NCCL_DEBUG lines)", "bold")
     if n["transports"]:
         console.print("  transports: " + "; ".join(f"{t['transport']} {t['pairs']} pair(s) (e.g. {t['example']})"
                                                    for t in n["transports"]), soft_wrap=True)
@@ -157,23 +159,20 @@ def _render_nccl(r: LogsReport, console: Console) -> None:
     if n["environment"]:
         console.print("  set: " + ", ".join(f"{k}={'/'.join(v)}" for k, v in n["environment"].items()), soft_wrap=True)
     for f in n["findings"]:
-        console.print(Text(f"  {'!' if f['severity'] == 'warning' else '-'} {f['text']}",
-                           style="yellow" if f["severity"] == "warning" else ""), soft_wrap=True)
+        warning = f["severity"] == "warning"
+        _say(console, f"  {'!' if warning else '-'} {f['text']}", "yellow" if warning else "")
     for w in n["warnings"][:5]:
         where = f"ranks {w['ranks']}" if w["ranks"] else ", ".join(w["hosts"][:3])
-        console.print(Text(f"  WARN x{w['count']} ({where}): {w['text']}", style="yellow"), soft_wrap=True)
+        _say(console, f"  WARN x{w['count']} ({where}): {w['text']}", "yellow")
 
 
 def _render_progress(r: LogsReport, console: Console) -> None:
-    from rich.text import Text
-
     train = r.progress.get("train")
     if train:
         behind = f"; behind: ranks {train['behind']}" if train["behind"] else ""
-        console.print(Text(f"\nmldebug train metrics: ranks {train['ranks']} reached step {train['max_step']}"
-                           f"{behind}"), soft_wrap=True)
+        _say(console, f"\nmldebug train metrics: ranks {train['ranks']} reached step {train['max_step']}{behind}")
     work = r.progress.get("nccl_work")
     if work:
         behind = f"; behind: ranks {work['behind']}" if work["behind"] else ""
-        console.print(Text(f"\nNCCL watchdog: last completed collective {work['max_completed']} on ranks "
-                           f"{work['ranks']}{behind}"), soft_wrap=True)
+        _say(console, f"\nNCCL watchdog: last completed collective {work['max_completed']} on ranks "
+                      f"{work['ranks']}{behind}")

@@ -53,6 +53,12 @@ class Damage:
         return self.quoted or self.numbered or self.wrap_width is not None or self.reversed
 
 
+def _quoted(lines: list[str]) -> bool:
+    """Markdown quoting: most of the lines that are not blank start with ``>``."""
+    body = [ln for ln in lines if ln.strip()]
+    return sum(1 for ln in body if ln.startswith(">")) >= 0.8 * len(body)
+
+
 def _unquote(lines: list[str]) -> list[str]:
     return [re.sub(r"^(?:> ?)+", "", ln) for ln in lines]
 
@@ -180,17 +186,16 @@ def sniff(head: bytes, complete: bool) -> Damage:
     lines = _lines(sample)
     if lines and not lines[-1]:
         lines.pop()
-    body = [ln for ln in lines if ln.strip()]
-    if not body:
+    if not any(ln.strip() for ln in lines):
         return d
-    if sum(1 for ln in body if ln.startswith(">")) >= 0.8 * len(body):
+    if _quoted(lines):
         d.quoted = True
         lines = _unquote(lines)
     first = next((ln for ln in lines if ln.strip()), "")
     if _NUMBERED.match(first) and _numbered(lines):
         d.numbered = True
         lines = _unnumber(lines)
-        if sum(1 for ln in lines if ln.startswith(">")) >= 0.8 * len([ln for ln in lines if ln.strip()]):
+        if _quoted(lines):
             d.quoted = True  # numbers outside the quoting
             lines = _unquote(lines)
     # only a line ending in "]" can end in a tmux counter: the others skip the regular expression

@@ -73,6 +73,13 @@ class Expanded:
     skipped: list[dict[str, str]]
     manifests: dict[str, dict[str, object]]
 
+    def manifest(self, dirpath: str) -> dict[str, object] | None:
+        """The `mldebug launch` manifest in ``dirpath`` (kept in ``manifests``), or None."""
+        man = _manifest(dirpath)
+        if man is not None:
+            self.manifests[dirpath] = man
+        return man
+
 
 def attempt_of(path: str) -> int | None:
     """The torchrun attempt (restart) a file of its --log-dir tree belongs to, or None."""
@@ -98,8 +105,9 @@ def _manifest(dirpath: str) -> dict[str, object] | None:
     return doc if isinstance(doc, dict) and doc.get("schema") == LAUNCH_SCHEMA else None
 
 
-def classify_path(path: str, node: str | None = None) -> Source:
-    """The shape of the file at ``path`` from its name (and node, when a launch manifest gave one)."""
+def classify_path(path: str, node: str | None = None, launch: bool = False) -> Source:
+    """The shape of the file at ``path`` from its name (and node, when a launch manifest gave one; ``launch``: its
+    directory is an `mldebug launch` node's, where ``console.log`` is the node's console)."""
     norm = path.replace(os.sep, "/")
     base = os.path.basename(norm)
     gz = base.endswith(".gz")
@@ -116,6 +124,8 @@ def classify_path(path: str, node: str | None = None) -> Source:
         return Source(path, "train-metrics", Who(int(r.group(1)) if r else None, node, None), gz=gz)
     if r:
         return Source(path, "rank-file", Who(int(r.group(1)), node, None), gz=gz)
+    if launch and base in _CONSOLES:
+        return Source(path, "launch", Who(None, node, None), gz=gz)
     pod = _POD_NAME.match(base) if node is None else None
     return Source(path, "console", Who(None, pod.group("pod") if pod else node, None), gz=gz)
 
@@ -170,14 +180,8 @@ def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
                              "give log files or directories (or - for standard input: `cat FIFO | mldebug logs -`)")
         out.skipped.append({"path": path, "reason": "not a regular file"})
         return
-    parent = os.path.dirname(os.path.abspath(path))
-    man = _manifest(parent)
-    if man is not None:
-        out.manifests[parent] = man
-    src = classify_path(path, _node_of(man))
-    if man is not None and os.path.basename(path) in _CONSOLES:
-        src.shape = "launch"
-    add(src, st, None)
+    man = out.manifest(os.path.dirname(os.path.abspath(path)))
+    add(classify_path(path, _node_of(man), launch=man is not None), st, None)
 
 
 def _walk(root: str, out: Expanded, add: _Add) -> None:
@@ -186,9 +190,7 @@ def _walk(root: str, out: Expanded, add: _Add) -> None:
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-        man = _manifest(dirpath)
-        if man is not None:
-            out.manifests[dirpath] = man
+        out.manifest(dirpath)
         launch_dir = _launch_root(dirpath, out.manifests)
         node = _node_of(out.manifests[launch_dir]) if launch_dir is not None else None
         real_dir = os.path.realpath(dirpath)  # its files are no links (lstat below): their real path is this + name
@@ -207,12 +209,9 @@ def _walk(root: str, out: Expanded, add: _Add) -> None:
             if not stat.S_ISREG(st.st_mode):
                 out.skipped.append({"path": full, "reason": "not a regular file"})
                 continue
-            src = classify_path(full, node)
-            if dirpath == launch_dir and name in _CONSOLES:
-                src.shape = "launch"
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console
-            add(src, st, os.path.join(real_dir, name))
+            add(classify_path(full, node, launch=dirpath == launch_dir), st, os.path.join(real_dir, name))
 
 
 def _node_of(manifest: dict[str, object] | None) -> str | None:

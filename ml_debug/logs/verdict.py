@@ -57,6 +57,11 @@ def _identity_key(who: Who) -> tuple[Any, ...]:
     return ("unknown",)
 
 
+def _ranks(events: Iterable[Event]) -> str:
+    """The ranks of ``events`` that have one, as ranges (``0-3,7``)."""
+    return compress({e.who.rank for e in events if e.who.rank is not None})
+
+
 def _norm(message: str) -> str:
     return numbers_aside(_TYPE_PREFIX.sub("", message.strip()))[:160]
 
@@ -295,7 +300,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         independent = [e for e in independent if e not in tie]
     tail = []
     if after:
-        after_ranks = compress({c.who.rank for c in after if c.who.rank is not None})
+        after_ranks = _ranks(after)
         unknown = sum(1 for c in after if c.who.rank is None)
         who = f"ranks {after_ranks}" if after_ranks else ""
         if unknown:
@@ -305,8 +310,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         tail.append(f"{len(independent)} other rank(s) failed on their own: "
                     + few((f"{e.who.label()}: {brief(e.message)}" for e in independent), 3, "; "))
     if same:
-        tail.insert(0, f"rank{'s' if len(same) > 1 else ''} {compress({c.who.rank for c in same if c.who.rank is not None})}"
-                       " reported the same")
+        tail.insert(0, f"rank{'s' if len(same) > 1 else ''} {_ranks(same)} reported the same")
     if tail:
         summary += " (" + "; ".join(tail) + ")"
     if silent and first.who.rank is not None and first is not unplaced:  # placed by elimination: not silent
@@ -315,7 +319,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     return Verdict(status="failure", summary=summary, primary=first, basis=basis,
                    secondary=_secondary_rows(after), independent=independent, silent_ranks=silent,
                    blamed_ranks=blamed_text, confidence=confidence, confidence_why=why,
-                   tie=compress({e.who.rank for e in [first, *tie] if e.who.rank is not None}) or None if tie else None)
+                   tie=_ranks([first, *tie]) or None if tie else None)
 
 
 def _at(ev: Event) -> str:
@@ -409,7 +413,7 @@ def _findings(events: list[Event]) -> list[str]:
     fallback = [e for e in events if e.kind == "nccl-fallback"]
     if not fallback:
         return []
-    where = compress({e.who.rank for e in fallback if e.who.rank is not None})
+    where = _ranks(fallback)
     nodes = sorted({e.who.node for e in fallback if e.who.node})
     on = f"ranks {where}" if where else (", ".join(nodes[:5]) or "some ranks")
     return [f"NCCL fell back to TCP sockets on {on}: libibverbs failed to load, so the job runs, slowly, without "
@@ -460,10 +464,8 @@ def collapse_tracebacks(events: list[Event]) -> list[TracebackGroup]:
     out = []
     for members in groups.values():
         first = min(members, key=lambda e: e.order_key())
-        ranks = {e.who.rank for e in members if e.who.rank is not None}
-        out.append(TracebackGroup(ranks=compress(ranks), count=len(members), cls=first.cls, message=first.message,
-                                  text=first.text, who=sorted({e.who.label() for e in members
-                                                               if e.who.rank is None})))
+        out.append(TracebackGroup(ranks=_ranks(members), count=len(members), cls=first.cls, message=first.message,
+                                  text=first.text, who=sorted({e.who.label() for e in members if e.who.rank is None})))
     return sorted(out, key=lambda g: (g.cls != PRIMARY, -g.count))
 
 
@@ -524,18 +526,21 @@ def _writer(e: Event) -> str:
 def progress(c: Collector, metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """How far each rank got: mldebug train's step per rank, NCCL's last completed collective per rank."""
     out: dict[str, Any] = {}
-    steps = {m["rank"]: m for m in metrics if isinstance(m.get("step"), int)}
-    if steps:
-        top = max(m["step"] for m in steps.values())
-        behind = sorted(r for r, m in steps.items() if m["step"] < top)
-        out["train"] = {"ranks": compress(steps), "max_step": top, "behind": compress(behind),
-                        "last_time": max((m["time"] for m in steps.values() if isinstance(m.get("time"), float)),
+    metric = {m["rank"]: m for m in metrics if isinstance(m.get("step"), int)}
+    if metric:
+        steps = {r: m["step"] for r, m in metric.items()}
+        out["train"] = {"ranks": compress(steps), "max_step": max(steps.values()), "behind": _behind(steps),
+                        "last_time": max((m["time"] for m in metric.values() if isinstance(m.get("time"), float)),
                                          default=None),
-                        "steps": {str(r): m["step"] for r, m in sorted(steps.items())}}
+                        "steps": {str(r): n for r, n in sorted(steps.items())}}
     if c.last_work:
         done = {r: w[1] for r, w in c.last_work.items()}
-        top = max(done.values())
-        behind = sorted(r for r, w in done.items() if w < top)
-        out["nccl_work"] = {"ranks": compress(done), "max_completed": top, "behind": compress(behind),
-                            "completed": {str(r): w for r, w in sorted(done.items())}}
+        out["nccl_work"] = {"ranks": compress(done), "max_completed": max(done.values()), "behind": _behind(done),
+                            "completed": {str(r): n for r, n in sorted(done.items())}}
     return out
+
+
+def _behind(counts: dict[int, int]) -> str:
+    """The ranks whose count is below the highest."""
+    top = max(counts.values())
+    return compress(r for r, n in counts.items() if n < top)

@@ -8,6 +8,8 @@ writes it, and the comment names the source file.
 
 from __future__ import annotations
 
+import re
+import string
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,20 @@ def test_every_entry_has_a_line() -> None:
     assert entries == set(LINES), entries ^ set(LINES)
     assert {c.label for c in FAILURE_CLASSES} == set(CLASSES)
     assert {launcher.name for launcher in LAUNCHERS if launcher.marks} == set(MARKS)
+
+
+def test_a_said_event_is_formatted_from_its_own_match() -> None:
+    """A line that says its event (``Line.says``, no action of its own) formats its message and label from its
+    pattern's groups, ``match`` and ``line`` only, and names whose event it is."""
+    for launcher in LAUNCHERS:
+        for line in launcher.lines:
+            if line.says is None:
+                continue
+            fields = set(re.compile(line.pattern).groupindex) | {"match", "line"}
+            for fmt in (line.says.message, line.says.label):
+                used = {name for _, name, _, _ in string.Formatter().parse(fmt) if name}
+                assert used <= fields, (launcher.name, line.action, used - fields)
+            assert line.says.who in ("line", "node", "source"), (launcher.name, line.action)
 
 
 @pytest.mark.parametrize("entry", sorted(LINES), ids=lambda e: "/".join(e))
