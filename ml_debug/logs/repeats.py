@@ -59,9 +59,10 @@ def rememberable(c: Collector) -> tuple[bytes, int] | None:
     return buf, pos
 
 
-def _parts(c: Collector, block: Block) -> tuple[Frames | None, bytes, bytes] | None:
-    """``block``, closing at the current line: its known frames (or None), its frames' bytes and its ending's;
-    None when it is not to be remembered (not in the scanned block, a line not its own, too long)."""
+def _parts(c: Collector, block: Block) -> tuple[Frames | Block, bytes, bytes] | None:
+    """``block``, closing at the current line: its known frames (or its state before its exception line, when
+    they are new), its frames' bytes and its ending's; None when it is not to be remembered (not in the scanned
+    block, a line not its own, too long, no room)."""
     if block.origin is None or block.before_exception is None:
         return None
     origin, start = block.origin
@@ -69,17 +70,16 @@ def _parts(c: Collector, block: Block) -> tuple[Frames | None, bytes, bytes] | N
     end = c.here[1]
     if c.here[0] is not origin or not start < at < end or end - start > 2 * MAX_SPAN:
         return None
-    known = before if isinstance(before, Frames) else None
     ending = origin[at:end]
-    if known is not None:
-        if len(known.endings) >= MAX_ENDINGS or ending.count(b"\n") != block.consumed - known.state.consumed:
+    if isinstance(before, Frames):
+        if len(before.endings) >= MAX_ENDINGS or ending.count(b"\n") != block.consumed - before.state.consumed:
             return None
-        return known, known.span, ending
+        return before, before.span, ending
     frames = origin[start:at]
     if len(c.repeats) >= MAX_FRAMES or frames.count(b"\n") != before.consumed or \
             frames.count(b"\n") + ending.count(b"\n") != block.consumed:
         return None
-    return None, frames, ending
+    return before, frames, ending
 
 
 def wanted(c: Collector, block: Block, closer: bool) -> bool:
@@ -93,10 +93,9 @@ def remember(c: Collector, block: Block, reading: Reading | None) -> None:
     if parts is None or reading is None:
         return
     known, frames, ending = parts
-    if known is None:
-        _, before = block.before_exception  # type: ignore[misc]
-        before.origin, before.before_exception = None, None
-        known = Frames(frames, before)
+    if not isinstance(known, Frames):  # new frames: the state before its exception line
+        known.origin, known.before_exception = None, None
+        known = Frames(frames, known)
         c.repeats.append(known)
     if any(e.span == ending for e in known.endings):
         return

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
 from ml_debug.logs.blocks import HEADER
+from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
 from ml_debug.logs.engine import prefilter
 from ml_debug.logs.events import Collector, SourceContext
 from ml_debug.logs.repair import MEND_LIMIT, mend, sniff
