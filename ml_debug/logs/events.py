@@ -15,7 +15,7 @@ catalogue). Each event is classed where it is made:
   cause. It names the first failure only when nothing stronger exists.
 
 The collector also keeps what lines say about who is who (rank, node, local rank), resolved by
-accounting.py and verdict.py.
+accounting.py (``Identities``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Collector:
         self._blocks: dict[str, Block] = {}
         self._per_stream: dict[tuple[int, str], int] = {}
         self.line = 0
-        # identity facts, resolved by verdict.py
+        # identity facts, resolved by accounting.py (Identities)
         self.local_rank_pairs: dict[int, dict[int, int]] = {}  # source index -> local rank -> global rank
         self.node_local_rank: dict[tuple[str, int], int] = {}
         self.rank_node: dict[int, str] = {}
