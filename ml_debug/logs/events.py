@@ -51,10 +51,15 @@ _PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?R
 _NOBODY = Who()
 
 
+def _mendable(text: str) -> bool:
+    """The line may need mending (repair.mend_line): a progress bar's ``\r`` updates, a bar's characters, a
+    bracket at its end."""
+    return "\r" in text or "%|" in text or "\u2501" in text or "\u2578" in text or text.endswith("]")
+
+
 def _plain(text: str) -> bool:
     """:meth:`Collector.feed` reads the line as it is: no escapes, nothing to mend, not NCCL lines flattened."""
-    return ("\x1b" not in text and "\r" not in text and "%|" not in text and "\u2501" not in text
-            and "\u2578" not in text and not text.endswith("]") and text.count(" NCCL ") <= 1)
+    return "\x1b" not in text and not _mendable(text) and text.count(" NCCL ") <= 1
 
 
 @dataclass
@@ -180,7 +185,7 @@ class Collector:
         whole = True  # the line read as it is (as blocks.logged_level reads it)
         if "\x1b" in text:
             text, quiet, whole = strip_ansi(text), False, False  # a word may be whole only without the escapes
-        if "\r" in text or "%|" in text or "\u2501" in text or "\u2578" in text or text.endswith("]"):
+        if _mendable(text):
             parts, what = mend_line(text)
             if what is not None:
                 got = self.repairs.setdefault(self.ctx.index, {})
