@@ -94,7 +94,6 @@ class Block:
     """While it may be remembered: where its first exception line starts in the scanned block, and its state
     before that line (or the frames repeats.py knew it by)."""
 
-
     def copy(self) -> Block:
         """A copy to read on: its lists its own (copy.copy's work, in a third of its time)."""
         block: Block = object.__new__(Block)
