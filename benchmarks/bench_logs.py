@@ -13,7 +13,8 @@ logging lines: time stamps and numbers):
 - ``tqdm``: progress bars as they land in a file (``|####5     |`` with rates, 100 ``\r`` updates a line);
 - ``nccl``: a communicator made every step: NCCL INFO ``comm``, ``Channel``, ring and tree lines;
 - ``warnings``: long library UserWarnings and FutureWarnings with their source lines;
-- ``tracebacks``: a data loader's handled errors, logged at WARNING with their traceback of library frames.
+- ``tracebacks``: a data loader's handled errors, logged at WARNING with their traceback of library frames, every
+  other message naming its shard (a repeat whose message is new).
 
 They are written to a temporary directory, which is deleted at the end. Printed per mix: the wall time
 of the triage with the default readers (as a user's `mldebug logs` reads: one reader process per CPU for
