@@ -94,7 +94,7 @@ def remember(c: Collector, block: Block, reading: Reading | None) -> None:
         return
     known, frames, ending = parts
     if not isinstance(known, Frames):  # new frames: the state before its exception line
-        known.origin, known.before_exception = None, None
+        known.origin, known.before_exception, known.time, known.nearby = None, None, None, None
         known = Frames(frames, known)
         c.repeats.append(known)
     if any(e.span == ending for e in known.endings):
