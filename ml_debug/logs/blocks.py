@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ml_debug.logs import engine, repeats
-from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node
+from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node, stamped
 from ml_debug.logs.result import (
     INFO,
     PRIMARY,
@@ -136,7 +136,7 @@ def _take(c: Collector, key: str, block: Block, rest: str) -> bool:
         # a traceback pasted with its indentation stripped: frames, their code lines, the ^^^ markers
         stripped = rest.strip()
         if stripped.startswith('File "') or (block.expect_code and not EXCEPTION_TYPE.match(stripped)) \
-                or set(stripped) <= {"^", "~"}:
+                or not stripped.strip("^~"):
             block.expect_code = stripped.startswith('File "')
             if len(block.text) < MAX_TRACEBACK_LINES:
                 block.text.append("  " + rest if block.expect_code else "    " + rest)
@@ -171,7 +171,7 @@ def _take(c: Collector, key: str, block: Block, rest: str) -> bool:
             if block.trailing_left <= 0:
                 close_block(c, key)
             return True
-        if block.stage == "chain" or rest.startswith(TRACEBACK) or looks_like_a_log_line(c, rest):
+        if block.stage == "chain" or rest.startswith(TRACEBACK) or looks_like_a_log_line(rest):
             close_block(c, key, closer=True)
             return False
         # the exception's message goes on (CUDA's advice, NCCL's "Last error:" ...)
@@ -199,10 +199,8 @@ def time_before(c: Collector) -> float | None:
         end = start - 1
     return None
 
-def looks_like_a_log_line(c: Collector, rest: str) -> bool:
-    assert c.ctx is not None
-    return (find_time(rest[:40], c.ctx.day) is not None or " NCCL " in rest or rest.startswith("[")
-            or rest.startswith(("srun:", "slurmstepd:")))
+def looks_like_a_log_line(rest: str) -> bool:
+    return rest.startswith(("[", "srun:", "slurmstepd:")) or " NCCL " in rest or stamped(rest[:40])
 
 def summary_line(c: Collector, key: str, block: Block, rest: str) -> bool:
     s = block.summary

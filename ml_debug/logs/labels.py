@@ -264,6 +264,15 @@ def find_time(text: str, default_day: _dt.date) -> float | None:
     return None
 
 
+def stamped(text: str) -> bool:
+    """A time stamp's shape is in ``text``: what :func:`find_time` reads, without working out the time (a line
+    that looks like a log line)."""
+    if _ISO.search(text) or _GLOG.search(text) or _SYSLOG.search(text):
+        return True
+    m = _CLOCK.search(text)
+    return m is not None and int(m.group(1)) < 24 and int(m.group(2)) < 60 and int(m.group(3)) < 61
+
+
 SHOWN_CHARS = 300
 
 
