@@ -267,8 +267,9 @@ class NcclCollector:
             "ranks_seen": compress(self.rank_host) if self.rank_host else "",
             "hosts": per_host,
             "environment": {k: dict(v) for k, v in sorted(self.env.items())},
+            # most pairs first, ties by name: the same order whichever process read which file (a set's order is not)
             "transports": [{"transport": t, "pairs": n, "example": self.pair_examples.get(t, "")}
-                           for t, n in transports.most_common()],
+                           for t, n in sorted(transports.items(), key=lambda tn: (-tn[1], tn[0]))],
             "pairs_dropped": self.pairs_dropped,
             "rings": [{"channel": c, "order": o} for c, o in sorted(self.rings.items())[:8]],
             "ring_count": len(self.rings),
