@@ -273,18 +273,14 @@ def find_outliers(nodes: Sequence[dict[str, Any]], rules: Rules = RULES) -> list
         groups += [([gpus[i] for i in at], [gpu_nodes[i] for i in at], [utils[i] for i in at],
                     [powers[i] for i in at]) for at in members.values()]
     for same, owners, util_raw, power_raw in groups:
-        util_nums, key_of = _present(util_raw, same, owners)
-        for f in _far_from_median(util_nums, key_of, floor=rules.util_floor, ratio=rules.ratio, z=rules.z,
-                                  min_peers=rules.min_peers):
-            n, g = f.key
-            out.append(_entry("gpu_util", n, f"{_gpu_name(n, g)}: {f.value:.0f}% busy vs median {f.median:.0f}% of "
-                                             f"{f.peers} GPUs ({_times(f)})", gpu=g, far=f))
-        power_nums, key_of = _present(power_raw, same, owners)
-        for f in _far_from_median(power_nums, key_of, floor=rules.power_floor, ratio=rules.ratio, z=rules.z,
-                                  min_peers=rules.min_peers):
-            n, g = f.key
-            out.append(_entry("gpu_power", n, f"{_gpu_name(n, g)}: power {f.value:.0f}% of its limit vs median "
-                                              f"{f.median:.0f}% of {f.peers} GPUs ({_times(f)})", gpu=g, far=f))
+        for kind, raw, floor, what in (("gpu_util", util_raw, rules.util_floor, "{:.0f}% busy"),
+                                       ("gpu_power", power_raw, rules.power_floor, "power {:.0f}% of its limit")):
+            nums, key_of = _present(raw, same, owners)
+            for f in _far_from_median(nums, key_of, floor=floor, ratio=rules.ratio, z=rules.z,
+                                      min_peers=rules.min_peers):
+                n, g = f.key
+                out.append(_entry(kind, n, f"{_gpu_name(n, g)}: {what.format(f.value)} vs median {f.median:.0f}% of "
+                                           f"{f.peers} GPUs ({_times(f)})", gpu=g, far=f))
 
     # alone: the GPUs a rule may flag (found by scans of the lists), each GPU's outliers in the rules' order
     flagged: set[int] = set()
