@@ -56,6 +56,10 @@ _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 _LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
                      r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"')
+# the agent reading a failed worker's error file (ProcessFailure): an exception there is the launcher failing to
+# report that worker's failure (torch's race: a worker stopped by SIGTERM while it wrote the file leaves it empty,
+# and the agent dies of "JSONDecodeError: Expecting value"), a consequence, never a rank's own failure
+_REPORTING_FRAME = re.compile(r'elastic/multiprocessing/errors/__init__\.py", line \d+, in __post_init__$')
 _FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
 
 
@@ -252,9 +256,11 @@ def read(block: Block) -> Reading:
     launchers = tuple(name for name in engine.marks(whole) if name in _FRAME_LAUNCHERS)
     final = block.exceptions[-1] if block.exceptions else ""
     # rule 1: a launcher's own traceback reports its workers' failure; the failure summary that ends it is read as
-    # such, and one damaged or cut short is the launcher's still (its own exception, a rendezvous error or a
-    # signal, is the agent's failure: read as any other)
-    report = not EXCEPTION_TYPE.match(final.strip()) and _launcher_frames(block.text)
+    # such, and one damaged or cut short is the launcher's still, as is one raised while it read a failed worker's
+    # error file (its own exception otherwise, a rendezvous error or a signal, is the agent's failure: read as any
+    # other)
+    report = _launcher_frames(block.text) and (not EXCEPTION_TYPE.match(final.strip()) or any(
+        _REPORTING_FRAME.search(t) for t in block.text))
     # the exceptions and their messages, not the frames (code lines say anything)
     said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
     cls, label, cause = classify(said[-4000:])

@@ -73,6 +73,17 @@ def test_the_launchers_own_traceback_is_its_report(tmp_path: Path) -> None:
     assert v.primary is not None and v.primary.who.local_rank == 1 and "bad batch" in v.primary.message, v.summary
 
 
+def test_an_agent_that_died_reading_an_empty_error_file_reports_a_workers_failure() -> None:
+    """Rule 1, found by a CI run of `mldebug drill` (nan on rank 1): rank 0 raised first about rank 1, torchrun
+    stopped rank 1 with SIGTERM while it wrote its error file, then died of JSONDecodeError reading the empty file.
+    That traceback is the launcher failing to report a worker's failure, never rank 0's own failure."""
+    report = triage([str(REPO / "tests" / "data" / "logs" / "launch_nan_agent_read_an_empty_error_file")])
+    agent = [e for e in report.events if "JSONDecodeError" in "\n".join(e.text or [])]
+    assert agent and all(e.cls == INFO and e.label == "launcher traceback" for e in agent), report.events
+    v = report.verdict
+    assert v.primary is not None and v.primary.who.rank == 1 and "NonFiniteError" in v.primary.message, v.summary
+
+
 def test_a_world_of_one_process_is_rank_0() -> None:
     """Rule 3: ``torchrun --nproc-per-node 1`` of a worker in a gloo process group (torch prefixes its traceback
     with ``[rank0]:``), the console cut after torchrun's failed line (no summary): the agent's "local_rank: 0"
