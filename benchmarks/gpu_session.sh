@@ -31,7 +31,7 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
   fetch_py=${FETCH_PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo "$PY")}
   rc=0
   for name in paramiko bcrypt cryptography PyNaCl cffi pycparser invoke py-spy jsonschema \
-              jsonschema-specifications referencing rpds-py torchao; do
+              jsonschema-specifications referencing rpds-py hyperscan prometheus_client torchao; do
     ver=$("$fetch_py" -c "import importlib.metadata as m, sys
 try: print(m.version(sys.argv[1]))
 except m.PackageNotFoundError: pass" "$name" 2>/dev/null)
@@ -135,10 +135,10 @@ record "$WORK/install.tsv" nvidia-smi $? 0 30 "" nvidia-smi
 
 # ---- 2. every gpu-marked test, real parts required (a missing py-spy or torchao fails, by name) ---
 # First: a test cannot stop halfway and still say something, the benchmarks can (they skip what does
-# not fit their budget and say so). 200 s stay for the benchmarks and the report.
+# not fit their budget and say so). 200 s stay for the benchmarks and the report (20 s with the tests alone).
 if [ "$ONLY" != bench ]; then
   # tests/gpu/test_fr_nccl_files.py leaves its real NCCL Flight Recorder dump in $OUT/fr-nccl (CPU tests read it)
-  step pytest-gpu 330 200 env MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1 MLDEBUG_GPU_KEEP="$OUT/fr-nccl" \
+  step pytest-gpu 330 "$([ "$ONLY" = tests ] && echo 20 || echo 200)" env MLDEBUG_REQUIRE_REAL=1 OMP_NUM_THREADS=1 MLDEBUG_GPU_KEEP="$OUT/fr-nccl" \
     "$PY" -m pytest -m gpu tests/ \
     -p no:cacheprovider --continue-on-collection-errors -rA --durations=20 --junitxml="$WORK/pytest.xml"
 fi

@@ -17,10 +17,18 @@ import jsonschema
 import pytest
 
 from tests.browser import Browser, browser  # noqa: F401 - the fixture
-from tests.conftest import REPO, mldebug, require, require_module
+from tests.conftest import REPO, mldebug, require
 from tests.rig import fixtures
 
-By = require_module("selenium.webdriver.common.by", "pip install selenium (the test extra)").By
+
+class By:
+    """Selenium's locator strings (its `By`), here so that collecting this module needs no selenium: the
+    `browser` fixture requires it (the GPU session collects every module to run the gpu-marked ones)."""
+
+    ID = "id"
+    CSS_SELECTOR = "css selector"
+    TAG_NAME = "tag name"
+
 
 # a job's file name with HTML in it: an image whose onerror would run, and a script tag
 EVIL = "train<img src=x onerror=window.pwned=1><script>window.pwned=2.py"
