@@ -17,6 +17,7 @@ What was mended is said per source (``SourceInfo.repairs``), so a reader knows t
 
 from __future__ import annotations
 
+import datetime as _dt
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -87,7 +88,8 @@ def _unnumber(lines: list[str]) -> list[str]:
 def _wrap_width(lines: list[str], complete: bool) -> int | None:
     """The width a terminal hard-wrapped these lines at, or None: many lines of exactly the longest length,
     none longer. The last line (maybe cut) is left out unless ``complete``."""
-    body = [len(ln) for ln in (lines if complete else lines[:-1]) if ln.strip()]
+    usable = lines if complete else lines[:-1]
+    body = [len(ln) for ln in usable if ln.strip()]
     if len(body) < 4:
         return None
     width = max(body)
@@ -98,7 +100,6 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
         return None  # a table of equal-width lines is not wrapped
     # a wrapped line goes on in the next, which does not start like the source's lines start (a label, a
     # time stamp): lines of a fixed format that happen to be the longest are not wrapped
-    usable = lines if complete else lines[:-1]
     starts = Counter(ln[:4] for ln in usable if ln.strip())
     common = {s for s, n in starts.items() if n >= 0.2 * len(body)}
     full = [i for i, ln in enumerate(usable) if len(ln) == width and i + 1 < len(usable)]
@@ -106,20 +107,16 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
     return width if full and goes_on >= 0.7 * len(full) else None
 
 
-def _unwrap(lines: list[str], width: int) -> tuple[list[str], int]:
+def _unwrap(lines: list[str], width: int) -> list[str]:
+    """Each line of exactly ``width`` joined to the next."""
     out: list[str] = []
-    joined = 0
     buf = ""
     for ln in lines:
         buf += ln
-        if len(ln) == width:
-            joined += 1
-            continue
-        out.append(buf)
-        buf = ""
-    if buf:
-        out.append(buf)
-    return out, joined
+        if len(ln) != width:
+            out.append(buf)
+            buf = ""
+    return out + [buf] if buf else out
 
 
 def _is_reversed(lines: list[str]) -> bool:
@@ -135,8 +132,6 @@ def _is_reversed(lines: list[str]) -> bool:
                 backward += 1
     if forward or backward:
         return backward > forward
-    import datetime as _dt
-
     day = _dt.date.today()
     step = max(1, len(lines) // 40)  # a few dozen lines say which way time goes
     picked = lines[::step]
@@ -174,7 +169,11 @@ def _node_prefixed(lines: list[str]) -> bool:
 
 
 def _lines(data: bytes) -> list[str]:
-    return data.decode("utf-8", "replace").split("\n")
+    """The lines of ``data``, without the empty one after its last newline."""
+    lines = data.decode("utf-8", "replace").split("\n")
+    if not lines[-1]:
+        lines.pop()
+    return lines
 
 
 def sniff(head: bytes, complete: bool) -> Damage:
@@ -184,8 +183,6 @@ def sniff(head: bytes, complete: bool) -> Damage:
     if not complete and len(head) > SNIFF_BYTES:
         sample = sample[:sample.rfind(b"\n") + 1] or sample
     lines = _lines(sample)
-    if lines and not lines[-1]:
-        lines.pop()
     if not any(ln.strip() for ln in lines):
         return d
     if _quoted(lines):
@@ -202,7 +199,7 @@ def sniff(head: bytes, complete: bool) -> Damage:
     lines = [_TMUX.sub("", ln) if ln.rstrip().endswith("]") else ln for ln in lines]
     d.wrap_width = _wrap_width(lines, complete or len(head) <= SNIFF_BYTES)
     if d.wrap_width:
-        lines, _ = _unwrap(lines, d.wrap_width)
+        lines = _unwrap(lines, d.wrap_width)
     d.reversed = _is_reversed(lines)
     d.node_prefix = _node_prefixed([mend_line(ln)[0][-1] if "\r" in ln or "%|" in ln or "━" in ln else ln
                                     for ln in lines])
@@ -212,9 +209,6 @@ def sniff(head: bytes, complete: bool) -> Damage:
 def mend(data: bytes, d: Damage) -> bytes:
     """The whole text with the damage ``d`` undone; ``d.notes`` says what was done."""
     lines = _lines(data)
-    last_cut = bool(lines) and lines[-1] != ""
-    if not last_cut:
-        lines.pop()
     if d.quoted:
         lines = _unquote(lines)
         d.notes.append("markdown quoting ('> ') removed")
@@ -224,8 +218,9 @@ def mend(data: bytes, d: Damage) -> bytes:
         if d.quoted and any(ln.startswith(">") for ln in lines[:5]):
             lines = _unquote(lines)
     if d.wrap_width:
-        counters = [_TMUX.sub("", ln) for ln in lines]
-        lines, joined = _unwrap(counters, d.wrap_width)
+        lines = [_TMUX.sub("", ln) for ln in lines]
+        joined = sum(len(ln) == d.wrap_width for ln in lines)
+        lines = _unwrap(lines, d.wrap_width)
         d.notes.append(f"{joined} line(s) hard-wrapped at {d.wrap_width} columns rejoined")
     if d.reversed:
         lines.reverse()
