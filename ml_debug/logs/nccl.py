@@ -119,17 +119,20 @@ class NcclCollector:
         return (level, host, msg)
 
     def _warn(self, msg: str, host: str, rank: int | None) -> None:
-        key = numbers_aside(msg)[:200]
-        w = self.warnings.get(key)
-        if w is None:
-            if len(self.warnings) >= MAX_WARNINGS:
-                self.warnings_dropped += 1
-                return
-            w = self.warnings[key] = _Warn(msg[:300])
-        w.count += 1
-        w.hosts.add(host)
-        if rank is not None:
-            w.ranks.add(rank)
+        ranks = set() if rank is None else {rank}
+        self._warning(numbers_aside(msg)[:200], _Warn(msg[:300], count=1, ranks=ranks, hosts={host}))
+
+    def _warning(self, key: str, w: _Warn) -> None:
+        """``w`` counted under ``key`` (one text, whatever its numbers), or as dropped past MAX_WARNINGS."""
+        seen = self.warnings.get(key)
+        if seen is None and len(self.warnings) >= MAX_WARNINGS:
+            self.warnings_dropped += w.count
+        elif seen is None:
+            self.warnings[key] = w
+        else:
+            seen.count += w.count
+            seen.hosts |= w.hosts
+            seen.ranks |= w.ranks
 
     def _info(self, msg: str, host: str, pid: int, rank: int | None) -> None:
         """What an INFO message says, recorded by the first row of ``_INFO`` that reads it."""
@@ -215,22 +218,13 @@ class NcclCollector:
             else:
                 self.pairs_dropped += 1
         self.pairs_dropped += later.pairs_dropped
-        for family, example in later.pair_examples.items():
-            self.pair_examples.setdefault(family, example)
+        self.pair_examples = later.pair_examples | self.pair_examples  # the first example of a family stays
         for ring, order in later.rings.items():
             if len(self.rings) < 64:
                 self.rings.setdefault(ring, order)
         self.trees.update(later.trees)
         for key, w in later.warnings.items():
-            seen = self.warnings.get(key)
-            if seen is None and len(self.warnings) >= MAX_WARNINGS:
-                self.warnings_dropped += w.count
-            elif seen is None:
-                self.warnings[key] = w
-            else:
-                seen.count += w.count
-                seen.hosts |= w.hosts
-                seen.ranks |= w.ranks
+            self._warning(key, w)
         self.warnings_dropped += later.warnings_dropped
 
     # ------------------------------------------------------------------ summing up

@@ -22,12 +22,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ml_debug.logs.blocks import TRACEBACK
 from ml_debug.logs.labels import NODE_PREFIX, find_time
 
 SNIFF_BYTES = 16 << 10
 MEND_LIMIT = 64 << 20
 _NUMBERED = re.compile(r"^\s{0,6}(\d{1,7})(?:\s*[|│:]\s?|\t| {1,2})")
-_TB_HEAD = "Traceback (most recent call last):"
 _FRAME = re.compile(r'(?:^|\s|\]: ?)File "')
 _NOT_A_NODE = re.compile(r"(?:Error|Exception|Warning|Traceback|INFO|WARN|WARNING|ERROR|DEBUG|NOTE|Note|http|https)$")
 # tqdm: "Epoch 1:  12%|█▏        | 12/100 [00:01<00:08, 10.50it/s, loss=0.5]"; rich (Lightning): "Epoch 0/0 ━━━╸  2/8
@@ -123,7 +123,7 @@ def _is_reversed(lines: list[str]) -> bool:
     """Tracebacks read upside down (their header after their frames), or time stamps going back."""
     forward = backward = 0
     for i, ln in enumerate(lines):
-        if _TB_HEAD in ln:
+        if TRACEBACK in ln:
             before = lines[i - 1] if i else ""
             after = lines[i + 1] if i + 1 < len(lines) else ""
             if _FRAME.search(after):
