@@ -65,24 +65,16 @@ def _unquote(lines: list[str]) -> list[str]:
 
 
 def _numbered(lines: list[str]) -> bool:
-    nums = []
-    for ln in lines:
-        if not ln.strip():
-            continue
-        m = _NUMBERED.match(ln)
-        nums.append(int(m.group(1)) if m else None)
+    """A viewer's line numbers: the lines that are not blank start with numbers that mostly go up by one."""
+    nums = [int(m.group(1)) if (m := _NUMBERED.match(ln)) else None for ln in lines if ln.strip()]
     if len(nums) < 5 or None in nums[:3]:
         return False
-    steps = sum(1 for a, b in zip(nums, nums[1:], strict=False) if a is not None and b is not None and b == a + 1)
+    steps = sum(1 for a, b in zip(nums, nums[1:], strict=False) if a is not None and b == a + 1)
     return steps >= 0.8 * (len(nums) - 1)
 
 
 def _unnumber(lines: list[str]) -> list[str]:
-    out = []
-    for ln in lines:
-        m = _NUMBERED.match(ln)
-        out.append(ln[m.end():] if m else ln)
-    return out
+    return [ln[m.end():] if (m := _NUMBERED.match(ln)) else ln for ln in lines]
 
 
 def _wrap_width(lines: list[str], complete: bool) -> int | None:
