@@ -53,16 +53,13 @@ def transport_family(via: str) -> str:
     """``P2P/IPC/read`` -> ``P2P``; ``NET/IB/3`` -> ``NET/IB``; ``direct shared memory`` -> ``SHM``."""
     via = via.strip()
     if via.startswith("NET/"):
-        parts = via.split("/")
-        return "NET/" + parts[1] if len(parts) > 1 else "NET"
+        return "NET/" + via.split("/")[1]
     if via.startswith(("P2P", "direct pointer")):
         return "P2P"
     if via.startswith("SHM") or "shared memory" in via:
         return "SHM"
-    for name in ("CollNet", "NVLS", "COLLNET"):
-        if via.startswith(name):
-            return name
-    return via.split("/")[0].split()[0]
+    collective = next((name for name in ("CollNet", "NVLS", "COLLNET") if via.startswith(name)), None)
+    return collective or via.split("/")[0].split()[0]
 
 
 @dataclass
@@ -122,17 +119,20 @@ class NcclCollector:
         return (level, host, msg)
 
     def _warn(self, msg: str, host: str, rank: int | None) -> None:
-        key = numbers_aside(msg)[:200]
-        w = self.warnings.get(key)
-        if w is None:
-            if len(self.warnings) >= MAX_WARNINGS:
-                self.warnings_dropped += 1
-                return
-            w = self.warnings[key] = _Warn(msg[:300])
-        w.count += 1
-        w.hosts.add(host)
-        if rank is not None:
-            w.ranks.add(rank)
+        ranks = set() if rank is None else {rank}
+        self._warning(numbers_aside(msg)[:200], _Warn(msg[:300], count=1, ranks=ranks, hosts={host}))
+
+    def _warning(self, key: str, w: _Warn) -> None:
+        """``w`` counted under ``key`` (one text, whatever its numbers), or as dropped past MAX_WARNINGS."""
+        seen = self.warnings.get(key)
+        if seen is None and len(self.warnings) >= MAX_WARNINGS:
+            self.warnings_dropped += w.count
+        elif seen is None:
+            self.warnings[key] = w
+        else:
+            seen.count += w.count
+            seen.hosts |= w.hosts
+            seen.ranks |= w.ranks
 
     def _info(self, msg: str, host: str, pid: int, rank: int | None) -> None:
         """What an INFO message says, recorded by the first row of ``_INFO`` that reads it."""
@@ -150,10 +150,6 @@ class NcclCollector:
                     record(self, m, host, pid, rank)
                     return
 
-    def _version(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
-        words = m.string.split()
-        self.versions[words[2] if len(words) > 2 else m.string] += 1
-
     def _channel(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
         channel, src, dst, via, order = m.groups()
         if via:
@@ -165,6 +161,10 @@ class NcclCollector:
         if rank is not None:
             self.trees[rank] = len(_TREE_ITEM.findall(m.string))
 
+    def _connected(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
+        if rank is not None:
+            self.connected[m.group(1)].add(rank)
+
     def _comm(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
         r = int(m.group(1))
         self.proc_rank[(host, pid)] = r
@@ -173,10 +173,6 @@ class NcclCollector:
         self.nranks[int(m.group(2))] += 1
         if m.group(3):
             self.nnodes[int(m.group(3))] += 1
-
-    def _connected(self, m: re.Match[str], host: str, pid: int, rank: int | None) -> None:
-        if rank is not None:
-            self.connected[m.group(1)].add(rank)
 
     def _pair(self, src: int, dst: int, via: str, host: str) -> None:
         fam = transport_family(via)
@@ -206,15 +202,13 @@ class NcclCollector:
                 self._host_said.add(rank)
             else:
                 self.rank_host.setdefault(rank, host)
-        for mine, theirs in ((self.bootstrap, later.bootstrap), (self.socket_ifaces, later.socket_ifaces),
-                             (self.ib_devices, later.ib_devices), (self.network, later.network)):
-            for host, names in theirs.items():
-                mine[host] |= names
-        for what, ranks in later.connected.items():
-            self.connected[what] |= ranks
+        tallies: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
+            (self.bootstrap, later.bootstrap), (self.socket_ifaces, later.socket_ifaces), (self.env, later.env),
+            (self.ib_devices, later.ib_devices), (self.network, later.network), (self.connected, later.connected))
+        for mine, theirs in tallies:
+            for key, got in theirs.items():
+                mine[key].update(got)  # a set's union, a Counter's sum
         self.no_ib |= later.no_ib
-        for var, counts in later.env.items():
-            self.env[var] += counts
         for pair, families in later.pairs.items():
             got = self.pairs.get(pair)
             if got is not None:
@@ -224,22 +218,13 @@ class NcclCollector:
             else:
                 self.pairs_dropped += 1
         self.pairs_dropped += later.pairs_dropped
-        for family, example in later.pair_examples.items():
-            self.pair_examples.setdefault(family, example)
+        self.pair_examples = later.pair_examples | self.pair_examples  # the first example of a family stays
         for ring, order in later.rings.items():
             if len(self.rings) < 64:
                 self.rings.setdefault(ring, order)
         self.trees.update(later.trees)
         for key, w in later.warnings.items():
-            seen = self.warnings.get(key)
-            if seen is None and len(self.warnings) >= MAX_WARNINGS:
-                self.warnings_dropped += w.count
-            elif seen is None:
-                self.warnings[key] = w
-            else:
-                seen.count += w.count
-                seen.hosts |= w.hosts
-                seen.ranks |= w.ranks
+            self._warning(key, w)
         self.warnings_dropped += later.warnings_dropped
 
     # ------------------------------------------------------------------ summing up
@@ -248,11 +233,8 @@ class NcclCollector:
         """The NCCL section of the report, or None when no NCCL debug line was seen."""
         if not self.lines:
             return None
-        transports: Counter[str] = Counter()
-        for fams in self.pairs.values():
-            transports.update(fams)
-        hosts = sorted(set(self.bootstrap) | set(self.socket_ifaces) | set(self.ib_devices) | self.no_ib
-                       | set(self.network))
+        transports = Counter(family for families in self.pairs.values() for family in families)
+        hosts = sorted({*self.bootstrap, *self.socket_ifaces, *self.ib_devices, *self.no_ib, *self.network})
         per_host = [{"host": h, "network": sorted(self.network.get(h, ())),
                      "bootstrap_interface": sorted(self.bootstrap.get(h, ())),
                      "socket_interfaces": sorted(self.socket_ifaces.get(h, ())),
@@ -278,13 +260,11 @@ class NcclCollector:
             "warnings": [{"text": w.text, "count": w.count, "ranks": compress(w.ranks), "hosts": sorted(w.hosts)}
                          for w in sorted(self.warnings.values(), key=lambda w: -w.count)],
             "warnings_dropped": self.warnings_dropped,
-            "findings": self.findings(transports),
+            "findings": self._findings(transports),
         }
 
-    def findings(self, transports: Counter[str] | None = None) -> list[dict[str, str]]:
+    def _findings(self, transports: Counter[str]) -> list[dict[str, str]]:
         """The slow-path causes these lines show, most important first: [{code, severity, text}]."""
-        if transports is None:
-            transports = Counter(f for fams in self.pairs.values() for f in fams)
         out: list[dict[str, str]] = []
 
         def add(code: str, severity: str, text: str) -> None:
@@ -311,25 +291,6 @@ class NcclCollector:
             if values and (not switch or any(v.strip() not in ("0", "") for v in values)):
                 add(var.lower().replace("_", "-"), "warning" if switch else "info",
                     f"{var}={','.join(sorted(values))}: {what}")
-        self._interface_findings(add)
-        if len(self.versions) > 1:
-            add("version-mismatch", "warning",
-                "ranks run different NCCL versions: " + ", ".join(f"{v} ({n})" for v, n in self.versions.items()))
-        same_node_net = [(a, b) for (a, b), fams in self.pairs.items()
-                         if any(f.startswith("NET") for f in fams)
-                         and self.rank_host.get(a) is not None and self.rank_host.get(a) == self.rank_host.get(b)]
-        if same_node_net:
-            a, b = same_node_net[0]
-            add("intra-node-net", "warning",
-                f"{len(same_node_net)} pair(s) of ranks on the same node talk through the network (e.g. {a} -> {b} "
-                f"on {self.rank_host[a]}): no P2P/SHM path between those GPUs")
-        if transports.get("SHM") and not transports.get("P2P"):
-            add("shm-not-p2p", "info",
-                "GPUs of a node exchange data through host shared memory (SHM), never P2P: check NCCL_P2P_DISABLE, "
-                "NCCL_P2P_LEVEL and the PCIe/NVLink topology (nvidia-smi topo -m)")
-        return out
-
-    def _interface_findings(self, add: Any) -> None:
         chosen = {h: ifs for h, ifs in self.socket_ifaces.items() if ifs} or \
                  {h: ifs for h, ifs in self.bootstrap.items() if ifs}
         names = {h: frozenset(i.rstrip("0123456789") for i in ifs) for h, ifs in chosen.items()}
@@ -353,8 +314,22 @@ class NcclCollector:
                 "hosts see different InfiniBand devices (" + ", ".join(str(c) for c in counts) + " device(s)"
                 + (f"; none on {', '.join(sorted(self.no_ib)[:4])}" if self.no_ib - set(ib) else "")
                 + "): a missing or down HCA")
-
-
+        if len(self.versions) > 1:
+            add("version-mismatch", "warning",
+                "ranks run different NCCL versions: " + ", ".join(f"{v} ({n})" for v, n in self.versions.items()))
+        same_node_net = [(a, b) for (a, b), fams in self.pairs.items()
+                         if any(f.startswith("NET") for f in fams)
+                         and self.rank_host.get(a) is not None and self.rank_host.get(a) == self.rank_host.get(b)]
+        if same_node_net:
+            a, b = same_node_net[0]
+            add("intra-node-net", "warning",
+                f"{len(same_node_net)} pair(s) of ranks on the same node talk through the network (e.g. {a} -> {b} "
+                f"on {self.rank_host[a]}): no P2P/SHM path between those GPUs")
+        if transports.get("SHM") and not transports.get("P2P"):
+            add("shm-not-p2p", "info",
+                "GPUs of a node exchange data through host shared memory (SHM), never P2P: check NCCL_P2P_DISABLE, "
+                "NCCL_P2P_LEVEL and the PCIe/NVLink topology (nvidia-smi topo -m)")
+        return out
 
 
 _Record = Callable[[NcclCollector, "re.Match[str]", str, int, "int | None"], None]
@@ -369,7 +344,7 @@ _INFO: tuple[tuple[str, str, _Record], ...] = (
     ("^Channel", _CHANNEL, NcclCollector._channel),
     ("^Tree", r"Trees? (?:\[\d+\] \S+\s*)+", NcclCollector._trees),
     ("^Ring", _CHANNEL, NcclCollector._channel),  # NCCL before 2.4
-    ("^NCCL version", r"NCCL version", NcclCollector._version),
+    ("^NCCL version", r"NCCL version\S*(?:\s+(\S+))?", lambda c, m, *_: c.versions.update([m[1] or m.string])),
     ("comm 0x", r"comm 0x[0-9a-f]+ rank (\d+) n[Rr]anks (\d+)(?: nNodes (\d+) localRanks (\d+) localRank (\d+))?",
      NcclCollector._comm),
     ("Bootstrap", r"Bootstrap ?: Using (?:\[\d+\])?(\S+?):", lambda c, m, host, *_: c.bootstrap[host].add(m[1])),

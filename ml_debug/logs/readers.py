@@ -23,16 +23,16 @@ import os
 import pickle
 import queue
 import signal
-import struct
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from ml_debug.core import lifecycle, testhooks
 from ml_debug.core.gcpause import gc_paused
+from ml_debug.dist.limits import cpu_cores
 from ml_debug.logs.events import Collector
 from ml_debug.logs.result import SourceInfo
 from ml_debug.logs.scan import feed_source
@@ -46,7 +46,6 @@ PARALLEL_BYTES = 64 << 20
 SHARES_PER_JOB = 4
 """Shares per reader: progress moves in steps of one share, and a share of big files holds no one up long."""
 READER = [sys.executable, "-c", "import sys; del sys.path[0]; from ml_debug.logs.readers import serve; serve()"]
-_FRAME = struct.Struct("!Q")
 
 OnSource = Callable[[int, int], None]
 
@@ -82,21 +81,12 @@ def read_source(src: Source, index: int, collector: Collector) -> Read:
     return got
 
 
-def default_jobs() -> int:
-    """One reader per CPU this process may run on, at most MAX_JOBS."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_JOBS))
-
-
 def read_all(exp: Expanded, on_source: OnSource | None = None, *,
              jobs: int | None = None) -> tuple[Collector, list[Read]]:
-    """Every source of ``exp`` read, in source order, by ``jobs`` readers (None: one per CPU when the input is
-    over PARALLEL_BYTES, else here; 1: here)."""
+    """Every source of ``exp`` read, in source order, by ``jobs`` readers (None: one per CPU this process may
+    run on, at most MAX_JOBS, when the input is over PARALLEL_BYTES, else here; 1: here)."""
     if jobs is None:
-        jobs = default_jobs() if sum(s.size for s in exp.sources) >= PARALLEL_BYTES else 1
+        jobs = min(cpu_cores(), MAX_JOBS) if sum(s.size for s in exp.sources) >= PARALLEL_BYTES else 1
     shares = _shares(exp.sources, jobs * SHARES_PER_JOB) if jobs > 1 else []
     if len(shares) < 2 or any(s.stdin for s in exp.sources):
         collector = Collector()
@@ -133,8 +123,8 @@ def _shares(sources: list[Source], want: int) -> list[range]:
 
 # ---------------------------------------------------------------------------------------- this process
 
-Share = tuple[Collector, list[Read], list[str | None]]
-"""What a reader sends back for one share: its collector, each source's Read, each source's cut."""
+Share = tuple[Collector, list[Read]]
+"""What a reader sends back for one share: its collector and each source's Read (a damaged end said in it)."""
 
 
 def _read_shared(sources: list[Source], shares: list[range], jobs: int,
@@ -162,9 +152,8 @@ def _read_shared(sources: list[Source], shares: list[range], jobs: int,
                 continue
             n, share = item
             done[n] = share
-            for i, cut in zip(shares[n], share[2], strict=True):
-                sources[i].cut = cut
-                if on_source is not None:
+            if on_source is not None:
+                for i in shares[n]:
                     on_source(i, len(sources))
     finally:
         for r in readers:
@@ -173,7 +162,7 @@ def _read_shared(sources: list[Source], shares: list[range], jobs: int,
     reads: list[Read] = []
     for n, share_range in enumerate(shares):
         if n in done:
-            collector, share_reads, _ = done.pop(n)
+            collector, share_reads = done.pop(n)
         else:
             collector = Collector()
             share_reads = _read_here(sources, share_range, collector, on_source)
@@ -208,13 +197,10 @@ class _Reader:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             with self.proc.stdin:
                 self.proc.stdin.write(payload)
-            while True:
-                frame = _read_frame(self.proc.stdout)
-                if frame is None:
-                    break
-                out.put(pickle.loads(frame))
+            while True:  # one pickle per share, up to the end of the stream (EOFError) or a cut one
+                out.put(pickle.load(self.proc.stdout))
         except (OSError, EOFError, pickle.UnpicklingError):
-            pass  # the reader failed: its shares not sent are read in the first process
+            pass  # the reader ended, or failed: its shares not sent are read in the first process
         finally:
             out.put(None)
 
@@ -225,15 +211,6 @@ class _Reader:
         self._thread.join()
         assert self.proc.stdout is not None
         self.proc.stdout.close()
-
-
-def _read_frame(stream: IO[bytes]) -> bytes | None:
-    head = stream.read(_FRAME.size)
-    if len(head) < _FRAME.size:
-        return None
-    (size,) = _FRAME.unpack(head)
-    body = stream.read(size)
-    return body if len(body) == size else None
 
 
 # ---------------------------------------------------------------------------------------- a reader
@@ -248,7 +225,5 @@ def serve() -> None:
         testhooks.call(testhooks.LOGS_READER_SHARE, share=n)
         collector = Collector()
         reads = [read_source(src, first + k, collector) for k, src in enumerate(sources)]
-        body = pickle.dumps((n, (collector.portable(), reads, [src.cut for src in sources])),
-                            protocol=pickle.HIGHEST_PROTOCOL)
-        out.write(_FRAME.pack(len(body)) + body)
+        pickle.dump((n, (collector.portable(), reads)), out, protocol=pickle.HIGHEST_PROTOCOL)
         out.flush()

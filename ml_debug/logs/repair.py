@@ -17,16 +17,17 @@ What was mended is said per source (``SourceInfo.repairs``), so a reader knows t
 
 from __future__ import annotations
 
+import datetime as _dt
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ml_debug.logs.blocks import TRACEBACK
 from ml_debug.logs.labels import NODE_PREFIX, find_time
 
 SNIFF_BYTES = 16 << 10
 MEND_LIMIT = 64 << 20
 _NUMBERED = re.compile(r"^\s{0,6}(\d{1,7})(?:\s*[|│:]\s?|\t| {1,2})")
-_TB_HEAD = "Traceback (most recent call last):"
 _FRAME = re.compile(r'(?:^|\s|\]: ?)File "')
 _NOT_A_NODE = re.compile(r"(?:Error|Exception|Warning|Traceback|INFO|WARN|WARNING|ERROR|DEBUG|NOTE|Note|http|https)$")
 # tqdm: "Epoch 1:  12%|█▏        | 12/100 [00:01<00:08, 10.50it/s, loss=0.5]"; rich (Lightning): "Epoch 0/0 ━━━╸  2/8
@@ -64,30 +65,23 @@ def _unquote(lines: list[str]) -> list[str]:
 
 
 def _numbered(lines: list[str]) -> bool:
-    nums = []
-    for ln in lines:
-        if not ln.strip():
-            continue
-        m = _NUMBERED.match(ln)
-        nums.append(int(m.group(1)) if m else None)
+    """A viewer's line numbers: the lines that are not blank start with numbers that mostly go up by one."""
+    nums = [int(m.group(1)) if (m := _NUMBERED.match(ln)) else None for ln in lines if ln.strip()]
     if len(nums) < 5 or None in nums[:3]:
         return False
-    steps = sum(1 for a, b in zip(nums, nums[1:], strict=False) if a is not None and b is not None and b == a + 1)
+    steps = sum(1 for a, b in zip(nums, nums[1:], strict=False) if a is not None and b == a + 1)
     return steps >= 0.8 * (len(nums) - 1)
 
 
 def _unnumber(lines: list[str]) -> list[str]:
-    out = []
-    for ln in lines:
-        m = _NUMBERED.match(ln)
-        out.append(ln[m.end():] if m else ln)
-    return out
+    return [ln[m.end():] if (m := _NUMBERED.match(ln)) else ln for ln in lines]
 
 
 def _wrap_width(lines: list[str], complete: bool) -> int | None:
     """The width a terminal hard-wrapped these lines at, or None: many lines of exactly the longest length,
     none longer. The last line (maybe cut) is left out unless ``complete``."""
-    body = [len(ln) for ln in (lines if complete else lines[:-1]) if ln.strip()]
+    usable = lines if complete else lines[:-1]
+    body = [len(ln) for ln in usable if ln.strip()]
     if len(body) < 4:
         return None
     width = max(body)
@@ -98,7 +92,6 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
         return None  # a table of equal-width lines is not wrapped
     # a wrapped line goes on in the next, which does not start like the source's lines start (a label, a
     # time stamp): lines of a fixed format that happen to be the longest are not wrapped
-    usable = lines if complete else lines[:-1]
     starts = Counter(ln[:4] for ln in usable if ln.strip())
     common = {s for s, n in starts.items() if n >= 0.2 * len(body)}
     full = [i for i, ln in enumerate(usable) if len(ln) == width and i + 1 < len(usable)]
@@ -106,27 +99,23 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
     return width if full and goes_on >= 0.7 * len(full) else None
 
 
-def _unwrap(lines: list[str], width: int) -> tuple[list[str], int]:
+def _unwrap(lines: list[str], width: int) -> list[str]:
+    """Each line of exactly ``width`` joined to the next."""
     out: list[str] = []
-    joined = 0
     buf = ""
     for ln in lines:
         buf += ln
-        if len(ln) == width:
-            joined += 1
-            continue
-        out.append(buf)
-        buf = ""
-    if buf:
-        out.append(buf)
-    return out, joined
+        if len(ln) != width:
+            out.append(buf)
+            buf = ""
+    return out + [buf] if buf else out
 
 
 def _is_reversed(lines: list[str]) -> bool:
     """Tracebacks read upside down (their header after their frames), or time stamps going back."""
     forward = backward = 0
     for i, ln in enumerate(lines):
-        if _TB_HEAD in ln:
+        if TRACEBACK in ln:
             before = lines[i - 1] if i else ""
             after = lines[i + 1] if i + 1 < len(lines) else ""
             if _FRAME.search(after):
@@ -135,8 +124,6 @@ def _is_reversed(lines: list[str]) -> bool:
                 backward += 1
     if forward or backward:
         return backward > forward
-    import datetime as _dt
-
     day = _dt.date.today()
     step = max(1, len(lines) // 40)  # a few dozen lines say which way time goes
     picked = lines[::step]
@@ -174,7 +161,11 @@ def _node_prefixed(lines: list[str]) -> bool:
 
 
 def _lines(data: bytes) -> list[str]:
-    return data.decode("utf-8", "replace").split("\n")
+    """The lines of ``data``, without the empty one after its last newline."""
+    lines = data.decode("utf-8", "replace").split("\n")
+    if not lines[-1]:
+        lines.pop()
+    return lines
 
 
 def sniff(head: bytes, complete: bool) -> Damage:
@@ -184,8 +175,6 @@ def sniff(head: bytes, complete: bool) -> Damage:
     if not complete and len(head) > SNIFF_BYTES:
         sample = sample[:sample.rfind(b"\n") + 1] or sample
     lines = _lines(sample)
-    if lines and not lines[-1]:
-        lines.pop()
     if not any(ln.strip() for ln in lines):
         return d
     if _quoted(lines):
@@ -202,7 +191,7 @@ def sniff(head: bytes, complete: bool) -> Damage:
     lines = [_TMUX.sub("", ln) if ln.rstrip().endswith("]") else ln for ln in lines]
     d.wrap_width = _wrap_width(lines, complete or len(head) <= SNIFF_BYTES)
     if d.wrap_width:
-        lines, _ = _unwrap(lines, d.wrap_width)
+        lines = _unwrap(lines, d.wrap_width)
     d.reversed = _is_reversed(lines)
     d.node_prefix = _node_prefixed([mend_line(ln)[0][-1] if "\r" in ln or "%|" in ln or "━" in ln else ln
                                     for ln in lines])
@@ -212,9 +201,6 @@ def sniff(head: bytes, complete: bool) -> Damage:
 def mend(data: bytes, d: Damage) -> bytes:
     """The whole text with the damage ``d`` undone; ``d.notes`` says what was done."""
     lines = _lines(data)
-    last_cut = bool(lines) and lines[-1] != ""
-    if not last_cut:
-        lines.pop()
     if d.quoted:
         lines = _unquote(lines)
         d.notes.append("markdown quoting ('> ') removed")
@@ -224,8 +210,9 @@ def mend(data: bytes, d: Damage) -> bytes:
         if d.quoted and any(ln.startswith(">") for ln in lines[:5]):
             lines = _unquote(lines)
     if d.wrap_width:
-        counters = [_TMUX.sub("", ln) for ln in lines]
-        lines, joined = _unwrap(counters, d.wrap_width)
+        lines = [_TMUX.sub("", ln) for ln in lines]
+        joined = sum(len(ln) == d.wrap_width for ln in lines)
+        lines = _unwrap(lines, d.wrap_width)
         d.notes.append(f"{joined} line(s) hard-wrapped at {d.wrap_width} columns rejoined")
     if d.reversed:
         lines.reverse()

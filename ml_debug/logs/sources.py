@@ -26,7 +26,6 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ml_debug.core.errors import UsageError
@@ -34,8 +33,8 @@ from ml_debug.logs.result import Who
 
 LAUNCH_MANIFEST = "launch.json"
 LAUNCH_SCHEMA = "mldebug.launch"
-_TREE = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/(stdout|stderr)\.log(?:\.gz)?$")
-_TREE_ERROR = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/error\.json$")
+# attempt, local rank, and stdout or stderr (None: the error file)
+_TREE = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/(?:(stdout|stderr)\.log(?:\.gz)?|error\.json)$")
 _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_.]?(\d+)(?![\d])", re.IGNORECASE)
 # `kubectl logs POD > POD.log`: a Kubeflow PyTorchJob's (or MPIJob's) pod, "<job>-master-0", "<job>-worker-3",
 # "<job>-launcher-0": the pod is the node its lines came from (rule 6 of logs/accounting.py)
@@ -67,42 +66,19 @@ class Source:
         return self.shape not in ("error-file", "train-metrics")
 
 
-@dataclass
-class Expanded:
-    sources: list[Source]
-    skipped: list[dict[str, str]]
-    manifests: dict[str, dict[str, object]]
-
-    def manifest(self, dirpath: str) -> dict[str, object] | None:
-        """The `mldebug launch` manifest in ``dirpath`` (kept in ``manifests``), or None."""
-        man = _manifest(dirpath)
-        if man is not None:
-            self.manifests[dirpath] = man
-        return man
-
-
 def attempt_of(path: str) -> int | None:
     """The torchrun attempt (restart) a file of its --log-dir tree belongs to, or None."""
-    m = _TREE.search(path) or _TREE_ERROR.search(path)
+    m = _TREE.search(path)
     return int(m.group(1)) if m else None
 
 
 def _is_log_name(name: str) -> bool:
     base = name[:-3] if name.endswith(".gz") else name
-    if base.startswith(".") or base.startswith(("trace-", "fr-")):
+    if base.startswith((".", "trace-", "fr-")):
         return False
     if base.endswith(".json"):
         return base.startswith("error")
     return base.endswith(_LOG_SUFFIXES)
-
-
-def _manifest(dirpath: str) -> dict[str, object] | None:
-    try:
-        with open(os.path.join(dirpath, LAUNCH_MANIFEST), "rb") as f:
-            doc = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and doc.get("schema") == LAUNCH_SCHEMA else None
 
 
 def classify_path(path: str, node: str | None = None, launch: bool = False) -> Source:
@@ -111,14 +87,12 @@ def classify_path(path: str, node: str | None = None, launch: bool = False) -> S
     norm = path.replace(os.sep, "/")
     base = os.path.basename(norm)
     gz = base.endswith(".gz")
-    m = _TREE_ERROR.search(norm)
-    if m:
-        return Source(path, "error-file", Who(None, node, int(m.group(2))), gz=gz)
-    if base in ("error.json", "error.json.gz") or (base.startswith("error") and base.endswith((".json", ".json.gz"))):
-        return Source(path, "error-file", Who(None, node, None), gz=gz)
     m = _TREE.search(norm)
     if m:
-        return Source(path, "torchelastic", Who(None, node, int(m.group(2))), gz=gz)
+        shape = "torchelastic" if m.group(3) else "error-file"
+        return Source(path, shape, Who(None, node, int(m.group(2))), gz=gz)
+    if base.startswith("error") and base.endswith((".json", ".json.gz")):
+        return Source(path, "error-file", Who(None, node, None), gz=gz)
     r = _RANK_NAME.search(base)
     if base.endswith((".jsonl", ".jsonl.gz")):
         return Source(path, "train-metrics", Who(int(r.group(1)) if r else None, node, None), gz=gz)
@@ -132,45 +106,71 @@ def classify_path(path: str, node: str | None = None, launch: bool = False) -> S
 
 def expand(paths: list[str]) -> Expanded:
     """Every source the PATH arguments name, in order; what could not be read, and why."""
-    out = Expanded([], [], {})
-    seen: set[str] = set()
-
-    def add(src: Source, st: os.stat_result | None, real: str | None = None) -> None:
-        key = real or (os.path.realpath(src.path) if not src.stdin else "-")
-        if key in seen:
-            return
-        seen.add(key)
-        if st is not None:
-            src.size = st.st_size
-            src.day = _dt.date.fromtimestamp(st.st_mtime)
-        out.sources.append(src)
-
+    out = Expanded()
     for arg in paths:
         if arg == "-":
-            add(Source("-", "console", stdin=True), None)
-            continue
-        if not os.path.lexists(arg) and glob.has_magic(arg):
+            out.add(Source("-", "console", stdin=True), None)
+        elif not os.path.lexists(arg) and glob.has_magic(arg):
             matches = sorted(glob.glob(arg, recursive=True))
             if not matches:
                 out.skipped.append({"path": arg, "reason": "no file matches this pattern"})
             for m in matches:
-                _add_path(m, out, add, explicit=False)
-            continue
-        _add_path(arg, out, add, explicit=True)
+                _add_path(out, m, explicit=False)
+        else:
+            _add_path(out, arg, explicit=True)
     return out
 
 
-_Add = Callable[[Source, "os.stat_result | None", "str | None"], None]
+@dataclass
+class Expanded:
+    """The sources found, in order; what was not read, and why; the `mldebug launch` manifests by directory."""
+
+    sources: list[Source] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    manifests: dict[str, dict[str, object]] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+    """The real paths of the sources (a file named twice, or by a link, is read once)."""
+
+    def add(self, src: Source, st: os.stat_result | None, real: str | None = None) -> None:
+        key = real or (os.path.realpath(src.path) if not src.stdin else "-")
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        if st is not None:
+            src.size = st.st_size
+            src.day = _dt.date.fromtimestamp(st.st_mtime)
+        self.sources.append(src)
+
+    def manifest(self, dirpath: str) -> dict[str, object] | None:
+        """The `mldebug launch` manifest in ``dirpath`` (kept in ``manifests``), or None."""
+        try:
+            with open(os.path.join(dirpath, LAUNCH_MANIFEST), "rb") as f:
+                doc = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(doc, dict) and doc.get("schema") == LAUNCH_SCHEMA):
+            return None
+        self.manifests[dirpath] = doc
+        return doc
+
+    def launch_root(self, dirpath: str) -> str | None:
+        """The nearest of ``dirpath`` and the directories above it whose manifest was read."""
+        while dirpath not in self.manifests:
+            parent = os.path.dirname(dirpath)
+            if parent in (dirpath, ""):
+                return None
+            dirpath = parent
+        return dirpath
 
 
-def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
+def _add_path(out: Expanded, path: str, explicit: bool) -> None:
     try:
         st = os.stat(path)
     except OSError as e:
         out.skipped.append({"path": path, "reason": e.strerror or str(e)})
         return
     if stat.S_ISDIR(st.st_mode):
-        _walk(path, out, add)
+        _walk(out, path)
         return
     if not stat.S_ISREG(st.st_mode):
         if explicit:  # a FIFO waits forever for a writer, /dev/zero never ends: refused before reading anything
@@ -181,17 +181,17 @@ def _add_path(path: str, out: Expanded, add: _Add, explicit: bool) -> None:
         out.skipped.append({"path": path, "reason": "not a regular file"})
         return
     man = out.manifest(os.path.dirname(os.path.abspath(path)))
-    add(classify_path(path, _node_of(man), launch=man is not None), st, None)
+    out.add(classify_path(path, _node_of(man), launch=man is not None), st)
 
 
-def _walk(root: str, out: Expanded, add: _Add) -> None:
+def _walk(out: Expanded, root: str) -> None:
     def unreadable(e: OSError) -> None:  # a directory that cannot be listed may hold the failure: say so
         out.skipped.append({"path": str(e.filename or root), "reason": e.strerror or str(e)})
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
         out.manifest(dirpath)
-        launch_dir = _launch_root(dirpath, out.manifests)
+        launch_dir = out.launch_root(dirpath)
         node = _node_of(out.manifests[launch_dir]) if launch_dir is not None else None
         real_dir = os.path.realpath(dirpath)  # its files are no links (lstat below): their real path is this + name
         for name in sorted(filenames):
@@ -211,20 +211,9 @@ def _walk(root: str, out: Expanded, add: _Add) -> None:
                 continue
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console
-            add(classify_path(full, node, launch=dirpath == launch_dir), st, os.path.join(real_dir, name))
+            out.add(classify_path(full, node, launch=dirpath == launch_dir), st, os.path.join(real_dir, name))
 
 
 def _node_of(manifest: dict[str, object] | None) -> str | None:
     """The node an `mldebug launch` manifest names."""
     return str(manifest.get("node") or "") or None if manifest is not None else None
-
-
-def _launch_root(dirpath: str, manifests: dict[str, dict[str, object]]) -> str | None:
-    d = dirpath
-    while True:
-        if d in manifests:
-            return d
-        parent = os.path.dirname(d)
-        if parent == d or not parent:
-            return None
-        d = parent

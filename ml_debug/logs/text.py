@@ -85,9 +85,5 @@ def signal_event_text(code: int) -> tuple[str, str, bool, str]:
 
 def blamed(text: str) -> list[int]:
     """The ranks gloo's monitored barrier names as missing."""
-    if "monitoredBarrier" not in text:
-        return []
-    m = _BLAMED.search(text)
-    if not m:
-        return []
-    return [int(x) for x in re.findall(r"\d+", m.group(1))]
+    m = _BLAMED.search(text) if "monitoredBarrier" in text else None  # the test first: most lines are not it
+    return [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
