@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ml_debug.core.errors import UsageError
@@ -341,3 +341,53 @@ def find_slow(matrix: Sequence[Sequence[float | None]], threshold: float) -> Slo
     if n == 2:
         slow_units = []  # with two units there is nothing to compare a unit with
     return SlowFindings(med, slow_links, slow_units, scores)
+
+
+Pair = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """What :func:`confirm_slow` found: the verdict on the final matrix and every re-measurement."""
+
+    findings: SlowFindings  # on `matrix`: every link it names was re-measured and stayed below the floor
+    matrix: list[list[float | None]]  # each pair's best figure, re-measurements included
+    again: dict[Pair, list[float]]  # the pairs re-measured -> each re-measurement's figure, in order
+
+
+def confirm_slow(matrix: Sequence[Sequence[float | None]], threshold: float,
+                 remeasure: Callable[[list[Pair]], tuple[dict[Pair, float], float]],
+                 most: int = 2, budget_s: float = math.inf) -> Confirmed:
+    """Name a link slow only when measuring it again confirms it.
+
+    Every link below the floor (``find_slow``) is measured again with ``remeasure(pairs)``, which
+    returns each pair's new figure and the seconds that took; a pair keeps its best figure, so one
+    re-measurement at or above the floor clears it (a transient), and a link that stays below it
+    through ``most`` re-measurements is named. The floor follows the median of the best figures, so
+    a link that falls below a floor that rose is measured again too. Once ``budget_s`` is spent,
+    only links never re-measured are measured again: every link named was re-measured at least once.
+    Pure: the caller's ``remeasure`` does the measuring, and ranks that see the same figures (and
+    the same seconds) take the same steps.
+    """
+    values = [list(row) for row in matrix]
+    again: dict[Pair, list[float]] = {}
+    spent = 0.0
+    while True:
+        found = find_slow(values, threshold)
+        limit = most if spent < budget_s else 1
+        todo = [p for p in found.slow_links if len(again.get(p, ())) < limit]
+        if not todo:
+            return Confirmed(found, values, again)
+        fresh, seconds = remeasure(todo)
+        spent += seconds
+        for a, b in todo:
+            figure = fresh[(a, b)]
+            again.setdefault((a, b), []).append(figure)
+            best = max(values[a][b] or 0.0, figure)  # a NaN figure (never timed) replaces nothing
+            values[a][b] = values[b][a] = best
+
+
+def rounds_holding(schedule: Sequence[Sequence[Pair]], pairs: Sequence[Pair]) -> list[int]:
+    """Indices of the rounds of ``schedule`` that hold any of ``pairs``, in schedule order."""
+    wanted = set(pairs)
+    return [ri for ri, round_pairs in enumerate(schedule) if wanted.intersection(round_pairs)]

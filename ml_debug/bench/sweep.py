@@ -105,6 +105,19 @@ class PairLink:
 
 
 @dataclass
+class Remeasured:
+    """A pair that fell below the floor and was measured again (bandwidth.confirm_slow)."""
+
+    a: int
+    b: int
+    name_a: str
+    name_b: str
+    first: float  # GB/s in the first measurement (best of the passes)
+    again: list[float]  # GB/s of each re-measurement (best of its passes), in order
+    slow: bool  # still below the floor after them: named a slow link; else cleared (a transient)
+
+
+@dataclass
 class PairwiseResult:
     units: str  # "rank" or "node"
     names: list[str]
@@ -115,8 +128,10 @@ class PairwiseResult:
     median: float
     threshold: float
     rounds: int
-    slow_links: list[PairLink]
+    slow_links: list[PairLink]  # only links that re-measuring confirmed (see remeasured)
     slow_units: list[str]
+    remeasures: int  # the most re-measurements a pair gets; each is best of `passes` passes of its round
+    remeasured: list[Remeasured]  # every pair measured again, cleared or not
 
 
 @dataclass
@@ -422,6 +437,10 @@ def _summarise(coll: str, cfg: BenchConfig, n: int, rows: list[SizeResult], drop
         expect_ok=None if cfg.expect_busbw is None else avg_large >= cfg.expect_busbw, error=error)
 
 
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
 def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
             results: list[CollectiveResult], pairwise: PairwiseResult | None, ranks: list[RankInfo],
             notes: list[str], started: float, test_faults: str | None = None) -> BenchResult:
@@ -452,14 +471,21 @@ def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
     if len(results) > 1 and good:
         good = [f"busbw GB/s (avg over the large sizes): {', '.join(good)}"]
     if pairwise is not None:
+        checks = {(r.a, r.b): len(r.again) for r in pairwise.remeasured}
+        cleared = [r for r in pairwise.remeasured if not r.slow]
         if pairwise.slow_links:
-            links = ", ".join(f"{link.name_a}<->{link.name_b} ({link.busbw:.3g} GB/s, "
-                              f"{link.vs_median:.0%} of median)" for link in pairwise.slow_links)
+            links = ", ".join(f"{link.name_a}<->{link.name_b} ({link.busbw:.3g} GB/s, {link.vs_median:.0%} of median, "
+                              f"re-measured {_times(checks.get((link.a, link.b), 0))})"
+                              for link in pairwise.slow_links)
             problems.append(f"slow link(s): {links}")
         if pairwise.slow_units:
             problems.append(f"slow {pairwise.units}(s): {', '.join(pairwise.slow_units)}")
-        good.append(f"pairwise median {pairwise.median:.3g} GB/s over "
-                    f"{len(pairwise.names) * (len(pairwise.names) - 1) // 2} {pairwise.units} pairs")
+        if cleared and problems:
+            problems.append(f"{len(cleared)} more pair(s) below the floor at first, cleared when re-measured")
+        pairs = len(pairwise.names) * (len(pairwise.names) - 1) // 2
+        again = (f"; {len(pairwise.remeasured)} pair(s) below the floor re-measured, {len(cleared)} cleared"
+                 if pairwise.remeasured else "")
+        good.append(f"pairwise median {pairwise.median:.3g} GB/s over {pairs} {pairwise.units} pairs{again}")
     where = f"{n} ranks on {len({r.node_rank for r in ranks})} node(s), {device.split(':')[0]}/{backend}"
     ok = not problems
     if ok:

@@ -16,9 +16,10 @@ the context as keyword arguments. The product calls these points where a fault w
 ``bench_verify_result(rank, collective, result, expected)``
     allreduce-bench's received buffer before it is checked; ``expected(start, stop)`` returns the
     right values of ``result[start:stop]``;
-``bench_pair_exchange(rank, pair, elapsed_s)``
+``bench_pair_exchange(rank, pair, elapsed_s, remeasure)``
     inside a ``--pairwise`` timed exchange between units ``pair = (a, b)``, like
-    ``bench_timed_region``;
+    ``bench_timed_region``; ``remeasure`` is 0 in the first measurement (every pass) and k in the
+    k-th round of re-measuring the links that fell below the floor;
 ``logs_verdict(verdict) -> Verdict | None``
     `mldebug logs`' verdict as its rules found it; a verdict replaces it (a test switches the rule off
     to see that `mldebug drill` reports a crash drill as missed);

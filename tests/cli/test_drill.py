@@ -112,6 +112,10 @@ def test_drills_judged_by_stacks_logs_and_links_name_the_injected_rank(tmp_path:
     assert all(pairs["matrix"][a][b] is not None for a in range(4) for b in range(4) if a != b)
     link = by["slow-link"]["injected"]
     assert [(x["a"], x["b"]) for x in pairs["slow_links"]] == [(link["rank"], link["peer"])] and not pairs["slow_units"]
+    # named only after measuring it again confirmed it; any other pair measured again was cleared
+    again = {(r["a"], r["b"]): r for r in pairs["remeasured"]}
+    assert again[(link["rank"], link["peer"])]["slow"] and again[(link["rank"], link["peer"])]["again"], again
+    assert [p for p, r in again.items() if r["slow"]] == [(link["rank"], link["peer"])], again
     assert "slow link" in bench["summary"] and bench["test_faults"].startswith("mldebug drill: slow-pair:"), bench
     # Each fault did what `mldebug train --inject` says, read from the drills' evidence (tests/cli/test_train_faults.py
     # has the other faults): the hung rank sleeps outside any collective while its peer waits in one ...

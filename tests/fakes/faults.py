@@ -16,9 +16,10 @@ value can drive a whole ``mldebug check`` and a fault for one command never dist
     flaky link or bad memory would;
 ``allreduce-bench.slow:rank=R[,factor=F]``
     rank R stays F (default 3) times as long in each timed batch of the sweep, as a straggler would;
-``allreduce-bench.slow-pair:pair=A-B[,factor=F]``
+``allreduce-bench.slow-pair:pair=A-B[,factor=F][,remeasures=N]``
     in ``--pairwise``, the exchange between units A and B (ranks, or nodes when there are several)
-    takes F (default 3) times as long.
+    takes F (default 3) times as long: in the first measurement and, with ``remeasures``, only in the
+    first N rounds of re-measuring (0: a transient that the first re-measurement no longer sees).
 
 A gpu-test fault without rank or device acts on every rank; ``device`` is the device (or
 ``--isolate`` member) index the rank runs on.
@@ -48,11 +49,11 @@ KINDS: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {
     (GPU_TEST, "hang"): (frozenset({"rank", "device", "stage"}), frozenset()),
     (BENCH, "corrupt"): (frozenset({"rank", "count"}), frozenset({"rank"})),
     (BENCH, "slow"): (frozenset({"rank", "factor"}), frozenset({"rank"})),
-    (BENCH, "slow-pair"): (frozenset({"pair", "factor"}), frozenset({"pair"})),
+    (BENCH, "slow-pair"): (frozenset({"pair", "factor", "remeasures"}), frozenset({"pair"})),
 }
 GRAMMAR = ("<command>.<kind>[:key=value,...], ';' between faults: gpu-test.wrong-value|die|hang"
            "[:rank=R][,device=D][,stage=S]; allreduce-bench.corrupt:rank=R[,count=N]; "
-           "allreduce-bench.slow:rank=R[,factor=F]; allreduce-bench.slow-pair:pair=A-B[,factor=F]")
+           "allreduce-bench.slow:rank=R[,factor=F]; allreduce-bench.slow-pair:pair=A-B[,factor=F][,remeasures=N]")
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Fault:
     count: int = 3
     factor: float = 3.0
     pair: tuple[int, int] | None = None
+    remeasures: int | None = None  # slow-pair: slow in this many re-measuring rounds too (None: in all)
 
     def applies(self, rank: int, device: int | None = None) -> bool:
         """Does this fault target that rank (and, for gpu-test, that device)?"""
@@ -100,7 +102,7 @@ def _parse_one(entry: str) -> Fault:
         raise _bad(entry, f"needs {', '.join(sorted(needed - params.keys()))}")
     fields: dict[str, Any] = {}
     try:
-        for key in ("rank", "device", "count"):
+        for key in ("rank", "device", "count", "remeasures"):
             if key in params:
                 fields[key] = int(params[key])
         if "factor" in params:
@@ -109,7 +111,7 @@ def _parse_one(entry: str) -> Fault:
             a, b = (int(x) for x in params["pair"].split("-"))
             fields["pair"] = (min(a, b), max(a, b))
     except ValueError:
-        raise _bad(entry, "rank, device and count are integers, factor a number, pair A-B") from None
+        raise _bad(entry, "rank, device, count and remeasures are integers, factor a number, pair A-B") from None
     if "stage" in params:
         if params["stage"] not in STAGES:
             raise _bad(entry, f"stage is one of {', '.join(STAGES)}")
@@ -161,9 +163,10 @@ def bench_timed_region(rank: int, collective: str, size: int, elapsed_s: Callabl
             time.sleep(elapsed_s() * (f.factor - 1.0))
 
 
-def bench_pair_exchange(rank: int, pair: tuple[int, int], elapsed_s: Callable[[], float]) -> None:
+def bench_pair_exchange(rank: int, pair: tuple[int, int], elapsed_s: Callable[[], float], remeasure: int = 0) -> None:
     for f in active(BENCH):
-        if f.kind == "slow-pair" and f.pair == tuple(sorted(pair)) and f.factor > 1.0:
+        lasts = f.remeasures is None or remeasure <= f.remeasures
+        if f.kind == "slow-pair" and f.pair == tuple(sorted(pair)) and f.factor > 1.0 and lasts:
             time.sleep(elapsed_s() * (f.factor - 1.0))
 
 

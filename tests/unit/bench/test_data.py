@@ -93,9 +93,13 @@ def test_fault_specs() -> None:
                            "allreduce-bench.slow-pair:pair=3-0")
     assert (c.kind, c.rank, c.count, s.kind, s.rank, s.factor) == ("corrupt", 1, 5, "slow", 2, 4.0)
     assert p.pair == (0, 3) and p.factor == 3.0 and {c.command, s.command, p.command} == {"allreduce-bench"}
+    assert p.remeasures is None  # slow in every re-measurement too: a persistently slow link
+    (t,) = faults.parse("allreduce-bench.slow-pair:pair=2-3,factor=20,remeasures=0")
+    assert (t.pair, t.factor, t.remeasures) == ((2, 3), 20.0, 0)
     assert faults.parse("") == () and faults.parse(None) == ()
     for bad in ("allreduce-bench.corrupt", "allreduce-bench.corrupt:rank=x", "allreduce-bench.explode:rank=1",
                 "allreduce-bench.slow:factor=2", "allreduce-bench.slow-pair:pair=1", "corrupt:rank=1",
+                "allreduce-bench.slow-pair:pair=1-2,remeasures=once",
                 "gpu-test.corrupt:rank=1"):
         with pytest.raises(UsageError):
             faults.parse(bad)

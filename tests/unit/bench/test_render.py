@@ -126,7 +126,8 @@ def test_heatmap_plot(tmp_path: Path) -> None:
     matrix[0][3] = matrix[3][0] = 2.0
     found = bw.find_slow(matrix, 0.3)
     pw = bench.PairwiseResult("node", names, 2**20, 5, 3, matrix, found.median, 0.3, 3,
-                              [bench.PairLink(0, 3, "n0", "n3", 2.0, 0.2)], [])
+                              [bench.PairLink(0, 3, "n0", "n3", 2.0, 0.2)], [], 2,
+                              [bench.Remeasured(0, 3, "n0", "n3", 2.0, [1.5, 1.8], True)])
     cfg = bench.BenchConfig(iters=5, warmup=1)
     res = bench._finish(cfg, 4, "cpu", "gloo", [], pw, RANKS, [], time.perf_counter())
     assert not res.ok and "slow link(s): n0<->n3" in res.summary
@@ -145,3 +146,44 @@ def test_missing_matplotlib_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EnvironmentProblem) as e:
         require_matplotlib()
     assert "mldebug[plot]" in (e.value.hint or "")
+
+
+def _pairwise(remeasured: list[bench.Remeasured]) -> bench.BenchResult:
+    """4 ranks, 1<->3 slow after two re-measurements, with `remeasured` as the bench found it."""
+    names = [f"rank{r}(vm)" for r in range(4)]
+    matrix: list[list[float | None]] = [[None if a == b else 10.0 for b in range(4)] for a in range(4)]
+    matrix[1][3] = matrix[3][1] = 0.5
+    found = bw.find_slow(matrix, 0.7)
+    slow = [bench.PairLink(a, b, names[a], names[b], 0.5, 0.05) for a, b in found.slow_links]
+    pw = bench.PairwiseResult("rank", names, 2**18, 5, 3, matrix, found.median, 0.7, 3, slow, [], 2, remeasured)
+    ranks = [bench.RankInfo(r, "vm", 0, r, "cpu") for r in range(4)]
+    return bench._finish(bench.BenchConfig(iters=5, warmup=1), 4, "cpu", "gloo", [], pw, ranks, [], time.perf_counter())
+
+
+def test_pairwise_summary_and_table_say_which_pairs_were_measured_again() -> None:
+    from rich.console import Console
+
+    from ml_debug.bench.render import render
+
+    slow = bench.Remeasured(1, 3, "rank1(vm)", "rank3(vm)", 0.5, [0.45, 0.5], True)
+    cleared = bench.Remeasured(2, 3, "rank2(vm)", "rank3(vm)", 2.4, [9.5], False)
+    res = _pairwise([slow, cleared])
+    assert not res.ok
+    assert res.summary.startswith("PROBLEM: slow link(s): rank1(vm)<->rank3(vm) (0.5 GB/s, 5% of median, "
+                                  "re-measured twice); 1 more pair(s) below the floor at first, cleared when "
+                                  "re-measured (4 ranks"), res.summary
+    buf = io.StringIO()
+    render(res, {"torch": "2.x", "python": "3.x"}, Console(file=buf, width=160, highlight=False, color_system=None))
+    text = buf.getvalue()
+    assert "# re-measured: rank1(vm) <-> rank3(vm): 0.500 GB/s, then 0.450, 0.500: still slow" in text
+    assert "# re-measured: rank2(vm) <-> rank3(vm): 2.400 GB/s, then 9.500: cleared (a transient)" in text
+    assert "# slow link: rank1(vm) <-> rank3(vm): 0.500 GB/s (5% of median)" in text
+    # a run whose only dip was a transient is OK, and says that it measured a pair again
+    transient = bench.Remeasured(0, 1, "a", "b", 2.4, [9.0], False)
+    ok = bench._finish(bench.BenchConfig(iters=5, warmup=1), 3, "cpu", "gloo", [],
+                       bench.PairwiseResult("rank", ["a", "b", "c"], 2**18, 5, 3, [[None, 9.0, 9.0], [9.0, None, 9.5],
+                                                                                  [9.0, 9.5, None]],
+                                            9.0, 0.7, 3, [], [], 2, [transient]),
+                       [bench.RankInfo(r, "vm", 0, r, "cpu") for r in range(3)], [], time.perf_counter())
+    assert ok.ok and ok.summary.startswith("OK: pairwise median 9 GB/s over 3 rank pairs; 1 pair(s) below the floor "
+                                           "re-measured, 1 cleared (3 ranks"), ok.summary

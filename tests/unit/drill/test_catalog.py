@@ -75,3 +75,27 @@ def test_judge_a_slow_link_needs_both_ends() -> None:
     link = Injected("slow-link", 1, "h", None, "1<->3", peer=3)
     assert judge(link, Named(ranks=[1, 3], where="1<->3")) == ""
     assert judge(link, Named(ranks=[1, 2], where="1<->2")) == "named rank(s) 1,2, not 1,3"
+
+
+def test_the_slow_pair_fault_persists_or_lasts_a_number_of_remeasurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ml_debug.drill import injectors
+
+    slept: list[float] = []
+    monkeypatch.setattr(injectors.time, "sleep", slept.append)
+
+    def slowed(spec: str, pair: tuple[int, int], remeasure: int) -> bool:
+        monkeypatch.setenv(injectors.ENV, spec)
+        slept.clear()
+        injectors.bench_pair_exchange(rank=0, pair=pair, elapsed_s=lambda: 0.5, remeasure=remeasure)
+        return slept == [0.5 * 19]  # the exchange took 20x as long
+
+    persistent = injectors.slow_pair_spec(3, 1, 20)
+    assert persistent == "slow-pair:1-3,factor=20"
+    assert all(slowed(persistent, (1, 3), k) for k in range(4)) and not slowed(persistent, (1, 2), 0)
+    transient = injectors.slow_pair_spec(2, 3, 20, remeasures=0)
+    assert transient == "slow-pair:2-3,factor=20,remeasures=0"
+    assert slowed(transient, (3, 2), 0) and not slowed(transient, (2, 3), 1)
+    assert [slowed(injectors.slow_pair_spec(2, 3, 20, remeasures=1), (2, 3), k) for k in range(3)] == [True, True, False]
+    for bad in ("slow-pair:2-3,factor=20,remeasures=x", "slow-pair:2-3,speed=3", "slow-pair:2"):
+        monkeypatch.setenv(injectors.ENV, bad)
+        assert injectors.describe("allreduce-bench") is None  # no fault, and the result says none
