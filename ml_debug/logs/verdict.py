@@ -82,15 +82,12 @@ def _family(ev: Event) -> str:
 def dedupe(events: list[Event]) -> list[Event]:
     """One event per (writer, failure): a traceback, its error file and torchrun's copy are one."""
     best: dict[tuple[Any, ...], Event] = {}
-    order: list[tuple[Any, ...]] = []
     for ev in events:
         key: tuple[Any, ...] = (_identity_key(ev.who), _family(ev))
         if ev.kind == "launcher":
             key = (*key, ev.source_index, ev.offset)
-        old = best.get(key)
-        if old is None:
-            best[key] = ev
-            order.append(key)
+        old = best.setdefault(key, ev)
+        if old is ev:
             continue
         keep, other = (ev, old) if _RICHNESS.get(ev.kind, 9) < _RICHNESS.get(old.kind, 9) else (old, ev)
         if other.time is not None and (keep.time is None or (other.time < keep.time
@@ -104,7 +101,7 @@ def dedupe(events: list[Event]) -> list[Event]:
         keep.who = keep.who.merged(other.who)
         keep.strong = keep.strong or other.strong
         best[key] = keep
-    return _one_end_per_writer([best[k] for k in order])
+    return _one_end_per_writer(list(best.values()))
 
 
 _RAISED = ("traceback", "error-file", "exception")
@@ -138,7 +135,8 @@ def _cause(events: list[Event]) -> Event:
     A cause without a time of its own takes the earliest time of the same writer's other reports of
     its end (torchrun's summary, its error file): the failure happened no later than that.
     """
-    cause = min(events, key=lambda e: (not e.strong, e.cls != PRIMARY, e.order_key(), _RICHNESS.get(e.kind, 9)))
+    cause = min(events, key=lambda e: (not e.strong, e.cls != PRIMARY, e.order_key(),
+                                       _RICHNESS.get(e.kind, 9)))
     timed = [e for e in events if e.time is not None and e.cls == cause.cls]
     if cause.time is None and timed:
         first = min(timed, key=lambda e: e.time or 0.0)
@@ -223,12 +221,13 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         first, basis = _earliest(suspects, "line that looks like a failure")
         return Verdict(status="suspect", primary=first, basis=basis, confidence="low",
                        confidence_why="no failure line this tool knows: the first line that looks like one",
-                       summary=f"no known failure line, but {len(suspects)} line(s) look like one; the first: "
-                               f"{first.who.label()}{_at(first)}: {brief(first.message)}")
+                       summary=f"no known failure line, but {len(suspects)} line(s) look like one; the "
+                               f"first: {first.who.label()}{_at(first)}: {brief(first.message)}")
     if not failures:
         warnings = sum(1 for e in events if e.cls == WARNING)
-        return Verdict(status="none", summary="no failure found" + (f" ({warnings} warning(s))" if warnings else ""),
-                       confidence="high", confidence_why="nothing in any file looks like a failure")
+        summary = "no failure found" + (f" ({warnings} warning(s))" if warnings else "")
+        return Verdict(status="none", summary=summary, confidence="high",
+                       confidence_why="nothing in any file looks like a failure")
     by_writer: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in failures:
         by_writer[_identity_key(e.who)].append(e)
@@ -247,16 +246,16 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         hints = []
         if silent:
             summary += f"; rank{'s' if ',' in silent or '-' in silent else ''} {silent} left no failure in the logs"
-            hints.append(f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` while "
-                         "the job runs, the Flight Recorder, or the node's kernel log (OOM killer)")
+            hints.append(f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` "
+                         "while the job runs, the Flight Recorder, or the node's kernel log (OOM killer)")
         if any(c.kind == "watchdog" for c in causes):  # NCCL's: asynchronous, raised far from the cause
             hints.append(WATCHDOG_HINT)
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
-        return Verdict(status="secondary-only", summary=summary, basis=basis, secondary=_secondary_rows(causes),
-                       silent_ranks=silent, blamed_ranks=blamed_text, hint="; ".join(hints) or None,
-                       confidence="low", confidence_why="only consequences of a peer's failure were found: the "
-                                                        "cause is not in these logs")
+        return Verdict(status="secondary-only", summary=summary, basis=basis, hint="; ".join(hints) or None,
+                       secondary=_secondary_rows(causes), silent_ranks=silent, blamed_ranks=blamed_text,
+                       confidence="low", confidence_why="only consequences of a peer's failure were found: "
+                                                        "the cause is not in these logs")
     first, basis = _earliest(strong or weak)
     about = _subject(first, strong, causes, world_size)
     if about is not None:
@@ -266,9 +265,9 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         # a failure without its rank (CUDA's out-of-memory without a prefix, DeepSpeed's return code) is put
         # on the one rank of the job that reported nothing else (the others' watchdog and connection errors
         # name themselves)
-        first = dataclasses.replace(first, who=Who(missing[0], first.who.node, first.who.local_rank), detail={
-            **first.detail, "rank_from": "only rank of the job that reported no failure of its own (the others "
-                                         "name themselves)"})
+        first = dataclasses.replace(first, who=Who(missing[0], first.who.node, first.who.local_rank),
+                                    detail={**first.detail, "rank_from": "only rank of the job that reported "
+                                            "no failure of its own (the others name themselves)"})
     # the same finding raised together by every rank (a check they run together) is one failure, not a tie
     tie = [] if about is not None else [e for e in _tie(first, strong or weak) if _norm(e.message) != _norm(first.message)]
     # every rank raising the same finding about one rank (a check all ranks agree on) is one failure, and
@@ -343,6 +342,7 @@ def _tie(first: Event, cands: list[Event]) -> list[Event]:
         if coarse and int(e.time) == int(first.time):
             out.append(e)
     return sorted(out, key=lambda e: e.order_key())
+
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
@@ -448,10 +448,7 @@ def timeline(events: list[Event]) -> list[TimelineRow]:
     untimed: dict[tuple[str, str], list[Event]] = {}
     for e in sorted((e for e in evs if e.time is None), key=lambda e: e.order_key()):
         untimed.setdefault((e.label, e.cls), []).append(e)
-    rows = _merged(timed)
-    for group in untimed.values():
-        rows += _merged(group)
-    return rows[:MAX_TIMELINE]
+    return (_merged(timed) + [row for group in untimed.values() for row in _merged(group)])[:MAX_TIMELINE]
 
 
 def _merged(evs: list[Event]) -> list[TimelineRow]:
@@ -464,7 +461,8 @@ def _merged(evs: list[Event]) -> list[TimelineRow]:
         rows.append(TimelineRow(time=start.time, time_source=start.time_source if timed else TIME_ORDER,
                                 last_time=max((e.time for e in timed if e.time is not None), default=None),
                                 cls=run[0].cls, label=run[0].label, message=run[0].message, ranks=_ranks(run),
-                                who=few(sorted({_writer(e) for e in run if e.who.rank is None}), 3), count=len(run)))
+                                who=few(sorted({_writer(e) for e in run if e.who.rank is None}), 3),
+                                count=len(run)))
     return rows
 
 
