@@ -111,7 +111,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
 
 
 LAUNCHER_ORDER = ("mldebug launch", *(launcher.name for launcher in LAUNCHERS if launcher.reported))
-"""The order the report names launchers in: `mldebug launch` (it runs the others) first, then the catalogue's."""
+"""The order the report names launchers in: `mldebug launch` (it runs the others), then the catalogue's."""
 
 
 def _view(info: SourceInfo, c: Collector, index: int, ids: accounting.Identities) -> str | None:
