@@ -41,7 +41,6 @@ _MPI_PROCESS = re.compile(r"Process name: \[(?:\[\d+,\d+\],|[^\]]{0,200}@\d+,)(\
 # a line that starts with an exception (anchored), or names one in its middle (a logger reporting it)
 _INLINE_EXCEPTION = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w{0,100}\.){0,10}\w{0,100}(?:Error|Exception): \S")
 _KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
-_GLOBAL_RANKS = re.compile(r"\d+")
 LINE_CLASSES = ("cuda-error", "oom", "shm", "gpu-fault")
 """Failure classes that are a failure on a line of their own (no exception named): a CUDA error in c10d's log,
 the kernel's Xid, an out-of-memory message."""
@@ -260,17 +259,15 @@ def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, w
 def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                  offset: int) -> bool:
     """torchrun's rendezvous result: ``group_rank=G ... global_ranks=[8, 9, 10, 11]``, local rank i is the i-th."""
-    ctx = c.ctx
-    assert ctx is not None
-    ranks = [int(x) for x in _GLOBAL_RANKS.findall(m.group("ranks"))]
-    pairs = c.local_rank_pairs.setdefault(ctx.index, {})
-    for local, rank in enumerate(ranks):
+    assert c.ctx is not None
+    pairs = c.local_rank_pairs.setdefault(c.ctx.index, {})
+    for local, rank in enumerate(int(x) for x in m.group("ranks").replace(",", " ").split()):
         pairs.setdefault(local, rank)
         c.ranks_seen.add(rank)
         if who.node:
             c.node_local_rank.setdefault((who.node, local), rank)
     if m.group("group"):
-        c.agent_groups.setdefault(ctx.index, int(m.group("group")))
+        c.agent_groups.setdefault(c.ctx.index, int(m.group("group")))
     return True
 
 
@@ -295,15 +292,14 @@ def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: 
 
 def _slurm_cancel(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                   offset: int) -> bool:
-    ctx = c.ctx
-    assert ctx is not None
+    assert c.ctx is not None
     why = (m.group("why") or "").strip()
     strong = bool(why) and why != "CANCELLED"
     what = m.group("what").lower()
     text = f"Slurm cancelled the {what} {m.group('id')} on {m.group('node')}" + (f" due to {why.lower()}" if why else "")
     c._one("slurm", PRIMARY if strong else SECONDARY, text,
            f"Slurm: {what} cancelled" + (f" ({why.lower()})" if why else ""), Who(None, m.group("node"), None), line,
-           offset, lab.rest, strong=strong, t=find_time(m.group("at"), ctx.day))
+           offset, lab.rest, strong=strong, t=find_time(m.group("at"), c.ctx.day))
     return True
 
 
