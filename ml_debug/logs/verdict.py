@@ -104,16 +104,13 @@ def dedupe(events: list[Event]) -> list[Event]:
     return _one_end_per_writer(list(best.values()))
 
 
-_RAISED = ("traceback", "error-file", "exception")
-
-
 def _one_end_per_writer(events: list[Event]) -> list[Event]:
     """A process ends once: a writer's uncaught exception and the signal its exit code then shows (gloo's
     abort while the interpreter exits, say) are one failure, told by the exception; the signal is kept
     in its detail (``exit_code``)."""
     raised: dict[tuple[Any, ...], Event] = {}
     for ev in events:
-        if ev.kind in _RAISED and ev.strong and ev.cls == PRIMARY:
+        if ev.kind in ("traceback", "error-file", "exception") and ev.strong and ev.cls == PRIMARY:
             raised.setdefault(_identity_key(ev.who), ev)
     out: list[Event] = []
     for ev in events:
@@ -151,8 +148,7 @@ def _earliest(cands: list[Event], what: str = "primary failure") -> tuple[Event,
         return ev, f"the only {what}" + (f" (time from {_BASIS[ev.time_source]})" if ev.time is not None else "")
     if all(e.time is not None for e in cands):
         ev = min(cands, key=lambda e: (e.time, e.order_key()))
-        sources = {e.time_source for e in cands}
-        return ev, " and ".join(sorted(_BASIS[s] for s in sources))
+        return ev, " and ".join(sorted({_BASIS[e.time_source] for e in cands}))
     ev = min(cands, key=lambda e: e.order_key())
     if len({e.source_index for e in cands}) > 1:
         return ev, "file order (time stamps missing; the order across files is not known)"
