@@ -218,15 +218,15 @@ def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, 
         if rank is not None:
             c.rank_node.setdefault(rank, node)
     t = find_time(lab.rest, ctx.day) if rule.line.time != "order" else None
-    _ended(c, rule, code, Who(rank, node, local), line, offset, t,
-           TIME_LAUNCHER if rule.line.time == "launcher" else TIME_LINE, pid, cut="local" in g and local is None)
+    source = TIME_LAUNCHER if rule.line.time == "launcher" else TIME_LINE
+    _ended(c, rule, code, Who(rank, node, local), line, offset, t, source, pid, cut="local" in g and local is None)
     return True
 
 
 def _ended(c: Collector, rule: LineRule, code: int, who: Who, line: int, offset: int, t: float | None = None,
            time_source: str = TIME_ORDER, pid: int | None = None, cut: bool = False) -> None:
-    """``who`` ended with ``code`` (nothing when 0), as ``rule``'s launcher says, with its entry's note; ``cut``:
-    the line is cut short before the local rank it would say."""
+    """``who`` ended with ``code`` (nothing when 0), as ``rule``'s launcher says, with its entry's note;
+    ``cut``: the line is cut short before the local rank it would say."""
     assert c.ctx is not None
     ev = c._exit_event(code, who, c.ctx, line, offset, t, time_source, pid)
     if ev is None:
