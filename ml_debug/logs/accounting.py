@@ -42,8 +42,7 @@ class Identities:
 
     def __init__(self, c: Collector) -> None:
         self.c = c
-        hosts = set(c.nodes_seen)
-        self.single_node = len(hosts) <= 1
+        self.single_node = len(c.nodes_seen) <= 1
         self.assumed = False
         """Whether the last :meth:`resolve` took a local rank for the rank (one node, no better source)."""
         pairs: dict[int, set[int]] = defaultdict(set)
@@ -88,13 +87,10 @@ class Identities:
         return Who(rank, node, who.local_rank)
 
 
-def _unlabelled(ev: Event) -> bool:
-    return ev.who.rank is None and ev.who.local_rank is None
-
-
 def _owned(ev: Event) -> bool:
-    """A failure a worker printed itself (not a launcher's accounting of it)."""
-    return ev.cls == PRIMARY and ev.kind in _OWNED_KINDS and "exit_code" not in ev.detail and _unlabelled(ev)
+    """A failure a worker printed itself (not a launcher's accounting of it), without a rank or local rank."""
+    return (ev.cls == PRIMARY and ev.kind in _OWNED_KINDS and "exit_code" not in ev.detail
+            and ev.who.rank is None and ev.who.local_rank is None)
 
 
 def _accounted(ev: Event) -> bool:
@@ -165,16 +161,12 @@ def _by_torchrun(evs: list[Event], owned: list[Event]) -> bool:
     return True
 
 
-def _by_same_error(evs: list[Event], owned: list[Event]) -> bool:
+def _by_same_error(evs: list[Event], owned: list[Event]) -> None:
     """Rule 5: a CUDA or hardware error without a rank, and a ranked c10d line of the same error."""
-    done = False
     for e in owned:
-        cause = e.detail.get("cause", e.kind)
-        if cause not in _HARDWARE:
+        if e.detail.get("cause", e.kind) not in _HARDWARE:
             continue
         ranks = {o.who.rank for o in evs if o.who.rank is not None and o.label == e.label}
         if len(ranks) == 1:
             rank = next(iter(ranks))
             _give(e, Who(rank, None, None), f"rank {rank}'s own process-group line of the same error")
-            done = True
-    return done

@@ -15,6 +15,7 @@ import string
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs import blocks, engine, repeats
 from ml_debug.logs.engine import LineRule
 from ml_debug.logs.labels import Label, find_time, srun_task_node
@@ -40,19 +41,9 @@ _MPI_PROCESS = re.compile(r"Process name: \[(?:\[\d+,\d+\],|[^\]]{0,200}@\d+,)(\
 # a line that starts with an exception (anchored), or names one in its middle (a logger reporting it)
 _INLINE_EXCEPTION = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w{0,100}\.){0,10}\w{0,100}(?:Error|Exception): \S")
 _KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
-_GLOBAL_RANKS = re.compile(r"\d+")
 LINE_CLASSES = ("cuda-error", "oom", "shm", "gpu-fault")
 """Failure classes that are a failure on a line of their own (no exception named): a CUDA error in c10d's log,
 the kernel's Xid, an out-of-memory message."""
-
-
-def _expand_tasks(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.partition("-")
-        if lo.isdigit() and (not sep or hi.isdigit()):
-            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-    return out
 
 
 def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
@@ -227,32 +218,34 @@ def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, 
         if rank is not None:
             c.rank_node.setdefault(rank, node)
     t = find_time(lab.rest, ctx.day) if rule.line.time != "order" else None
-    ev = c._exit_event(code, Who(rank, node, local), ctx, line, offset, t,
-                       TIME_LAUNCHER if rule.line.time == "launcher" else TIME_LINE, pid)
+    source = TIME_LAUNCHER if rule.line.time == "launcher" else TIME_LINE
+    _ended(c, rule, code, Who(rank, node, local), line, offset, t, source, pid, cut="local" in g and local is None)
+    return True
+
+
+def _ended(c: Collector, rule: LineRule, code: int, who: Who, line: int, offset: int, t: float | None = None,
+           time_source: str = TIME_ORDER, pid: int | None = None, cut: bool = False) -> None:
+    """``who`` ended with ``code`` (nothing when 0), as ``rule``'s launcher says, with its entry's note;
+    ``cut``: the line is cut short before the local rank it would say."""
+    assert c.ctx is not None
+    ev = c._exit_event(code, who, c.ctx, line, offset, t, time_source, pid)
     if ev is None:
-        return True
+        return
     ev.detail["via"] = rule.launcher.name
     if rule.line.note:
         ev.detail["note"] = rule.line.note
     if rule.line.weak:
         ev.strong = False
-    if "local" in g and local is None:
+    if cut:
         ev.detail["cut"] = f"{rule.launcher.name}'s line is cut short: its local rank is not there"
-    c._add(ev, f"{rule.launcher.name}:{node}:{rank}:{local}:{pid}")
-    return True
+    c._add(ev, f"{rule.launcher.name}:{who.node}:{who.rank}:{who.local_rank}:{pid}")
+
 
 def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                  offset: int) -> bool:
+    """Open MPI's ``Exit code: N``: the rank is the ``Process name: [[job,1],rank]`` a few lines above."""
     r = _MPI_PROCESS.search(blocks.lines_before(c, 3))
-    if not r:
-        return False
-    ctx = c.ctx
-    assert ctx is not None
-    ev = c._exit_event(int(m.group("code")), Who(int(r.group(1)), None, None), ctx, line, offset, None, TIME_ORDER, None)
-    if ev is not None:
-        ev.detail["via"] = "mpirun"
-        c._add(ev, f"mpirun:{r.group(1)}")
-    return True
+    return r is not None and _exit(c, rule, m, lab, Who(int(r.group(1)), None, None), line, offset)
 
 
 def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
@@ -266,17 +259,15 @@ def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, w
 def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                  offset: int) -> bool:
     """torchrun's rendezvous result: ``group_rank=G ... global_ranks=[8, 9, 10, 11]``, local rank i is the i-th."""
-    ctx = c.ctx
-    assert ctx is not None
-    ranks = [int(x) for x in _GLOBAL_RANKS.findall(m.group("ranks"))]
-    pairs = c.local_rank_pairs.setdefault(ctx.index, {})
-    for local, rank in enumerate(ranks):
+    assert c.ctx is not None
+    pairs = c.local_rank_pairs.setdefault(c.ctx.index, {})
+    for local, rank in enumerate(int(x) for x in m.group("ranks").replace(",", " ").split()):
         pairs.setdefault(local, rank)
         c.ranks_seen.add(rank)
         if who.node:
             c.node_local_rank.setdefault((who.node, local), rank)
     if m.group("group"):
-        c.agent_groups.setdefault(ctx.index, int(m.group("group")))
+        c.agent_groups.setdefault(c.ctx.index, int(m.group("group")))
     return True
 
 
@@ -285,15 +276,12 @@ def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: 
     node, what = m.group("node"), m.group("what").strip()
     c.nodes_seen.add(node)
     code = re.search(r"exit code (\d+)", what)
-    for task in _expand_tasks(m.group("tasks")):
+    for task in expand_ranks(m.group("tasks")):
         twho = Who(task, node, None)
         c.rank_node.setdefault(task, node)
         c.ranks_seen.add(task)
-        if code and c.ctx is not None:
-            ev = c._exit_event(int(code.group(1)), twho, c.ctx, line, offset, None, TIME_ORDER, None)
-            if ev is not None:
-                ev.detail["via"] = "srun"
-                c._add(ev, f"srun:{task}")
+        if code:
+            _ended(c, rule, int(code.group(1)), twho, line, offset)
         elif "Out Of Memory" in what:
             c._one("oom", PRIMARY, "out of memory (Slurm)", "out of memory", twho, line, offset, lab.rest)
         elif what.startswith(("Killed", "Terminated")):
@@ -304,15 +292,14 @@ def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: 
 
 def _slurm_cancel(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                   offset: int) -> bool:
-    ctx = c.ctx
-    assert ctx is not None
+    assert c.ctx is not None
     why = (m.group("why") or "").strip()
     strong = bool(why) and why != "CANCELLED"
     what = m.group("what").lower()
     text = f"Slurm cancelled the {what} {m.group('id')} on {m.group('node')}" + (f" due to {why.lower()}" if why else "")
     c._one("slurm", PRIMARY if strong else SECONDARY, text,
            f"Slurm: {what} cancelled" + (f" ({why.lower()})" if why else ""), Who(None, m.group("node"), None), line,
-           offset, lab.rest, strong=strong, t=find_time(m.group("at"), ctx.day))
+           offset, lab.rest, strong=strong, t=find_time(m.group("at"), c.ctx.day))
     return True
 
 

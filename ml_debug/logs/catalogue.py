@@ -164,7 +164,8 @@ LAUNCHERS: tuple[Launcher, ...] = (
     Launcher(
         "srun", "Slurm 20-24 (srun, slurmstepd)", r"srun: |slurmstepd", ("srun: ", "slurmstepd"), prefixes=("3: ",),
         lines=(
-            Line("srun-task", r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)", ("srun: error:",)),
+            Line("srun-task", r"srun: error: (?P<node>\S+): tasks? (?P<tasks>\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*): "
+                 r"(?P<what>.+)", ("srun: error:",)),
             Line("srun-node-fail", r"srun: error: Node failure on (?P<node>\S+)", ("Node failure",),
                  says=Says("slurm", PRIMARY, "Slurm: node failure on {node}", "node failure", who="node")),
             Line("slurm-cancel", r"\*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"

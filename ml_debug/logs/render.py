@@ -3,6 +3,7 @@ timeline, what NCCL said, and what was read."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from ml_debug.core.visible import visible
@@ -51,36 +52,28 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     style = {"failure": "bold red", "secondary-only": "bold yellow", "interrupted": "bold yellow",
              "suspect": "bold yellow"}.get(v.status, "bold green")
     _say(console, visible(v.summary), style)
-    if v.status in ("failure", "secondary-only", "suspect"):
-        _say(console, f"  how sure: {v.confidence} ({v.confidence_why})", "dim")
-    how = []
-    if v.primary is not None:
-        p = v.primary
-        how.append(f"chosen by {v.basis}")
-        how.append(f"seen in {visible(p.source)}:{p.line}")
-        if p.detail.get("rank_from"):
-            how.append(f"rank taken from the {p.detail['rank_from']}")
-        if p.detail.get("rank_by"):
-            how.append(f"rank named by {p.detail['rank_by']}")
-        if p.detail.get("torchrun_root_cause") is False and p.detail.get("via"):
-            how.append("torchrun's own 'Root Cause' names another rank")
-    elif v.basis:
-        how.append(f"order: {v.basis}")
-    if how:
-        _say(console, "  " + "; ".join(how), "dim")
-    if v.silent_ranks and v.status == "failure":
-        _say(console, f"  ranks with no failure in the logs: {v.silent_ranks}", "dim")
-    if v.blamed_ranks:
-        _say(console, f"  peers name rank(s) {v.blamed_ranks} as missing", "yellow")
-    if v.hint:
-        _say(console, f"  next step: {v.hint}")
-    if v.primary is not None and v.primary.detail.get("note"):
-        _say(console, f"  note: {v.primary.detail['note']}", "dim")
-    for f in v.findings:
-        _say(console, f"  ! {f}", "yellow")
-    for s in r.sources:
-        if s.repairs:
-            _say(console, f"  repaired {visible(s.path)}: {'; '.join(s.repairs)}", "yellow")
+    p = v.primary
+    got = p.detail if p is not None else {}
+    how = [f"chosen by {v.basis}", f"seen in {visible(p.source)}:{p.line}"] if p is not None else (
+        [f"order: {v.basis}"] if v.basis else [])
+    how += [text for said, text in ((got.get("rank_from"), f"rank taken from the {got.get('rank_from')}"),
+                                    (got.get("rank_by"), f"rank named by {got.get('rank_by')}"),
+                                    (got.get("torchrun_root_cause") is False and got.get("via"),
+                                     "torchrun's own 'Root Cause' names another rank")) if said]
+    notes = (  # (shown?, the line, its style)
+        (v.failed, f"  how sure: {v.confidence} ({v.confidence_why})", "dim"),
+        (how, "  " + "; ".join(how), "dim"),
+        (v.status == "failure" and v.silent_ranks, f"  ranks with no failure in the logs: {v.silent_ranks}",
+         "dim"),
+        (v.blamed_ranks, f"  peers name rank(s) {v.blamed_ranks} as missing", "yellow"),
+        (v.hint, f"  next step: {v.hint}", ""),
+        (got.get("note"), f"  note: {got.get('note')}", "dim"),
+        *((True, f"  ! {f}", "yellow") for f in v.findings),
+        *((src.repairs, f"  repaired {visible(src.path)}: {'; '.join(src.repairs)}", "yellow")
+          for src in r.sources))
+    for said, text, look in notes:
+        if said:
+            _say(console, text, look)
 
     groups = r.tracebacks if full else r.tracebacks[:tracebacks]
     if groups:
@@ -115,9 +108,7 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
         _render_nccl(r, console)
     _render_progress(r, console)
 
-    shapes: dict[str, int] = {}
-    for s in r.sources:
-        shapes[s.shape] = shapes.get(s.shape, 0) + 1
+    shapes = Counter(s.shape for s in r.sources)
     total = sum(s.bytes for s in r.sources)
     lines = sum(s.lines for s in r.sources)
     launchers = f"; written by {', '.join(r.launchers)}" if r.launchers else ""
@@ -167,12 +158,10 @@ def _render_nccl(r: LogsReport, console: Console) -> None:
 
 
 def _render_progress(r: LogsReport, console: Console) -> None:
-    train = r.progress.get("train")
-    if train:
-        behind = f"; behind: ranks {train['behind']}" if train["behind"] else ""
-        _say(console, f"\nmldebug train metrics: ranks {train['ranks']} reached step {train['max_step']}{behind}")
-    work = r.progress.get("nccl_work")
-    if work:
-        behind = f"; behind: ranks {work['behind']}" if work["behind"] else ""
-        _say(console, f"\nNCCL watchdog: last completed collective {work['max_completed']} on ranks "
-                      f"{work['ranks']}{behind}")
+    for key, said in (("train", "mldebug train metrics: ranks {ranks} reached step {max_step}"),
+                      ("nccl_work", "NCCL watchdog: last completed collective {max_completed} on ranks "
+                                    "{ranks}")):
+        got = r.progress.get(key)
+        if got:
+            behind = f"; behind: ranks {got['behind']}" if got["behind"] else ""
+            _say(console, "\n" + said.format(**got) + behind)

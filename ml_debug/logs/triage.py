@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ml_debug.core import testhooks
@@ -11,12 +11,14 @@ from ml_debug.core.errors import UsageError
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs import accounting
+from ml_debug.logs.catalogue import LAUNCHERS
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import split_label, strip_ansi
 from ml_debug.logs.readers import read_all
 from ml_debug.logs.result import PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
+from ml_debug.logs.text import few
 from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, launched, progress, timeline
 
 MAX_DEMUX_LINES = 200_000
@@ -45,28 +47,24 @@ def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None,
     collector, reads = read_all(exp, on_source, jobs=jobs)
     skipped = list(exp.skipped) + [r.skipped for r in reads if r.skipped is not None]
     metrics = [r.metrics for r in reads if r.metrics is not None]
-    collector.launch_world = launch_world(exp.manifests)
-    collector.launch_exit = launch_exit(exp.manifests)
+    # the job's rank count (the lines of a rank that never failed may hold no label to count it by), and how
+    # `mldebug launch` ended (130: interrupted, Ctrl-C)
+    collector.launch_world = _agreed(_world(man) for man in exp.manifests.values())
+    collector.launch_exit = _agreed(man.get("exit_code") for man in exp.manifests.values())
     return collector, [r.info for r in reads], metrics, skipped
 
 
-def launch_world(manifests: dict[str, dict[str, object]]) -> int | None:
-    """The job's rank count from `mldebug launch` manifests (nnodes x nproc-per-node), when they say it
-    as plain numbers and agree; the lines of a rank that never failed may hold no label to count it by."""
-    sizes = set()
-    for man in manifests.values():
-        nnodes, nproc = str(man.get("nnodes", "")), str(man.get("nproc_per_node", ""))
-        if not (nnodes.isdigit() and nproc.isdigit()):
-            return None
-        sizes.add(int(nnodes) * int(nproc))
-    return sizes.pop() if len(sizes) == 1 else None
+def _agreed(values: Iterable[object]) -> int | None:
+    """The one number every `mldebug launch` manifest says, or None (they differ, or one does not say it)."""
+    got = set(values)
+    one = got.pop() if len(got) == 1 else None
+    return one if isinstance(one, int) else None
 
 
-def launch_exit(manifests: dict[str, dict[str, object]]) -> int | None:
-    """The exit code every `mldebug launch` manifest records (130: interrupted, Ctrl-C), when they agree."""
-    codes = {man.get("exit_code") for man in manifests.values()}
-    code = codes.pop() if len(codes) == 1 else None
-    return code if isinstance(code, int) else None
+def _world(man: dict[str, object]) -> int | None:
+    """nnodes x nproc-per-node, when the manifest says them as plain numbers."""
+    nnodes, nproc = str(man.get("nnodes", "")), str(man.get("nproc_per_node", ""))
+    return int(nnodes) * int(nproc) if nnodes.isdigit() and nproc.isdigit() else None
 
 
 def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[dict[str, Any]],
@@ -80,9 +78,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         info.who = ids.resolve(info.who, i)
         info.repairs = list(collector.notes.get(i, [])) + [
             f"{what} cut off {n} line(s)" for what, n in sorted(collector.repairs.get(i, {}).items())]
-        marks = collector.launchers.get(i, set())
-        if info.shape == "launch":
-            marks = marks | {"mldebug launch"}
+        marks = collector.launchers.get(i, set()) | ({"mldebug launch"} if info.shape == "launch" else set())
         info.launchers = [name for name in LAUNCHER_ORDER if name in marks]
         info.view = _view(info, collector, i, ids)
     accounting.apply(collector.events, collector.ranks_seen | {e.who.rank for e in collector.events
@@ -93,13 +89,9 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     ranks |= {s.who.rank for s in infos if s.who.rank is not None} | set(collector.nccl.rank_host)
     sampled = [ids.resolve(who, i) for i, who in collector.sampled]
     ranks |= {w.rank for w in sampled if w.rank is not None}
-    world = None
-    if nccl and nccl.get("world_size"):
-        world = int(nccl["world_size"])
-    elif collector.launch_world:
-        world = collector.launch_world
-    elif ranks:
-        world = max(ranks) + 1
+    # NCCL's count of the ranks, else `mldebug launch`'s, else the highest rank seen
+    world = (int(nccl["world_size"]) if nccl and nccl.get("world_size")
+             else collector.launch_world or (max(ranks) + 1 if ranks else None))
     blamed = {r for e in events for r in e.blames}
     suspects = [dataclasses.replace(e, who=ids.resolve(e.who, e.source_index)) for e in collector.suspects]
     verdict = decide(events, world, blamed, suspects)
@@ -118,8 +110,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
                       summary=verdict.summary + (f"; {len(skipped)} source(s) not read" if skipped else ""))
 
 
-LAUNCHER_ORDER = ("mldebug launch", "deepspeed", "accelerate", "lightning", "torchrun", "mpirun", "pdsh", "srun",
-                  "ray", "torchx")
+LAUNCHER_ORDER = ("mldebug launch", *(launcher.name for launcher in LAUNCHERS if launcher.reported))
+"""The order the report names launchers in: `mldebug launch` (it runs the others), then the catalogue's."""
 
 
 def _view(info: SourceInfo, c: Collector, index: int, ids: accounting.Identities) -> str | None:
@@ -132,23 +124,13 @@ def _view(info: SourceInfo, c: Collector, index: int, ids: accounting.Identities
     ranks = compress({w.rank for w in writers if w.rank is not None})
     local = compress({w.local_rank for w in writers if w.rank is None and w.local_rank is not None})
     nodes = sorted({w.node for w in writers if w.node})
-    parts = []
-    if ranks:
-        parts.append(f"ranks {ranks}")
-    if local:
-        parts.append(f"local ranks {local}")
-    if nodes:
-        parts.append(f"on {', '.join(nodes[:4])}" + (" ..." if len(nodes) > 4 else ""))
-    elif local:
-        parts.append("of one node (which is not said)")
     # torchrun's agent lines and summary: the file is one agent's (one node's) view, or several agents' (srun)
     agents = {e.who.node for e in c.events if e.source_index == index
               and (e.detail.get("via") == "torchrun" or "torchrun_root_cause" in e.detail)}
-    if len(agents) == 1:
-        parts.insert(0, "one torchrun agent's view:")
-    elif len(agents) > 1:
-        parts.insert(0, f"{len(agents)} torchrun agents:")
-    return " ".join(parts) or None
+    lead = {0: "", 1: "one torchrun agent's view:"}.get(len(agents), f"{len(agents)} torchrun agents:")
+    parts = [lead, f"ranks {ranks}" if ranks else "", f"local ranks {local}" if local else "",
+             f"on {few(nodes, 4)}" if nodes else "of one node (which is not said)" if local else ""]
+    return " ".join(filter(None, parts)) or None
 
 
 def demux(paths: list[str], *, rank: int | None, node: str | None,
@@ -172,50 +154,38 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
     count = 0
     sources_used: set[str] = set()
     truncated = False
-    seen_ranks: set[int] = set()
-    seen_nodes: set[str] = set()
-    for i, src in enumerate(exp.sources):
-        if src.shape in ("error-file", "train-metrics"):
+    seen_ranks = set(expand_ranks(report.ranks_seen))
+    seen_nodes = set(report.nodes)
+    lines = ((i, src, n, text) for i, src in enumerate(exp.sources)
+             if src.shape not in ("error-file", "train-metrics") for n, text in _all_lines(src))
+    for i, src, n, text in lines:
+        if "\x1b" in text:  # coloured lines: the labels are found (and the text written) without colour
+            text = strip_ansi(text)
+        lab = split_label(text, i in collected[0].node_prefixed) if src.labelled else None
+        who = ids.resolve((lab.who if lab else Who()).merged(src.who), i)
+        if who.rank is not None:
+            seen_ranks.add(who.rank)
+        if who.node:
+            seen_nodes.add(who.node)
+        if (rank is not None and who.rank != rank) or (node is not None and who.node != node):
             continue
-        for n, text in _all_lines(src):
-            if "\x1b" in text:  # coloured lines: the labels are found (and the text written) without colour
-                text = strip_ansi(text)
-            lab = split_label(text, i in collected[0].node_prefixed) if src.labelled else None
-            who = (lab.who if lab else Who()).merged(src.who)
-            who = ids.resolve(who, i)
-            if who.rank is not None:
-                seen_ranks.add(who.rank)
-            if who.node:
-                seen_nodes.add(who.node)
-            if rank is not None and who.rank != rank:
-                continue
-            if node is not None and who.node != node:
-                continue
-            if limit is not None and count >= limit:
-                truncated = True
-                break
-            emit(src.path, n, lab.rest if lab else text)
-            sources_used.add(src.path)
-            count += 1
-        if truncated:
+        if limit is not None and count >= limit:
+            truncated = True
             break
+        emit(src.path, n, lab.rest if lab else text)
+        sources_used.add(src.path)
+        count += 1
     return {"rank": rank, "node": node, "lines": count, "sources": sorted(sources_used), "truncated": truncated,
-            "ranks_seen": compress(seen_ranks | set(expand_ranks(report.ranks_seen))),
-            "nodes": sorted(seen_nodes | set(report.nodes))}
+            "ranks_seen": compress(seen_ranks), "nodes": sorted(seen_nodes)}
 
 
-def _all_lines(src: Source) -> Any:
-    """(line number, text) of every line of a source."""
+def _all_lines(src: Source) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line of a source (one longer than MAX_LINE cut where a block ends)."""
     n = 0
     carry = b""
     with opened(src) as f:
-        while True:
-            chunk = f.read(BLOCK)
-            if not chunk:
-                break
-            data = carry + chunk
-            parts = data.split(b"\n")
-            carry = parts.pop()
+        for chunk in iter(lambda: f.read(BLOCK), b""):
+            *parts, carry = (carry + chunk).split(b"\n")
             if len(carry) > MAX_LINE:
                 parts.append(carry)
                 carry = b""

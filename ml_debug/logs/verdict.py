@@ -10,6 +10,7 @@ otherwise by position in the logs, which only orders lines of the same file. The
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
@@ -17,7 +18,6 @@ from typing import Any
 
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
-from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
@@ -82,23 +82,18 @@ def _family(ev: Event) -> str:
 def dedupe(events: list[Event]) -> list[Event]:
     """One event per (writer, failure): a traceback, its error file and torchrun's copy are one."""
     best: dict[tuple[Any, ...], Event] = {}
-    order: list[tuple[Any, ...]] = []
     for ev in events:
         key: tuple[Any, ...] = (_identity_key(ev.who), _family(ev))
         if ev.kind == "launcher":
             key = (*key, ev.source_index, ev.offset)
-        old = best.get(key)
-        if old is None:
-            best[key] = ev
-            order.append(key)
+        old = best.setdefault(key, ev)
+        if old is ev:
             continue
         keep, other = (ev, old) if _RICHNESS.get(ev.kind, 9) < _RICHNESS.get(old.kind, 9) else (old, ev)
-        if keep.time is None or (other.time is not None and other.time < keep.time
-                                 and other.time_source == TIME_LINE):
-            if other.time is not None:
-                keep.time, keep.time_source = other.time, other.time_source
-        if not keep.text and other.text:
-            keep.text = other.text
+        if other.time is not None and (keep.time is None or (other.time < keep.time
+                                                             and other.time_source == TIME_LINE)):
+            keep.time, keep.time_source = other.time, other.time_source
+        keep.text = keep.text or other.text
         sure = "rank_from" not in keep.detail  # its rank was said, not assumed: keep it that way
         keep.detail = {**other.detail, **keep.detail}
         if sure:
@@ -106,10 +101,7 @@ def dedupe(events: list[Event]) -> list[Event]:
         keep.who = keep.who.merged(other.who)
         keep.strong = keep.strong or other.strong
         best[key] = keep
-    return _one_end_per_writer([best[k] for k in order])
-
-
-_RAISED = ("traceback", "error-file", "exception")
+    return _one_end_per_writer(list(best.values()))
 
 
 def _one_end_per_writer(events: list[Event]) -> list[Event]:
@@ -118,7 +110,7 @@ def _one_end_per_writer(events: list[Event]) -> list[Event]:
     in its detail (``exit_code``)."""
     raised: dict[tuple[Any, ...], Event] = {}
     for ev in events:
-        if ev.kind in _RAISED and ev.strong and ev.cls == PRIMARY:
+        if ev.kind in ("traceback", "error-file", "exception") and ev.strong and ev.cls == PRIMARY:
             raised.setdefault(_identity_key(ev.who), ev)
     out: list[Event] = []
     for ev in events:
@@ -133,28 +125,20 @@ def _one_end_per_writer(events: list[Event]) -> list[Event]:
 # ----------------------------------------------------------------------------- causes per writer
 
 
-def _cause(events: list[Event]) -> Event | None:
-    """The event that says why this writer failed: its first strong primary, else what there is.
+def _cause(events: list[Event]) -> Event:
+    """The event that says why this writer failed: its first strong primary, else its first strong
+    secondary, its first primary, its first secondary (``events``: primaries and secondaries only).
 
     A cause without a time of its own takes the earliest time of the same writer's other reports of
     its end (torchrun's summary, its error file): the failure happened no later than that.
     """
-    tiers = (
-        [e for e in events if e.cls == PRIMARY and e.strong],
-        [e for e in events if e.cls == SECONDARY and e.strong],
-        [e for e in events if e.cls == PRIMARY],
-        [e for e in events if e.cls == SECONDARY],
-    )
-    for tier in tiers:
-        if tier:
-            cause = min(tier, key=lambda e: (e.order_key(), _RICHNESS.get(e.kind, 9)))
-            if cause.time is None:
-                timed = [e for e in events if e.time is not None and e.cls == cause.cls]
-                if timed:
-                    first = min(timed, key=lambda e: e.time or 0.0)
-                    cause.time, cause.time_source = first.time, first.time_source
-            return cause
-    return None
+    cause = min(events, key=lambda e: (not e.strong, e.cls != PRIMARY, e.order_key(),
+                                       _RICHNESS.get(e.kind, 9)))
+    timed = [e for e in events if e.time is not None and e.cls == cause.cls]
+    if cause.time is None and timed:
+        first = min(timed, key=lambda e: e.time or 0.0)
+        cause.time, cause.time_source = first.time, first.time_source
+    return cause
 
 
 def _earliest(cands: list[Event], what: str = "primary failure") -> tuple[Event, str]:
@@ -164,8 +148,7 @@ def _earliest(cands: list[Event], what: str = "primary failure") -> tuple[Event,
         return ev, f"the only {what}" + (f" (time from {_BASIS[ev.time_source]})" if ev.time is not None else "")
     if all(e.time is not None for e in cands):
         ev = min(cands, key=lambda e: (e.time, e.order_key()))
-        sources = {e.time_source for e in cands}
-        return ev, " and ".join(sorted(_BASIS[s] for s in sources))
+        return ev, " and ".join(sorted({_BASIS[e.time_source] for e in cands}))
     ev = min(cands, key=lambda e: e.order_key())
     if len({e.source_index for e in cands}) > 1:
         return ev, "file order (time stamps missing; the order across files is not known)"
@@ -230,65 +213,67 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
 
 def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], suspects: list[Event]) -> Verdict:
     failures = [e for e in events if e.cls in (PRIMARY, SECONDARY)]
+    if not failures and suspects:
+        first, basis = _earliest(suspects, "line that looks like a failure")
+        return Verdict(status="suspect", primary=first, basis=basis, confidence="low",
+                       confidence_why="no failure line this tool knows: the first line that looks like one",
+                       summary=f"no known failure line, but {len(suspects)} line(s) look like one; the "
+                               f"first: {first.who.label()}{_at(first)}: {brief(first.message)}")
     if not failures:
-        warnings = [e for e in events if e.cls == WARNING]
-        if suspects:
-            first, basis = _earliest(suspects, "line that looks like a failure")
-            return Verdict(status="suspect", primary=first, basis=basis, confidence="low",
-                           confidence_why="no failure line this tool knows: the first line that looks like one",
-                           summary=f"no known failure line, but {len(suspects)} line(s) look like one; the first: "
-                                   f"{first.who.label()}{_at(first)}: {brief(first.message)}")
-        summary = "no failure found" + (f" ({len(warnings)} warning(s))" if warnings else "")
+        warnings = sum(1 for e in events if e.cls == WARNING)
+        summary = "no failure found" + (f" ({warnings} warning(s))" if warnings else "")
         return Verdict(status="none", summary=summary, confidence="high",
                        confidence_why="nothing in any file looks like a failure")
     by_writer: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in failures:
         by_writer[_identity_key(e.who)].append(e)
-    causes = {k: c for k, evs in by_writer.items() if (c := _cause(evs)) is not None}
-    strong = [c for c in causes.values() if c.cls == PRIMARY and c.strong]
-    weak = [c for c in causes.values() if c.cls == PRIMARY and not c.strong]
-    failed_ranks = {k[1] for k in causes if k[0] == "rank"}
-    silent = None
-    if world_size:
-        missing = sorted(set(range(world_size)) - failed_ranks)
-        if missing and len(missing) < world_size:
-            silent = compress(missing)
-    blamed_text = compress(set(blamed)) if blamed else None
+    causes = [_cause(evs) for evs in by_writer.values()]
+    strong = [c for c in causes if c.cls == PRIMARY and c.strong]
+    weak = [c for c in causes if c.cls == PRIMARY and not c.strong]
+    failed_ranks = {c.who.rank for c in causes if c.who.rank is not None}
+    missing = sorted(set(range(world_size or 0)) - failed_ranks)
+    silent = compress(missing) if missing and len(missing) < (world_size or 0) else None
+    blamed_text = compress(blamed) or None
     if not strong and not weak:
-        first, basis = _earliest(list(causes.values()), "failure")
+        _, basis = _earliest(causes, "failure")
         ranks = compress(failed_ranks)
-        who = f"ranks {ranks}" if ranks else ", ".join(sorted({c.who.label() for c in causes.values()}))
-        summary = f"no primary failure found: {who} failed only as a consequence of a peer ({_tally(causes.values())})"
-        hint = None
+        who = f"ranks {ranks}" if ranks else ", ".join(sorted({c.who.label() for c in causes}))
+        summary = f"no primary failure found: {who} failed only as a consequence of a peer ({_tally(causes)})"
+        hints = []
         if silent:
             summary += f"; rank{'s' if ',' in silent or '-' in silent else ''} {silent} left no failure in the logs"
-            hint = (f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` while the job "
-                    "runs, the Flight Recorder, or the node's kernel log (OOM killer)")
-        if any(c.kind == "watchdog" for c in causes.values()):  # NCCL's: asynchronous, raised far from the cause
-            hint = (hint + "; " if hint else "") + WATCHDOG_HINT
+            hints.append(f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` "
+                         "while the job runs, the Flight Recorder, or the node's kernel log (OOM killer)")
+        if any(c.kind == "watchdog" for c in causes):  # NCCL's: asynchronous, raised far from the cause
+            hints.append(WATCHDOG_HINT)
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
-        return Verdict(status="secondary-only", summary=summary, basis=basis,
-                       secondary=_secondary_rows(causes.values()), silent_ranks=silent,
-                       blamed_ranks=blamed_text, hint=hint, confidence="low",
-                       confidence_why="only consequences of a peer's failure were found: the cause is not in "
-                                      "these logs")
+        return Verdict(status="secondary-only", summary=summary, basis=basis, hint="; ".join(hints) or None,
+                       secondary=_secondary_rows(causes), silent_ranks=silent, blamed_ranks=blamed_text,
+                       confidence="low", confidence_why="only consequences of a peer's failure were found: "
+                                                        "the cause is not in these logs")
     first, basis = _earliest(strong or weak)
-    about = _subject(first, strong, causes.values(), world_size)
+    about = _subject(first, strong, causes, world_size)
     if about is not None:
         first, basis = about
     unplaced = first
-    if first.who.rank is None:
-        first = _by_elimination(first, causes.values(), world_size)
+    if first.who.rank is None and len(missing) == 1 and failed_ranks:
+        # a failure without its rank (CUDA's out-of-memory without a prefix, DeepSpeed's return code) is put
+        # on the one rank of the job that reported nothing else (the others' watchdog and connection errors
+        # name themselves)
+        first = dataclasses.replace(first, who=Who(missing[0], first.who.node, first.who.local_rank),
+                                    detail={**first.detail, "rank_from": "only rank of the job that reported "
+                                            "no failure of its own (the others name themselves)"})
     # the same finding raised together by every rank (a check they run together) is one failure, not a tie
     tie = [] if about is not None else [e for e in _tie(first, strong or weak) if _norm(e.message) != _norm(first.message)]
     # every rank raising the same finding about one rank (a check all ranks agree on) is one failure, and
     # the launcher stopping that rank afterwards is no news
-    same = [c for c in causes.values() if c is not first and about is not None and c.message == first.message]
-    others = [c for c in causes.values() if c is not first and c is not unplaced and c not in same
+    same = [c for c in causes if c is not first and about is not None and c.message == first.message]
+    others = [c for c in causes if c is not first and c is not unplaced and c not in same
               and not (about is not None and c.who.rank == first.who.rank and c.cls == SECONDARY)]
-    independent = sorted((c for c in others if c.cls == PRIMARY and c.strong), key=lambda e: e.order_key())
-    after = [c for c in others if c not in independent]
+    independent = sorted((c for c in others if c.cls == PRIMARY and c.strong and c not in tie),
+                         key=lambda e: e.order_key())
+    after = [c for c in others if c.cls != PRIMARY or not c.strong]
     summary = f"first failure: {first.who.label()}{_at(first)}: {brief(first.message)}"
     if tie:
         tied = sorted([first, *tie], key=lambda e: (e.who.rank is None, e.who.rank or 0, e.order_key()))
@@ -297,25 +282,21 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
             f"{first.who.label()}"
         summary = (f"tie: {', '.join(e.who.label() for e in tied)} failed in the same second{_at(first)}; which came "
                    f"first is not known ({said}): " + "; ".join(f"{e.who.label()}: {brief(e.message)}" for e in tied))
-        independent = [e for e in independent if e not in tie]
-    tail = []
+    tail = [f"rank{'s' if len(same) > 1 else ''} {_ranks(same)} reported the same"] if same else []
     if after:
         after_ranks = _ranks(after)
         unknown = sum(1 for c in after if c.who.rank is None)
-        who = f"ranks {after_ranks}" if after_ranks else ""
-        if unknown:
-            who += (" and " if who else "") + f"{unknown} unattributed writer(s)"
+        who = " and ".join(filter(None, [f"ranks {after_ranks}" if after_ranks else "",
+                                         f"{unknown} unattributed writer(s)" if unknown else ""]))
         tail.append(f"{who} failed after it: {_tally(after)}")
     if independent:
         tail.append(f"{len(independent)} other rank(s) failed on their own: "
                     + few((f"{e.who.label()}: {brief(e.message)}" for e in independent), 3, "; "))
-    if same:
-        tail.insert(0, f"rank{'s' if len(same) > 1 else ''} {_ranks(same)} reported the same")
     if tail:
         summary += " (" + "; ".join(tail) + ")"
     if silent and first.who.rank is not None and first is not unplaced:  # placed by elimination: not silent
-        silent = compress(set(expand_ranks(silent)) - {first.who.rank}) or None
-    confidence, why = _confidence(first, basis, tie, strong)
+        silent = compress(set(missing) - {first.who.rank}) or None
+    confidence, why = _confidence(first, basis, tie)
     return Verdict(status="failure", summary=summary, primary=first, basis=basis,
                    secondary=_secondary_rows(after), independent=independent, silent_ranks=silent,
                    blamed_ranks=blamed_text, confidence=confidence, confidence_why=why,
@@ -326,22 +307,16 @@ def _at(ev: Event) -> str:
     return f" at {clock(ev.time)}" if ev.time is not None else ""
 
 
-def _confidence(first: Event, basis: str, tie: list[Event], strong: list[Event]) -> tuple[str, str]:
+def _confidence(first: Event, basis: str, tie: list[Event]) -> tuple[str, str]:
     """How sure the first failure is, and why."""
     if tie:
         return "low", "a tie: another rank failed in the same second"
-    why = []
-    level = "high"
-    if not first.strong:
-        level = "medium"
-        why.append("only an exit code or a kill says it (no message of its own)")
-    if first.who.rank is None:
-        level = "medium"
-        why.append("its global rank is not in the logs" if first.who.local_rank is not None or first.who.node
-                   else "the logs do not say which rank")
-    if first.detail.get("rank_from"):
-        level = "medium"
-        why.append(f"rank from the {first.detail['rank_from']}")
+    why = [text for said, text in (
+        (not first.strong, "only an exit code or a kill says it (no message of its own)"),
+        (first.who.rank is None, "its global rank is not in the logs" if first.who.local_rank is not None
+         or first.who.node else "the logs do not say which rank"),
+        (bool(first.detail.get("rank_from")), f"rank from the {first.detail.get('rank_from')}")) if said]
+    level = "medium" if why else "high"
     if basis.startswith("file order (time stamps missing; the order across files"):
         level = "medium" if level == "high" else "low"
         why.append("several files without time stamps: their order is not known")
@@ -363,22 +338,6 @@ def _tie(first: Event, cands: list[Event]) -> list[Event]:
         if coarse and int(e.time) == int(first.time):
             out.append(e)
     return sorted(out, key=lambda e: e.order_key())
-
-
-def _by_elimination(first: Event, causes: Iterable[Event], world_size: int | None) -> Event:
-    """A failure without its rank (CUDA's out-of-memory without a prefix, DeepSpeed's return code) is put on
-    the one rank of the job that reported nothing else, when exactly one did (the others' watchdog and
-    connection errors name themselves)."""
-    if not world_size:
-        return first
-    reported = {c.who.rank for c in causes if c.who.rank is not None}
-    missing = sorted(set(range(world_size)) - reported)
-    if len(missing) != 1 or len(reported) < 1:
-        return first
-    who = Who(missing[0], first.who.node, first.who.local_rank)
-    ev = dataclasses.replace(first, who=who, detail={**first.detail, "rank_from": "only rank of the job that "
-                                                     "reported no failure of its own (the others name themselves)"})
-    return ev
 
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
@@ -485,37 +444,21 @@ def timeline(events: list[Event]) -> list[TimelineRow]:
     untimed: dict[tuple[str, str], list[Event]] = {}
     for e in sorted((e for e in evs if e.time is None), key=lambda e: e.order_key()):
         untimed.setdefault((e.label, e.cls), []).append(e)
-    rows = _merged(timed)
-    for group in untimed.values():
-        rows += _merged(group)
-    return rows[:MAX_TIMELINE]
+    return (_merged(timed) + [row for group in untimed.values() for row in _merged(group)])[:MAX_TIMELINE]
 
 
 def _merged(evs: list[Event]) -> list[TimelineRow]:
-    rows: list[TimelineRow] = []
-    ranks: list[set[int]] = []
-    others: list[set[str]] = []
-    for e in evs:
-        last = rows[-1] if rows else None
-        if last is not None and last.label == e.label and last.cls == e.cls:
-            last.count += 1
-            if e.time is not None:
-                last.last_time = max(last.last_time or e.time, e.time)
-                if last.time is None:
-                    last.time, last.time_source = e.time, e.time_source
-            if e.who.rank is not None:
-                ranks[-1].add(e.who.rank)
-            else:
-                others[-1].add(_writer(e))
-            continue
-        rows.append(TimelineRow(time=e.time, time_source=e.time_source if e.time is not None else TIME_ORDER,
-                                last_time=e.time, cls=e.cls, label=e.label, message=e.message, ranks="", who="",
-                                count=1))
-        ranks.append({e.who.rank} if e.who.rank is not None else set())
-        others.append(set() if e.who.rank is not None else {_writer(e)})
-    for row, rs, os_ in zip(rows, ranks, others, strict=True):
-        row.ranks = compress(rs)
-        row.who = few(sorted(os_), 3)
+    """Alike neighbours (one label, one class) as one row: the first's message, the first time known."""
+    rows = []
+    for _, group in itertools.groupby(evs, key=lambda e: (e.label, e.cls)):
+        run = list(group)
+        timed = [e for e in run if e.time is not None]
+        start = timed[0] if timed else run[0]
+        rows.append(TimelineRow(time=start.time, time_source=start.time_source if timed else TIME_ORDER,
+                                last_time=max((e.time for e in timed if e.time is not None), default=None),
+                                cls=run[0].cls, label=run[0].label, message=run[0].message, ranks=_ranks(run),
+                                who=few(sorted({_writer(e) for e in run if e.who.rank is None}), 3),
+                                count=len(run)))
     return rows
 
 
