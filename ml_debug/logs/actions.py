@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ml_debug.core.ranges import expand as expand_ranks
-from ml_debug.logs import blocks, engine, repeats
+from ml_debug.logs import blocks, engine
 from ml_debug.logs.engine import LineRule
 from ml_debug.logs.labels import Label, find_time, srun_task_node
 from ml_debug.logs.result import (
@@ -47,23 +47,11 @@ the kernel's Xid, an out-of-memory message."""
 
 
 def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
-    ctx = c.ctx
-    assert ctx is not None
     rest = lab.rest
     if "NCCL" in rest and _nccl(c, rest, who, line, offset):
         return
     if rest.startswith(blocks.TRACEBACK):
-        blocks.open_block(c, lab.key, who, line, offset, rest)
-        block = c._blocks[lab.key]
-        block.torch_rank, block.srun_task, block.stamp = lab.torch_rank, lab.srun_task, lab.stamp
-        if not lab.key and not lab.stamp and not lab.who.known:
-            block.origin = repeats.rememberable(c)
-        block.logged = blocks.logged_level(c, lab.key)
-        t = find_time(lab.key + lab.stamp, ctx.day)
-        if t is not None:
-            block.time = t
-        else:
-            block.nearby = blocks.time_before(c)
+        blocks.open_block(c, lab, who, line, offset)
         return
     if "Watchdog caught" in rest and _watchdog(c, rest, who, line, offset):
         return

@@ -117,8 +117,20 @@ class Summary:
 
 
 
-def open_block(c: Collector, key: str, who: Who, line: int, offset: int, first: str) -> None:
-    c._blocks[key] = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[first])
+def open_block(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
+    """A traceback's header (``lab.rest``) opens a block of its writer's stream: the labels its lines carry,
+    where repeats.py may remember it from, the logging call that printed it, its time (else a nearby line's)."""
+    assert c.ctx is not None
+    block = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[lab.rest],
+                  torch_rank=lab.torch_rank, stamp=lab.stamp, srun_task=lab.srun_task)
+    c._blocks[lab.key] = block
+    if not lab.key and not lab.stamp and not lab.who.known:
+        block.origin = repeats.rememberable(c)
+    block.logged = logged_level(c, lab.key)
+    block.time = find_time(lab.key + lab.stamp, c.ctx.day)
+    if block.time is None:
+        block.nearby = time_before(c)
+
 
 def feed_block(c: Collector, key: str, block: Block, rest: str, who: Who, line: int) -> bool:
     """Feed a line of an open block's stream; False when the line is not part of it."""
