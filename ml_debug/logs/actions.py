@@ -26,7 +26,6 @@ from ml_debug.logs.result import (
     TIME_LINE,
     TIME_ORDER,
     WARNING,
-    Event,
     Who,
 )
 from ml_debug.logs.text import classify, clean_message, short_exception
@@ -145,13 +144,9 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, pre
 def _suspect(c: Collector, rest: str, who: Who, line: int, offset: int, present: frozenset[str]) -> None:
     """A line that only looks like a failure: kept as the last resort."""
     if not c.suspects_full and engine.SUSPECT in present and engine.NOT_SUSPECT not in present:
-        ctx = c.ctx
-        assert ctx is not None
-        t = find_time(rest, ctx.day)
-        c.suspects.append(Event(kind="suspect", cls=PRIMARY, message=clean_message(rest), label="a line that "
-                                "looks like a failure", who=who, source=ctx.path, line=line, offset=offset,
-                                source_index=ctx.index, time=t, time_source=TIME_LINE if t is not None else TIME_ORDER,
-                                strong=False))
+        assert c.ctx is not None
+        c.suspects.append(c.event("suspect", PRIMARY, clean_message(rest), "a line that looks like a failure", who,
+                                  line, offset, t=find_time(rest, c.ctx.day), strong=False))
 
 
 # ----------------------------------------------------------------------------- the catalogue's actions
@@ -215,18 +210,14 @@ def _ended(c: Collector, rule: LineRule, code: int, who: Who, line: int, offset:
            time_source: str = TIME_ORDER, pid: int | None = None, cut: bool = False) -> None:
     """``who`` ended with ``code`` (nothing when 0), as ``rule``'s launcher says, with its entry's note;
     ``cut``: the line is cut short before the local rank it would say."""
-    assert c.ctx is not None
-    ev = c._exit_event(code, who, c.ctx, line, offset, t, time_source, pid)
-    if ev is None:
-        return
-    ev.detail["via"] = rule.launcher.name
+    name = rule.launcher.name
+    detail = {"via": name}
     if rule.line.note:
-        ev.detail["note"] = rule.line.note
-    if rule.line.weak:
-        ev.strong = False
+        detail["note"] = rule.line.note
     if cut:
-        ev.detail["cut"] = f"{rule.launcher.name}'s line is cut short: its local rank is not there"
-    c._add(ev, f"{rule.launcher.name}:{who.node}:{who.rank}:{who.local_rank}:{pid}")
+        detail["cut"] = f"{name}'s line is cut short: its local rank is not there"
+    c.exited(code, who, line, offset, f"{name}:{who.node}:{who.rank}:{who.local_rank}:{pid}", t=t,
+             time_source=time_source, pid=pid, weak=rule.line.weak, detail=detail)
 
 
 def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,

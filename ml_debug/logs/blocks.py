@@ -21,9 +21,7 @@ from ml_debug.logs.result import (
     TIME_LAUNCHER,
     TIME_LINE,
     TIME_NEARBY,
-    TIME_ORDER,
     WARNING,
-    Event,
     Who,
 )
 from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception
@@ -297,8 +295,6 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
         _mark_frames(c, block.text)
         summary_events(c, block)
         return
-    ctx = c.ctx
-    assert ctx is not None
     reading = block.reading if block.reading is not None and block.reading.length == len(block.text) else None
     stream = key if block.logged is None else f"handled:{key}"  # handled ones never crowd out the last failure
     full = c.full(stream)  # then it is only counted: the work of making its event is saved
@@ -313,23 +309,17 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
     if full:
         return
     if reading.report:
-        c._add(Event(kind="launcher", cls=INFO, message="the launcher's own traceback (it reports a worker's failure)",
-                     label="launcher traceback", who=block.who, source=ctx.path, line=block.start_line,
-                     offset=block.start_offset, source_index=ctx.index, strong=False,
-                     text=block.text[:MAX_TRACEBACK_LINES]), stream)
+        c._add(c.event("launcher", INFO, "the launcher's own traceback (it reports a worker's failure)",
+                       "launcher traceback", block.who, block.start_line, block.start_offset, strong=False,
+                       text=block.text[:MAX_TRACEBACK_LINES]), stream)
         return
-    ev = Event(kind="traceback", cls=reading.cls, message=reading.message,
-               label=reading.label or reading.message.split(":", 1)[0], who=block.who, source=ctx.path,
-               line=block.start_line, offset=block.start_offset, source_index=ctx.index,
-               text=block.text[:MAX_TRACEBACK_LINES], detail={"cause": reading.cause})
+    t, time_source = (block.time, TIME_LINE) if block.time is not None else (block.nearby, TIME_NEARBY)
+    ev = c.event("traceback", reading.cls, reading.message, reading.label or reading.message.split(":", 1)[0],
+                 block.who, block.start_line, block.start_offset, t=t, time_source=time_source,
+                 text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames, detail={"cause": reading.cause})
     if block.logged and reading.cls == PRIMARY:
         ev.cls, ev.strong = WARNING, False
         ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"
-    if block.time is not None:
-        ev.time, ev.time_source = block.time, TIME_LINE
-    elif block.nearby is not None:
-        ev.time, ev.time_source = block.nearby, TIME_NEARBY
-    ev.blames = reading.blames
     if reading.exit_code is not None:  # a launcher (accelerate, a wrapper script) reporting its child's exit
         ev.kind, ev.strong, ev.label = "exit", False, f"exit code {reading.exit_code}"
         ev.detail.update({"exit_code": reading.exit_code, "via": "a launcher's subprocess.CalledProcessError"})
@@ -388,24 +378,23 @@ def summary_events(c: Collector, block: Block) -> None:
                 c.rank_node.setdefault(rank, node)
         if node and block.srun_task is not None:
             c.srun_hosts.setdefault(srun_task_node(block.srun_task), node)
+        if not code:
+            continue
         t = find_time(entry.get("time", ""), ctx.day)
         tb = (entry.get("traceback") or "").strip()
-        ev = c._exit_event(code, who, ctx, block.start_line, block.start_offset, t, TIME_LAUNCHER, pid)
-        if ev is None:
-            continue
-        if tb and "Traceback" in tb:
-            lines = tb.splitlines()
-            final = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
-            cls, label, kind = classify(tb)
-            ev = Event(kind="error-file", cls=cls, message=short_exception(final),
-                       label=label or short_exception(final).split(":", 1)[0], who=who, source=ctx.path,
-                       line=block.start_line, offset=block.start_offset, source_index=ctx.index, time=t,
-                       time_source=TIME_LAUNCHER if t is not None else TIME_ORDER, text=lines,
-                       detail={"exit_code": code, "via": "torchrun summary"})
-        ev.detail["torchrun_root_cause"] = bool(entry.get("root"))
+        detail: dict[str, Any] = {"torchrun_root_cause": bool(entry.get("root"))}
         if entry.get("error_file") and entry["error_file"] != "<N/A>":
-            ev.detail["error_file"] = entry["error_file"]
-        c._add(ev, f"summary:{rank}")
+            detail["error_file"] = entry["error_file"]
+        if not (tb and "Traceback" in tb):
+            c.exited(code, who, block.start_line, block.start_offset, f"summary:{rank}", t=t,
+                     time_source=TIME_LAUNCHER, pid=pid, detail=detail)
+            continue
+        lines = tb.splitlines()
+        message = short_exception(next((ln.strip() for ln in reversed(lines) if ln.strip()), ""))
+        cls, label, kind = classify(tb)
+        c._add(c.event("error-file", cls, message, label or message.split(":", 1)[0], who, block.start_line,
+                       block.start_offset, t=t, time_source=TIME_LAUNCHER, text=lines,
+                       detail={"exit_code": code, "via": "torchrun summary", **detail}), f"summary:{rank}")
 
 
 def lines_before(c: Collector, n: int) -> str:

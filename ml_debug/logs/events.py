@@ -330,25 +330,34 @@ class Collector:
             if line - block.last_line > STALE_LINES:
                 blocks.close_block(self, key)
 
-    # ------------------------------------------------------------------ tracebacks and summaries
+    # ------------------------------------------------------------------ events
 
-    def _exit_event(self, code: int | None, who: Who, ctx: SourceContext, line: int, offset: int, t: float | None,
-                    time_source: str, pid: int | None) -> Event | None:
-        if code is None or code == 0:
-            return None
+    def event(self, kind: str, cls: str, message: str, label: str, who: Who, line: int, offset: int, *,
+              t: float | None = None, time_source: str = TIME_LINE, **rest: Any) -> Event:
+        """An event at ``line`` and byte ``offset`` of the source being read: its time ``t`` as ``time_source``
+        knows it (none: its order in the source); ``rest``, the rest of its fields."""
+        ctx = self.ctx
+        assert ctx is not None
+        return Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
+                     offset=offset, source_index=ctx.index, time=t,
+                     time_source=time_source if t is not None else TIME_ORDER, **rest)
+
+    def exited(self, code: int | None, who: Who, line: int, offset: int, stream: str, *, t: float | None = None,
+               time_source: str = TIME_ORDER, pid: int | None = None, weak: bool = False,
+               detail: dict[str, Any] | None = None) -> None:
+        """``who`` ended with ``code`` (nothing when None or 0): an exit event, a signal's when it is negative, kept
+        in ``stream``; ``weak``: evidence only, whatever the signal; ``detail`` follows its code and pid."""
+        if not code:
+            return
         if code < 0:
             cls, message, strong, label = signal_event_text(code)
             kind = "signal"
         else:
             cls, message, strong, label = PRIMARY, f"exited with code {code}", False, f"exit code {code}"
             kind = "exit"
-        return Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
-                     offset=offset, source_index=ctx.index, time=t,
-                     time_source=time_source if t is not None else TIME_ORDER, strong=strong,
-                     detail={"exit_code": code, **({"pid": pid} if pid else {})})
-
-    # ------------------------------------------------------------------ one-line events
-
+        self._add(self.event(kind, cls, message, label, who, line, offset, t=t, time_source=time_source,
+                             strong=strong and not weak,
+                             detail={"exit_code": code, **({"pid": pid} if pid else {}), **(detail or {})}), stream)
 
     def _one(self, kind: str, cls: str, message: str, label: str, who: Who, line: int, offset: int, rest: str, *,
              strong: bool = True, t: float | None = None, detail: dict[str, Any] | None = None) -> None:
@@ -365,11 +374,8 @@ class Collector:
             t = find_time(rest, ctx.day)
         if t is None and self._stamp:
             t = find_time(self._stamp, ctx.day)
-        ev = Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
-                   offset=offset, source_index=ctx.index, time=t, time_source=TIME_LINE if t is not None else TIME_ORDER,
-                   strong=strong, detail=dict(detail or {}))
-        ev.blames = blamed(rest)
-        self._add(ev, stream)
+        self._add(self.event(kind, cls, message, label, who, line, offset, t=t, strong=strong,
+                             detail=dict(detail or {}), blames=blamed(rest)), stream)
 
     @property
     def suspects_full(self) -> bool:
@@ -427,11 +433,9 @@ class Collector:
         text = str(msg)
         cls, label, kind = classify(text + "\n" + callstack[-2000:])
         message = short_exception(text.strip().splitlines()[-1] if "\n" in text.strip() else text)
-        ev = Event(kind="error-file", cls=cls, message=message, label=label or message.split(":", 1)[0],
-                   who=ctx.who, source=ctx.path, line=1, offset=0, source_index=ctx.index,
-                   time=ts, time_source=TIME_ERROR_FILE if ts is not None else TIME_ORDER,
-                   text=callstack.splitlines()[:MAX_TRACEBACK_LINES], detail={"cause": kind})
-        self._add(ev, "error-file")
+        self._add(self.event("error-file", cls, message, label or message.split(":", 1)[0], ctx.who, 1, 0, t=ts,
+                             time_source=TIME_ERROR_FILE, text=callstack.splitlines()[:MAX_TRACEBACK_LINES],
+                             detail={"cause": kind}), "error-file")
 
     def metrics_line(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """The progress an mldebug train metrics record says (rank, step, time), or None."""
