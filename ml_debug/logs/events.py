@@ -91,8 +91,6 @@ class Collector:
         self.node_local_rank: dict[tuple[str, int], int] = {}
         self.rank_node: dict[int, str] = {}
         self.ranks_seen: set[int] = set()
-        self.launch_world: int | None = None  # nnodes x nproc-per-node from `mldebug launch` manifests
-        self.launch_exit: int | None = None  # the exit code the `mldebug launch` manifests record
         self.nodes_seen: set[str] = set()
         self.sampled: dict[tuple[int, Who], None] = {}  # (source index, who) of labels sampled from ordinary lines
         self.last_work: dict[int, tuple[int, int]] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ml_debug.core import testhooks
@@ -39,7 +39,8 @@ def triage(paths: list[str], *, on_source: Callable[[int, int], None] | None = N
            jobs: int | None = None) -> LogsReport:
     """Read every source once and name the first failure (see :mod:`ml_debug.logs`); ``jobs`` reader
     processes (None: one per CPU when the input is large, readers.py; 1: all in this process)."""
-    return build_report(*_collect(_expand(paths), on_source, jobs))
+    exp = _expand(paths)
+    return build_report(*_collect(exp, on_source, jobs), exp.manifests)
 
 
 def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None, jobs: int | None = None
@@ -47,10 +48,6 @@ def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None,
     collector, reads = read_all(exp, on_source, jobs=jobs)
     skipped = list(exp.skipped) + [r.skipped for r in reads if r.skipped is not None]
     metrics = [r.metrics for r in reads if r.metrics is not None]
-    # the job's rank count (the lines of a rank that never failed may hold no label to count it by), and how
-    # `mldebug launch` ended (130: interrupted, Ctrl-C)
-    collector.launch_world = _agreed(_world(man) for man in exp.manifests.values())
-    collector.launch_exit = _agreed(man.get("exit_code") for man in exp.manifests.values())
     return collector, [r.info for r in reads], metrics, skipped
 
 
@@ -68,7 +65,13 @@ def _world(man: dict[str, object]) -> int | None:
 
 
 def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[dict[str, Any]],
-                 skipped: list[dict[str, str]]) -> LogsReport:
+                 skipped: list[dict[str, str]], manifests: Mapping[str, dict[str, object]] | None = None) -> LogsReport:
+    """The report of what ``collector`` gathered; ``manifests``: the `mldebug launch` manifests by directory."""
+    launches = list((manifests or {}).values())
+    # the job's rank count (the lines of a rank that never failed may hold no label to count it by), and how
+    # `mldebug launch` ended (130: interrupted, Ctrl-C)
+    launch_world = _agreed(_world(man) for man in launches)
+    launch_exit = _agreed(man.get("exit_code") for man in launches)
     ids = accounting.Identities(collector)
     for ev in collector.events:
         ev.who = ids.resolve(ev.who, ev.source_index)
@@ -91,14 +94,14 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     ranks |= {w.rank for w in sampled if w.rank is not None}
     # NCCL's count of the ranks, else `mldebug launch`'s, else the highest rank seen
     world = (int(nccl["world_size"]) if nccl and nccl.get("world_size")
-             else collector.launch_world or (max(ranks) + 1 if ranks else None))
+             else launch_world or (max(ranks) + 1 if ranks else None))
     blamed = {r for e in events for r in e.blames}
     suspects = [dataclasses.replace(e, who=ids.resolve(e.who, e.source_index)) for e in collector.suspects]
     verdict = decide(events, world, blamed, suspects)
-    if collector.launch_exit is not None:
+    if launch_exit is not None:
         failed = {a for e in collector.events if e.cls == PRIMARY and (a := attempt_of(e.source)) is not None}
         last = max((a for s in infos if (a := attempt_of(s.path)) is not None), default=None)
-        verdict = launched(verdict, collector.launch_exit, sorted(failed), last)
+        verdict = launched(verdict, launch_exit, sorted(failed), last)
     verdict = testhooks.call(testhooks.LOGS_VERDICT, verdict=verdict) or verdict
     nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node} | {w.node for w in sampled if w.node})
     launchers = {name for s in infos for name in s.launchers}
@@ -150,7 +153,7 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
                          "save it to a file first")
     collected = _collect(exp, jobs=jobs)
     ids = accounting.Identities(collected[0])
-    report = build_report(*collected)
+    report = build_report(*collected, exp.manifests)
     count = 0
     sources_used: set[str] = set()
     truncated = False
