@@ -116,8 +116,9 @@ class Summary:
 
 
 def open_block(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
-    """A traceback's header (``lab.rest``) opens a block of its writer's stream: the labels its lines carry,
-    where repeats.py may remember it from, the logging call that printed it, its time (else a nearby line's)."""
+    """A traceback's header (``lab.rest``) opens a block of its writer's stream: the labels its lines
+    carry, where repeats.py may remember it from, the logging call that printed it, its time (else a
+    nearby line's)."""
     assert c.ctx is not None
     block = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[lab.rest],
                   torch_rank=lab.torch_rank, stamp=lab.stamp, srun_task=lab.srun_task)
@@ -316,7 +317,8 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
     t, time_source = (block.time, TIME_LINE) if block.time is not None else (block.nearby, TIME_NEARBY)
     ev = c.event("traceback", reading.cls, reading.message, reading.label or reading.message.split(":", 1)[0],
                  block.who, block.start_line, block.start_offset, t=t, time_source=time_source,
-                 text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames, detail={"cause": reading.cause})
+                 text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames,
+                 detail={"cause": reading.cause})
     if block.logged and reading.cls == PRIMARY:
         ev.cls, ev.strong = WARNING, False
         ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"

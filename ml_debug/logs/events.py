@@ -332,19 +332,20 @@ class Collector:
 
     def event(self, kind: str, cls: str, message: str, label: str, who: Who, line: int, offset: int, *,
               t: float | None = None, time_source: str = TIME_LINE, **rest: Any) -> Event:
-        """An event at ``line`` and byte ``offset`` of the source being read: its time ``t`` as ``time_source``
-        knows it (none: its order in the source); ``rest``, the rest of its fields."""
+        """An event at ``line`` and byte ``offset`` of the source being read: its time ``t`` as
+        ``time_source`` knows it (none: its order in the source); ``rest``, the rest of its fields."""
         ctx = self.ctx
         assert ctx is not None
         return Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
                      offset=offset, source_index=ctx.index, time=t,
                      time_source=time_source if t is not None else TIME_ORDER, **rest)
 
-    def exited(self, code: int | None, who: Who, line: int, offset: int, stream: str, *, t: float | None = None,
-               time_source: str = TIME_ORDER, pid: int | None = None, weak: bool = False,
-               detail: dict[str, Any] | None = None) -> None:
-        """``who`` ended with ``code`` (nothing when None or 0): an exit event, a signal's when it is negative, kept
-        in ``stream``; ``weak``: evidence only, whatever the signal; ``detail`` follows its code and pid."""
+    def exited(self, code: int | None, who: Who, line: int, offset: int, stream: str, *,
+               t: float | None = None, time_source: str = TIME_ORDER, pid: int | None = None,
+               weak: bool = False, detail: dict[str, Any] | None = None) -> None:
+        """``who`` ended with ``code`` (nothing when None or 0): an exit event, a signal's when it is
+        negative, kept in ``stream``; ``weak``: evidence only, whatever the signal; ``detail`` follows its
+        code and pid."""
         if not code:
             return
         if code < 0:
@@ -353,9 +354,9 @@ class Collector:
         else:
             cls, message, strong, label = PRIMARY, f"exited with code {code}", False, f"exit code {code}"
             kind = "exit"
+        detail = {"exit_code": code, **({"pid": pid} if pid else {}), **(detail or {})}
         self._add(self.event(kind, cls, message, label, who, line, offset, t=t, time_source=time_source,
-                             strong=strong and not weak,
-                             detail={"exit_code": code, **({"pid": pid} if pid else {}), **(detail or {})}), stream)
+                             strong=strong and not weak, detail=detail), stream)
 
     def _one(self, kind: str, cls: str, message: str, label: str, who: Who, line: int, offset: int, rest: str, *,
              strong: bool = True, t: float | None = None, detail: dict[str, Any] | None = None) -> None:
@@ -431,9 +432,9 @@ class Collector:
         text = str(msg)
         cls, label, kind = classify(text + "\n" + callstack[-2000:])
         message = short_exception(text.strip().splitlines()[-1] if "\n" in text.strip() else text)
-        self._add(self.event("error-file", cls, message, label or message.split(":", 1)[0], ctx.who, 1, 0, t=ts,
-                             time_source=TIME_ERROR_FILE, text=callstack.splitlines()[:MAX_TRACEBACK_LINES],
-                             detail={"cause": kind}), "error-file")
+        self._add(self.event("error-file", cls, message, label or message.split(":", 1)[0], ctx.who, 1, 0,
+                             t=ts, time_source=TIME_ERROR_FILE, detail={"cause": kind},
+                             text=callstack.splitlines()[:MAX_TRACEBACK_LINES]), "error-file")
 
     def metrics_line(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """The progress an mldebug train metrics record says (rank, step, time), or None."""

@@ -65,8 +65,10 @@ def _world(man: dict[str, object]) -> int | None:
 
 
 def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[dict[str, Any]],
-                 skipped: list[dict[str, str]], manifests: Mapping[str, dict[str, object]] | None = None) -> LogsReport:
-    """The report of what ``collector`` gathered; ``manifests``: the `mldebug launch` manifests by directory."""
+                 skipped: list[dict[str, str]], manifests: Mapping[str, dict[str, object]] | None = None
+                 ) -> LogsReport:
+    """The report of what ``collector`` gathered; ``manifests``: the `mldebug launch` manifests by
+    directory (sources.Expanded)."""
     launches = list((manifests or {}).values())
     # the job's rank count (the lines of a rank that never failed may hold no label to count it by), and how
     # `mldebug launch` ended (130: interrupted, Ctrl-C)
