@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 from ml_debug.core.errors import UsageError
 
@@ -51,18 +52,35 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def open_regular(path: str | os.PathLike[str], refuse: Callable[[int], Exception] | None = None
+                 ) -> tuple[int, os.stat_result]:
+    """``path`` opened to read without waiting (O_NONBLOCK: a FIFO is refused, not waited on for a writer),
+    and its status; OSError when it cannot be opened. Not a regular file: its descriptor is closed and
+    ``refuse(its mode)`` raised (by default an OSError that says so)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse(st.st_mode) if refuse else OSError(f"{os.fspath(path)} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
 def read_regular(path: str | os.PathLike[str], what: str, limit: int, hint: str) -> bytes:
     """The bytes of ``path``, a regular file of at most ``limit`` bytes; UsageError (exit 2) otherwise,
     naming ``what`` ("hostfile", "ssh config") and the path."""
     shown = os.fspath(path)
+
+    def refuse(mode: int) -> UsageError:
+        return UsageError(f"{what} {shown!r} is {what_it_is(mode)}, not a file", hint)
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+        fd, st = open_regular(path, refuse)
     except OSError as e:
         raise UsageError(f"{what} {shown!r} {why_not(e)}", hint) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} {shown!r} is {what_it_is(st.st_mode)}, not a file", hint)
         if st.st_size > limit:
             raise UsageError(f"{what} {shown!r} holds {_size(st.st_size)}, more than a {what} may hold "
                              f"({_size(limit)})", hint)

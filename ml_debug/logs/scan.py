@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
+from ml_debug.core.inputs import open_regular
 from ml_debug.logs.blocks import HEADER
 from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
 from ml_debug.logs.engine import prefilter
@@ -95,17 +96,8 @@ class Capped:
 
 
 def _open_regular(path: str) -> IO[bytes]:
-    """A log file opened without waiting (O_NONBLOCK: a FIFO put in its place is refused, not waited on)."""
-    import os
-    import stat
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
+    """A log file opened without waiting (open_regular: a FIFO put in its place is refused, not waited on)."""
+    fd, _ = open_regular(path)
     return open(fd, "rb", buffering=0)  # whole blocks are read: no second buffer
 
 

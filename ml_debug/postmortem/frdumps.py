@@ -27,6 +27,7 @@ from typing import Any
 
 from ml_debug.core import safefs
 from ml_debug.core.frfiles import NCCL_FILE_VARS
+from ml_debug.core.inputs import open_regular
 from ml_debug.stacks.flight import MAX_DUMP_BYTES, parse_dump, section, summarise_dump
 from ml_debug.stacks.fr_analysis import compact
 
@@ -105,12 +106,10 @@ def is_dump_path(path: str, prefix: str | None = None) -> bool:
     try:  # a regular file only: a FIFO or a device named here is `mldebug logs`' to refuse, never to open
         if not stat.S_ISREG(os.stat(path).st_mode):
             return False
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, _ = open_regular(path)
     except OSError:
         return False
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
         return looks_like_dump(os.read(fd, SNIFF_BYTES))
     except OSError:
         return False
