@@ -144,9 +144,8 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, pre
 def _suspect(c: Collector, rest: str, who: Who, line: int, offset: int, present: frozenset[str]) -> None:
     """A line that only looks like a failure: kept as the last resort."""
     if not c.suspects_full and engine.SUSPECT in present and engine.NOT_SUSPECT not in present:
-        assert c.ctx is not None
         c.suspects.append(c.event("suspect", PRIMARY, clean_message(rest), "a line that looks like a failure",
-                                  who, line, offset, t=find_time(rest, c.ctx.day), strong=False))
+                                  who, line, offset, t=c.line_time(rest), strong=False))
 
 
 # ----------------------------------------------------------------------------- the catalogue's actions

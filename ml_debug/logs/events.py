@@ -360,8 +360,6 @@ class Collector:
 
     def _one(self, kind: str, cls: str, message: str, label: str, who: Who, line: int, offset: int, rest: str, *,
              strong: bool = True, t: float | None = None, detail: dict[str, Any] | None = None) -> None:
-        ctx = self.ctx
-        assert ctx is not None
         if who.rank is None and "Rank " in rest:
             m = _PG0_RANK.search(rest)
             if m:  # c10d's "[PG 0 Rank 3]" / "[Rank 3]": the global rank (another group's rank is its own)
@@ -369,12 +367,15 @@ class Collector:
         stream = f"line:{who.rank}:{who.local_rank}:{who.node}"
         if self.full(stream):
             return
-        if t is None:
-            t = find_time(rest, ctx.day)
-        if t is None and self._stamp:
-            t = find_time(self._stamp, ctx.day)
-        self._add(self.event(kind, cls, message, label, who, line, offset, t=t, strong=strong,
-                             detail=dict(detail or {}), blames=blamed(rest)), stream)
+        self._add(self.event(kind, cls, message, label, who, line, offset, t=self.line_time(rest) if t is None else t,
+                             strong=strong, detail=dict(detail or {}), blames=blamed(rest)), stream)
+
+    def line_time(self, rest: str) -> float | None:
+        """The time of the current line: its own time stamp, else the one a collector put before its labels
+        (kubectl logs --timestamps, docker logs -t, ``| ts``)."""
+        assert self.ctx is not None
+        t = find_time(rest, self.ctx.day)
+        return find_time(self._stamp, self.ctx.day) if t is None and self._stamp else t
 
     @property
     def suspects_full(self) -> bool:

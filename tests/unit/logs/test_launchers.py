@@ -323,3 +323,15 @@ def test_pdsh_node_names_select_a_nodes_lines() -> None:
     got: list[str] = []
     demux([str(CORPUS / "pdsh.log")], rank=None, node="n2", emit=lambda src, n, text: got.append(text))
     assert got and got[0] == "rank 1: step 1 done (sum 2)" and "ValueError: bad batch on rank 1: shape mismatch" in got
+
+
+def test_a_suspect_line_takes_the_time_stamp_before_its_labels(tmp_path: Path) -> None:
+    """kubectl logs --timestamps before torch's ``[rankN]:``: a line that only looks like a failure is timed by the
+    stamp, as a known failure line is, so the earlier of two ranks' suspects is the first (not the first file's)."""
+    (tmp_path / "rank0.log").write_text("2024-05-01T03:14:05.000000000Z [rank0]: step 9\n"
+                                        "2024-05-01T03:14:09.000000000Z [rank0]: ERROR the data loader stopped\n")
+    (tmp_path / "rank1.log").write_text("2024-05-01T03:14:05.000000000Z [rank1]: step 9\n"
+                                        "2024-05-01T03:14:07.000000000Z [rank1]: ERROR the data loader stopped\n")
+    v = triage([str(tmp_path)]).verdict
+    assert v.status == "suspect" and v.primary is not None, v.summary
+    assert v.primary.who.rank == 1 and v.primary.time_source == "line", v.summary
