@@ -57,6 +57,26 @@ def test_a_job_that_succeeded_with_a_traceback_and_no_later_attempt_says_it_did_
     assert v.hint is None
 
 
+def test_a_restart_that_succeeded_recovered() -> None:
+    """`mldebug launch --max-restarts 1`: rank 1 raised in attempt 0, attempt 1 finished (exit code 0)."""
+    report = triage([str(DATA / "launch_restart_recovered")])
+    v = report.verdict
+    assert v.status == "recovered" and not v.failed and report.ok, v.summary
+    assert v.summary.startswith("the job recovered: the failure of attempt 0 was followed by a successful attempt 1 "
+                                "(mldebug launch exited with code 0); first failure: rank 1 (vm)"), v.summary
+    assert v.primary is not None and v.primary.message == "ValueError: transient failure on rank 1"
+    assert v.hint is None
+
+
+def test_ctrl_c_with_no_failure_before_it_is_an_interruption() -> None:
+    """Ctrl-C during attempt 0, nothing failed before it: the ranks' KeyboardInterrupt is the user's, not a failure."""
+    report = triage([str(DATA / "launch_ctrl_c_only")])
+    v = report.verdict
+    assert v.status == "interrupted" and not v.failed and v.hint is None and v.basis is None, v.summary
+    assert v.summary.startswith("the job was stopped by the user (Ctrl-C: mldebug launch exited with code 130), not "
+                                "by a failure of its own; the ranks' lines: no primary failure found"), v.summary
+
+
 # ----------------------------------------------------------------------------- Slurm and bash
 
 # Slurm's srun (src/api/step_launch.c, _task_finish's messages): "Exited with exit code N", "Out Of Memory", or the
