@@ -1,5 +1,6 @@
 """Paths of ml_debug/logs/ that real logs take but no other unit test reached (found by a coverage run of
-tests/unit/logs): how `mldebug launch` ended (a failure, then Ctrl-C; a success with a traceback in its logs),
+tests/unit/logs): how `mldebug launch` ended (a failure, then Ctrl-C; Ctrl-C alone; a restart that recovered; a success
+with a traceback in its logs),
 srun's step outcomes (Out Of Memory, Killed), bash's "Killed" job line, a c10d watchdog line cut short, gloo's
 monitored barrier naming a peer, torchrun's Root Cause owning two identical unlabelled tracebacks, a progress bar
 longer than a block, and `mldebug logs --rank` (demux) on a last line without a newline, on coloured lines and
