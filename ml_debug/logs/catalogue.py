@@ -170,9 +170,11 @@ LAUNCHERS: tuple[Launcher, ...] = (
                  says=Says("slurm", PRIMARY, "Slurm: node failure on {node}", "node failure", who="node")),
             Line("slurm-cancel", r"\*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
                  r"(?: DUE TO (?P<why>[A-Z ]{1,40}?))?(?: \*\*\*)?$", ("CANCELLED AT",)),
+            # slurmstepd's count of the step's OOM kills names no task: srun's "task 5: Out Of Memory" after it
+            # says whose (weak: the first failure only when no line says whose)
             Line("oom-kill", r"Detected (?P<n>\d+) oom[-_]kill event", ("oom-kill", "oom_kill"),
                  says=Says("oom", PRIMARY, "out of host memory: {n} process(es) killed by the cgroup OOM killer",
-                           "out of memory", who="node")),
+                           "out of memory", who="node", strong=False)),
         )),
     # rule 6: the console of one pod (kubectl logs POD > POD.log): the pod's name says which node it is
     # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label

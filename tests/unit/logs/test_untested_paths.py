@@ -108,9 +108,6 @@ def test_srun_out_of_memory_is_the_failure_and_the_tasks_it_killed_follow(tmp_pa
     assert report.launchers == ["srun"]
 
 
-@pytest.mark.xfail(strict=True, reason="slurmstepd's oom_kill line (no rank, no node) is taken as the first failure "
-                                       "of an unknown rank; srun's report of the same OOM, which names task 5 on "
-                                       "node3, is called another rank's independent failure")
 def test_slurmstepds_oom_kill_line_before_sruns_names_the_task_that_ran_out(tmp_path: Path) -> None:
     """The order Slurm prints them: slurmstepd's oom_kill event, then srun's "task 5: Out Of Memory". Both say the
     one OOM; srun's says whose."""
