@@ -133,7 +133,7 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, pre
         return
     got = engine.failure_class(rest, SECONDARY, present)
     if got is not None:
-        c._one("comm", SECONDARY, clean_message(rest), got[0].label, who, line, offset, rest)
+        c._one(got[0].kind, SECONDARY, clean_message(rest), got[0].label, who, line, offset, rest)
         return
     if "Killed" in rest and _KILLED.search(rest):
         c._one("signal", PRIMARY, "Killed (SIGKILL)", "killed (SIGKILL)", who, line, offset, rest, strong=False)

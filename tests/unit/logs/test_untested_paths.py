@@ -157,9 +157,6 @@ def test_a_watchdog_line_cut_short_is_still_that_ranks_watchdog_timeout(tmp_path
     assert v.secondary == [{"label": "NCCL watchdog timeout", "count": 1, "ranks": "1"}]
 
 
-@pytest.mark.xfail(strict=True, reason="a watchdog line that misses the full pattern is recorded as kind 'comm' "
-                                       "(actions._failure_line), so the verdict, which looks for kind 'watchdog', "
-                                       "does not give the watchdog's next step")
 def test_a_watchdog_line_cut_short_gives_the_watchdogs_next_step(tmp_path: Path) -> None:
     full = triage([_write(tmp_path, WATCHDOG + "\n", "full.log")]).verdict
     assert full.hint is not None and WATCHDOG_HINT in full.hint  # the whole line gives it
