@@ -151,6 +151,7 @@ def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
     carry = b""
     last = b""
     at = 0  # the file offset where `carry` starts
+    goes_on = False  # a piece of the line `carry` ends was read (a line over MAX_LINE)
     with opened(src) as f:
         for chunk in _chunks(src, f, collector):
             total += len(chunk)
@@ -159,12 +160,15 @@ def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
             if cut == 0 and len(data) < MAX_LINE:
                 carry = data
                 continue
-            if cut == 0:  # no newline in a whole MiB: cut it here
+            goes_on = cut == 0
+            if goes_on:  # no newline in a whole MiB: cut it here, with a newline that is not the file's
                 data += b"\n"
                 cut = len(data)
             carry = data[cut:]
             lines, last = _scan_block(data, cut, lines, at, collector)
-            at += cut
+            at += cut - goes_on
+            lines -= goes_on  # the line goes on: its next piece has its number
+    lines += goes_on and not carry  # a cut line that ends the file, without a newline
     if carry:
         lines, last = _scan_block(carry + b"\n", len(carry) + 1, lines, at, collector)
         if collector.open and collector.ctx is not None:

@@ -161,9 +161,13 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
     truncated = False
     seen_ranks = set(expand_ranks(report.ranks_seen))
     seen_nodes = set(report.nodes)
-    lines = ((i, src, n, text) for i, src in enumerate(exp.sources)
-             if src.shape not in ("error-file", "train-metrics") for n, text in _all_lines(src))
-    for i, src, n, text in lines:
+    lines = ((i, src, n, text, cut) for i, src in enumerate(exp.sources)
+             if src.shape not in ("error-file", "train-metrics") for n, text, cut in _all_lines(src))
+    at: tuple[int, int] | None = None  # the line read last (source, number)
+    for i, src, n, text, cut in lines:
+        if (i, n) == at:
+            continue  # the rest of a line longer than MAX_LINE: shown cut
+        at = (i, n)
         if "\x1b" in text:  # coloured lines: the labels are found (and the text written) without colour
             text = strip_ansi(text)
         lab = split_label(text, i in collected[0].node_prefixed) if src.labelled else None
@@ -177,26 +181,30 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
         if limit is not None and count >= limit:
             truncated = True
             break
-        emit(src.path, n, lab.rest if lab else text)
+        emit(src.path, n, (lab.rest if lab else text) + ("…" if cut else ""))
         sources_used.add(src.path)
         count += 1
     return {"rank": rank, "node": node, "lines": count, "sources": sorted(sources_used), "truncated": truncated,
             "ranks_seen": compress(seen_ranks), "nodes": sorted(seen_nodes)}
 
 
-def _all_lines(src: Source) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every line of a source (one longer than MAX_LINE cut where a block ends)."""
+def _all_lines(src: Source) -> Iterator[tuple[int, str, bool]]:
+    """(line number, text, more of the line follows) of every line of a source; one longer than MAX_LINE comes in
+    pieces (cut where a block ends), each with the line's number."""
     n = 0
     carry = b""
+    goes_on = False  # `carry` is the rest of a line a piece of which was given
     with opened(src) as f:
         for chunk in iter(lambda: f.read(BLOCK), b""):
             *parts, carry = (carry + chunk).split(b"\n")
-            if len(carry) > MAX_LINE:
+            cut = len(carry) > MAX_LINE
+            if cut:
                 parts.append(carry)
                 carry = b""
-            for raw in parts:
-                n += 1
-                yield n, raw.decode("utf-8", "replace").rstrip("\r")
+            for k, raw in enumerate(parts):
+                n += not (k == 0 and goes_on)
+                yield n, raw.decode("utf-8", "replace").rstrip("\r"), cut and k == len(parts) - 1
+            goes_on = cut or (goes_on and not parts)
     if carry:
-        yield n + 1, carry.decode("utf-8", "replace").rstrip("\r")
+        yield n + (not goes_on), carry.decode("utf-8", "replace").rstrip("\r"), False
 
