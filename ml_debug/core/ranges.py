@@ -21,6 +21,11 @@ def compress(numbers: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+def ranks(text: str) -> str:
+    """``rank 3`` or ``ranks 0-2,5``, for a :func:`compress` text."""
+    return f"rank{'s' if ',' in text or '-' in text else ''} {text}"
+
+
 def expand(text: str) -> list[int]:
     """The inverse of :func:`compress`."""
     out: list[int] = []

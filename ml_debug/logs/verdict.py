@@ -18,6 +18,7 @@ from typing import Any
 
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
+from ml_debug.core.ranges import ranks as ranks_text
 from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
@@ -237,11 +238,11 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     if not strong and not weak:
         _, basis = _earliest(causes, "failure")
         ranks = compress(failed_ranks)
-        who = f"ranks {ranks}" if ranks else ", ".join(sorted({c.who.label() for c in causes}))
+        who = ranks_text(ranks) if ranks else ", ".join(sorted({c.who.label() for c in causes}))
         summary = f"no primary failure found: {who} failed only as a consequence of a peer ({_tally(causes)})"
         hints = []
         if silent:
-            summary += f"; rank{'s' if ',' in silent or '-' in silent else ''} {silent} left no failure in the logs"
+            summary += f"; {ranks_text(silent)} left no failure in the logs"
             hints.append(f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` "
                          "while the job runs, the Flight Recorder, or the node's kernel log (OOM killer)")
         if any(c.kind == "watchdog" for c in causes):  # NCCL's: asynchronous, raised far from the cause
@@ -282,11 +283,11 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
             f"{first.who.label()}"
         summary = (f"tie: {', '.join(e.who.label() for e in tied)} failed in the same second{_at(first)}; which came "
                    f"first is not known ({said}): " + "; ".join(f"{e.who.label()}: {brief(e.message)}" for e in tied))
-    tail = [f"rank{'s' if len(same) > 1 else ''} {_ranks(same)} reported the same"] if same else []
+    tail = [f"{ranks_text(_ranks(same))} reported the same"] if same else []
     if after:
         after_ranks = _ranks(after)
         unknown = sum(1 for c in after if c.who.rank is None)
-        who = " and ".join(filter(None, [f"ranks {after_ranks}" if after_ranks else "",
+        who = " and ".join(filter(None, [ranks_text(after_ranks) if after_ranks else "",
                                          f"{unknown} unattributed writer(s)" if unknown else ""]))
         tail.append(f"{who} failed after it: {_tally(after)}")
     if independent:
@@ -374,7 +375,7 @@ def _findings(events: list[Event]) -> list[str]:
         return []
     where = _ranks(fallback)
     nodes = sorted({e.who.node for e in fallback if e.who.node})
-    on = f"ranks {where}" if where else (", ".join(nodes[:5]) or "some ranks")
+    on = ranks_text(where) if where else (", ".join(nodes[:5]) or "some ranks")
     return [f"NCCL fell back to TCP sockets on {on}: libibverbs failed to load, so the job runs, slowly, without "
             "InfiniBand/RoCE. Install libibverbs (rdma-core) in the image and expose /dev/infiniband to the "
             "container; check NCCL_IB_HCA, NCCL_IB_DISABLE and that `ibv_devinfo` lists the HCAs"]
