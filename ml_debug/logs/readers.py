@@ -81,12 +81,17 @@ def read_source(src: Source, index: int, collector: Collector) -> Read:
     return got
 
 
+def default_jobs() -> int:
+    """One reader per CPU this process may run on, at most MAX_JOBS."""
+    return min(cpu_cores(), MAX_JOBS)
+
+
 def read_all(exp: Expanded, on_source: OnSource | None = None, *,
              jobs: int | None = None) -> tuple[Collector, list[Read]]:
-    """Every source of ``exp`` read, in source order, by ``jobs`` readers (None: one per CPU this process may
-    run on, at most MAX_JOBS, when the input is over PARALLEL_BYTES, else here; 1: here)."""
+    """Every source of ``exp`` read, in source order, by ``jobs`` readers (None: :func:`default_jobs` when the
+    input is over PARALLEL_BYTES, else here; 1: here)."""
     if jobs is None:
-        jobs = min(cpu_cores(), MAX_JOBS) if sum(s.size for s in exp.sources) >= PARALLEL_BYTES else 1
+        jobs = default_jobs() if sum(s.size for s in exp.sources) >= PARALLEL_BYTES else 1
     shares = _shares(exp.sources, jobs * SHARES_PER_JOB) if jobs > 1 else []
     if len(shares) < 2 or any(s.stdin for s in exp.sources):
         collector = Collector()
