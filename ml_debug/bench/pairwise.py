@@ -2,9 +2,9 @@
 
 A round-robin (circle method) schedule runs disjoint pairs at the same time, so n units need
 n-1 rounds, not n(n-1)/2; the schedule runs three times and each pair keeps its best pass. A pair
-still below the floor is then measured again (its whole round, with more iterations, up to
-REMEASURES times, each best of its passes) and named slow only when it stays below: a transient is
-cleared. In each
+still below the floor is then measured again (its whole round, as the first time: best of the
+passes, the same iterations; up to REMEASURES times) and named slow only when it stays below: a
+transient is cleared. In each
 round every rank passes one global barrier, then ranks with a partner time a batch of bidirectional
 exchanges (isend + irecv of the same size both ways, the sendrecv collective of nccl-tests,
 busbw = S / t per direction). Between nodes, local rank k of one
