@@ -37,7 +37,9 @@ _ROLE = re.compile(r"\[(?P<role>[A-Za-z][\w.\-]*?[:\-_|]?|)(?P<local>\d+)(?: ran
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
 # a collector's "<job>.<node> [stderr] " (benchmark harnesses, log shippers) in front of the launcher's labels
 _STREAM_TAG = re.compile(r"(?:(?P<src>[\w.\-]+) )?\[(?:stdout|stderr)\] ")
-_RAY = re.compile(r"\((?P<actor>[\w.]{1,100}) pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\w.:\-]{1,100}))?\) ")
+# Ray's log monitor (worker.py print_worker_logs): "(RayTrainWorker pid=81234, ip=10.0.0.12) ", the actor's or
+# task's name before "pid=", none for a worker that has neither
+_RAY = re.compile(r"\((?:(?P<actor>[\w.]{1,100}) )?pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\w.:\-]{1,100}))?\) ")
 _MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
 NODE_PREFIX = re.compile(r"([A-Za-z][\w.\-]*): ")
 

@@ -246,9 +246,6 @@ def test_kubectl_stamp_before_a_torch_2_1_agent_line(tmp_path: Path) -> None:
     assert v.primary.time == pytest.approx(1714533247.2, abs=1e-3), v.primary.time  # kubectl's stamp: it says its zone (UTC)
 
 
-@pytest.mark.xfail(strict=True, reason="labels._RAY needs an actor or task name before 'pid=': Ray's log monitor "
-                   "prints '(pid=N, ip=IP) ' for a worker that has neither, and split_label then reads no label: the "
-                   "traceback is not read as one and its node is lost")
 def test_rays_prefix_without_an_actor_name_names_the_node(tmp_path: Path) -> None:
     """Ray's print_worker_logs (python/ray/_private/worker.py): "({prefix_for}{pid}, ip={ip}) " where prefix_for is
     "pid=" after the actor's or task's name, or "pid=" alone when the worker has neither (Ray 1.x's tasks)."""
