@@ -156,8 +156,10 @@ def _take(c: Collector, key: str, block: Block, rest: str) -> bool:
             if len(block.text) < MAX_TRACEBACK_LINES:
                 block.text.append("  " + rest if block.expect_code else "    " + rest)
             return True
-        if rest.startswith(TRACEBACK):  # a traceback inside the traceback: the outer one was cut short
-            close_block(c, key)
+        if rest.startswith(TRACEBACK):
+            if len(block.text) == 1:  # two writers' headers at once (their lines interleaved): read as one
+                return True
+            close_block(c, key)  # a traceback inside the traceback: the outer one was cut short
             return False
         if not EXCEPTION_LINE.match(rest.strip()) and ":" not in rest:
             return True  # noise from an unlabelled writer between the frames

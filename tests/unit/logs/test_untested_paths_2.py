@@ -166,9 +166,6 @@ def _mixed(order: str) -> list[str]:
     return HEAD + out + list(a) + list(b) + TAIL
 
 
-@pytest.mark.xfail(strict=True, reason="blocks._take: a second 'Traceback (most recent call last):' while one is "
-                   "open in its frames closes the first as cut short, and the second takes the first's exception "
-                   "line; the verdict's first failure is 'traceback (cut short)' of an unknown rank")
 def test_two_unlabelled_tracebacks_mixed_line_by_line_are_still_the_error_torchrun_reports(tmp_path: Path) -> None:
     """Both ranks raised the same ValueError at once and their stderr lines interleaved (ab ab ...): the job's
     first failure is that ValueError, of rank 0 (torchrun's Root Cause), as when the tracebacks come one after
