@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from ml_debug.core.ranges import ranks as ranks_text
 from ml_debug.core.visible import visible
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.result import PRIMARY, SECONDARY, LogsReport, TracebackGroup
@@ -79,7 +80,7 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     if groups:
         console.print(Text(f"\ntracebacks ({len(r.tracebacks)} distinct):", style="bold"))
         for g in groups:
-            ranks = f"ranks {g.ranks}" if g.ranks else ", ".join(g.who) or "unknown rank"
+            ranks = ranks_text(g.ranks) if g.ranks else ", ".join(g.who) or "unknown rank"
             cls = "primary" if g.cls == PRIMARY else "secondary"
             _say(console, f"  {ranks} ({g.count} x, {cls}): {g.message if full else brief(g.message)}",
                  "bold red" if g.cls == PRIMARY else "yellow")
@@ -153,15 +154,14 @@ def _render_nccl(r: LogsReport, console: Console) -> None:
         warning = f["severity"] == "warning"
         _say(console, f"  {'!' if warning else '-'} {f['text']}", "yellow" if warning else "")
     for w in n["warnings"][:5]:
-        where = f"ranks {w['ranks']}" if w["ranks"] else ", ".join(w["hosts"][:3])
+        where = ranks_text(w["ranks"]) if w["ranks"] else ", ".join(w["hosts"][:3])
         _say(console, f"  WARN x{w['count']} ({where}): {w['text']}", "yellow")
 
 
 def _render_progress(r: LogsReport, console: Console) -> None:
-    for key, said in (("train", "mldebug train metrics: ranks {ranks} reached step {max_step}"),
-                      ("nccl_work", "NCCL watchdog: last completed collective {max_completed} on ranks "
-                                    "{ranks}")):
+    for key, said in (("train", "mldebug train metrics: {ranks} reached step {max_step}"),
+                      ("nccl_work", "NCCL watchdog: last completed collective {max_completed} on {ranks}")):
         got = r.progress.get(key)
         if got:
-            behind = f"; behind: ranks {got['behind']}" if got["behind"] else ""
-            _say(console, "\n" + said.format(**got) + behind)
+            behind = f"; behind: {ranks_text(got['behind'])}" if got["behind"] else ""
+            _say(console, "\n" + said.format(**{**got, "ranks": ranks_text(got["ranks"])}) + behind)
