@@ -258,6 +258,8 @@ class Collector:
         if whole and self.ctx.labelled and not self.ctx.node_prefix:
             self.said = (*self.here, lab)
         self._stamp = lab.stamp
+        if lab.key:
+            self._mark_labels(lab)
         who = lab.who.merged(self.ctx.who)
         self._note(lab, who)
         block = self._blocks.get(lab.key)
@@ -292,6 +294,12 @@ class Collector:
         who = lab.who.merged(ctx.who)
         if who.known and len(self.sampled) < MAX_SAMPLED:
             self.sampled[(ctx.index, who)] = None
+        self._mark_labels(lab)
+
+    def _mark_labels(self, lab: Label) -> None:
+        """The launchers a line's labels say wrote it (a sampled line's, or a line read for what it says)."""
+        ctx = self.ctx
+        assert ctx is not None
         if "[default" in lab.key or (lab.srun_task is not None and lab.who.local_rank is not None):
             self._mark("torchrun")  # torchrun --tee's "[default3]:" (its default role)
         if lab.srun_task is not None:

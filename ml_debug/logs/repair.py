@@ -161,18 +161,21 @@ def _node_prefixed(lines: list[str]) -> bool:
 
 
 def _lines(data: bytes) -> list[str]:
-    """The lines of ``data``, without the empty one after its last newline."""
-    lines = data.decode("utf-8", "replace").split("\n")
+    """The lines of ``data``, without the empty one after its last newline (bytes that are not UTF-8 kept as they
+    are: mend gives them back)."""
+    lines = data.decode("utf-8", "surrogateescape").split("\n")
     if not lines[-1]:
         lines.pop()
     return lines
 
 
-def sniff(head: bytes, complete: bool) -> Damage:
-    """The damage the first bytes of a source show (``complete``: they are the whole source)."""
+def sniff(head: bytes) -> Damage:
+    """The damage the first bytes of a source show: its first SNIFF_BYTES, whatever the source's size (a sample
+    that stops inside a line ends at the line before)."""
     d = Damage()
     sample = head[:SNIFF_BYTES]
-    if not complete and len(head) > SNIFF_BYTES:
+    whole = len(head) <= SNIFF_BYTES  # the sample is all there is (of the source, or of a short block)
+    if not whole:
         sample = sample[:sample.rfind(b"\n") + 1] or sample
     lines = _lines(sample)
     if not any(ln.strip() for ln in lines):
@@ -189,7 +192,7 @@ def sniff(head: bytes, complete: bool) -> Damage:
             lines = _unquote(lines)
     # only a line ending in "]" can end in a tmux counter: the others skip the regular expression
     lines = [_TMUX.sub("", ln) if ln.rstrip().endswith("]") else ln for ln in lines]
-    d.wrap_width = _wrap_width(lines, complete or len(head) <= SNIFF_BYTES)
+    d.wrap_width = _wrap_width(lines, whole)
     if d.wrap_width:
         lines = _unwrap(lines, d.wrap_width)
     d.reversed = _is_reversed(lines)

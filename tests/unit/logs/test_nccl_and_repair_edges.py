@@ -44,11 +44,11 @@ def test_a_host_a_comm_line_said_outranks_one_a_channel_line_suggested() -> None
 
 def test_numbers_outside_markdown_quoting_are_both_removed() -> None:
     text = "".join(f"{i:>4} | > line {i} of the log\n" for i in range(1, 9)).encode()
-    d = sniff(text, True)
+    d = sniff(text)
     assert d.numbered and d.quoted
     assert mend(text, d).decode().splitlines()[0] == "line 1 of the log"
 
 
 def test_a_bar_redrawn_in_place_is_no_damage_but_two_lines_are() -> None:
     assert mend_line("step 1\rstep 2") == (["step 1", "step 2"], "carriage return")
-    assert sniff(b"\n\n  \n", True).whole is False
+    assert sniff(b"\n\n  \n").whole is False
