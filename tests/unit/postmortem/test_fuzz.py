@@ -25,8 +25,17 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ml_debug.postmortem import frdumps
-from ml_debug.postmortem.accounting import (EVENT_FIELDS, SACCT_FIELDS, Accounting, AccountingJudgement, Step,
-                                            judge, parse_events, parse_sacct, size_bytes)
+from ml_debug.postmortem.accounting import (
+    EVENT_FIELDS,
+    SACCT_FIELDS,
+    Accounting,
+    AccountingJudgement,
+    Step,
+    judge,
+    parse_events,
+    parse_sacct,
+    size_bytes,
+)
 from ml_debug.postmortem.accounting import _exit as exit_of
 from ml_debug.postmortem.accounting import _time as sacct_time
 from ml_debug.postmortem.jobfiles import _time as scontrol_time
