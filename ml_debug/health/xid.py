@@ -45,7 +45,7 @@ XID_TABLE: dict[int, tuple[str, str, str]] = {
     154: ("GPU recovery action changed", "reset", "read the recovery action (nvidia-smi -q) and do what it says"),
 }
 
-_XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)\):\s*(\d+)"
+_XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)\):\s*(\d{1,18})"
                      r"(?:,\s*(.*))?")
 
 

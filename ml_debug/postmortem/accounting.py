@@ -27,6 +27,8 @@ EVENT_FIELDS = ("NodeName", "Start", "End", "State", "Reason", "User")
 
 FAILING_STATES = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "CANCELLED", "BOOT_FAIL", "DEADLINE",
                   "PREEMPTED")
+MAX_TASKS = 1 << 20
+"""The most tasks a step's layout is worked out for (a damaged NTasks of billions is not)."""
 OOM_FRACTION = 0.9
 """A cancelled step whose MaxRSS came within this fraction of its memory limit was killed for its memory."""
 
@@ -35,7 +37,7 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 
 
 def size_bytes(text: str, default_unit: str = "") -> int | None:
     """``197720K`` -> bytes; ``100M``, ``4000Mn`` (per node), ``2Gc`` (per CPU, older Slurm) too."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)([KMGTP]?)([nc]?)\s*", text or "")
+    m = re.fullmatch(r"\s*(\d{1,20}(?:\.\d{1,20})?)([KMGTP]?)([nc]?)\s*", text or "")
     if not m:
         return None
     return int(float(m.group(1)) * _UNITS[m.group(2) or default_unit])
@@ -59,9 +61,14 @@ def _time(text: str) -> float | None:
         return None
 
 
+def _number(text: str) -> int | None:
+    """A count or a code as sacct writes it, or None (a damaged field: other digits, thousands of them)."""
+    return int(text) if text.isdecimal() and len(text) <= 18 else None
+
+
 def _exit(text: str) -> tuple[int | None, int | None]:
     code, _, sig = (text or "").partition(":")
-    return (int(code) if code.isdigit() else None), (int(sig) if sig.isdigit() else None)
+    return _number(code), _number(sig)
 
 
 @dataclass
@@ -99,7 +106,7 @@ class Step:
     def task_nodes(self) -> dict[int, str]:
         """Task id (the rank, under srun) -> node, from the step's layout: block fills each node in turn,
         cyclic deals the tasks round the nodes. Empty when the layout is not known."""
-        if not self.ntasks or not self.nodes:
+        if not self.ntasks or not self.nodes or self.ntasks > MAX_TASKS:
             return {}
         n, k = self.ntasks, len(self.nodes)
         if k == 1:
@@ -161,7 +168,7 @@ def parse_sacct(text: str, job_id: str) -> Accounting:
     if job is not None and job.req_mem is not None:
         # Slurm 22.05 writes the job's whole memory (each node's share times the nodes): a step's limit is per node
         nnodes = job.raw.get("NNodes", "")
-        job.req_mem //= int(nnodes) if nnodes.isdigit() and int(nnodes) > 0 else 1
+        job.req_mem //= _number(nnodes) or 1
         for s in steps:
             s.req_mem = s.req_mem or job.req_mem
     return Accounting(job_id=job_id, job=job, steps=steps,
@@ -176,9 +183,9 @@ def _step(row: dict[str, str], jid: str, step: str | None) -> Step:
     task = row["MaxRSSTask"]
     ntasks = row["NTasks"]
     return Step(job_id=jid, step=step, name=row["JobName"], state=state.strip(), cancelled_by=by.strip() or None,
-                exit_code=code, signal=sig, nodes=nodes, ntasks=int(ntasks) if ntasks.isdigit() else None,
+                exit_code=code, signal=sig, nodes=nodes, ntasks=_number(ntasks),
                 layout=row["Layout"] or None, max_rss=size_bytes(row["MaxRSS"]),
-                max_rss_node=row["MaxRSSNode"] or None, max_rss_task=int(task) if task.isdigit() else None,
+                max_rss_node=row["MaxRSSNode"] or None, max_rss_task=_number(task),
                 req_mem=size_bytes(row["ReqMem"], "M"), start=_time(row["Start"]), end=_time(row["End"]),
                 raw=row)
 

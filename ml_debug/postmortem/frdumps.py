@@ -173,7 +173,8 @@ def record_of(data: bytes, rank: int | None, path: str, host: str | None) -> dic
         rec["version"] = str(dump.get("version", "")) or None
         rec["world"] = world_of(dump)
         rec["ok"] = True
-    except (ValueError, pickle.UnpicklingError, EOFError, TypeError, KeyError, AttributeError, IndexError) as e:
+    except (ValueError, pickle.UnpicklingError, EOFError, TypeError, KeyError, AttributeError, IndexError,
+            RecursionError, MemoryError) as e:  # a damaged dump: nested past the stack, a memo index of billions
         rec["error"] = f"not a Flight Recorder dump: {type(e).__name__}: {e}"
     return rec
 

@@ -36,18 +36,18 @@ fi
 
 # "Out of memory: Killed process 4242 (python) total-vm:...", "Memory cgroup out of memory: Killed process 4242 (python)"
 _OOM = re.compile(r"(Memory cgroup out of memory|Out of memory)(?: \(oom_kill_allocating_task\))?: Kill(?:ed)? process "
-                  r"(\d+) \(([^)]*)\)(.*)")
-_OOM_RSS = re.compile(r"anon-rss:(\d+)kB")
+                  r"(\d{1,18}) \(([^)]*)\)(.*)")
+_OOM_RSS = re.compile(r"anon-rss:(\d{1,18})kB")
 # "python[4242]: segfault at 0 ip 00007f... sp ... error 4 in libfoo.so[7f..+1000]"
-_SEGV = re.compile(r"(\S+?)\[(\d+)\]: segfault at (\S+) ip (\S+) sp \S+ error (\d+)(?: in (\S+?)\[)?")
+_SEGV = re.compile(r"(\S+?)\[(\d{1,18})\]: segfault at (\S+) ip (\S+) sp \S+ error (\d{1,18})(?: in (\S+?)\[)?")
 # "traps: python[4242] general protection fault ip:... sp:... error:0 in libc.so.6[...]"
-_TRAP = re.compile(r"traps: (\S+?)\[(\d+)\] (general protection fault|trap [^ ]+(?: [^ ]+)*?) ip:")
+_TRAP = re.compile(r"traps: (\S+?)\[(\d{1,18})\] (general protection fault|trap [^ ]+(?: [^ ]+)*?) ip:")
 # "INFO: task python:4242 blocked for more than 120 seconds."
-_HUNG = re.compile(r"INFO: task (.+?):(\d+) blocked for more than (\d+) seconds")
+_HUNG = re.compile(r"INFO: task (.+?):(\d{1,18}) blocked for more than (\d{1,18}) seconds")
 
 # time stamps: journalctl short-iso "2026-11-28T03:04:22+0000 host kernel: ", dmesg iso
 # "2026-11-28T03:04:22,123456+00:00 ", dmesg -T "[Sat Nov 28 03:04:22 2026] ", plain "[12345.678901] "
-_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d+))?([+-]\d\d:?\d\d|Z)?\s+")
+_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d{1,18}))?([+-]\d\d:?\d\d|Z)?\s+")
 _JOURNAL_HOST = re.compile(r"^\S+ kernel: ")
 _CTIME = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d \d{4})\]\s*")
 _MONO = re.compile(r"^\[\s*(\d+\.\d+)\]\s*")
@@ -129,7 +129,7 @@ def parse_line(line: str, node: str | None = None) -> KernelEvent | None:
         x = xids[0]
         detail = {"xid": x.xid, "bus_id": x.bus_id, "meaning": x.meaning, "severity": x.severity,
                   "action": x.action, "text": x.detail}
-        pid = re.search(r"pid=(\d+)", text)
+        pid = re.search(r"pid=(\d{1,18})", text)
         name = re.search(r"name=([^,]+)", text)
         return KernelEvent("xid", text.strip(), node, t, int(pid.group(1)) if pid else None,
                            name.group(1).strip() if name else None, detail)

@@ -156,15 +156,20 @@ def _shape(v: Any) -> str:
     return str(v).replace(" ", "") if v not in (None, []) else "[]"
 
 
+def _listed(value: Any) -> list[Any]:
+    """A dump's list field, or nothing when a damaged dump holds something else there."""
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
 def signature(e: dict[str, Any]) -> tuple[str, str, str, str]:
     """(op, input sizes, output sizes, dtypes) as compared between ranks."""
-    dtypes = sorted({*map(str, e.get("input_dtypes") or []), *map(str, e.get("output_dtypes") or [])})
+    dtypes = sorted({*map(str, _listed(e.get("input_dtypes"))), *map(str, _listed(e.get("output_dtypes")))})
     return (e["op"], _shape(e.get("input_sizes")), _shape(e.get("output_sizes")), ",".join(dtypes))
 
 
 def describe_entry(e: dict[str, Any]) -> str:
     """`gloo:all_reduce [[7]] Float`."""
-    dtypes = ",".join(sorted({str(d) for d in e.get("input_dtypes") or []}))
+    dtypes = ",".join(sorted({str(d) for d in _listed(e.get("input_dtypes"))}))
     return f"{e['op']} {_shape(e.get('input_sizes'))}" + (f" {dtypes}" if dtypes else "")
 
 
@@ -259,6 +264,8 @@ def _scan(index: list[_Entries], common: int, low: int) -> tuple[list[int], set[
     None when a rank's entries are not consecutive numbers or an entry lacks one of the fields (the
     general path then says what it makes of them)."""
     span = common - low + 1
+    if span > sum(len(ix.entries) for ix in index):  # numbers no rank kept (a damaged dump's): not a run
+        return None
     ref: list[Any] = [None] * span  # the entry of the first rank (in order) that kept each number
     count = [0] * (span + 1)
     differ: set[int] = set()
@@ -301,9 +308,10 @@ def _mismatch(members: list[Member], index: list[_Entries], common: int, low: in
     if common < low:
         return None
     scan = _scan(index, common, low)
-    if scan is None:  # entries out of order, repeated or odd: number by number
+    if scan is None:  # entries out of order, repeated or odd: number by number (those some rank kept)
         history: Counter[tuple[str, ...]] = Counter()
-        for seq in range(low, common + 1):
+        kept_by_some = {e.get("seq") for ix in index for e in ix.entries}
+        for seq in sorted(s for s in kept_by_some if type(s) is int and low <= s <= common):
             found = _mismatch_at(members, index, seq, history)
             if found:
                 return found

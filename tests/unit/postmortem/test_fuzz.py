@@ -10,8 +10,8 @@ have sane types (sizes >= 0 or None, times finite or None) and ``judge`` of any 
 file's reader (``frdumps.record_of``) says a damaged dump in its record (``ok`` False and an error) and the
 cross-rank analysis over such records (``frdumps.analysed``, uncaught in collect.py) never raises.
 
-What the fuzzing found is pinned by the xfail tests at the end; the strategies leave those shapes out (see
-``ODD``, ``_small`` and ``_checked_digits``)."""
+What the fuzzing found (each fixed since) is pinned by the regression tests at the end; the strategies still
+leave those shapes out (see ``ODD``, ``_small`` and ``_checked_digits``), the tests at the end cover them."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ NODE_HEADS = ["@@node node1", "@@node ", "@@source journalctl", "@@source dmesg"
               "@@unreadable dmesg: read kernel buffer failed: Operation not permitted", "-- No entries --",
               "dmesg: read kernel buffer failed: Operation not permitted", "journalctl: command not found"]
 
-# Odd values a field may hold. Left out (see the xfail tests at the end): digits that int() refuses though
+# Odd values a field may hold. Left out (the regression tests at the end cover them): digits that int() refuses though
 # str.isdigit() accepts them (superscripts), numbers of more than 300 digits, NTasks over 10**5 (task_nodes builds a
 # dict of every task).
 ODD = ["", " ", "-1", "-5:0", "0", "1:-9", ":", "::", "1:2:3", "999999999999", "1e9", "nan", "inf", "-inf", "1.5.3G",
@@ -182,7 +182,7 @@ def test_field_readers_take_any_value(value: str, unit: str) -> None:
 
 
 def _checked_digits(value: str) -> bool:
-    """The values the xfail tests below pin are left out: digits int() refuses, numbers over 300 digits."""
+    """The values the regression tests below pin are left out: digits int() refuses, numbers over 300 digits."""
     digits = "".join(c for c in value if c.isdigit())
     return all(c.isdecimal() for c in digits) and len(value) < 300
 
@@ -272,7 +272,7 @@ def test_any_kernel_log_is_parsed(lines: list[str], since: float | None, until: 
 # ----------------------------------------------------------------------------- Flight Recorder dumps
 
 DUMP = load_plain_pickle(FR_DUMP)
-# left out (see the xfail tests): a large sequence number (2 ** 31 or 2 ** 70: the analysis makes a list that long)
+# left out (the regression tests cover it): a large sequence number (2 ** 31 or 2 ** 70: the analysis makes a list that long)
 ODD_VALUES: list[Any] = [None, -1, 0, 10 ** 4, "x", "", b"\xff", [], {}, [1, None], {"0": None}, 1.5, float("nan"),
                          (1, 2), True]
 
@@ -294,7 +294,7 @@ def dump_bytes(draw: st.DrawFn) -> bytes:
             if isinstance(e, dict):
                 key = draw(st.sampled_from(sorted(e)))
                 e[key] = draw(st.sampled_from([v for v in ODD_VALUES if not key.endswith("_dtypes")
-                                               or not isinstance(v, (int, float))]))  # left out: see the xfail
+                                               or not isinstance(v, (int, float))]))  # left out: see the regression tests
         elif where == "pg_config" and isinstance(obj.get("pg_config"), dict) and obj["pg_config"]:
             g = next(iter(obj["pg_config"].values()))
             if isinstance(g, dict):
@@ -318,7 +318,7 @@ def dump_bytes(draw: st.DrawFn) -> bytes:
 
 
 def _huge_memo(data: bytes) -> bool:
-    """A pickle whose damage made a memo index of millions (LONG_BINPUT): left out, see the xfail test."""
+    """A pickle whose damage made a memo index of millions (LONG_BINPUT): left out, see the regression test."""
     try:
         return any(op.name in ("LONG_BINPUT", "LONG_BINGET") and isinstance(arg, int) and arg > 1 << 20
                    for op, arg, _ in pickletools.genops(data))
@@ -362,15 +362,11 @@ def _with(line: str, **fields: str) -> str:
     return "|".join(parts)
 
 
-@pytest.mark.xfail(strict=True, reason="size_bytes: float() of a long number is inf, int(inf) raises OverflowError "
-                                       "(accounting.py size_bytes), uncaught by parse_sacct and collect.slurm_record")
 def test_a_huge_maxrss_is_no_size() -> None:
     acc = parse_sacct(SACCT[0] + "\n" + _with(SACCT_20_0, MaxRSS="9" * 400 + "K") + "\n", "20")
     assert acc.steps[0].max_rss is None or acc.steps[0].max_rss >= 0
 
 
-@pytest.mark.xfail(strict=True, reason="_exit/_step test str.isdigit() (true of '²') then call int(), which "
-                                       "raises ValueError (accounting.py _exit, _step's NTasks and MaxRSSTask)")
 @pytest.mark.parametrize("field", ["ExitCode", "NTasks", "MaxRSSTask"])
 def test_superscript_digits_in_a_number_field(field: str) -> None:
     value = "\u00b2:0" if field == "ExitCode" else "\u00b2"
@@ -378,16 +374,11 @@ def test_superscript_digits_in_a_number_field(field: str) -> None:
     assert judge(acc).failed
 
 
-@pytest.mark.xfail(strict=True, reason="a number of more than 4300 digits: int() raises ValueError (Python's "
-                                       "int_max_str_digits) in accounting._exit, uncaught by parse_sacct")
 def test_an_exit_code_of_5000_digits() -> None:
     acc = parse_sacct(SACCT[0] + "\n" + _with(SACCT_20_0, ExitCode="9" * 5000 + ":0") + "\n", "20")
     assert acc.steps[0].exit_code is None or acc.steps[0].exit_code >= 0
 
 
-@pytest.mark.xfail(strict=True, reason="a number of more than 4300 digits in a kernel line: int() raises "
-                                       "ValueError in kernel.parse_line (segfault's error) and in health.xid "
-                                       "(the Xid), uncaught by parse_node_output")
 @pytest.mark.parametrize("line", ["python[1]: segfault at 0 ip 1 sp 2 error " + "9" * 5000,
                                   "NVRM: Xid (PCI:0000:3b:00): " + "9" * 5000 + ", pid=1, name=python, x"])
 def test_a_kernel_number_of_5000_digits(line: str) -> None:
@@ -395,15 +386,11 @@ def test_a_kernel_number_of_5000_digits(line: str) -> None:
     assert log.readable
 
 
-@pytest.mark.xfail(strict=True, reason="frdumps.record_of catches ValueError, UnpicklingError ... but not "
-                                       "RecursionError, which json.loads raises on a deeply nested document")
 def test_a_deeply_nested_json_dump_is_said_unreadable() -> None:
     rec = frdumps.record_of(b'{"entries": ' + b"[" * 100_000, 0, "fr-0.json", None)
     assert not rec["ok"]
 
 
-@pytest.mark.xfail(strict=True, reason="a damaged pickle whose LONG_BINPUT index is 2**31-1: the unpickler's memo "
-                                       "is grown to it and raises MemoryError, which frdumps.record_of does not catch")
 def test_a_pickle_with_a_huge_memo_index_is_said_unreadable() -> None:
     rec = frdumps.record_of(b"\x80\x04Nr\xff\xff\xff\x7f.", 0, "nccl_trace_rank_0", None)
     assert not rec["ok"]
@@ -416,9 +403,6 @@ def _one_collective(input_dtypes: Any) -> bytes:
                                              "last_completed_collective": 1}}, "entries": [entry]})
 
 
-@pytest.mark.xfail(strict=True, reason="a dump whose entry has input_dtypes -1 is read ok, then the cross-rank "
-                                       "analysis raises TypeError (fr_analysis.signature: map(str, -1)), "
-                                       "uncaught by frdumps.analysed and collect.run")
 def test_a_dump_with_a_number_for_its_dtypes_is_analysed() -> None:
     src = frdumps.FrSource(records=[frdumps.record_of(_one_collective(["Float"]), 0, "nccl_trace_rank_0", None),
                                     frdumps.record_of(_one_collective(-1), 1, "nccl_trace_rank_1", None)])
@@ -426,9 +410,6 @@ def test_a_dump_with_a_number_for_its_dtypes_is_analysed() -> None:
     frdumps.analysed(src)
 
 
-@pytest.mark.xfail(strict=True, reason="a dump whose pg_status (two ranks' alike) says 2**70 collectives were enqueued: "
-                                       "fr_analysis._scan makes a list of that many ([None] * span) and raises "
-                                       "OverflowError, uncaught by frdumps.analysed and collect.run")
 def test_a_dump_with_a_huge_sequence_number_is_analysed() -> None:
     huge = load_plain_pickle(FR_DUMP)
     huge["pg_status"]["0"]["last_enqueued_collective"] = 2 ** 70
