@@ -63,8 +63,8 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
                 c.last_work[rank] = (int(m.group(1)), int(m.group(2)))
             return
     present = engine.needles_in(rest)
-    if not present or present == engine.ONLY_NOT_SUSPECT:
-        return  # none of the words of anything below (engine.DETECT_WORDS): a line read only inside a block
+    if engine.says_nothing(present):
+        return  # none of the words of anything below (engine.DETECT_WORDS), or a warning's: not even a suspect
     if engine.suspect_at_most(present):
         _suspect(c, rest, who, line, offset, present)
         return

@@ -299,9 +299,9 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "python -X faulthandler says where"),
 )
 
-SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "ERROR", "rror", "ailed")
-"""Words the scanner looks for beside the needles above: tracebacks, NCCL's lines (its tallies), a kill, and
-the log levels and failure words of lines that say no more (the suspects, a last resort)."""
+SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "rror")
+"""Words the scanner looks for beside the needles above: tracebacks, NCCL's lines (its tallies), a kill, an
+exception. (The words of lines that only look like a failure are engine.WEAK_WORDS.)"""
 
 NCCL_LINES_PER_SOURCE = 512
 """NCCL lines of one source read in full; after them, only the lines below (NCCL's own findings). A process's

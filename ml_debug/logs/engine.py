@@ -3,9 +3,11 @@ is, which launcher line a line is, which launchers wrote a text.
 
 Prefilter: every needle of the catalogue, and the scanner's own words, in one Hyperscan database. One
 pass over a block of a log finds the lines that hold any of them (most lines of a training log hold
-none, and cost that one pass); measured on the line mixes of benchmarks/bench_logs.py, this pass runs
-at grep's speed where one ``bytes.find`` pass per word (the pure-Python way) cost 8x more, and a
-combined regular expression in CPython's ``re`` 24x more (docs/commands/logs.md has the figures).
+none, and cost that one pass; a line that holds only a suspect's words, WEAK_WORDS, is kept only when it is
+one: a logger's ``[WARNING] ... failed, retrying`` costs one more call, not a line's reading); measured on the
+line mixes of benchmarks/bench_logs.py, this pass runs at grep's speed where one ``bytes.find`` pass per word
+(the pure-Python way) cost 8x more, and a combined regular expression in CPython's ``re`` 24x more
+(docs/commands/logs.md has the figures).
 
 On a line that passed, one more Hyperscan call says which needles it holds, and only the patterns that
 hold one of them are run (looked up by needle): a line costs its few relevant patterns, not the whole
@@ -116,14 +118,19 @@ SHAPES = {
 }
 """Shapes of a line, said by the same Hyperscan call as the needles (a line costs one call, where CPython's ``re``
 took 3 us for these two alone); a SUSPECT line holds one of DETECT_WORDS too."""
-ONLY_NOT_SUSPECT = frozenset({NOT_SUSPECT})
 _LEADS = frozenset({*CHECK_WORDS, *LINE_INDEX, *CLASS_INDEX, *MARK_INDEX})
 
 
 def suspect_at_most(present: frozenset[str]) -> bool:
     """A line with these needles is at most a suspect: no rule of the catalogue, nor a check of detect's, has one
-    (``... [WARNING] fetching shard 12 failed, retrying``)."""
+    (``... ERROR: step 12 failed``)."""
     return present.isdisjoint(_LEADS)
+
+
+def says_nothing(present: frozenset[str]) -> bool:
+    """A line with these needles and shapes says nothing to actions.detect: at most a suspect's words, in a line
+    that is not one (``... [WARNING] fetching shard 12 failed, retrying``)."""
+    return present.isdisjoint(_LEADS) and (NOT_SUSPECT in present or SUSPECT not in present)
 
 
 class Needles:
@@ -139,9 +146,9 @@ class Needles:
             ids=list(range(n)), elements=n,
             flags=[hyperscan.HS_FLAG_SINGLEMATCH | (SHAPES[w][1] if w in SHAPES else 0) for w in self.words])
 
-    def present(self, text: str) -> frozenset[str]:
+    def present(self, data: bytes) -> frozenset[str]:
         hits: list[int] = []
-        self._db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=lambda i, *_: hits.append(i))
+        self._db.scan(data, match_event_handler=lambda i, *_: hits.append(i))
         words = self.words
         return frozenset(words[i] for i in hits)
 
@@ -149,12 +156,17 @@ class Needles:
 _NEEDLES: Needles | None = None
 
 
-def needles_in(text: str) -> frozenset[str]:
-    """The catalogue's needles (and SHAPES) that ``text`` holds."""
+def needles_of(data: bytes) -> frozenset[str]:
+    """The catalogue's needles (and SHAPES) that the UTF-8 ``data`` holds."""
     global _NEEDLES
     if _NEEDLES is None:
         _NEEDLES = Needles()
-    return _NEEDLES.present(text)
+    return _NEEDLES.present(data)
+
+
+def needles_in(text: str) -> frozenset[str]:
+    """The catalogue's needles (and SHAPES) that ``text`` holds."""
+    return needles_of(text.encode("utf-8", "surrogatepass"))
 
 
 def launcher_lines(text: str, present: frozenset[str] | None = None) -> Iterator[tuple[LineRule, re.Match[str]]]:
@@ -200,7 +212,8 @@ def marks(text: str, present: frozenset[str] | None = None) -> Iterator[str]:
 
 def scan_words(nccl: bool = True) -> tuple[bytes, ...]:
     """Every literal a line that can matter holds one of (the scanner's words and the catalogue's needles);
-    without ``nccl``, NCCL's lines only where they say a finding (once a source's NCCL lines were read)."""
+    without ``nccl``, NCCL's lines only where they say a finding (once a source's NCCL lines were read). The
+    suspects' words (WEAK_WORDS) are not among them."""
     words = set(SCAN_WORDS) if nccl else set(SCAN_WORDS) - {"NCCL"} | set(NCCL_FINDING_WORDS)
     for launcher in LAUNCHERS:
         if launcher.reported:
@@ -209,13 +222,22 @@ def scan_words(nccl: bool = True) -> tuple[bytes, ...]:
             words.update(line.needles)
     for entry in FAILURE_CLASSES:
         words.update(entry.needles)
-    # a word that holds another is found by the shorter one: keep the shortest (fewer matches to report)
-    kept = sorted(words, key=len)
+    return _shortest(words)
+
+
+def _shortest(words: set[str]) -> tuple[bytes, ...]:
+    """A word that holds another is found by the shorter one: the shortest (fewer matches to report)."""
     out: list[str] = []
-    for w in kept:
+    for w in sorted(words, key=len):
         if not any(k in w for k in out):
             out.append(w)
     return tuple(w.encode() for w in sorted(out))
+
+
+WEAK_WORDS = _shortest(set(SUSPECT_WORDS) - {"core dumped"})
+"""The words of a line that only looks like a failure (the suspects, a last resort). A line that holds one of
+them and no other word of the prefilter is handed over only when it is one (engine.says_nothing): most such lines
+are a program's warnings (``[WARNING] fetching shard 12 failed, retrying``). "core dumped" is a needle too."""
 
 
 class Prefilter:
@@ -224,20 +246,34 @@ class Prefilter:
     def __init__(self, words: tuple[bytes, ...] | None = None) -> None:
         self.words = words if words is not None else scan_words()
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        n = len(self.words)
-        self._db.compile(expressions=[re.escape(w) for w in self.words], ids=list(range(n)), elements=n, flags=[0] * n)
+        both = self.words + WEAK_WORDS
+        n = len(both)
+        self._db.compile(expressions=[re.escape(w) for w in both], ids=list(range(n)), elements=n, flags=[0] * n)
 
-    def candidates(self, block: bytes, end: int, start: int = 0) -> list[int]:
-        """Sorted starts of the lines of ``block[start:end]`` (``start`` a line's start) that hold a word."""
+    def candidates(self, block: bytes, end: int, start: int = 0, weak: bool = True) -> list[int]:
+        """Sorted starts of the lines of ``block[start:end]`` (``start`` a line's start) that hold a word, or
+        that hold a weak word and are a suspect (``weak``; without it, every line that holds a weak word: its
+        labels may say a suspect's words, as pdsh's host names do)."""
         ends: list[int] = []
-        add = ends.append
+        weak_ends: list[int] = []
+        strong = len(self.words)
 
-        def hit(_id: int, _start: int, to: int, _flags: int, _ctx: object) -> None:
-            add(to)
+        def hit(i: int, _start: int, to: int, _flags: int, _ctx: object) -> None:
+            (ends if i < strong else weak_ends).append(to)
 
         self._db.scan(block if start == 0 and end == len(block) else block[start:end], match_event_handler=hit)
-        if not ends:
-            return []
+        starts = self._lines(block, ends, start, end)
+        if weak_ends:
+            taken = set(starts)
+            more = [s for s in self._lines(block, weak_ends, start, end)
+                    if s not in taken and (not weak or _says(block, s, end))]
+            if more:
+                starts = sorted(starts + more)
+        return starts
+
+    @staticmethod
+    def _lines(block: bytes, ends: list[int], start: int, end: int) -> list[int]:
+        """The starts of the lines of ``block[start:end]`` that the match ``ends`` (from ``start``) are on."""
         starts: list[int] = []
         rfind, find = block.rfind, block.find
         nxt = -1  # the end of the last line taken: later hits before it are on the same line
@@ -249,6 +285,17 @@ class Prefilter:
             nl = find(b"\n", to - 1, end)
             nxt = nl if nl >= 0 else end
         return starts
+
+
+def _says(block: bytes, start: int, end: int) -> bool:
+    """Whether the line of ``block`` at ``start`` (its newline before ``end``, or ``end``) may say something to
+    actions.detect (not :func:`says_nothing`). A line that may read otherwise once mended or its escapes stripped
+    (a progress bar's ``\r`` updates, a bar's characters, a bracket at its end, colour: Collector.feed) may."""
+    nl = block.find(b"\n", start, end)
+    line = block[start:nl if nl >= 0 else end]
+    if not line.isascii() or b"\r" in line or b"\x1b" in line or b"%|" in line or line.endswith(b"]"):
+        return True
+    return not says_nothing(needles_of(line))
 
 
 _PREFILTERS: dict[bool, Prefilter] = {}

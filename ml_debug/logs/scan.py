@@ -204,7 +204,8 @@ def _scan_block(block: bytes, start: int, n: int, lines: int, base: int, collect
     # the rest is scanned without them (catalogue.NCCL_LINES_PER_SOURCE)
     nccl = collector.nccl_lines < NCCL_LINES_PER_SOURCE
     win_end = _window(block, start, n, nccl)
-    cands = prefilter(nccl).candidates(block, win_end, start)
+    weak = collector.ctx is not None and not collector.ctx.node_prefix  # pdsh's host names may say "ERROR"
+    cands = prefilter(nccl).candidates(block, win_end, start, weak)
     if collector.ctx is not None and collector.ctx.labelled:
         _sample(block, start, min(n, start + SAMPLE_BYTES), collector)
     ci = 0
@@ -215,7 +216,7 @@ def _scan_block(block: bytes, start: int, n: int, lines: int, base: int, collect
         if nccl and collector.nccl_lines >= NCCL_LINES_PER_SOURCE:
             nccl = False
             win_end = n
-            cands = prefilter(False).candidates(block, n, pos)
+            cands = prefilter(False).candidates(block, n, pos, weak)
             ci, nc = 0, len(cands)
         if not open_blocks:
             while ci < nc and cands[ci] < pos:
@@ -225,7 +226,7 @@ def _scan_block(block: bytes, start: int, n: int, lines: int, base: int, collect
                     break
                 start = max(pos, win_end)
                 win_end = _window(block, start, n, nccl)
-                cands = prefilter(nccl).candidates(block, win_end, start)
+                cands = prefilter(nccl).candidates(block, win_end, start, weak)
                 ci, nc = 0, len(cands)
                 continue
             pos = cands[ci]

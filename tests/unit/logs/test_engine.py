@@ -83,7 +83,7 @@ def test_every_pattern_is_linear_in_the_line(name: str) -> None:
 
 def test_the_prefilter_finds_the_lines_that_hold_a_word_and_no_other() -> None:
     words = engine.scan_words()
-    assert b"Traceback" in words and b"NCCL" in words and b"failed (exitcode:" not in words  # "ailed" finds it
+    assert b"Traceback" in words and b"NCCL" in words and b"failed (exitcode:" not in words  # "exitcode" finds it
     data = b"plain\nx Traceback y\nplain again\nfoo failed (exitcode: 1)\nNCCL INFO x\nlast\n"
     starts = engine.prefilter().candidates(data, len(data))
     assert [data[s:data.index(b"\n", s)] for s in starts] == [b"x Traceback y", b"foo failed (exitcode: 1)",
@@ -92,6 +92,30 @@ def test_the_prefilter_finds_the_lines_that_hold_a_word_and_no_other() -> None:
     quiet = engine.prefilter(nccl=False).candidates(data + b"h:1:1 [0] NCCL INFO NET/IB : No device found.\n",
                                                       len(data) + 46)
     assert len(quiet) == 3, quiet
+
+
+WARNING_LINE = b"2025-03-02 01:00:00,550 [WARNING] data: fetching shard 00001 failed, retrying (1/5)"
+
+
+@pytest.mark.parametrize("line, handed", [
+    (WARNING_LINE, False),  # a warning that mentions a failure: not even a suspect
+    (b"I0302 01:00:00.550 123 loader.py:88] shard 00001 failed", False),  # absl's INFO
+    (b"upload of checkpoint 12 failed", True),  # a suspect
+    (b"FATAL: cannot continue, the dataset is gone", True),
+    (b"ERROR: job aborted by the operator", True),
+    (b"[WARNING] Failed to load image Python extension", True),  # "Fail" is one of detect's checks
+    (b"2025-03-02 01:00:00 [WARNING] shard 1 failed: OSError: [Errno 5] Input/output error", True),  # "rror"
+    (b"\x1b[33m[WARNING]\x1b[0m job failed", True),  # colour: read once its escapes are stripped
+    (b"shard 7 failed, retrying \xe2\x94\x81\xe2\x94\x81", True),  # a bar's characters: mended first
+    (b"[rank3]: step 12 failed [retry]", True),  # a bracket at its end: mended first
+])
+def test_a_line_that_holds_only_a_suspects_words_is_handed_over_when_it_is_a_suspect(line: bytes,
+                                                                                      handed: bool) -> None:
+    data = b"plain\n" + line + b"\nplain\n"
+    starts = engine.prefilter().candidates(data, len(data))
+    assert (starts == [6]) is handed, starts
+    # without ``weak`` (pdsh's sources: a host name may say "WARN" or "debug"), every such line is
+    assert engine.prefilter().candidates(data, len(data), weak=False) == [6]
 
 
 def test_past_a_sources_first_nccl_lines_only_their_findings_and_failures_are_read(tmp_path: Path) -> None:
