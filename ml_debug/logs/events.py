@@ -38,6 +38,10 @@ from ml_debug.logs.text import blamed, classify, clean_message, short_exception,
 __all__ = ["Collector", "SourceContext", "classify", "clean_message", "short_exception"]
 
 MAX_EVENTS_PER_STREAM = 64
+MAX_HANDLED_PER_STREAM = 16
+"""A writer's handled tracebacks (``handled:`` streams) kept as events; later ones are only counted. They are
+context, not failures, the report shows one per writer and exception (verdict.dedupe), and a retry loop prints
+thousands: each kept one is read whole, and at 64 they were a tenth of the reading of such a log."""
 MAX_EVENTS = 100_000
 MAX_SAMPLED = 100_000  # distinct writers whose labels were sampled (see Collector.sample)
 STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
@@ -49,6 +53,11 @@ _PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?R
 
 
 _NOBODY = Who()
+
+
+def _most(stream: str) -> int:
+    """The events a stream keeps."""
+    return MAX_HANDLED_PER_STREAM if stream.startswith("handled:") else MAX_EVENTS_PER_STREAM
 
 
 def _mendable(text: str) -> bool:
@@ -392,7 +401,7 @@ class Collector:
     def has_room(self, stream: str) -> bool:
         """The stream may keep another event."""
         assert self.ctx is not None
-        return self._per_stream.get((self.ctx.index, stream), 0) < MAX_EVENTS_PER_STREAM and len(self.events) < MAX_EVENTS
+        return self._per_stream.get((self.ctx.index, stream), 0) < _most(stream) and len(self.events) < MAX_EVENTS
 
     def full(self, stream: str) -> bool:
         """The stream has all the events it may keep: a new one is only counted (the work of making it is saved)."""
@@ -406,7 +415,7 @@ class Collector:
         assert ctx is not None
         key = (ctx.index, stream)
         n = self._per_stream.get(key, 0)
-        if n >= MAX_EVENTS_PER_STREAM or len(self.events) >= MAX_EVENTS:
+        if n >= _most(stream) or len(self.events) >= MAX_EVENTS:
             self.dropped += 1
             return
         self._per_stream[key] = n + 1

@@ -117,6 +117,7 @@ def test_a_repeat_is_put_back_not_read_again(tmp_path: Path, monkeypatch: pytest
     collector, _ = readers.read_all(expand([str(log)]), jobs=1)
     assert sum(calls) == 299, calls[:5]
     handled = [e for e in collector.events if e.detail.get("handled")]
-    assert len(handled) == events.MAX_EVENTS_PER_STREAM and handled[-1].line == 63 * 8 + 2  # each where it is
-    assert handled[-1].time == find_time("2026-11-28 04:00:03,000", datetime.date(2026, 11, 28))  # its own time
-    assert collector.dropped == 300 - events.MAX_EVENTS_PER_STREAM
+    most = events.MAX_HANDLED_PER_STREAM
+    assert len(handled) == most and handled[-1].line == (most - 1) * 8 + 2  # each where it is
+    assert handled[-1].time == find_time(f"2026-11-28 04:00:{most - 1:02d},000", datetime.date(2026, 11, 28))  # its own
+    assert collector.dropped == 300 - most
