@@ -61,3 +61,25 @@ def test_the_fatal_traceback_after_many_handled_ones_is_the_failure(tmp_path: Pa
     v = report.verdict
     assert v.status == "failure" and v.primary is not None and "ValueError: bad batch" in v.primary.message, v.summary
     assert v.primary.line == retries * 9 + 2, v.primary.line
+
+
+def test_records_of_one_shape_are_judged_alike_and_another_level_is_not(tmp_path: Path) -> None:
+    """The level of a record before a traceback is kept per shape of the line (its digits aside:
+    blocks.logged_level): records that differ in their numbers only are handled alike, one at ERROR of the same
+    words is a record of another shape, and its traceback is the failure. Labelled lines are judged each."""
+    log = tmp_path / "rank0.log"
+    records = "".join(HANDLED.format(m=i, s=i * 7 % 60, i=i * 1234) for i in range(1, 6))
+    log.write_text(records + HANDLED.format(m=9, s=9, i=9).replace("[WARNING]", "[ERROR]", 1).split("\n\n")[0]
+                   .replace("TimeoutError: The read operation timed out", "ValueError: bad batch on rank 2") + "\n")
+    report = triage([str(log)])
+    handled = [e for e in report.events if e.detail.get("handled")]  # one per writer and exception (dedupe)
+    assert [e.message for e in handled] == ["TimeoutError: The read operation timed out"], report.events
+    v = report.verdict  # none of the five taken for a failure: the first is the ERROR record's
+    assert v.primary is not None and "ValueError: bad batch" in v.primary.message and v.primary.line == 5 * 9 + 2, \
+        v.summary
+    labelled = tmp_path / "console.log"  # a labelled writer's record: its label is its own, the same writer's
+    tb = TRACEBACK.replace(" on rank 2", "")
+    labelled.write_text("".join(f"[rank{r}]:{line}\n" for r, record in ((1, "[WARNING]"), (3, "[ERROR]"))
+                                for line in [f"2026-11-28 04:00:0{r},000 {record} retrying", *tb.splitlines()]))
+    v = triage([str(labelled)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 3 and v.primary.line == 9, v.summary
