@@ -188,7 +188,7 @@ def _take(c: Collector, key: str, block: Block, rest: str) -> bool:
             if block.trailing_left <= 0:
                 close_block(c, key)
             return True
-        if block.stage == "chain" or rest.startswith(TRACEBACK) or looks_like_a_log_line(rest):
+        if block.stage == "chain" or closes(rest):
             close_block(c, key, closer=True)
             return False
         # the exception's message goes on (CUDA's advice, NCCL's "Last error:" ...)
@@ -215,6 +215,11 @@ def time_before(c: Collector) -> float | None:
             return t
         end = start - 1
     return None
+
+def closes(rest: str) -> bool:
+    """The line (not blank, not a chain's) ends a traceback after its exception: the program's next line."""
+    return rest.startswith(TRACEBACK) or looks_like_a_log_line(rest)
+
 
 def looks_like_a_log_line(rest: str) -> bool:
     return rest.startswith(("[", "srun:", "slurmstepd:")) or " NCCL " in rest or stamped(rest[:40])

@@ -218,7 +218,7 @@ class Collector:
         if block is None or len(self._blocks) > 1 or block.stamp or block.torch_rank or ctx.node_prefix:
             return False
         text = raw.decode("utf-8", "replace").rstrip("\r")
-        if not _plain(text) or (ctx.labelled and text and not unlabelled(text)):
+        if not self._alone(text):
             return False
         self.line, self._stamp, self.said = line, "", None
         if blocks.feed_block(self, "", block, text, ctx.who, line):
@@ -232,6 +232,21 @@ class Collector:
             self.said = (*self.here, lab)
         actions.detect(self, lab, ctx.who, line, offset)
         return True
+
+    def _alone(self, text: str) -> bool:
+        """feed_open may read the line: as it is (plain), and with no labels."""
+        ctx = self.ctx
+        assert ctx is not None
+        return _plain(text) and not (ctx.labelled and text and not unlabelled(text))
+
+    def closes(self, buf: bytes, at: int, block: Block) -> bool:
+        """The whole line at ``at`` of ``buf`` closes ``block`` (the unlabelled stream's, after its exception),
+        as feed_open would read it there."""
+        nl = buf.find(b"\n", at)
+        if nl < 0 or block.stage != "trailing" or self.ctx is None or self.ctx.node_prefix:
+            return False
+        text = buf[at:nl].decode("utf-8", "replace").rstrip("\r")
+        return self._alone(text) and blocks.closes(text)
 
     def _feed_parts(self, parts: list[str], line: int, offset: int, quiet: bool) -> None:
         """The parts of one line, read as lines: a traceback they are in is not remembered (repeats.py)."""

@@ -115,6 +115,17 @@ def replay(c: Collector, buf: bytes, pos: int, line: int, offset: int) -> int:
     at = pos + len(known.span)
     ending = next((e for e in known.endings if buf.startswith(e.span, at)), None)
     c.here = (buf, pos)
+    logged = blocks.logged_level(c, "")
+    stream = "" if logged is None else "handled:"
+    if ending is not None and not c.has_room(stream) and c.closes(buf, at + len(ending.span), ending.state):
+        # no event of it can be kept, and the line after it ends it: it is only counted, as close_block would
+        c.full(stream)
+        reading = ending.state.reading
+        assert reading is not None  # remember() keeps an ending with its reading
+        for name in reading.launchers:
+            c._mark(name)
+        c.line = line + ending.lines - 1
+        return len(known.span) + len(ending.span)
     if ending is not None:
         block = ending.state.copy()
         lines, taken = ending.lines, len(known.span) + len(ending.span)
@@ -124,8 +135,8 @@ def replay(c: Collector, buf: bytes, pos: int, line: int, offset: int) -> int:
         lines, taken = known.state.consumed, len(known.span)
     block.start_line, block.start_offset, block.last_line = line, offset, line + lines - 1
     block.marked = len(block.text)  # the first one's reading took its launchers' marks
-    block.logged = blocks.logged_level(c, "")
-    if c.has_room("" if block.logged is None else "handled:"):
+    block.logged = logged
+    if c.has_room(stream):
         block.nearby = blocks.time_before(c)
     c._blocks[""] = block
     c.line = block.last_line
