@@ -1,7 +1,8 @@
 """The quick paths of the log reader read what the plain path reads: a traceback read once and put back whole (or
 its frames) at its repeats (ml_debug/logs/repeats.py), lines of an unlabelled source while its stream's block is open read
-without looking for labels (``Collector.feed_open``), and quiet lines (none of the prefilter's words) that an open
-block does not take, dropped without detect. Logs are built at random from pieces real jobs print, read with the quick paths and
+without looking for labels (``Collector.feed_open``), a repeat that no event can be kept of counted at once, lines
+that hold only a suspect's words and are not one never handed over (engine.WEAK_WORDS), and quiet lines (none of the
+prefilter's words) that an open block does not take, dropped without detect. Logs are built at random from pieces real jobs print, read with the quick paths and
 without them (and in small blocks, so that tracebacks straddle the reader's block boundaries): the reports must be
 identical."""
 
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from ml_debug.core.output import to_jsonable
-from ml_debug.logs import events, readers, repeats, scan
+from ml_debug.logs import engine, events, readers, repeats, scan
 from ml_debug.logs.labels import find_time
 from ml_debug.logs.sources import expand
 from ml_debug.logs.triage import triage
@@ -52,6 +53,8 @@ PIECES = [
     "node001:4242:4300 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/IPC/read\n",
     "{t} [INFO] trainer: step {i} | loss 2.1 | lr 3.0e-04\n",
     "{t} [INFO] trainer: step {i} | loss 2.1 | lr 3.0e-04\n",
+    # lines with a suspect's words only: a suspect, and a line that is not one
+    "{t} checkpoint upload {i} failed\n{t} [INFO] upload of shard {i} failed, retrying\n",
     "\n",
     "    indented text that is no frame {i}\n",
 ]
@@ -78,6 +81,7 @@ def _loud(feed: Any) -> Any:
 
 
 def _plain(m: pytest.MonkeyPatch) -> None:
+    m.setattr(engine, "_says", lambda *_: True)  # every line with a suspect's words handed over
     m.setattr(repeats, "MAX_FRAMES", 0)
     m.setattr(events.Collector, "feed", _loud(events.Collector.feed))
     m.setattr(events.Collector, "feed_open", lambda *_: False)
