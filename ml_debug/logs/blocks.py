@@ -334,10 +334,6 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
         ev.detail.update({"exit_code": reading.exit_code, "via": "a launcher's subprocess.CalledProcessError"})
     c._add(ev, stream)
 
-_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-_LEVELS: dict[bytes, str | None] = {}
-MAX_LEVELS, MAX_SHAPE = 4096, 512
-
 
 def logged_level(c: Collector, key: str) -> str | None:
     """The level of the logging record on the line before the current one, when the same writer wrote it and
@@ -346,18 +342,8 @@ def logged_level(c: Collector, key: str) -> str | None:
     said = c.said
     if said is not None and said[0] is buf and 0 < pos and said[1] == buf.rfind(b"\n", 0, pos - 1) + 1:
         return _level(said[2], key)  # that line was just read: its labels are known
-    start = buf.rfind(b"\n", 0, pos - 1) + 1 if pos > 0 else 0
-    if key or pos - start > MAX_SHAPE:
-        return _level_of(buf[start:pos], key)
-    # An unlabelled writer's: the answer depends on the line's shape alone (the labels' and the record's
-    # patterns see a digit as \d, never its value), and a retry loop's records share one: kept per shape.
-    shape = buf[start:pos].translate(_AS_ZERO)
-    got = _LEVELS.get(shape, "?")
-    if got == "?":
-        if len(_LEVELS) >= MAX_LEVELS:
-            _LEVELS.clear()
-        got = _LEVELS[shape] = _level_of(buf[start:pos], key)
-    return got
+    record = buf[buf.rfind(b"\n", 0, pos - 1) + 1 if pos > 0 else 0:pos]
+    return _level_of(record, key) if key else _UNLABELLED(record)  # a label's digits are its own
 
 
 def _level_of(raw: bytes, key: str) -> str | None:
@@ -365,6 +351,9 @@ def _level_of(raw: bytes, key: str) -> str | None:
     if not prev or ("WARN" not in prev and "INFO" not in prev and "DEBUG" not in prev and prev[:1] not in "[WID"):
         return None
     return _level(split_label(prev), key)
+
+
+_UNLABELLED = engine.ByShape(lambda record: _level_of(record, ""))
 
 
 def _level(lab: Label, key: str) -> str | None:

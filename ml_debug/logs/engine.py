@@ -17,8 +17,9 @@ catalogue.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import hyperscan
 
@@ -287,15 +288,50 @@ class Prefilter:
         return starts
 
 
-def _says(block: bytes, start: int, end: int) -> bool:
-    """Whether the line of ``block`` at ``start`` (its newline before ``end``, or ``end``) may say something to
-    actions.detect (not :func:`says_nothing`). A line that may read otherwise once mended or its escapes stripped
-    (a progress bar's ``\r`` updates, a bar's characters, a bracket at its end, colour: Collector.feed) may."""
-    nl = block.find(b"\n", start, end)
-    line = block[start:nl if nl >= 0 else end]
+T = TypeVar("T")
+_ONES = bytes.maketrans(b"23456789", b"11111111")
+
+
+class ByShape(Generic[T]):
+    """A judge of lines whose answers are kept per shape of the line: its digits 1-9 read as 1. The needles,
+    SHAPES, labels and logging records name no digit but 0 (they see ``\\d``; tests/unit/logs/test_engine.py
+    checks it), so a shape has one answer, and a retry loop's lines, their numbers aside, share one."""
+
+    MAX_SHAPES, MAX_SHAPE = 4096, 512
+
+    def __init__(self, judge: Callable[[bytes], T]) -> None:
+        self._judge = judge
+        self._got: dict[bytes, T] = {}
+
+    def __call__(self, line: bytes) -> T:
+        if len(line) > self.MAX_SHAPE:
+            return self._judge(line)
+        shape = line.translate(_ONES)
+        try:
+            return self._got[shape]
+        except KeyError:
+            if len(self._got) >= self.MAX_SHAPES:
+                self._got.clear()
+            got = self._got[shape] = self._judge(line)
+            return got
+
+
+def _judge(line: bytes) -> bool:
+    """The line may say something to actions.detect (not :func:`says_nothing`). A line that may read otherwise once
+    mended or its escapes stripped (a progress bar's ``\r`` updates, a bar's characters, a bracket at its end,
+    colour: Collector.feed) may."""
     if not line.isascii() or b"\r" in line or b"\x1b" in line or b"%|" in line or line.endswith(b"]"):
         return True
     return not says_nothing(needles_of(line))
+
+
+_SAYS = ByShape(_judge)
+
+
+def _says(block: bytes, start: int, end: int) -> bool:
+    """Whether the line of ``block`` at ``start`` (its newline before ``end``, or ``end``) may say something."""
+    nl = block.find(b"\n", start, end)
+    return _SAYS(block[start:nl if nl >= 0 else end])
 
 
 _PREFILTERS: dict[bool, Prefilter] = {}

@@ -118,6 +118,25 @@ def test_a_line_that_holds_only_a_suspects_words_is_handed_over_when_it_is_a_sus
     assert engine.prefilter().candidates(data, len(data), weak=False) == [6]
 
 
+def test_what_is_judged_by_shape_names_no_digit_but_0() -> None:
+    """engine.ByShape reads a line's digits 1-9 as 1: sound while no needle, shape, label or logging record
+    pattern names one (a quantifier's count aside)."""
+    from ml_debug.logs import labels
+    needles = engine.Needles()
+    patterns = [w for w in needles.words if w not in engine.SHAPES] + [p for p, _ in engine.SHAPES.values()]
+    patterns += [blocks._LOGGED.pattern] + [v.pattern for v in vars(labels).values() if isinstance(v, re.Pattern)]
+    named = [p for p in patterns if re.search(r"[1-9]", re.sub(r"\{\d+(?:,\d*)?\}|\\x[0-9a-f]{2}", "", p))]
+    assert not named
+
+
+def test_lines_of_one_shape_are_judged_alike() -> None:
+    calls: list[bytes] = []
+    judge = engine.ByShape(lambda line: calls.append(line) or len(calls))
+    assert judge(b"shard 12 failed: 0 errors") == judge(b"shard 98 failed: 0 errors") == 1
+    assert judge(b"shard 12 failed: 10 errors") == 2  # 0 is its own digit
+    assert judge(b"x" * 600) == 3 and judge(b"x" * 600) == 4  # a long line is judged each time, not kept
+
+
 def test_past_a_sources_first_nccl_lines_only_their_findings_and_failures_are_read(tmp_path: Path) -> None:
     """A job that makes a communicator every step: its NCCL lines past the first NCCL_LINES_PER_SOURCE are
     skipped, in the same 1 MiB block too, but NCCL's findings (no IB device, sockets) and a failure after them
