@@ -216,6 +216,7 @@ def time_before(c: Collector) -> float | None:
         end = start - 1
     return None
 
+
 def closes(rest: str) -> bool:
     """The line (not blank, not a chain's) ends a traceback after its exception: the program's next line."""
     return rest.startswith(TRACEBACK) or looks_like_a_log_line(rest)
@@ -343,7 +344,7 @@ def logged_level(c: Collector, key: str) -> str | None:
     if said is not None and said[0] is buf and 0 < pos and said[1] == buf.rfind(b"\n", 0, pos - 1) + 1:
         return _level(said[2], key)  # that line was just read: its labels are known
     record = buf[buf.rfind(b"\n", 0, pos - 1) + 1 if pos > 0 else 0:pos]
-    return _level_of(record, key) if key else _UNLABELLED(record)  # a label's digits are its own
+    return _level_of(record, key) if key else _UNLABELLED_LEVEL(record)  # a label's digits are its own
 
 
 def _level_of(raw: bytes, key: str) -> str | None:
@@ -353,7 +354,7 @@ def _level_of(raw: bytes, key: str) -> str | None:
     return _level(split_label(prev), key)
 
 
-_UNLABELLED = engine.ByShape(lambda record: _level_of(record, ""))
+_UNLABELLED_LEVEL = engine.ByShape(lambda record: _level_of(record, ""))
 
 
 def _level(lab: Label, key: str) -> str | None:

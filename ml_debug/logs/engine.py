@@ -318,7 +318,7 @@ class ByShape(Generic[T]):
 
 def _judge(line: bytes) -> bool:
     """The line may say something to actions.detect (not :func:`says_nothing`). A line that may read otherwise once
-    mended or its escapes stripped (a progress bar's ``\r`` updates, a bar's characters, a bracket at its end,
+    mended or its escapes stripped (a progress bar's ``\\r`` updates, a bar's characters, a bracket at its end,
     colour: Collector.feed) may."""
     if not line.isascii() or b"\r" in line or b"\x1b" in line or b"%|" in line or line.endswith(b"]"):
         return True
