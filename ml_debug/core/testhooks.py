@@ -29,6 +29,10 @@ the context as keyword arguments. The product calls these points where a fault w
 ``nvml_backend() -> (backend, source) | None``
     a pynvml look-alike for the NVML gateway, and the source it reports (``fake:<source>``).
 
+``train_save_switch_done(rank)``
+    an `mldebug train` rank has saved for the save switch; rank 0 deletes the file next (a hook may stall it,
+    to see that no rank reads the switch again before it is gone).
+
 ``child_started(pid, argv)``
     a child that mldebug stops when interrupted has just started, SIGINT and SIGTERM held
     (core/lifecycle.py ``held_signals``): a hook may signal this process, as a Ctrl-C in that instant would.
@@ -58,8 +62,9 @@ LOGS_VERDICT = "logs_verdict"
 LOGS_READER_SHARE = "logs_reader_share"
 NVML_BACKEND = "nvml_backend"
 CHILD_STARTED = "child_started"
+TRAIN_SAVE_SWITCH_DONE = "train_save_switch_done"
 POINTS = (GPU_TEST_STAGE_START, GPU_TEST_CONTRIBUTION, BENCH_TIMED_REGION, BENCH_VERIFY_RESULT,
-          BENCH_PAIR_EXCHANGE, LOGS_VERDICT, LOGS_READER_SHARE, NVML_BACKEND, CHILD_STARTED)
+          BENCH_PAIR_EXCHANGE, LOGS_VERDICT, LOGS_READER_SHARE, NVML_BACKEND, CHILD_STARTED, TRAIN_SAVE_SWITCH_DONE)
 
 _loaded: tuple[str, tuple[ModuleType, ...]] | None = None
 

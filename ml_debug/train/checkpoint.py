@@ -55,7 +55,7 @@ def latest_complete(root: Path) -> tuple[int, Path] | None:
     return done[-1] if done else None
 
 
-def _barrier() -> None:
+def barrier() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -77,13 +77,13 @@ def save(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimiz
     folder = root / f"step-{step}"
     if _rank() == 0:
         _fresh_folder(root, folder.name)
-    _barrier()
+    barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     t0 = time.perf_counter()
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
         warnings.filterwarnings("ignore", message=".*single process.*")
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
-    _barrier()  # every rank's shards are on disk before the marker says so
+    barrier()  # every rank's shards are on disk before the marker says so
     if _rank() == 0:
         meta = {"step": step, "data": stream.state_dict(), "world_size": stream.world_size,
                 "save_seconds": round(time.perf_counter() - t0, 3), "time": time.time()}
@@ -93,7 +93,7 @@ def save(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimiz
             safefs.replace_in(fd, "train_state.json", json.dumps(meta, indent=1).encode())
             safefs.replace_in(fd, MARKER, f"{step}\n".encode())
         _prune(root, keep_last)
-    _barrier()
+    barrier()
     return folder
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ml_debug.core import testhooks
 from ml_debug.train import checkpoint as ckpt
 from ml_debug.train.config import TrainConfig
 from ml_debug.train.data import TokenStream
@@ -68,10 +69,13 @@ class Checkpointer:
         self.log.event(f"checkpoint step={step}")
         if save_switch:
             self.log.say(f"save switch: saved {folder}")
-            # Removing the file is the user's sign that the save is done (and re-arms the switch).
+            # Removing the file is the user's sign that the save is done (and re-arms the switch). No rank reads
+            # the switches again before it is gone: a rank quick to its next step would see it and save twice.
+            testhooks.call(testhooks.TRAIN_SAVE_SWITCH_DONE, rank=self.rank)
             if self.rank == 0 and self.cfg.save_switch is not None:
                 with contextlib.suppress(FileNotFoundError):
                     self.cfg.save_switch.unlink()
+            ckpt.barrier()
 
     def final(self, last_step: int, steps_run: int, completed: bool) -> None:
         """The end-of-run save of a run that completed, unless its last step is already on disk."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import jsonschema
 
 from tests.conftest import REPO, mldebug, read_golden
+from tests.fakes import pythonpath
 
 GOLDEN = REPO / "tests" / "golden" / "train_tiny_2rank.json"
 SCHEMAS = REPO / "ml_debug" / "schemas"
@@ -132,9 +133,12 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def test_save_switch_then_kill_switch(tmp_path: Path) -> None:
+    """One save per touch of the save switch: rank 0 is made slow to delete the file (tests/fakes/slow_switch.py),
+    and rank 1, quick to its next step, once saw it there again and saved twice."""
     kill, save = tmp_path / "KILL", tmp_path / "SAVE"
     metrics, ckpt = tmp_path / "metrics", tmp_path / "ckpt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLDEBUG_TEST_HOOKS": "tests.fakes.slow_switch",
+           "PYTHONPATH": pythonpath(os.environ)}
     proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "train", "--nproc-per-node", "2", "--steps", "100000",
                              "--log-every", "1000", "--stats-every", "0", "--metrics-dir", str(metrics),
                              "--numerics", "mx", "--mx-format", "fp8_e4m3",  # MX + FSDP2 + DCP on 2 ranks
@@ -165,6 +169,7 @@ def test_save_switch_then_kill_switch(tmp_path: Path) -> None:
     assert proc.returncode == 0, err[-3000:]
     result = json.loads(out)["result"]
     assert result["stopped_by"] == "kill-switch"
+    assert len(result["checkpoints"]) == 1, result["checkpoints"]  # the switch's save, once (no end-of-run save)
     # The step running when the file appeared may finish, plus at most one more: "within one step".
     assert seen <= result["last_step"] <= seen + 2
     assert "kill switch" in err

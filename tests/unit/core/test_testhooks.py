@@ -32,6 +32,7 @@ contexts = {
     testhooks.LOGS_VERDICT: dict(verdict=None),
     testhooks.LOGS_READER_SHARE: dict(share=0),
     testhooks.CHILD_STARTED: dict(pid=0, argv=["true"]),
+    testhooks.TRAIN_SAVE_SWITCH_DONE: dict(rank=0),
 }
 assert set(contexts) | {testhooks.NVML_BACKEND} == set(testhooks.POINTS)
 for point, context in contexts.items():
