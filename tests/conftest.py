@@ -85,16 +85,18 @@ def check_golden(path: Path, text: str) -> None:
         "(MLDEBUG_UPDATE_GOLDEN=1 rewrites it)"
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05,
+               why: Callable[[], str] | None = None) -> T:
     """Poll `predicate` until it returns something truthy (returned) or `timeout` s pass (the test
-    fails, naming `what`). The one way tests wait for an observable condition."""
+    fails, naming `what`, and what `why` says of the last try). The one way tests wait for an observable
+    condition."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}" + (f": {why()}" if why else ""))
         time.sleep(interval)
 
 

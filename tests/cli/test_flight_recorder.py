@@ -131,16 +131,6 @@ def test_dump_stacks_reports_flight_recorder_of_a_hung_gloo_job(tmp_path: Path) 
         wait_until(markers_in, 60, "both ranks to write their markers")
         wait_in_function(ranks[0], {"all_reduce"})  # rank 0 blocked in its 4th all_reduce
         wait_in_function(ranks[1], {"odd_one_out"})
-        # gloo marks a collective completed after the call returned: under load a dump taken now showed rank 0's
-        # 3rd all_reduce not yet completed (seen in CI). Wait until rank 0's own record says it is.
-        fr_env = {"MLDEBUG_FR_DIR": str(fr_dir)}
-
-        def third_completed() -> bool:
-            rec = flight.fetch(fr_env, 0, ranks[0], timeout=10)
-            return bool(rec["ok"] and rec["process_groups"] and rec["process_groups"][0]["last_completed_seq"] == 3)
-
-        wait_until(third_completed, 60, "rank 0's Flight Recorder to mark its 3rd all_reduce completed", interval=0.5)
-
         proc = mldebug("dump-stacks", "--local", "--pid", str(torchrun.pid), "--json", "--fr-timeout", "10",
                        timeout=120)
         assert proc.returncode == 1, proc.stderr  # a suspect is named
@@ -153,8 +143,10 @@ def test_dump_stacks_reports_flight_recorder_of_a_hung_gloo_job(tmp_path: Path) 
         assert sorted(by_rank) == [0, 1] and all(r["ok"] for r in by_rank.values()), fr
         assert by_rank[0]["pid"] == ranks[0] and by_rank[1]["pid"] == ranks[1]
         pg0, pg1 = by_rank[0]["process_groups"][0], by_rank[1]["process_groups"][0]
-        # rank 0: 3 all_reduces done, the 4th (the blocked one) enqueued; rank 1 stopped after 3
-        assert (pg0["last_completed_seq"], pg0["last_enqueued_seq"]) == (3, 4), pg0
+        # rank 0: 3 all_reduces done, the 4th (the blocked one) enqueued; rank 1 stopped after 3. gloo marks a
+        # collective completed after the call returned, on its own time: under load a dump showed rank 0's 3rd
+        # not yet completed, and once (CI) it was not for 60 s. The verdict reads the enqueued ones.
+        assert pg0["last_enqueued_seq"] == 4 and pg0["last_completed_seq"] in (2, 3), pg0
         assert pg0["last_enqueued"]["op"] == "gloo:all_reduce"
         assert pg1["last_enqueued_seq"] == 3 < pg0["last_enqueued_seq"], pg1
         assert [(b["rank"], b["kind"]) for b in fr["behind"]] == [(1, "enqueued")]
