@@ -292,9 +292,13 @@ def _mark_frames(c: Collector, text: list[str]) -> None:
     """The launchers whose own frames (accelerate/commands/launch.py ...) ``text`` holds. No mark spans lines:
     a text's lines marked in parts are marked as the whole."""
     if text:
-        for name in engine.marks("\n".join(text)):
-            if name in _FRAME_LAUNCHERS:
-                c._mark(name)
+        for name in _FRAME_MARKS("\n".join(text).encode("utf-8", "surrogatepass")):
+            c._mark(name)
+
+
+_FRAME_MARKS = engine.ByShape(lambda data: tuple(name for name in engine.marks(data.decode("utf-8", "surrogatepass"))
+                                                 if name in _FRAME_LAUNCHERS))
+"""Per shape: a retry loop's new messages (``OSError: ... shard_00042.tar``) are the same text to the marks."""
 
 
 def close_block(c: Collector, key: str, closer: bool = False) -> None:
