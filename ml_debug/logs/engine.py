@@ -294,8 +294,9 @@ _ONES = bytes.maketrans(b"23456789", b"11111111")
 
 class ByShape(Generic[T]):
     """A judge of lines whose answers are kept per shape of the line: its digits 1-9 read as 1. The needles,
-    SHAPES, labels and logging records name no digit but 0 (they see ``\\d``; tests/unit/logs/test_engine.py
-    checks it), so a shape has one answer, and a retry loop's lines, their numbers aside, share one."""
+    SHAPES, labels, logging records and launcher marks name no digit but 0 (they see ``\\d``;
+    tests/unit/logs/test_engine.py checks it), so a shape has one answer, and a retry loop's lines, their numbers
+    aside, share one. A judge that reads a digit's value (a clock's hour) must not be one."""
 
     MAX_SHAPES, MAX_SHAPE = 4096, 512
 
