@@ -1,32 +1,30 @@
-"""Who wrote each failure: what every line said about who is who (:class:`Identities`), and the launchers' own
-accounting, which names the rank of failures that no label names.
+"""Who wrote each failure: what the lines said about who is who (:class:`Identities`), and the launchers'
+accounting, which names the rank of failures no label names.
 
 A worker's lines often carry no rank (torchrun without ``--tee``, a plain ``python -m
-torch.distributed.launch``, a pod's console): its traceback is "unknown rank". The launcher that ran it
-says more, after it: torchrun's agent prints ``failed (exitcode: 1) local_rank: 1 (pid: 42)``, sends
-``closing signal SIGTERM`` to the healthy siblings, and its failure summary names the ``Root Cause``
-with its global ``rank`` and ``local_rank``. The rules (issue 38), applied per source after identities
-are resolved and before duplicates are merged:
+torch.distributed.launch``, a pod's console): its traceback is "unknown rank". The launcher says more, after
+it: torchrun's agent prints ``failed (exitcode: 1) local_rank: 1 (pid: 42)``, sends ``closing signal SIGTERM``
+to the healthy siblings, and its failure summary names the ``Root Cause`` with its ``rank`` and
+``local_rank``. The rules (issue 38), per source, after identities are resolved and before duplicates merge:
 
-1. torchrun's own traceback (run.py, launch.py, elastic/multiprocessing/errors) is its report, never a
-   rank failing: blocks.py reads it as the failure summary it ends with.
-2. When no worker line carries a rank, the agent decides: the one worker it says failed with an exit
-   code (not one it stopped: the pids it sent ``closing signal`` are the healthy siblings) owns the
-   unlabelled failures printed before its report; with several, the ``Root Cause`` entry owns them when
-   they are one failure.
+1. torchrun's own traceback (run.py, launch.py, elastic/multiprocessing/errors) is its report, never a rank
+   failing: blocks.py reads it as the failure summary it ends with.
+2. When no worker line carries a rank, the one worker the agent says failed with an exit code (not one it
+   stopped: the pids it sent ``closing signal`` are healthy) owns the unlabelled failures printed before its
+   report; with several, the ``Root Cause`` entry owns them when they are one failure.
 3. A world of one process (every rank and local rank said is 0) is rank 0.
-4. Several agents: each summary's global rank is the fact (rule 2 per source); they are ordered by
-   their ``time`` fields (verdict.py).
-5. A hardware or CUDA error in an unlabelled traceback, and a ``[Rank N]`` c10d line (process group
-   0) that carries the same error, are rank N's.
-6. An agent's ``group_rank=G ... global_ranks=[...]`` says which global ranks its local ranks are
-   (actions.py records it; :class:`Identities` resolves with it).
+4. Several agents: each summary's global rank is the fact (rule 2 per source); their ``time`` fields order
+   them (verdict.py).
+5. A hardware or CUDA error in an unlabelled traceback, and a ``[Rank N]`` c10d line (process group 0) with
+   the same error, are rank N's.
+6. An agent's ``group_rank=G ... global_ranks=[...]`` says which global ranks its local ranks are (actions.py
+   records it; :class:`Identities` resolves with it).
 7. NCCL's slow-path lines stay findings when quoted or flattened (repair.py, nccl.py).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from ml_debug.logs.events import Collector
@@ -45,46 +43,38 @@ class Identities:
         self.single_node = len(c.nodes_seen) <= 1
         self.assumed = False
         """Whether the last :meth:`resolve` took a local rank for the rank (one node, no better source)."""
-        pairs: dict[int, set[int]] = defaultdict(set)
-        for per_source in c.local_rank_pairs.values():
-            for local, rank in per_source.items():
-                pairs[local].add(rank)
-        self.pairs = {local: next(iter(ranks)) for local, ranks in pairs.items() if len(ranks) == 1}
-        # one node for sure: every pair torchrun's summary (or a label) gave has its local rank equal to the rank
-        self.by_node: dict[str, set[int]] = defaultdict(set)
-        for r, n in c.rank_node.items():
-            self.by_node[n].add(r)
-        self.one_node = self.single_node and bool(pairs) and all(ranks == {local} for local, ranks in pairs.items())
+        pairs = {pair for per_source in c.local_rank_pairs.values() for pair in per_source.items()}
+        paired = Counter(local for local, _ in pairs)
+        self.pairs = {local: rank for local, rank in pairs if paired[local] == 1}
+        # one node for sure: in every pair torchrun's summary (or a label) gave, the local rank is the rank
+        self.one_node = self.single_node and bool(pairs) and all(local == rank for local, rank in pairs)
+        on_node = Counter(c.rank_node.values())
+        self.only_rank = {n: r for r, n in c.rank_node.items() if on_node[n] == 1}
 
     def resolve(self, who: Who, source_index: int) -> Who:
         """``who`` with its rank filled in where the logs say it; a local rank stays one unless they do (a
         ``[default3]:`` of a job of several nodes is not rank 3)."""
-        c = self.c
+        c, rank, local, node = self.c, who.rank, who.local_rank, who.node
         self.assumed = False
-        rank = who.rank
-        if rank is None and who.local_rank is not None:
-            if who.node and (who.node, who.local_rank) in c.node_local_rank:
-                rank = c.node_local_rank[(who.node, who.local_rank)]
-            elif who.local_rank in c.local_rank_pairs.get(source_index, {}):
-                rank = c.local_rank_pairs[source_index][who.local_rank]
-            elif self.single_node and who.local_rank in self.pairs:
-                rank = self.pairs[who.local_rank]  # another file of the same agent says it
+        if rank is None and local is not None:
+            if node and (node, local) in c.node_local_rank:
+                rank = c.node_local_rank[(node, local)]
+            elif local in c.local_rank_pairs.get(source_index, {}):
+                rank = c.local_rank_pairs[source_index][local]
+            elif self.single_node and local in self.pairs:
+                rank = self.pairs[local]  # another file of the same agent says it
             elif self.one_node:
-                rank = who.local_rank  # one node: torchrun's local rank is the rank
-                self.assumed = True
-        if rank is None and who.local_rank is None and who.node:
-            on_node = self.by_node.get(who.node, set())
-            if len(on_node) == 1:
-                rank = next(iter(on_node))  # the only rank seen on that node (pdsh, srun: one rank per node)
-        node = who.node
+                rank, self.assumed = local, True  # one node: torchrun's local rank is the rank
+        if rank is None and local is None and node:
+            rank = self.only_rank.get(node)  # the only rank seen on that node (pdsh, srun: one rank per node)
         if node in c.srun_hosts and (rank is not None
-                                     or sum(1 for h in c.srun_hosts.values() if h == c.srun_hosts[node]) == 1):
+                                     or list(c.srun_hosts.values()).count(c.srun_hosts[node]) == 1):
             # an agent under srun --label: its summary named its host (two agents of one host stay apart
             # while only their local ranks are known)
             node = c.srun_hosts[node]
         if node is None and rank is not None:
             node = c.rank_node.get(rank) or c.nccl.rank_host.get(rank)
-        return Who(rank, node, who.local_rank)
+        return Who(rank, node, local)
 
 
 def _owned(ev: Event) -> bool:
@@ -95,10 +85,8 @@ def _owned(ev: Event) -> bool:
 
 def _accounted(ev: Event) -> bool:
     """torchrun's accounting of a worker that failed on its own (an exit code, a crash; not a stop)."""
-    via = ev.detail.get("via")
-    if via not in ("torchrun", "torchrun summary") and "torchrun_root_cause" not in ev.detail:
-        return False
-    return ev.cls == PRIMARY and ev.detail.get("exit_code") not in (None, 0)
+    torchrun = ev.detail.get("via") in ("torchrun", "torchrun summary") or "torchrun_root_cause" in ev.detail
+    return torchrun and ev.cls == PRIMARY and ev.detail.get("exit_code") not in (None, 0)
 
 
 def _worker(ev: Event) -> tuple[int | None, int | None]:
@@ -135,23 +123,20 @@ def _by_torchrun(evs: list[Event], owned: list[Event]) -> bool:
               and (e.who.rank is not None or e.who.local_rank is not None)]
     if not failed:
         return False
-    workers = {_worker(e) for e in failed if e.who.rank is not None} or {_worker(e) for e in failed}
-    roots = [e for e in failed if e.detail.get("torchrun_root_cause")]
     report = max(e.offset for e in failed)
     before = [e for e in owned if e.offset <= report]
     if not before:
         return False
-    if len(workers) == 1:
+    roots = [e for e in failed if e.detail.get("torchrun_root_cause")]
+    if len({_worker(e) for e in failed if e.who.rank is not None} or {_worker(e) for e in failed}) == 1:
         owner = next((e for e in failed if e.who.rank is not None), failed[0])
         why = "torchrun's accounting (the one worker it says failed)"
     elif roots and len({e.message for e in before}) == 1:
-        owner = roots[0]
-        why = "torchrun's failure summary (its root cause)"
+        owner, why = roots[0], "torchrun's failure summary (its root cause)"
     else:
         return False
-    # rule 4: when the failure's own time is only a lower bound (a line before it) or unknown, the agent's
-    # report of it is the time that orders it against other agents' (its exit line to the millisecond, else
-    # its summary's second)
+    # rule 4: when the failure's own time is a lower bound (a line before it) or unknown, the agent's report
+    # of it orders it against other agents' (its exit line to the millisecond, else its summary's second)
     said = [e for e in failed if _worker(e) == _worker(owner) and e.time is not None]
     seen = min(said, key=lambda e: (e.time is not None and e.time % 1 == 0, e.time or 0.0), default=None)
     for e in before:
@@ -164,9 +149,8 @@ def _by_torchrun(evs: list[Event], owned: list[Event]) -> bool:
 def _by_same_error(evs: list[Event], owned: list[Event]) -> None:
     """Rule 5: a CUDA or hardware error without a rank, and a ranked c10d line of the same error."""
     for e in owned:
-        if e.detail.get("cause", e.kind) not in _HARDWARE:
-            continue
-        ranks = {o.who.rank for o in evs if o.who.rank is not None and o.label == e.label}
-        if len(ranks) == 1:
-            rank = next(iter(ranks))
-            _give(e, Who(rank, None, None), f"rank {rank}'s own process-group line of the same error")
+        if e.detail.get("cause", e.kind) in _HARDWARE:
+            ranks = {o.who.rank for o in evs if o.who.rank is not None and o.label == e.label}
+            if len(ranks) == 1:
+                (rank,) = ranks
+                _give(e, Who(rank, None, None), f"rank {rank}'s own process-group line of the same error")

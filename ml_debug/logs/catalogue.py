@@ -1,25 +1,17 @@
 """What launchers and failing programs print, and what it means: data, applied by engine.py.
 
-Two lists:
+- :data:`LAUNCHERS`: per launcher (or writer of one-line failures: Slurm, Python, c10d), the words that mark
+  its lines, the labels it puts in front of them, and its lines that account for a failure: which rank, exit
+  code, signal, or who it stopped. The pattern says *what* is on a line; its ``action`` (actions.py) says
+  *what it means* for the job, or the line ``says`` the one event it means as it stands, with no code.
+- :data:`FAILURE_CLASSES`: per class of failure text (an exception, an error line), its pattern, whether it
+  is a cause (primary) or a peer's consequence (secondary), its kind, and the user's next step.
 
-- :data:`LAUNCHERS`: one entry per launcher (or writer of one-line failures: Slurm, Python, c10d): the
-  words that mark its lines (``marks``), the labels it puts in front of lines (``prefixes``, read by
-  labels.py), and its lines that account for a failure (``lines``): which rank, exit code, signal, or
-  who it stopped. Each line names the ``action`` of the collector that turns its match into an event
-  (actions.py): the pattern says *what* is on the line, the action says *what it means* for the job. A
-  line that means one event as it stands (a node failure, a fatal error) says it here instead (``says``:
-  its kind, class, message and label over the match's groups), and needs no code.
-- :data:`FAILURE_CLASSES`: one entry per class of failure text (an exception, an error line): its
-  pattern, whether it is a cause (primary) or a consequence of a peer (secondary), its kind, and the
-  next step for the user.
-
-Each entry's ``needles`` are literal words of which every match holds at least one: the prefilter
-(engine.py) runs a pattern only on the lines that hold one of its needles, so most lines cost one
-literal scan. Every pattern is linear in the line's length (no unbounded ``.*`` before a literal that
-may be absent, bounded repeats in front of the needle): tests/unit/logs/test_engine.py checks both.
-
-Adding a launcher or a class: one entry here, and a test with a real line of the real program
-(tests/unit/logs/test_catalogue.py).
+Each entry's ``needles`` are literal words every match holds one of: the prefilter (engine.py) runs a
+pattern only on the lines that hold one of its needles, so most lines cost one literal scan. Every pattern
+is linear in the line's length (no unbounded ``.*`` before a literal that may be absent, bounded repeats
+before the needle): tests/unit/logs/test_engine.py checks both. Adding a launcher or a class: one entry
+here, and a test with a real line of the real program (tests/unit/logs/test_catalogue.py).
 """
 
 from __future__ import annotations
@@ -31,11 +23,9 @@ from ml_debug.logs.result import INFO, PRIMARY, SECONDARY
 
 @dataclass(frozen=True)
 class Says:
-    """The one event a launcher line means as it stands (read by actions.says, no action of its own).
-
-    ``message`` and ``label`` are formats over the match's named groups, ``match`` (what the pattern
-    matched) and ``line`` (the line's text after its labels); ``{name!c}`` is that text made one readable
-    line (text.clean_message)."""
+    """The one event a launcher line means as it stands (read by actions.says, no action of its own):
+    ``message`` and ``label`` format the match's named groups, ``match`` (what it matched) and ``line`` (the
+    text after the labels); ``{name!c}`` is that text as one readable line (text.clean_message)."""
 
     kind: str
     cls: str
@@ -55,8 +45,7 @@ class Line:
     """A launcher's line that accounts for a failure (or stops a rank), and the action that reads it."""
 
     action: str
-    """Its name, and the collector's reading of a match (actions.py ``ACTIONS``: exit, closing, summary ...);
-    a line that ``says`` its event is read by actions.says."""
+    """Its name, and the reader of a match (actions.py ``ACTIONS``; actions.says for a line that ``says``)."""
     pattern: str
     needles: tuple[str, ...]
     anchored: bool = False
@@ -67,8 +56,8 @@ class Line:
     """For an ``exit``: whose exit it is besides the groups ``rank``, ``local``, ``node``: the line's writer
     (``line``), or the agent's node (``agent``: the source's node, its label's, or its srun task's)."""
     time: str = "order"
-    """For an ``exit``: how its time is known: ``line`` (a stamp on it), ``launcher`` (the agent saw the exit
-    then), ``order`` (its place in the file)."""
+    """For an ``exit``, how its time is known: ``line`` (its stamp), ``launcher`` (when the agent saw the
+    exit), ``order`` (its place in the file)."""
     weak: bool = False
     """For an ``exit``: never a cause by itself, whatever the code (ssh's exit for a node's launcher)."""
     says: Says | None = None
@@ -179,17 +168,15 @@ LAUNCHERS: tuple[Launcher, ...] = (
     # rule 6: the console of one pod (kubectl logs POD > POD.log): the pod's name says which node it is
     # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label
     Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False),
-    # Ray Train and TorchX prefix each worker's lines: "(RayTrainWorker pid=123, ip=10.0.0.1) ", "trainer/0 [1]:".
-    # Ray's prefix is on every line of its console: read as a label (labels.py: the node is its ip) and marked by
-    # the label sampling (events.Collector.sample), not searched for (every line would pass the prefilter)
+    # Ray Train and TorchX prefix each worker's lines; Ray's is on every line of its console, so it is a label
+    # (labels.py: the ip is the node) marked by events.Collector.sample, not a needle (every line would pass)
     Launcher("ray", "Ray Train 2.x (python/ray/_private/log_monitor.py's prefix)",
              prefixes=("(RayTrainWorker pid=123, ip=10.0.0.1) ",)),
     Launcher("torchx", "TorchX 0.5-0.7", r"torchx[./](?:schedulers|runner|specs)|^\w[\w\-]*/\d+ \[\d+\]:", ("torchx",),
              prefixes=("trainer/0 [1]:",)),
     # not launchers: the writers of other one-line failures, in the order they are tried
     Launcher("mldebug launch", "this tool", reported=False, lines=(
-        # --run-timeout since 2026-11 (logs written before say --timeout); the ranks' SIGTERM tracebacks that
-        # follow are its consequence
+        # --run-timeout since 2026-11 (before: --timeout); it causes the ranks' SIGTERM tracebacks that follow
         Line("launch-timeout", r"mldebug launch: error: --(?:run-)?timeout (?P<s>\S+) s reached",
              ("mldebug launch: error: --",),
              says=Says("launcher", PRIMARY, "the job reached mldebug launch --run-timeout {s} s: the launcher "
@@ -304,9 +291,8 @@ SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "rror")
 exception. (The words of lines that only look like a failure are engine.WEAK_WORDS.)"""
 
 NCCL_LINES_PER_SOURCE = 512
-"""NCCL lines of one source read in full; after them, only the lines below (NCCL's own findings). A process's
-first communicators say its rings, trees and transports; later ones (a job that makes a communicator per
-step, NCCL_DEBUG_SUBSYS=COLL's line per call) add nothing the report shows, and would cost a Python call
-per line."""
+"""NCCL lines of one source read in full; after them, only NCCL's findings (below). A process's first
+communicators say its rings, trees and transports; later ones (a communicator per step, one line per call
+with NCCL_DEBUG_SUBSYS=COLL) add nothing the report shows, and would cost a Python call per line."""
 NCCL_FINDING_WORDS: tuple[str, ...] = ("NCCL WARN", "NCCL version", "Bootstrap", "NET/IB :", "NET/IB:", "NET/Socket :",
                                        "NET/Socket:", "Using network", "set by environment", "libibverbs")

@@ -1,17 +1,12 @@
-"""The catalogue (catalogue.py) compiled and applied: which lines can matter, which class a failure text
-is, which launcher line a line is, which launchers wrote a text.
+"""The catalogue (catalogue.py) compiled and applied: which lines can matter, which class a failure text is,
+which launcher line a line is, which launchers wrote a text.
 
-Prefilter: every needle of the catalogue, and the scanner's own words, in one Hyperscan database. One
-pass over a block of a log finds the lines that hold any of them (most lines of a training log hold
-none, and cost that one pass; a line that holds only a suspect's words, WEAK_WORDS, is kept only when it is
-one: a logger's ``[WARNING] ... failed, retrying`` costs one more call, not a line's reading); measured on the
-line mixes of benchmarks/bench_logs.py, this pass runs at grep's speed where one ``bytes.find`` pass per word
-(the pure-Python way) cost 8x more, and a combined regular expression in CPython's ``re`` 24x more
-(docs/commands/logs.md has the figures).
-
-On a line that passed, one more Hyperscan call says which needles it holds, and only the patterns that
-hold one of them are run (looked up by needle): a line costs its few relevant patterns, not the whole
-catalogue.
+Prefilter: every needle of the catalogue and the scanner's own words in one Hyperscan database, so one pass
+over a block finds the lines that hold any (most lines of a training log hold none; a line with only a
+suspect's words, WEAK_WORDS, is kept only when it is one). On the line mixes of benchmarks/bench_logs.py it
+runs at grep's speed, where a ``bytes.find`` pass per word cost 8x more and a combined expression in
+CPython's ``re`` 24x (docs/commands/logs.md). On a line that passed, one more Hyperscan call says which
+needles it holds, and only the patterns holding one of them run: a line costs its few relevant patterns.
 """
 
 from __future__ import annotations
@@ -57,12 +52,8 @@ class ClassRule:
     rx: re.Pattern[str]
 
 
-def _compile_lines() -> tuple[LineRule, ...]:
-    return tuple(LineRule(launcher, line, re.compile(line.pattern), line.needles)
-                 for launcher in LAUNCHERS for line in launcher.lines)
-
-
-LINE_RULES = _compile_lines()
+LINE_RULES = tuple(LineRule(launcher, line, re.compile(line.pattern), line.needles)
+                   for launcher in LAUNCHERS for line in launcher.lines)
 CLASS_RULES = tuple(ClassRule(c, re.compile(c.pattern)) for c in FAILURE_CLASSES)
 MARKS = tuple((launcher.name, re.compile(launcher.marks), launcher.mark_needles)
               for launcher in LAUNCHERS if launcher.marks and launcher.reported)
@@ -77,13 +68,15 @@ def _index(needles: list[tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
     return out
 
 
+LINE_INDEX = _index([r.needles for r in LINE_RULES])
+CLASS_INDEX = _index([r.entry.needles for r in CLASS_RULES])
+MARK_INDEX = _index([needles for _, _, needles in MARKS])
 _WHICH: dict[tuple[int, frozenset[str]], list[int]] = {}
 MAX_WHICH = 4096
 
 
 def _which(index: dict[str, tuple[int, ...]], present: frozenset[str]) -> list[int]:
-    """The rules, in catalogue order, with one of the ``present`` needles: a line's few, not every rule (kept
-    per set of needles: a log's lines hold few different sets)."""
+    """The rules, in catalogue order, holding one of the ``present`` needles (cached: a log has few sets)."""
     key = (id(index), present)
     got = _WHICH.get(key)
     if got is None:
@@ -93,19 +86,12 @@ def _which(index: dict[str, tuple[int, ...]], present: frozenset[str]) -> list[i
     return got
 
 
-LINE_INDEX = _index([r.needles for r in LINE_RULES])
-CLASS_INDEX = _index([r.entry.needles for r in CLASS_RULES])
-MARK_INDEX = _index([needles for _, _, needles in MARKS])
-
-
 CHECK_WORDS = ("NCCL", "Traceback", "Watchdog caught", "Killed", "rror", "xception", "Exit", "Interrupt", "Fail",
                "Fault")
 SUSPECT_WORDS = ("ERROR", "FATAL", "CRITICAL", "ailed", "FAILED", "borted", "core dumped")
 DETECT_WORDS = CHECK_WORDS + SUSPECT_WORDS
-"""Beside the needles, a literal of everything actions.detect looks for outside the catalogue (its exception,
-kill and watchdog checks, and the SUSPECT shape's words): a line that holds none of them, nor a needle, says
-nothing to it."""
-
+"""Beside the needles, a literal of all that actions.detect looks for outside the catalogue (its exception,
+kill and watchdog checks, the SUSPECT shape's words): a line with none of them nor a needle says nothing."""
 
 SUSPECT = "<suspect>"
 NOT_SUSPECT = "<not suspect>"
@@ -135,17 +121,14 @@ def says_nothing(present: frozenset[str]) -> bool:
 
 
 class Needles:
-    """Which of the catalogue's needles and SHAPES a line holds, in one Hyperscan call (a microsecond, where
-    testing each needle with ``in`` costs 16)."""
+    """Which needles and SHAPES a line holds, in one Hyperscan call (1 us; ``in`` per needle costs 16)."""
 
     def __init__(self) -> None:
         self.words = sorted({*LINE_INDEX, *CLASS_INDEX, *MARK_INDEX, *DETECT_WORDS}) + list(SHAPES)
-        n = len(self.words)
+        rx = [SHAPES.get(w, (re.escape(w), 0)) for w in self.words]
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self._db.compile(
-            expressions=[SHAPES[w][0].encode() if w in SHAPES else re.escape(w).encode() for w in self.words],
-            ids=list(range(n)), elements=n,
-            flags=[hyperscan.HS_FLAG_SINGLEMATCH | (SHAPES[w][1] if w in SHAPES else 0) for w in self.words])
+        self._db.compile(expressions=[p.encode() for p, _ in rx], ids=list(range(len(rx))), elements=len(rx),
+                         flags=[hyperscan.HS_FLAG_SINGLEMATCH | f for _, f in rx])
 
     def present(self, data: bytes) -> frozenset[str]:
         hits: list[int] = []
@@ -171,8 +154,7 @@ def needles_in(text: str) -> frozenset[str]:
 
 
 def launcher_lines(text: str, present: frozenset[str] | None = None) -> Iterator[tuple[LineRule, re.Match[str]]]:
-    """The launcher lines ``text`` (a line without its labels) matches, in catalogue order (``present``: its
-    needles, from :func:`needles_in`)."""
+    """The launcher lines ``text`` (without labels) matches, in catalogue order (``present``: its needles)."""
     for i in _which(LINE_INDEX, needles_in(text) if present is None else present):
         rule = LINE_RULES[i]
         m = rule.rx.match(text) if rule.line.anchored else rule.rx.search(text)
@@ -193,10 +175,10 @@ def failure_class(text: str, cls: str | None = None, present: frozenset[str] | N
 
 
 def class_label(entry: FailureClass, m: re.Match[str]) -> str:
+    """``entry``'s label, its ``{what}`` the first ``what...`` group of ``m`` that matched."""
     if "{what}" not in entry.label:
         return entry.label
-    groups = m.groupdict()
-    what = next((g for k, g in groups.items() if k.startswith("what") and g), "")
+    what = next((g for k, g in m.groupdict().items() if k.startswith("what") and g), "")
     return entry.label.replace("{what}", what.strip())
 
 
@@ -212,17 +194,11 @@ def marks(text: str, present: frozenset[str] | None = None) -> Iterator[str]:
 
 
 def scan_words(nccl: bool = True) -> tuple[bytes, ...]:
-    """Every literal a line that can matter holds one of (the scanner's words and the catalogue's needles);
-    without ``nccl``, NCCL's lines only where they say a finding (once a source's NCCL lines were read). The
-    suspects' words (WEAK_WORDS) are not among them."""
+    """The literals every line that can matter holds one of: the scanner's words and the catalogue's needles
+    (without ``nccl``, NCCL's only where they say a finding), not the suspects' WEAK_WORDS."""
     words = set(SCAN_WORDS) if nccl else set(SCAN_WORDS) - {"NCCL"} | set(NCCL_FINDING_WORDS)
-    for launcher in LAUNCHERS:
-        if launcher.reported:
-            words.update(launcher.mark_needles)
-        for line in launcher.lines:
-            words.update(line.needles)
-    for entry in FAILURE_CLASSES:
-        words.update(entry.needles)
+    words.update(*(launcher.mark_needles for launcher in LAUNCHERS if launcher.reported),
+                 *(r.needles for r in LINE_RULES), *(entry.needles for entry in FAILURE_CLASSES))
     return _shortest(words)
 
 
@@ -236,16 +212,16 @@ def _shortest(words: set[str]) -> tuple[bytes, ...]:
 
 
 WEAK_WORDS = _shortest(set(SUSPECT_WORDS) - {"core dumped"})
-"""The words of a line that only looks like a failure (the suspects, a last resort). A line that holds one of
-them and no other word of the prefilter is handed over only when it is one (engine.says_nothing): most such lines
-are a program's warnings (``[WARNING] fetching shard 12 failed, retrying``). "core dumped" is a needle too."""
+"""The words of a line that only looks like a failure (a suspect). A line with one of them and no other word
+of the prefilter is handed over only when it is one (:func:`says_nothing`): most such lines are warnings
+(``[WARNING] fetching shard 12 failed, retrying``). "core dumped" is a needle too."""
 
 
 class Prefilter:
     """One pass over a block for every word: the starts of the lines that hold any."""
 
-    def __init__(self, words: tuple[bytes, ...] | None = None) -> None:
-        self.words = words if words is not None else scan_words()
+    def __init__(self, words: tuple[bytes, ...]) -> None:
+        self.words = words
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         both = self.words + WEAK_WORDS
         n = len(both)
@@ -318,9 +294,8 @@ class ByShape(Generic[T]):
 
 
 def _judge(line: bytes) -> bool:
-    """The line may say something to actions.detect (not :func:`says_nothing`). A line that may read otherwise once
-    mended or its escapes stripped (a progress bar's ``\\r`` updates, a bar's characters, a bracket at its end,
-    colour: Collector.feed) may."""
+    """The line may say something to actions.detect (not :func:`says_nothing`), or read otherwise once mended
+    or stripped (a progress bar's ``\\r`` updates and characters, a final bracket, colour: Collector.feed)."""
     if not line.isascii() or b"\r" in line or b"\x1b" in line or b"%|" in line or line.endswith(b"]"):
         return True
     return not says_nothing(needles_of(line))

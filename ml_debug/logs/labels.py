@@ -17,9 +17,8 @@ Under ``srun --label`` a torchrun agent per node prints ``1: [default3]: ...``: 
 agent (a node), not a rank, and the line is local rank 3 on "the node of srun task 1".
 
 Time stamps: ISO dates (``2024-05-01 03:14:07,123``, ``2024-05-01T03:14:07``, torchrun's
-``2024-05-01_03:14:07``), glog (``E0501 03:14:07.123456``: c10d, torchrun's own lines), syslog
-(``May  1 03:14:07``) and a bare ``03:14:07``. A missing year or date is taken from the file's
-modification time.
+``2024-05-01_03:14:07``), glog (``E0501 03:14:07.123456``: c10d, torchrun's own lines), syslog (``May  1
+03:14:07``) and a bare ``03:14:07``; a missing year or date comes from the file's modification time.
 """
 
 from __future__ import annotations
@@ -34,11 +33,11 @@ from ml_debug.logs.result import Who
 _SRUN = re.compile(r" *(\d+): ")
 # The role is empty or starts with a letter, so a bracketed date ("[2024-05-01]") is not a role.
 _ROLE = re.compile(r"\[(?P<role>[A-Za-z][\w.\-]*?[:\-_|]?|)(?P<local>\d+)(?: rank(?P<rank>\d+))?\](?P<colon>:?) ?")
+_ROLE_SEPARATORS = ":-_|"
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
 # a collector's "<job>.<node> [stderr] " (benchmark harnesses, log shippers) in front of the launcher's labels
 _STREAM_TAG = re.compile(r"(?:(?P<src>[\w.\-]+) )?\[(?:stdout|stderr)\] ")
-# Ray's log monitor (worker.py print_worker_logs): "(RayTrainWorker pid=81234, ip=10.0.0.12) ", the actor's or
-# task's name before "pid=", none for a worker that has neither
+# Ray's log monitor (worker.py print_worker_logs): "(RayTrainWorker pid=81234, ip=10.0.0.12) ", name optional
 _RAY = re.compile(r"\((?:(?P<actor>[\w.]{1,100}) )?pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\w.:\-]{1,100}))?\) ")
 _MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
 NODE_PREFIX = re.compile(r"([A-Za-z][\w.\-]*): ")
@@ -47,7 +46,6 @@ NODE_PREFIX = re.compile(r"([A-Za-z][\w.\-]*): ")
 def srun_task_node(task: int) -> str:
     """The name given to the node of srun task ``task`` when it runs a launcher (one agent per node)."""
     return f"node of srun task {task}"
-_ROLE_SEPARATORS = ":-_|"
 
 
 class Label(NamedTuple):
@@ -72,11 +70,10 @@ _DIGIT = re.compile(r"\d")
 
 
 def unlabelled(line: str) -> bool:
-    """No label can start this line (a few C-speed tests; False means: look with the expressions below).
-
-    Every label starts with "[" (torch, torchrun, mpirun, mldebug launch), a time stamp then "[", spaces
-    or digits then ": " (srun), or holds "[stdout] "/"[stderr] " (a stream tag); most lines of a
-    training log start otherwise, and a job of 16k ranks hands over half a million of them."""
+    """No label can start this line (a few C-speed tests; False: look with the expressions below). Every label
+    starts with "[" (torch, torchrun, mpirun, mldebug launch), a time stamp then "[", spaces or digits then
+    ": " (srun), or holds "[stdout] "/"[stderr] " (a stream tag); most lines of a training log start
+    otherwise, and a job of 16k ranks hands over half a million of them."""
     if "[std" in line:
         return False
     c = line[:1]
@@ -286,7 +283,5 @@ def brief(message: str) -> str:
 
 def clock(t: float | None) -> str:
     """``03:14:07`` (local time), or ``-``."""
-    if t is None:
-        return "-"
-    return _dt.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+    return "-" if t is None else _dt.datetime.fromtimestamp(t).strftime("%H:%M:%S")
 
