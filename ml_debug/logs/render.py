@@ -35,14 +35,11 @@ def _say(console: Console, text: str, style: str = "") -> None:
 def _traceback_lines(g: TracebackGroup, full: bool) -> list[str]:
     """The traceback as printed, the frames shortened to the last few unless ``full``."""
     lines = [ln for ln in g.text if ln.strip() and set(ln.strip()) - {"^", "~"}]
-    if full:
-        return lines
     frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
-    if len(frames) <= FRAMES_KEPT:
+    if full or len(frames) <= FRAMES_KEPT:
         return lines
-    cut = frames[-FRAMES_KEPT]
-    hidden = len(frames) - FRAMES_KEPT
-    return [*lines[:frames[0]], f"  … {hidden} more frame(s) (--full shows them) …", *lines[cut:]]
+    return [*lines[:frames[0]], f"  … {len(frames) - FRAMES_KEPT} more frame(s) (--full shows them) …",
+            *lines[frames[-FRAMES_KEPT]:]]
 
 
 def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: int = 3) -> None:
@@ -143,8 +140,7 @@ def _render_nccl(r: LogsReport, console: Console) -> None:
         console.print("  transports: " + "; ".join(f"{t['transport']} {t['pairs']} pair(s) (e.g. {t['example']})"
                                                    for t in n["transports"]), soft_wrap=True)
     if n["ring_count"]:
-        sample = n["rings"][0]["order"]
-        console.print(f"  rings: {n['ring_count']} channel(s), e.g. {sample[:120]}", soft_wrap=True)
+        console.print(f"  rings: {n['ring_count']} channel(s), e.g. {n['rings'][0]['order'][:120]}", soft_wrap=True)
     if n["trees"]["ranks"]:
         per = ", ".join(f"{k} tree(s) on {v} rank(s)" for k, v in n["trees"]["per_rank"].items())
         console.print(f"  trees: {per}", soft_wrap=True)
