@@ -102,9 +102,8 @@ def dedupe(events: list[Event]) -> list[Event]:
 
 
 def _one_end_per_writer(events: list[Event]) -> list[Event]:
-    """A process ends once: a writer's uncaught exception and the signal its exit code then shows (gloo's
-    abort while the interpreter exits, say) are one failure, told by the exception; the signal is kept
-    in its detail (``exit_code``)."""
+    """A process ends once: a writer's uncaught exception and the signal its exit code then shows (gloo's abort
+    as the interpreter exits, say) are one failure, told by the exception, the signal kept as its ``exit_code``."""
     raised: dict[tuple[Any, ...], Event] = {}
     for ev in events:
         if ev.kind in ("traceback", "error-file", "exception") and ev.strong and ev.cls == PRIMARY:
