@@ -61,8 +61,7 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     notes = (  # (shown?, the line, its style)
         (v.failed, f"  how sure: {v.confidence} ({v.confidence_why})", "dim"),
         (how, "  " + "; ".join(how), "dim"),
-        (v.status == "failure" and v.silent_ranks, f"  ranks with no failure in the logs: {v.silent_ranks}",
-         "dim"),
+        (v.status == "failure" and v.silent_ranks, f"  ranks with no failure in the logs: {v.silent_ranks}", "dim"),
         (v.blamed_ranks, f"  peers name rank(s) {v.blamed_ranks} as missing", "yellow"),
         (v.hint, f"  next step: {v.hint}", ""),
         (got.get("note"), f"  note: {got.get('note')}", "dim"),

@@ -1,5 +1,5 @@
-"""Failure text made short and classed: a message's readable line, an exception's short name, a failure
-text's class (from the catalogue), what an exit by signal means."""
+"""Failure text made short and classed: one readable line of a message, an exception's short name, the
+class of a failure text (from the catalogue), what an exit by signal means."""
 
 from __future__ import annotations
 

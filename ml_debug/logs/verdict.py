@@ -255,8 +255,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
                                             "no failure of its own (the others name themselves)"})
     # the same finding raised together by every rank (a check they run together) is one failure, not a tie
     tie = [] if about is not None else [e for e in _tie(first, strong or weak) if _norm(e.message) != _norm(first.message)]
-    # every rank raising the same finding about one rank (a check all ranks agree on) is one failure, and
-    # the launcher stopping that rank afterwards is no news
+    # every rank's same finding about one rank is one failure; the launcher then stopping that rank is no news
     same = [c for c in causes if c is not first and about is not None and c.message == first.message]
     others = [c for c in causes if c is not first and c is not unplaced and c not in same
               and not (about is not None and c.who.rank == first.who.rank and c.cls == SECONDARY)]
