@@ -35,14 +35,11 @@ def _say(console: Console, text: str, style: str = "") -> None:
 def _traceback_lines(g: TracebackGroup, full: bool) -> list[str]:
     """The traceback as printed, the frames shortened to the last few unless ``full``."""
     lines = [ln for ln in g.text if ln.strip() and set(ln.strip()) - {"^", "~"}]
-    if full:
-        return lines
     frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
-    if len(frames) <= FRAMES_KEPT:
+    if full or len(frames) <= FRAMES_KEPT:
         return lines
-    cut = frames[-FRAMES_KEPT]
-    hidden = len(frames) - FRAMES_KEPT
-    return [*lines[:frames[0]], f"  … {hidden} more frame(s) (--full shows them) …", *lines[cut:]]
+    return [*lines[:frames[0]], f"  … {len(frames) - FRAMES_KEPT} more frame(s) (--full shows them) …",
+            *lines[frames[-FRAMES_KEPT]:]]
 
 
 def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: int = 3) -> None:
@@ -64,8 +61,7 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     notes = (  # (shown?, the line, its style)
         (v.failed, f"  how sure: {v.confidence} ({v.confidence_why})", "dim"),
         (how, "  " + "; ".join(how), "dim"),
-        (v.status == "failure" and v.silent_ranks, f"  ranks with no failure in the logs: {v.silent_ranks}",
-         "dim"),
+        (v.status == "failure" and v.silent_ranks, f"  ranks with no failure in the logs: {v.silent_ranks}", "dim"),
         (v.blamed_ranks, f"  peers name rank(s) {v.blamed_ranks} as missing", "yellow"),
         (v.hint, f"  next step: {v.hint}", ""),
         (got.get("note"), f"  note: {got.get('note')}", "dim"),
@@ -143,8 +139,7 @@ def _render_nccl(r: LogsReport, console: Console) -> None:
         console.print("  transports: " + "; ".join(f"{t['transport']} {t['pairs']} pair(s) (e.g. {t['example']})"
                                                    for t in n["transports"]), soft_wrap=True)
     if n["ring_count"]:
-        sample = n["rings"][0]["order"]
-        console.print(f"  rings: {n['ring_count']} channel(s), e.g. {sample[:120]}", soft_wrap=True)
+        console.print(f"  rings: {n['ring_count']} channel(s), e.g. {n['rings'][0]['order'][:120]}", soft_wrap=True)
     if n["trees"]["ranks"]:
         per = ", ".join(f"{k} tree(s) on {v} rank(s)" for k, v in n["trees"]["per_rank"].items())
         console.print(f"  trees: {per}", soft_wrap=True)

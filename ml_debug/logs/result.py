@@ -61,8 +61,8 @@ class Who:
         return self.rank is not None or self.node is not None or self.local_rank is not None
 
     def label(self) -> str:
-        """``rank 37 (node12)``, ``local rank 3 on node12``, ``local rank 3 on unknown node``, ``node12`` (rank unknown), or
-        ``unknown rank``. A local rank is never shown as a rank: ``[default3]:`` is the fourth rank of *a* node."""
+        """``rank 37 (node12)``, ``local rank 3 on node12`` (or ``on unknown node``), ``node12`` (rank unknown)
+        or ``unknown rank``. Never a local rank as a rank: ``[default3]:`` is the fourth rank of *a* node."""
         if self.rank is not None:
             return f"rank {self.rank}" + (f" ({self.node})" if self.node else "")
         if self.local_rank is not None:
@@ -72,31 +72,23 @@ class Who:
 
 @dataclass
 class Event:
-    """One failure (or warning) found in the logs."""
+    """One failure (or warning) found in the logs, of a ``kind``: traceback, error-file, cuda-error, oom,
+    signal, exit, comm, watchdog, nccl-warn, nccl-error, slurm, error-line, exception, launcher."""
 
     kind: str
-    """traceback, error-file, cuda-error, oom, signal, exit, comm, watchdog, nccl-warn, nccl-error,
-    slurm, error-line, exception, launcher."""
-    cls: str
-    """primary, secondary, warning or info."""
-    message: str
-    """One line: what happened (``ValueError: bad batch``)."""
-    label: str
-    """Short text shared by events of the same nature, for counting (``Connection reset by peer``)."""
+    cls: str  # primary, secondary, warning or info
+    message: str  # one line: what happened (``ValueError: bad batch``)
+    label: str  # short text shared by events of one nature, for counting (``Connection reset by peer``)
     who: Who
     source: str
     line: int
     offset: int
     source_index: int
-    time: float | None = None
-    """Unix time, or None."""
+    time: float | None = None  # Unix time
     time_source: str = TIME_ORDER
-    strong: bool = True
-    """False for bare exit codes and launcher kills: evidence, but not a cause by itself."""
-    text: list[str] = field(default_factory=list)
-    """The whole traceback (or error file call stack), prefixes removed."""
-    blames: list[int] = field(default_factory=list)
-    """Ranks this message names as missing or late (gloo's monitored barrier)."""
+    strong: bool = True  # False for bare exit codes and launcher kills: evidence, not a cause by itself
+    text: list[str] = field(default_factory=list)  # the whole traceback (or error file stack), unprefixed
+    blames: list[int] = field(default_factory=list)  # ranks it names as missing or late (gloo's barrier)
     detail: dict[str, Any] = field(default_factory=dict)
 
     def order_key(self) -> tuple[int, int]:
@@ -115,12 +107,9 @@ class SourceInfo:
     events: int = 0
     error: str | None = None
     note: str | None = None
-    repairs: list[str] = field(default_factory=list)
-    """What was mended before it was read (a pasted log: quoting, line numbers, wrapping, reversal ...)."""
-    launchers: list[str] = field(default_factory=list)
-    """The launchers whose lines it holds (torchrun, deepspeed, accelerate, lightning, srun, mpirun, pdsh)."""
-    view: str | None = None
-    """Whose lines it holds: one rank, one node's agent (its local ranks), or the job's console."""
+    repairs: list[str] = field(default_factory=list)  # mended before reading (a pasted log's quoting ...)
+    launchers: list[str] = field(default_factory=list)  # the launchers whose lines it holds
+    view: str | None = None  # whose lines: one rank, one node's agent (its local ranks), the job's console
 
 
 @dataclass
@@ -155,30 +144,21 @@ class Verdict:
     """The answer: the first failure, what followed from it, and how sure the order is."""
 
     status: str
-    """failure (a primary found), secondary-only (only consequences), suspect (no failure line this tool knows,
-    but lines that look like one: the strongest is named, with low confidence), none (nothing looks like a failure);
-    interrupted (`mldebug launch` was stopped by the user) and recovered (it ended with exit code 0,
-    after a restart) for what the failure lines of such a job say."""
+    """failure (a primary found), secondary-only (only consequences), suspect (no failure line this tool
+    knows, but lines that look like one: the first is named, with low confidence), none; interrupted
+    (`mldebug launch` was stopped by the user) or recovered (it exited 0, after a restart)."""
     summary: str
     primary: Event | None = None
-    basis: str | None = None
-    """How the first failure was chosen: line time stamps, error files, launcher, file order."""
-    secondary: list[dict[str, Any]] = field(default_factory=list)
-    """[{label, count, ranks}] of the failures that follow from the primary."""
-    independent: list[Event] = field(default_factory=list)
-    """Other causes on other ranks (a second, unrelated failure)."""
-    silent_ranks: str | None = None
-    """Ranks of a known world that left no failure behind (hung or killed without a trace?)."""
+    basis: str | None = None  # how the first was chosen: line time stamps, error files, launcher, file order
+    secondary: list[dict[str, Any]] = field(default_factory=list)  # [{label, count, ranks}] that followed
+    independent: list[Event] = field(default_factory=list)  # other causes on other ranks (unrelated failures)
+    silent_ranks: str | None = None  # ranks of a known world that left no failure (hung, killed unseen?)
     blamed_ranks: str | None = None
-    hint: str | None = None
-    """The next step for the cause named (e.g. a bus error in a DataLoader worker: the size of /dev/shm)."""
-    confidence: str = "high"
-    """How sure the answer is: high, medium or low (``confidence_why`` says why)."""
+    hint: str | None = None  # the next step for the cause (a DataLoader worker's bus error: /dev/shm's size)
+    confidence: str = "high"  # high, medium or low (``confidence_why`` says why)
     confidence_why: str = ""
-    tie: str | None = None
-    """Ranks whose failures came in the same second as the first: which of them came first is not known."""
-    findings: list[str] = field(default_factory=list)
-    """Problems that are not a failure (NCCL fell back to sockets: the job runs, slowly), with next steps."""
+    tie: str | None = None  # ranks that failed in the same second as the first: which came first is unknown
+    findings: list[str] = field(default_factory=list)  # not failures (NCCL fell back to sockets), next steps
 
     @property
     def failed(self) -> bool:
@@ -203,8 +183,6 @@ class LogsReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
     dropped_events: int = 0
     demux: dict[str, Any] | None = None
-    launchers: list[str] = field(default_factory=list)
-    """Which launchers the logs came from (torchrun, deepspeed, accelerate, lightning, srun, mpirun, pdsh, mldebug
-    launch), from their own lines."""
+    launchers: list[str] = field(default_factory=list)  # the launchers the logs came from, by their own lines
     ok: bool = False  # no failure found and every source read (exit 0)
     summary: str = ""  # the verdict's sentence, and what could not be read

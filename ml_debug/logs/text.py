@@ -50,8 +50,7 @@ def short_exception(line: str) -> str:
     m = EXCEPTION_LINE.match(line.strip())
     if not m:
         return clean_message(line)
-    name = m.group("type").rsplit(".", 1)[-1]
-    msg = m.group("msg")
+    name, msg = m.group("type").rsplit(".", 1)[-1], m.group("msg")
     return clean_message(f"{name}: {msg}" if msg else name)
 
 
@@ -63,9 +62,7 @@ def classify(text: str) -> tuple[str, str, str]:
         return PRIMARY, "", "exception"
     entry, m = got
     label = class_label(entry, m)
-    if entry.kind == "cuda-error":
-        label = clean_message(label)
-    return entry.cls, label, entry.kind
+    return entry.cls, clean_message(label) if entry.kind == "cuda-error" else label, entry.kind
 
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}

@@ -21,8 +21,7 @@ from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.text import few
 from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, launched, progress, timeline
 
-MAX_DEMUX_LINES = 200_000
-"""How many lines a JSON document of one rank's lines holds (it is built in memory); the text view streams."""
+MAX_DEMUX_LINES = 200_000  # the lines a JSON document of one rank's lines holds (built in memory); text streams
 
 
 def _expand(paths: list[str]) -> Expanded:
@@ -70,7 +69,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     """The report of what ``collector`` gathered; ``manifests``: the `mldebug launch` manifests by
     directory (sources.Expanded)."""
     launches = list((manifests or {}).values())
-    # the job's rank count (the lines of a rank that never failed may hold no label to count it by), and how
+    # the job's rank count (a rank that never failed may have no labelled line to count it by), and how
     # `mldebug launch` ended (130: interrupted, Ctrl-C)
     launch_world = _agreed(_world(man) for man in launches)
     launch_exit = _agreed(man.get("exit_code") for man in launches)
@@ -90,10 +89,9 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
                                                                if e.who.rank is not None})
     events = dedupe(collector.events)
     nccl = collector.nccl.report()
-    ranks = set(collector.ranks_seen) | {e.who.rank for e in events if e.who.rank is not None}
-    ranks |= {s.who.rank for s in infos if s.who.rank is not None} | set(collector.nccl.rank_host)
     sampled = [ids.resolve(who, i) for i, who in collector.sampled]
-    ranks |= {w.rank for w in sampled if w.rank is not None}
+    ranks = set(collector.ranks_seen) | set(collector.nccl.rank_host) | {
+        w.rank for w in (*(e.who for e in events), *(s.who for s in infos), *sampled) if w.rank is not None}
     # NCCL's count of the ranks, else `mldebug launch`'s, else the highest rank seen
     world = (int(nccl["world_size"]) if nccl and nccl.get("world_size")
              else launch_world or (max(ranks) + 1 if ranks else None))
@@ -142,17 +140,14 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
           emit: Callable[[str, int, str], None], limit: int | None = None, jobs: int | None = None) -> dict[str, Any]:
     """Every line written by one rank (or one node), labels removed, in order: ``emit(source, line, text)``.
 
-    A first, fast pass over the sources learns who is who (local ranks, nodes), so a line labelled
-    only with its node and local rank is still found by its global rank. Lines are streamed to
-    ``emit`` as they are read; only a caller that keeps them (JSON) gives a ``limit``, and
-    ``truncated`` then says the rest was not emitted.
-    """
+    A first pass learns who is who (local ranks, nodes), so a line labelled only with its node and local
+    rank is still found by its global rank. Lines are streamed to ``emit`` as read; only a caller that keeps
+    them (JSON) gives a ``limit``, and ``truncated`` then says the rest was not emitted."""
     if rank is None and node is None:
         raise UsageError("demux needs a rank or a node", "--rank R or --node NAME")
     exp = _expand(paths)
     if any(src.stdin for src in exp.sources):
-        raise UsageError("--rank/--node cannot read standard input (it is read twice)",
-                         "save it to a file first")
+        raise UsageError("--rank/--node cannot read standard input (it is read twice)", "save it to a file first")
     collected = _collect(exp, jobs=jobs)
     ids = accounting.Identities(collected[0])
     report = build_report(*collected, exp.manifests)

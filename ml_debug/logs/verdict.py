@@ -1,11 +1,10 @@
 """From events to the answer: duplicates merged, the first failure named, identical tracebacks collapsed
 with their rank sets, and a timeline.
 
-The first failure is the earliest primary event (strong evidence first: an exception, a CUDA error, a
-crash by signal, an out-of-memory; a bare exit code only when nothing else exists). Earliest means:
-by time stamp when every candidate has one (from its line, its error file, or torchrun's summary);
-otherwise by position in the logs, which only orders lines of the same file. The verdict says which.
-"""
+The first failure is the earliest primary event, strong evidence first (an exception, a CUDA error, a crash
+by signal, an out-of-memory; a bare exit code only when nothing else exists). Earliest: by time stamp when
+every candidate has one (its line's, its error file's, torchrun's summary's), else by position in the
+logs, which only orders lines of one file. The verdict says which."""
 
 from __future__ import annotations
 
@@ -53,9 +52,7 @@ _RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-e
 def _identity_key(who: Who) -> tuple[Any, ...]:
     if who.rank is not None:
         return ("rank", who.rank)
-    if who.local_rank is not None or who.node:
-        return ("node", who.node, who.local_rank)
-    return ("unknown",)
+    return ("node", who.node, who.local_rank) if who.local_rank is not None or who.node else ("unknown",)
 
 
 def _ranks(events: Iterable[Event]) -> str:
@@ -91,8 +88,7 @@ def dedupe(events: list[Event]) -> list[Event]:
         if old is ev:
             continue
         keep, other = (ev, old) if _RICHNESS.get(ev.kind, 9) < _RICHNESS.get(old.kind, 9) else (old, ev)
-        if other.time is not None and (keep.time is None or (other.time < keep.time
-                                                             and other.time_source == TIME_LINE)):
+        if other.time is not None and (keep.time is None or (other.time < keep.time and other.time_source == TIME_LINE)):
             keep.time, keep.time_source = other.time, other.time_source
         keep.text = keep.text or other.text
         sure = "rank_from" not in keep.detail  # its rank was said, not assumed: keep it that way
@@ -106,9 +102,8 @@ def dedupe(events: list[Event]) -> list[Event]:
 
 
 def _one_end_per_writer(events: list[Event]) -> list[Event]:
-    """A process ends once: a writer's uncaught exception and the signal its exit code then shows (gloo's
-    abort while the interpreter exits, say) are one failure, told by the exception; the signal is kept
-    in its detail (``exit_code``)."""
+    """A process ends once: a writer's uncaught exception and the signal its exit code then shows (gloo's abort
+    as the interpreter exits, say) are one failure, told by the exception, the signal kept as its ``exit_code``."""
     raised: dict[tuple[Any, ...], Event] = {}
     for ev in events:
         if ev.kind in ("traceback", "error-file", "exception") and ev.strong and ev.cls == PRIMARY:
@@ -128,13 +123,10 @@ def _one_end_per_writer(events: list[Event]) -> list[Event]:
 
 def _cause(events: list[Event]) -> Event:
     """The event that says why this writer failed: its first strong primary, else its first strong
-    secondary, its first primary, its first secondary (``events``: primaries and secondaries only).
-
-    A cause without a time of its own takes the earliest time of the same writer's other reports of
-    its end (torchrun's summary, its error file): the failure happened no later than that.
-    """
-    cause = min(events, key=lambda e: (not e.strong, e.cls != PRIMARY, e.order_key(),
-                                       _RICHNESS.get(e.kind, 9)))
+    secondary, its first primary, its first secondary (``events``: primaries and secondaries only). One
+    without a time takes the earliest of the writer's other reports of its end (torchrun's summary, its
+    error file): the failure happened no later than that."""
+    cause = min(events, key=lambda e: (not e.strong, e.cls != PRIMARY, e.order_key(), _RICHNESS.get(e.kind, 9)))
     timed = [e for e in events if e.time is not None and e.cls == cause.cls]
     if cause.time is None and timed:
         first = min(timed, key=lambda e: e.time or 0.0)
@@ -170,21 +162,19 @@ def _subject(first: Event, strong: list[Event], causes: Iterable[Event],
     subject = int(m.group(1))
     if subject == first.who.rank or (world_size is not None and subject >= world_size):
         return None
-    own = [c for c in strong if c.who.rank == subject and c.message == first.message]
-    if own:
-        return own[0], f"every rank reported the same failure, about rank {subject}"
-    theirs = [c.who for c in causes if c.who.rank == subject]
-    who = theirs[0] if theirs else Who(subject, None, None)
+    own = next((c for c in strong if c.who.rank == subject and c.message == first.message), None)
+    if own is not None:
+        return own, f"every rank reported the same failure, about rank {subject}"
+    who = next((c.who for c in causes if c.who.rank == subject), Who(subject, None, None))
     return (dataclasses.replace(first, who=who),
             f"rank {first.who.rank}'s error is about rank {subject}, which was stopped before it wrote its own")
 
 
 def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: int | None) -> Verdict:
-    """The verdict in the light of how `mldebug launch` ended (its manifests' ``exit_code``).
-
-    130: the launcher was interrupted (Ctrl-C, or SIGINT to torchrun): the ranks' KeyboardInterrupt and
-    SIGINT lines are that, not a failure of the job's own. 0: the job succeeded, so a failure in the logs
-    was survived: torchrun restarted the ranks (--max-restarts) and a later attempt finished."""
+    """The verdict in the light of how `mldebug launch` ended (its manifests' ``exit_code``). 130: it was
+    interrupted (Ctrl-C, or SIGINT to torchrun): the ranks' KeyboardInterrupt and SIGINT lines are that, not
+    a failure of the job's own. 0: the job succeeded, so a failure in the logs was survived: torchrun
+    restarted the ranks (--max-restarts) and a later attempt finished."""
     if code == ExitCode.INTERRUPTED:
         if v.status == "failure":  # a failure of its own came first; then the user stopped what was left
             return dataclasses.replace(v, summary=v.summary + "; then the job was stopped by the user (Ctrl-C)")
@@ -222,9 +212,8 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
                                f"first: {first.who.label()}{_at(first)}: {brief(first.message)}")
     if not failures:
         warnings = sum(1 for e in events if e.cls == WARNING)
-        summary = "no failure found" + (f" ({warnings} warning(s))" if warnings else "")
-        return Verdict(status="none", summary=summary, confidence="high",
-                       confidence_why="nothing in any file looks like a failure")
+        return Verdict(status="none", summary="no failure found" + (f" ({warnings} warning(s))" if warnings else ""),
+                       confidence="high", confidence_why="nothing in any file looks like a failure")
     by_writer: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in failures:
         by_writer[_identity_key(e.who)].append(e)
@@ -259,16 +248,14 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         first, basis = about
     unplaced = first
     if first.who.rank is None and len(missing) == 1 and failed_ranks:
-        # a failure without its rank (CUDA's out-of-memory without a prefix, DeepSpeed's return code) is put
-        # on the one rank of the job that reported nothing else (the others' watchdog and connection errors
-        # name themselves)
+        # a failure without its rank (CUDA's unprefixed out-of-memory, DeepSpeed's return code) is put on the
+        # one rank that reported nothing else (the others' watchdog and connection errors name themselves)
         first = dataclasses.replace(first, who=Who(missing[0], first.who.node, first.who.local_rank),
                                     detail={**first.detail, "rank_from": "only rank of the job that reported "
                                             "no failure of its own (the others name themselves)"})
     # the same finding raised together by every rank (a check they run together) is one failure, not a tie
     tie = [] if about is not None else [e for e in _tie(first, strong or weak) if _norm(e.message) != _norm(first.message)]
-    # every rank raising the same finding about one rank (a check all ranks agree on) is one failure, and
-    # the launcher stopping that rank afterwards is no news
+    # every rank's same finding about one rank is one failure; the launcher then stopping that rank is no news
     same = [c for c in causes if c is not first and about is not None and c.message == first.message]
     others = [c for c in causes if c is not first and c is not unplaced and c not in same
               and not (about is not None and c.who.rank == first.who.rank and c.cls == SECONDARY)]
@@ -329,15 +316,12 @@ def _confidence(first: Event, basis: str, tie: list[Event]) -> tuple[str, str]:
 def _tie(first: Event, cands: list[Event]) -> list[Event]:
     """Other writers' failures in the same second as ``first``, where times are only known to the second
     (torchrun's summary, whole-second stamps): the order between them is not known."""
-    if first.time is None:
+    t = first.time
+    if t is None:
         return []
-    out = []
-    for e in cands:
-        if e is first or e.time is None or _identity_key(e.who) == _identity_key(first.who):
-            continue
-        coarse = TIME_LAUNCHER in (e.time_source, first.time_source) or (e.time % 1 == 0 and first.time % 1 == 0)
-        if coarse and int(e.time) == int(first.time):
-            out.append(e)
+    out = [e for e in cands if e is not first and e.time is not None and int(e.time) == int(t)
+           and _identity_key(e.who) != _identity_key(first.who)
+           and (TIME_LAUNCHER in (e.time_source, first.time_source) or (e.time % 1 == 0 and t % 1 == 0))]
     return sorted(out, key=lambda e: e.order_key())
 
 
@@ -348,13 +332,11 @@ _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
 def next_step(ev: Event) -> str | None:
     """What to do about the cause ``ev`` names: its failure class's next step (catalogue.py)."""
     text = ev.message + " " + ev.label
-    kind = ev.detail.get("cause", ev.kind)
-    if ev.kind in ("oom", "shm", "cuda-error", "watchdog", "gpu-fault"):
-        kind = ev.kind
+    own = ev.kind in ("oom", "shm", "cuda-error", "watchdog", "gpu-fault")
+    kind = ev.kind if own else ev.detail.get("cause", ev.kind)
     if "NCCL operations have failed or timed out" in text:
         kind = "watchdog"
-    segv = ev.detail.get("exit_code") == -11 or "SIGSEGV" in text
-    if segv:
+    if ev.detail.get("exit_code") == -11 or "SIGSEGV" in text:
         kind = "signal"
     elif kind == "signal":
         return None  # another signal (SIGKILL, SIGABRT): its cause is elsewhere (the OOM killer, an abort's message)
@@ -383,8 +365,7 @@ def _findings(events: list[Event]) -> list[str]:
 
 def _label_counts(events: Iterable[Event]) -> list[tuple[str, int]]:
     """Each label and how many events have it, the most common first."""
-    counts = Counter(e.label for e in events)
-    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return sorted(Counter(e.label for e in events).items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def _tally(events: Iterable[Event]) -> str:
@@ -392,11 +373,8 @@ def _tally(events: Iterable[Event]) -> str:
 
 
 def _secondary_rows(events: Collection[Event]) -> list[dict[str, Any]]:
-    ranks: dict[str, set[int]] = defaultdict(set)
-    for e in events:
-        if e.who.rank is not None:
-            ranks[e.label].add(e.who.rank)
-    return [{"label": label, "count": n, "ranks": compress(ranks[label])} for label, n in _label_counts(events)]
+    return [{"label": label, "count": n, "ranks": _ranks(e for e in events if e.label == label)}
+            for label, n in _label_counts(events)]
 
 
 # ----------------------------------------------------------------------------- tracebacks and timeline
@@ -408,10 +386,8 @@ def _signature(lines: list[str]) -> str:
         s = line.strip()
         if not s or s.startswith("^") or set(s) <= {"^", "~", " "}:
             continue
-        if s.startswith('File "'):
-            out.append(s.rsplit("/", 1)[-1])  # the same code in two venvs is the same frame
-        else:
-            out.append(numbers_aside(s))
+        # a frame by its file's name: the same code in two venvs is the same frame
+        out.append(s.rsplit("/", 1)[-1] if s.startswith('File "') else numbers_aside(s))
     return "\n".join(out)
 
 
@@ -430,11 +406,9 @@ def collapse_tracebacks(events: list[Event]) -> list[TracebackGroup]:
 
 
 def timeline(events: list[Event]) -> list[TimelineRow]:
-    """Failures in order, alike neighbours merged into one row with their rank set.
-
-    One file: its own order (the times shown where lines have them). Several files: the events with a
-    time stamp by time, then the others grouped by what they say (their order across files is unknown).
-    """
+    """Failures in order, alike neighbours merged into one row with their rank set. One file: its own order
+    (the times shown where lines have them). Several files: the events with a time stamp by time, then the
+    others grouped by what they say (their order across files is unknown)."""
     strong_writers = {_identity_key(e.who) for e in events if e.cls in (PRIMARY, SECONDARY) and e.strong}
     # a bare exit code or a kill by the launcher of a writer that said more is not a step of its own
     evs = [e for e in events if (e.cls in (PRIMARY, SECONDARY) and (e.strong or _identity_key(e.who)
@@ -472,19 +446,15 @@ def progress(c: Collector, metrics: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     metric = {m["rank"]: m for m in metrics if isinstance(m.get("step"), int)}
     if metric:
-        steps = {r: m["step"] for r, m in metric.items()}
-        out["train"] = {"ranks": compress(steps), "max_step": max(steps.values()), "behind": _behind(steps),
-                        "last_time": max((m["time"] for m in metric.values() if isinstance(m.get("time"), float)),
-                                         default=None),
-                        "steps": {str(r): n for r, n in sorted(steps.items())}}
+        last = max((m["time"] for m in metric.values() if isinstance(m.get("time"), float)), default=None)
+        out["train"] = _reached({r: m["step"] for r, m in metric.items()}, "max_step", "steps", last_time=last)
     if c.last_work:
-        done = {r: w[1] for r, w in c.last_work.items()}
-        out["nccl_work"] = {"ranks": compress(done), "max_completed": max(done.values()), "behind": _behind(done),
-                            "completed": {str(r): n for r, n in sorted(done.items())}}
+        out["nccl_work"] = _reached({r: w[1] for r, w in c.last_work.items()}, "max_completed", "completed")
     return out
 
 
-def _behind(counts: dict[int, int]) -> str:
-    """The ranks whose count is below the highest."""
-    top = max(counts.values())
-    return compress(r for r, n in counts.items() if n < top)
+def _reached(counts: dict[int, int], top: str, each: str, **more: Any) -> dict[str, Any]:
+    """The ranks, the highest count (``top``), the ranks below it, ``more``, and each rank's count (``each``)."""
+    high = max(counts.values())
+    return {"ranks": compress(counts), top: high, "behind": compress(r for r, n in counts.items() if n < high),
+            **more, each: {str(r): n for r, n in sorted(counts.items())}}
