@@ -61,7 +61,8 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     notes = (  # (shown?, the line, its style)
         (v.failed, f"  how sure: {v.confidence} ({v.confidence_why})", "dim"),
         (how, "  " + "; ".join(how), "dim"),
-        (v.status == "failure" and v.silent_ranks, f"  ranks with no failure in the logs: {v.silent_ranks}", "dim"),
+        (v.status == "failure" and v.silent_ranks, f"  ranks with no failure in the logs: {v.silent_ranks}",
+         "dim"),
         (v.blamed_ranks, f"  peers name rank(s) {v.blamed_ranks} as missing", "yellow"),
         (v.hint, f"  next step: {v.hint}", ""),
         (got.get("note"), f"  note: {got.get('note')}", "dim"),
@@ -139,7 +140,8 @@ def _render_nccl(r: LogsReport, console: Console) -> None:
         console.print("  transports: " + "; ".join(f"{t['transport']} {t['pairs']} pair(s) (e.g. {t['example']})"
                                                    for t in n["transports"]), soft_wrap=True)
     if n["ring_count"]:
-        console.print(f"  rings: {n['ring_count']} channel(s), e.g. {n['rings'][0]['order'][:120]}", soft_wrap=True)
+        console.print(f"  rings: {n['ring_count']} channel(s), e.g. {n['rings'][0]['order'][:120]}",
+                      soft_wrap=True)
     if n["trees"]["ranks"]:
         per = ", ".join(f"{k} tree(s) on {v} rank(s)" for k, v in n["trees"]["per_rank"].items())
         console.print(f"  trees: {per}", soft_wrap=True)

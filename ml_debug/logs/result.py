@@ -61,8 +61,9 @@ class Who:
         return self.rank is not None or self.node is not None or self.local_rank is not None
 
     def label(self) -> str:
-        """``rank 37 (node12)``, ``local rank 3 on node12`` (or ``on unknown node``), ``node12`` (rank unknown)
-        or ``unknown rank``. Never a local rank as a rank: ``[default3]:`` is the fourth rank of *a* node."""
+        """``rank 37 (node12)``, ``local rank 3 on node12`` (or ``on unknown node``), ``node12`` (rank
+        unknown) or ``unknown rank``. Never a local rank as a rank: ``[default3]:`` is the fourth rank of *a*
+        node."""
         if self.rank is not None:
             return f"rank {self.rank}" + (f" ({self.node})" if self.node else "")
         if self.local_rank is not None:

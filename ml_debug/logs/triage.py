@@ -21,7 +21,7 @@ from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.text import few
 from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, launched, progress, timeline
 
-MAX_DEMUX_LINES = 200_000  # the lines a JSON document of one rank's lines holds (built in memory); text streams
+MAX_DEMUX_LINES = 200_000  # the lines a JSON document of one rank's lines holds (built in memory)
 
 
 def _expand(paths: list[str]) -> Expanded:
@@ -147,7 +147,8 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
         raise UsageError("demux needs a rank or a node", "--rank R or --node NAME")
     exp = _expand(paths)
     if any(src.stdin for src in exp.sources):
-        raise UsageError("--rank/--node cannot read standard input (it is read twice)", "save it to a file first")
+        raise UsageError("--rank/--node cannot read standard input (it is read twice)",
+                         "save it to a file first")
     collected = _collect(exp, jobs=jobs)
     ids = accounting.Identities(collected[0])
     report = build_report(*collected, exp.manifests)

@@ -88,7 +88,8 @@ def dedupe(events: list[Event]) -> list[Event]:
         if old is ev:
             continue
         keep, other = (ev, old) if _RICHNESS.get(ev.kind, 9) < _RICHNESS.get(old.kind, 9) else (old, ev)
-        if other.time is not None and (keep.time is None or (other.time < keep.time and other.time_source == TIME_LINE)):
+        if other.time is not None and (keep.time is None
+                                       or (other.time < keep.time and other.time_source == TIME_LINE)):
             keep.time, keep.time_source = other.time, other.time_source
         keep.text = keep.text or other.text
         sure = "rank_from" not in keep.detail  # its rank was said, not assumed: keep it that way
@@ -102,8 +103,9 @@ def dedupe(events: list[Event]) -> list[Event]:
 
 
 def _one_end_per_writer(events: list[Event]) -> list[Event]:
-    """A process ends once: a writer's uncaught exception and the signal its exit code then shows (gloo's abort
-    as the interpreter exits, say) are one failure, told by the exception, the signal kept as its ``exit_code``."""
+    """A process ends once: a writer's uncaught exception and the signal its exit code then shows (gloo's
+    abort as the interpreter exits, say) are one failure, told by the exception, the signal kept as its
+    ``exit_code``."""
     raised: dict[tuple[Any, ...], Event] = {}
     for ev in events:
         if ev.kind in ("traceback", "error-file", "exception") and ev.strong and ev.cls == PRIMARY:
@@ -126,7 +128,8 @@ def _cause(events: list[Event]) -> Event:
     secondary, its first primary, its first secondary (``events``: primaries and secondaries only). One
     without a time takes the earliest of the writer's other reports of its end (torchrun's summary, its
     error file): the failure happened no later than that."""
-    cause = min(events, key=lambda e: (not e.strong, e.cls != PRIMARY, e.order_key(), _RICHNESS.get(e.kind, 9)))
+    cause = min(events,
+                key=lambda e: (not e.strong, e.cls != PRIMARY, e.order_key(), _RICHNESS.get(e.kind, 9)))
     timed = [e for e in events if e.time is not None and e.cls == cause.cls]
     if cause.time is None and timed:
         first = min(timed, key=lambda e: e.time or 0.0)
@@ -212,7 +215,8 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
                                f"first: {first.who.label()}{_at(first)}: {brief(first.message)}")
     if not failures:
         warnings = sum(1 for e in events if e.cls == WARNING)
-        return Verdict(status="none", summary="no failure found" + (f" ({warnings} warning(s))" if warnings else ""),
+        return Verdict(status="none",
+                       summary="no failure found" + (f" ({warnings} warning(s))" if warnings else ""),
                        confidence="high", confidence_why="nothing in any file looks like a failure")
     by_writer: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in failures:
@@ -447,14 +451,16 @@ def progress(c: Collector, metrics: list[dict[str, Any]]) -> dict[str, Any]:
     metric = {m["rank"]: m for m in metrics if isinstance(m.get("step"), int)}
     if metric:
         last = max((m["time"] for m in metric.values() if isinstance(m.get("time"), float)), default=None)
-        out["train"] = _reached({r: m["step"] for r, m in metric.items()}, "max_step", "steps", last_time=last)
+        out["train"] = _reached({r: m["step"] for r, m in metric.items()}, "max_step", "steps",
+                                last_time=last)
     if c.last_work:
         out["nccl_work"] = _reached({r: w[1] for r, w in c.last_work.items()}, "max_completed", "completed")
     return out
 
 
 def _reached(counts: dict[int, int], top: str, each: str, **more: Any) -> dict[str, Any]:
-    """The ranks, the highest count (``top``), the ranks below it, ``more``, and each rank's count (``each``)."""
+    """The ranks, the highest count (``top``), the ranks below it, ``more``, each rank's count (``each``)."""
     high = max(counts.values())
-    return {"ranks": compress(counts), top: high, "behind": compress(r for r, n in counts.items() if n < high),
+    return {"ranks": compress(counts), top: high,
+            "behind": compress(r for r, n in counts.items() if n < high),
             **more, each: {str(r): n for r, n in sorted(counts.items())}}
