@@ -104,9 +104,8 @@ def open_block(c: Collector, lab: Label, who: Who, line: int, offset: int) -> No
     """A traceback's header (``lab.rest``) opens a block of its writer's stream: its lines' labels, where
     repeats.py may remember it from, the logging call that printed it, its time (else a nearby line's)."""
     assert c.ctx is not None
-    block = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[lab.rest],
-                  torch_rank=lab.torch_rank, stamp=lab.stamp, srun_task=lab.srun_task)
-    c._blocks[lab.key] = block
+    block = c._blocks[lab.key] = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[lab.rest],
+                                       torch_rank=lab.torch_rank, stamp=lab.stamp, srun_task=lab.srun_task)
     if not lab.key and not lab.stamp and not lab.who.known:
         block.origin = repeats.rememberable(c)
     block.logged = logged_level(c, lab.key)
