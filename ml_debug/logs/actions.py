@@ -1,7 +1,8 @@
-"""One line, read. ``detect`` tries, in order: NCCL (its tallies, its WARN lines), a traceback's header (blocks.py
-reads the rest), c10d's watchdog timeout, the catalogue's launcher lines (engine.launcher_lines, in catalogue order,
-each made an event by its action below or by :func:`says`; the first action that takes the line ends it), then a
-line of no launcher that names an exception or a failure class, last one that only looks like a failure (a suspect).
+"""One line, read. ``detect`` tries, in order: NCCL (its tallies, its WARN lines), a traceback's header
+(blocks.py reads the rest), c10d's watchdog timeout, the catalogue's launcher lines (engine.launcher_lines, in
+catalogue order, each made an event by its action below or by :func:`says`; the first action that takes the
+line ends it), then a line of no launcher that names an exception or a failure class, last one that only looks
+like a failure (a suspect).
 """
 
 from __future__ import annotations
@@ -178,8 +179,8 @@ def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, 
     pid = int(g["pid"]) if g.get("pid") else None
     node = g.get("node")
     if rule.line.who == "agent":  # under srun --label, the task is the agent: one per node
-        node = node or c.ctx.who.node or lab.who.node or (srun_task_node(lab.srun_task) if lab.srun_task is not None
-                                                         else None)
+        node = node or c.ctx.who.node or lab.who.node or (
+            srun_task_node(lab.srun_task) if lab.srun_task is not None else None)
     else:
         rank, node = rank if rank is not None else who.rank, node or who.node
     if node:
@@ -206,7 +207,8 @@ def _ended(c: Collector, rule: LineRule, code: int, who: Who, line: int, offset:
              time_source=time_source, pid=pid, weak=rule.line.weak, detail=detail)
 
 
-def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                 offset: int) -> bool:
     """Open MPI's ``Exit code: N``: the rank is the ``Process name: [[job,1],rank]`` a few lines above."""
     r = _MPI_PROCESS.search(blocks.lines_before(c, 3))
     return r is not None and _exit(c, rule, m, lab, Who(int(r.group(1)), None, None), line, offset)
@@ -220,7 +222,8 @@ def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, w
     return True
 
 
-def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                 offset: int) -> bool:
     """torchrun's rendezvous result: ``group_rank=G ... global_ranks=[8, 9, 10, 11]``, local rank i is the i-th."""
     assert c.ctx is not None
     pairs = c.local_rank_pairs.setdefault(c.ctx.index, {})
@@ -234,7 +237,8 @@ def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who
     return True
 
 
-def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+               offset: int) -> bool:
     node, what = m.group("node"), m.group("what").strip()
     c.nodes_seen.add(node)
     code = re.search(r"exit code (\d+)", what)
@@ -265,7 +269,8 @@ def _slurm_cancel(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, wh
     return True
 
 
-def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                offset: int) -> bool:
     msg = m.group("msg")
     cls, label, kind = classify(msg)
     c._one("error-line" if kind == "exception" else kind, cls, clean_message(msg), label or clean_message(msg), who,

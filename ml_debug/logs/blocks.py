@@ -1,9 +1,10 @@
 """Tracebacks and torchrun's failure summary, read whole, line by line, from one writer's stream (its labels),
 and the events they give when they close.
 
-A traceback's frames are kept (indented, or a pasted traceback's stripped ones), then its exception line and the
-message after it; chained exceptions are followed. torchrun's ``ChildFailedError`` opens its failure summary: an
-entry per failed rank (rank, local rank, exit code, pid, host, time, the root cause flagged), each an exit event.
+A traceback's frames are kept (indented, or a pasted traceback's stripped ones), then its exception line and
+the message after it; chained exceptions are followed. torchrun's ``ChildFailedError`` opens its failure
+summary: an entry per failed rank (rank, local rank, exit code, pid, host, time, the root cause flagged), each
+an exit event.
 """
 
 from __future__ import annotations
@@ -37,16 +38,17 @@ _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
-# a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR at its
-# start, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", absl's "W0302 01:00:00.000
-# 123 train.py:88] ..."); not NCCL's "host:pid:tid [0] NCCL INFO", nor c10's C++ glog line ("[W1128 04:18:40.186
-# socket.cpp:207] [c10d] ..."): another thread's warning that happens to come just before a rank's traceback
+# a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR at
+# its start, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", absl's
+# "W0302 01:00:00.000 123 train.py:88] ..."); not NCCL's "host:pid:tid [0] NCCL INFO", nor c10's C++ glog line
+# ("[W1128 04:18:40.186 socket.cpp:207] [c10d] ..."): another thread's warning that happens to come just
+# before a rank's traceback
 _LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
                      r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"')
-# the agent reading a failed worker's error file (ProcessFailure): an exception there is the launcher failing to report
-# it (torch's race: a worker stopped by SIGTERM while writing it leaves it empty, the agent dies of "JSONDecodeError:
-# Expecting value"), a consequence, never a rank's own failure
+# the agent reading a failed worker's error file (ProcessFailure): an exception there is the launcher failing to
+# report it (torch's race: a worker stopped by SIGTERM while writing it leaves it empty, the agent dies of
+# "JSONDecodeError: Expecting value"), a consequence, never a rank's own failure
 _REPORTING_FRAME = re.compile(r'elastic/multiprocessing/errors/__init__\.py", line \d+, in __post_init__$')
 _FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
 
@@ -70,8 +72,8 @@ class Block:
     summary: Summary | None = None
     srun_task: int | None = None  # the srun task whose lines these are (a torchrun agent under srun --label)
     expect_code: bool = False  # the last line was a frame's 'File "..."': its code line comes next
-    # the level of the logging call that printed it (the line before: "... [WARNING] retrying"): the program caught
-    # the exception and went on; None when no logging call printed it (uncaught)
+    # the level of the logging call that printed it (the line before: "... [WARNING] retrying"): the program
+    # caught the exception and went on; None when no logging call printed it (uncaught)
     logged: str | None = None
     consumed: int = 1  # its lines read (a repeat is remembered only when all from its header on were its own)
     # the scanned block and where its header starts in it, while repeats.py may remember it (unlabelled lines)
@@ -104,8 +106,9 @@ def open_block(c: Collector, lab: Label, who: Who, line: int, offset: int) -> No
     """A traceback's header (``lab.rest``) opens a block of its writer's stream: its lines' labels, where
     repeats.py may remember it from, the logging call that printed it, its time (else a nearby line's)."""
     assert c.ctx is not None
-    block = c._blocks[lab.key] = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[lab.rest],
-                                       torch_rank=lab.torch_rank, stamp=lab.stamp, srun_task=lab.srun_task)
+    block = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[lab.rest],
+                  torch_rank=lab.torch_rank, stamp=lab.stamp, srun_task=lab.srun_task)
+    c._blocks[lab.key] = block
     if not lab.key and not lab.stamp and not lab.who.known:
         block.origin = repeats.rememberable(c)
     block.logged = logged_level(c, lab.key)
@@ -254,10 +257,10 @@ def read(block: Block) -> Reading:
     whole = "\n".join(block.text)
     launchers = tuple(name for name in engine.marks(whole) if name in _FRAME_LAUNCHERS)
     final = block.exceptions[-1] if block.exceptions else ""
-    # rule 1: a traceback through torchrun's own code (run.py's main, launch.py, the launcher API; a worker's may pass
-    # through elastic's @record wrapper, never these) reports its workers' failure, as does one damaged, cut short or
-    # raised while it read a failed worker's error file; its own exception otherwise (a rendezvous error, a signal)
-    # is the agent's failure, read as any other
+    # rule 1: a traceback through torchrun's own code (run.py's main, launch.py, the launcher API; a worker's
+    # may pass through elastic's @record wrapper, never these) reports its workers' failure, as does one
+    # damaged, cut short or raised while it read a failed worker's error file; its own exception otherwise (a
+    # rendezvous error, a signal) is the agent's failure, read as any other
     report = any(t.lstrip().startswith('File "') and _LAUNCHER_FRAME.search(t)
                  for t in block.text[:MAX_TRACEBACK_LINES]) and (
         not EXCEPTION_TYPE.match(final.strip()) or any(_REPORTING_FRAME.search(t) for t in block.text))
@@ -310,7 +313,8 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
     t, time_source = (block.time, TIME_LINE) if block.time is not None else (block.nearby, TIME_NEARBY)
     ev = c.event("traceback", reading.cls, reading.message, reading.label or reading.message.split(":", 1)[0],
                  block.who, block.start_line, block.start_offset, t=t, time_source=time_source,
-                 text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames, detail={"cause": reading.cause})
+                 text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames,
+                 detail={"cause": reading.cause})
     if block.logged and reading.cls == PRIMARY:
         ev.cls, ev.strong = WARNING, False
         ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"

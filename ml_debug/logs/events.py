@@ -1,12 +1,16 @@
 """Failure events from log lines: a :class:`Collector` per reader, fed the lines of one source at a time.
 
-It is fed only the lines that can matter (scan.py's prefilter), plus every line while a block is open, and keeps
-events, never ordinary lines; actions.py reads one line, blocks.py a traceback or torchrun's summary, text.py a
-failure text's class. Each event is classed where it is made: secondary, a consequence of a peer's failure (a
-reset connection, a broken pipe, a watchdog timeout, a store that lost its server, torchrun's SIGTERM after
-another rank failed); primary, any other failure; weak primary (``strong=False``), a bare exit code or a kill by
-srun: evidence of a failure, not its cause, naming the first failure only when nothing stronger exists. It also
-keeps what lines say about who is who, resolved by accounting.py (``Identities``).
+It is fed only the lines that can matter (scan.py's prefilter), plus every line while a block is open, and
+keeps events, never ordinary lines; actions.py reads one line, blocks.py a traceback or torchrun's summary,
+text.py a failure text's class. Each event is classed where it is made:
+
+- secondary: a consequence of a peer's failure (a reset connection, a broken pipe, a watchdog timeout, a
+  store that lost its server, torchrun's SIGTERM after another rank failed);
+- primary: any other failure;
+- weak primary (``strong=False``): a bare exit code or a kill by srun, evidence of a failure, not its cause,
+  naming the first failure only when nothing stronger exists.
+
+It also keeps what lines say about who is who, resolved by accounting.py (``Identities``).
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ __all__ = ["Collector", "SourceContext", "classify", "clean_message", "short_exc
 
 MAX_EVENTS_PER_STREAM = 64
 MAX_HANDLED_PER_STREAM = 16
-"""A writer's handled tracebacks (``handled:`` streams) kept as events, later ones only counted: context, shown one
-per writer and exception (verdict.dedupe); a retry loop prints thousands, and at 64 they were a tenth of the reading."""
+"""A writer's handled tracebacks (``handled:`` streams) kept as events, later ones only counted: context,
+shown one per writer and exception (verdict.dedupe); a retry loop prints thousands, and at 64 they were a
+tenth of the reading."""
 MAX_EVENTS = 100_000
 MAX_SAMPLED = 100_000  # distinct writers whose labels were sampled (see Collector.sample)
 STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
@@ -102,7 +107,11 @@ class Collector:
     # ------------------------------------------------------------------ sources
 
     def begin(self, ctx: SourceContext) -> None:
-        self.ctx, self._blocks, self.repeats, self.line, self.nccl_lines = ctx, {}, [], 0, 0
+        self.ctx = ctx
+        self._blocks = {}
+        self.repeats = []
+        self.line = 0
+        self.nccl_lines = 0
         if ctx.who.rank is not None:
             self.ranks_seen.add(ctx.who.rank)
         if ctx.who.node:
@@ -114,18 +123,21 @@ class Collector:
             blocks.close_block(self, key)
 
     def absorb(self, later: Collector) -> int:
-        """Take in what ``later`` (another reader's share, readers.py) collected from the sources after this one's,
-        as one collector reading all in order would: facts by source index are disjoint, the first word on a
-        rank's node, local rank or srun host stays, the last on its progress wins, the caps hold. Returns how
-        many of ``later``'s events were kept (the first ones)."""
+        """Take in what ``later`` (another reader's share, readers.py) collected from the sources after this
+        one's, as one collector reading all in order would: facts by source index are disjoint, the first word
+        on a rank's node, local rank or srun host stays, the last on its progress wins, the caps hold. Returns
+        how many of ``later``'s events were kept (the first ones)."""
         room = max(0, MAX_EVENTS - len(self.events))
         self.events.extend(later.events[:room])
         self.dropped += later.dropped + max(0, len(later.events) - room)
         self._per_stream.update(later._per_stream)
         self.local_rank_pairs.update(later.local_rank_pairs)
-        self.node_local_rank.update((k, v) for k, v in later.node_local_rank.items() if k not in self.node_local_rank)
-        self.rank_node.update((k, v) for k, v in later.rank_node.items() if k not in self.rank_node)
-        self.srun_hosts.update((k, v) for k, v in later.srun_hosts.items() if k not in self.srun_hosts)
+        for pair, rank in later.node_local_rank.items():
+            self.node_local_rank.setdefault(pair, rank)
+        for rank, node in later.rank_node.items():
+            self.rank_node.setdefault(rank, node)
+        for task_node, host in later.srun_hosts.items():
+            self.srun_hosts.setdefault(task_node, host)
         self.ranks_seen |= later.ranks_seen
         self.nodes_seen |= later.nodes_seen
         for key in later.sampled:
@@ -340,15 +352,15 @@ class Collector:
         """An event at ``line`` and byte ``offset`` of the source being read: its time ``t`` as
         ``time_source`` knows it (none: its order in the source); ``rest``, the rest of its fields."""
         assert self.ctx is not None
-        return Event(kind=kind, cls=cls, message=message, label=label, who=who, source=self.ctx.path, line=line,
-                     offset=offset, source_index=self.ctx.index, time=t,
+        return Event(kind=kind, cls=cls, message=message, label=label, who=who, source=self.ctx.path,
+                     line=line, offset=offset, source_index=self.ctx.index, time=t,
                      time_source=time_source if t is not None else TIME_ORDER, **rest)
 
     def exited(self, code: int | None, who: Who, line: int, offset: int, stream: str, *,
                t: float | None = None, time_source: str = TIME_ORDER, pid: int | None = None,
                weak: bool = False, detail: dict[str, Any] | None = None) -> None:
-        """``who`` ended with ``code`` (nothing when None or 0): an exit event (a signal's when negative) kept in
-        ``stream``; ``weak``: evidence only, whatever the signal; ``detail`` follows its code and pid."""
+        """``who`` ended with ``code`` (nothing when None or 0): an exit event (a signal's when negative) kept
+        in ``stream``; ``weak``: evidence only, whatever the signal; ``detail`` follows its code and pid."""
         if not code:
             return
         cls, message, strong, label = signal_event_text(code) if code < 0 else (
@@ -413,7 +425,8 @@ class Collector:
         except ValueError:
             return
         msg: Any = doc.get("message") if isinstance(doc, dict) else None
-        callstack, ts = "", None
+        callstack = ""
+        ts: float | None = None
         if isinstance(msg, dict):
             extra = msg.get("extraInfo") or {}
             callstack = str(extra.get("py_callstack") or "")
@@ -427,8 +440,8 @@ class Collector:
         text = str(msg)
         cls, label, kind = classify(text + "\n" + callstack[-2000:])
         message = short_exception(text.strip().splitlines()[-1] if "\n" in text.strip() else text)
-        self._add(self.event("error-file", cls, message, label or message.split(":", 1)[0], self.ctx.who, 1, 0,
-                             t=ts, time_source=TIME_ERROR_FILE, detail={"cause": kind},
+        self._add(self.event("error-file", cls, message, label or message.split(":", 1)[0], self.ctx.who,
+                             1, 0, t=ts, time_source=TIME_ERROR_FILE, detail={"cause": kind},
                              text=callstack.splitlines()[:MAX_TRACEBACK_LINES]), "error-file")
 
     def metrics_line(self, record: dict[str, Any]) -> dict[str, Any] | None:

@@ -2,13 +2,14 @@
 (``logger.warning("retrying", exc_info=True)``) may print the same one thousands of times, its message the same
 (``TimeoutError: The read operation timed out``) or not (``OSError: ... '/data/shard_00042.tar'``).
 
-When a traceback of unlabelled lines ends at a line not its own, its *frames* (the bytes from its header to its
-first exception line, with its block's state before that line) and its *ending* (the bytes from there to its last
-line, with the state after it and its :class:`blocks.Reading`) are remembered. Where known frames start a line
-again, the block is put back in the state after them at once, and after a known ending that follows too (its text
-not read again); else what follows is read as any, and the whole read anew. The line after the last decides, as
-the first time, whether it ends there (if not, it reads on as any other, read anew). Its place, the logging call
-that printed it (handled or not) and the time before it are taken anew each time.
+When a traceback of unlabelled lines ends at a line not its own, its *frames* (the bytes from its header to
+its first exception line, with its block's state before that line) and its *ending* (the bytes from there to
+its last line, with the state after it and its :class:`blocks.Reading`) are remembered. Where known frames
+start a line again, the block is put back in the state after them at once, and after a known ending that
+follows too (its text not read again); else what follows is read as any, and the whole read anew. The line
+after the last decides, as the first time, whether it ends there (if not, it reads on as any other, read
+anew). Its place, the logging call that printed it (handled or not) and the time before it are taken anew each
+time.
 """
 
 from __future__ import annotations
