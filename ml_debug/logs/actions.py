@@ -1,11 +1,8 @@
-"""One line, read: NCCL's lines, a traceback's start, c10d's watchdog, the catalogue's launcher lines (each
-turned into an event by its action below, or by :func:`says` where its entry says the event), then exception
-and failure lines of no launcher.
-
-``detect`` tries, in order: NCCL (its tallies, its WARN lines), a traceback's header (blocks.py reads the
-rest), the watchdog's timeout, the catalogue's launcher lines (engine.launcher_lines, catalogue order; the
-first action that takes the line ends it), then a line that names an exception or a failure class, and
-last a line that only looks like a failure (a suspect).
+"""One line, read. ``detect`` tries, in order: NCCL (its tallies, its WARN lines), a traceback's header
+(blocks.py reads the rest), c10d's watchdog timeout, the catalogue's launcher lines (engine.launcher_lines, in
+catalogue order, each made an event by its action below or by :func:`says`; the first action that takes the
+line ends it), then a line of no launcher that names an exception or a failure class, last one that only looks
+like a failure (a suspect).
 """
 
 from __future__ import annotations
@@ -19,15 +16,7 @@ from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs import blocks, engine
 from ml_debug.logs.engine import LineRule
 from ml_debug.logs.labels import Label, find_time, srun_task_node
-from ml_debug.logs.result import (
-    PRIMARY,
-    SECONDARY,
-    TIME_LAUNCHER,
-    TIME_LINE,
-    TIME_ORDER,
-    WARNING,
-    Who,
-)
+from ml_debug.logs.result import PRIMARY, SECONDARY, TIME_LAUNCHER, TIME_LINE, TIME_ORDER, WARNING, Who
 from ml_debug.logs.text import classify, clean_message, short_exception
 
 if TYPE_CHECKING:
@@ -182,8 +171,7 @@ def says(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, l
 def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
     """A launcher's line that says a worker ended: its exit code (or signal), and whose it is, as the catalogue's
     entry says (the groups ``code``/``sig``, ``rank``, ``local``, ``node``, ``pid``; its ``who`` and ``time``)."""
-    ctx = c.ctx
-    assert ctx is not None
+    assert c.ctx is not None
     g = m.groupdict()
     code = int(g["code"]) if g.get("code") else -int(g["sig"])
     rank = int(g["rank"]) if g.get("rank") else None
@@ -191,15 +179,15 @@ def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, 
     pid = int(g["pid"]) if g.get("pid") else None
     node = g.get("node")
     if rule.line.who == "agent":  # under srun --label, the task is the agent: one per node
-        node = node or ctx.who.node or lab.who.node or (srun_task_node(lab.srun_task) if lab.srun_task is not None
-                                                         else None)
+        node = node or c.ctx.who.node or lab.who.node or (
+            srun_task_node(lab.srun_task) if lab.srun_task is not None else None)
     else:
         rank, node = rank if rank is not None else who.rank, node or who.node
     if node:
         c.nodes_seen.add(node)
         if rank is not None:
             c.rank_node.setdefault(rank, node)
-    t = find_time(lab.rest, ctx.day) if rule.line.time != "order" else None
+    t = find_time(lab.rest, c.ctx.day) if rule.line.time != "order" else None
     source = TIME_LAUNCHER if rule.line.time == "launcher" else TIME_LINE
     _ended(c, rule, code, Who(rank, node, local), line, offset, t, source, pid, cut="local" in g and local is None)
     return True

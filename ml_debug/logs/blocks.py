@@ -1,10 +1,10 @@
-"""Tracebacks and torchrun's failure summary, read whole: the state of a block being read, line by line, from
-one writer's stream (its labels), and the events it gives when it closes.
+"""Tracebacks and torchrun's failure summary, read whole, line by line, from one writer's stream (its labels),
+and the events they give when they close.
 
-A traceback's frames are kept (indented lines, or a pasted traceback's stripped ones), then its exception
-line and the message lines after it; chained exceptions are followed. torchrun's ``ChildFailedError`` opens
-its failure summary: one entry per failed rank (rank, local rank, exit code, pid, host, time), the root
-cause flagged; each entry becomes an exit event that the accounting (accounting.py) reads.
+A traceback's frames are kept (indented, or a pasted traceback's stripped ones), then its exception line and
+the message after it; chained exceptions are followed. torchrun's ``ChildFailedError`` opens its failure
+summary: an entry per failed rank (rank, local rank, exit code, pid, host, time, the root cause flagged), each
+an exit event.
 """
 
 from __future__ import annotations
@@ -15,15 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ml_debug.logs import engine, repeats
 from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node, stamped
-from ml_debug.logs.result import (
-    INFO,
-    PRIMARY,
-    TIME_LAUNCHER,
-    TIME_LINE,
-    TIME_NEARBY,
-    WARNING,
-    Who,
-)
+from ml_debug.logs.result import INFO, PRIMARY, TIME_LAUNCHER, TIME_LINE, TIME_NEARBY, WARNING, Who
 from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception
 
 if TYPE_CHECKING:
@@ -46,17 +38,17 @@ _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
-# a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR at the
-# start of the record, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", absl's
-# glog-style "W0302 01:00:00.000 123 train.py:88] ..."); NCCL's "host:pid:tid [0] NCCL INFO" is not one, nor c10's
-# C++ glog line ("[W1128 04:18:40.186 socket.cpp:207] [c10d] ..."): another thread's warning that happens to come
-# just before a rank's own traceback, never the record of a Python logging call
+# a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR at
+# its start, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", absl's
+# "W0302 01:00:00.000 123 train.py:88] ..."); not NCCL's "host:pid:tid [0] NCCL INFO", nor c10's C++ glog line
+# ("[W1128 04:18:40.186 socket.cpp:207] [c10d] ..."): another thread's warning that happens to come just
+# before a rank's traceback
 _LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
                      r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"')
 # the agent reading a failed worker's error file (ProcessFailure): an exception there is the launcher failing to
-# report that worker's failure (torch's race: a worker stopped by SIGTERM while it wrote the file leaves it empty,
-# and the agent dies of "JSONDecodeError: Expecting value"), a consequence, never a rank's own failure
+# report it (torch's race: a worker stopped by SIGTERM while writing it leaves it empty, the agent dies of
+# "JSONDecodeError: Expecting value"), a consequence, never a rank's own failure
 _REPORTING_FRAME = re.compile(r'elastic/multiprocessing/errors/__init__\.py", line \d+, in __post_init__$')
 _FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
 
@@ -80,21 +72,17 @@ class Block:
     summary: Summary | None = None
     srun_task: int | None = None  # the srun task whose lines these are (a torchrun agent under srun --label)
     expect_code: bool = False  # the last line was a frame's 'File "..."': its code line comes next
+    # the level of the logging call that printed it (the line before: "... [WARNING] retrying"): the program
+    # caught the exception and went on; None when no logging call printed it (uncaught)
     logged: str | None = None
-    """The level of the logging call that printed it (the line before it: ``... [WARNING] retrying``): the
-    program caught the exception and went on; None for a traceback of no logging call (uncaught)."""
-    consumed: int = 1
-    """Its lines read so far (a repeat is remembered only when every line from its header on was its own)."""
+    consumed: int = 1  # its lines read (a repeat is remembered only when all from its header on were its own)
+    # the scanned block and where its header starts in it, while repeats.py may remember it (unlabelled lines)
     origin: tuple[bytes, int] | None = None
-    """The scanned block and where its header starts in it, while repeats.py may remember it (unlabelled
-    lines, each read whole)."""
-    reading: Reading | None = None
-    """What its text said when it was last this long (a repeat's, from repeats.py): not read again."""
-    marked: int = 0
-    """Its first lines whose launchers' marks this source has taken (a repeat's, when its first was read)."""
+    reading: Reading | None = None  # what its text said when last this long (a repeat's): not read again
+    marked: int = 0  # its first lines whose launchers' marks were taken (a repeat's, when its first was read)
+    # while it may be remembered: where its first exception line starts in the scanned block, and its state
+    # before that line (or the frames repeats.py knew it by)
     before_exception: tuple[int, Block | Frames] | None = None
-    """While it may be remembered: where its first exception line starts in the scanned block, and its state
-    before that line (or the frames repeats.py knew it by)."""
 
     def copy(self) -> Block:
         """A copy to read on: its lists its own (copy.copy's work, in a third of its time)."""
@@ -114,11 +102,9 @@ class Summary:
     field_name: str | None = None
 
 
-
 def open_block(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
-    """A traceback's header (``lab.rest``) opens a block of its writer's stream: the labels its lines
-    carry, where repeats.py may remember it from, the logging call that printed it, its time (else a
-    nearby line's)."""
+    """A traceback's header (``lab.rest``) opens a block of its writer's stream: its lines' labels, where
+    repeats.py may remember it from, the logging call that printed it, its time (else a nearby line's)."""
     assert c.ctx is not None
     block = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[lab.rest],
                   torch_rank=lab.torch_rank, stamp=lab.stamp, srun_task=lab.srun_task)
@@ -219,11 +205,8 @@ def time_before(c: Collector) -> float | None:
 
 def closes(rest: str) -> bool:
     """The line (not blank, not a chain's) ends a traceback after its exception: the program's next line."""
-    return rest.startswith(TRACEBACK) or looks_like_a_log_line(rest)
-
-
-def looks_like_a_log_line(rest: str) -> bool:
-    return rest.startswith(("[", "srun:", "slurmstepd:")) or " NCCL " in rest or stamped(rest[:40])
+    return rest.startswith(TRACEBACK) or rest.startswith(("[", "srun:", "slurmstepd:")) or " NCCL " in rest \
+        or stamped(rest[:40])
 
 def summary_line(c: Collector, key: str, block: Block, rest: str) -> bool:
     s = block.summary
@@ -274,12 +257,13 @@ def read(block: Block) -> Reading:
     whole = "\n".join(block.text)
     launchers = tuple(name for name in engine.marks(whole) if name in _FRAME_LAUNCHERS)
     final = block.exceptions[-1] if block.exceptions else ""
-    # rule 1: a launcher's own traceback reports its workers' failure; the failure summary that ends it is read as
-    # such, and one damaged or cut short is the launcher's still, as is one raised while it read a failed worker's
-    # error file (its own exception otherwise, a rendezvous error or a signal, is the agent's failure: read as any
-    # other)
-    report = _launcher_frames(block.text) and (not EXCEPTION_TYPE.match(final.strip()) or any(
-        _REPORTING_FRAME.search(t) for t in block.text))
+    # rule 1: a traceback through torchrun's own code (run.py's main, launch.py, the launcher API; a worker's
+    # may pass through elastic's @record wrapper, never these) reports its workers' failure, as does one
+    # damaged, cut short or raised while it read a failed worker's error file; its own exception otherwise (a
+    # rendezvous error, a signal) is the agent's failure, read as any other
+    report = any(t.lstrip().startswith('File "') and _LAUNCHER_FRAME.search(t)
+                 for t in block.text[:MAX_TRACEBACK_LINES]) and (
+        not EXCEPTION_TYPE.match(final.strip()) or any(_REPORTING_FRAME.search(t) for t in block.text))
     # the exceptions and their messages, not the frames (code lines say anything)
     said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
     cls, label, cause = classify(said[-4000:])
@@ -371,32 +355,21 @@ def _level(lab: Label, key: str) -> str | None:
     return "WARNING" if level == "WARN" else level
 
 
-def _launcher_frames(text: list[str]) -> bool:
-    """Frames of torchrun's own code (run.py's main, launch.py, the launcher API): the traceback is the
-    launcher's. (A worker's own traceback may pass through elastic's ``@record`` wrapper, never these.)"""
-    return any(t.lstrip().startswith('File "') and _LAUNCHER_FRAME.search(t) for t in text[:MAX_TRACEBACK_LINES])
-
-
 def summary_events(c: Collector, block: Block) -> None:
     """torchrun's ChildFailedError summary: one event per failed rank (time: when torchrun saw it)."""
-    ctx = c.ctx
-    assert ctx is not None and block.summary is not None
+    assert c.ctx is not None and block.summary is not None
     for entry in block.summary.entries:
-        rank = local = None
         m = _RANK_LOCAL.match(entry.get("rank", ""))
-        if m:
-            rank = int(m.group(1)) if int(m.group(1)) >= 0 else None
-            local = int(m.group(2)) if m.group(2) is not None else None
-        code = pid = None
+        rank = int(m.group(1)) if m and int(m.group(1)) >= 0 else None
+        local = int(m.group(2)) if m and m.group(2) is not None else None
         m = _EXIT_PID.match(entry.get("exitcode", ""))
-        if m:
-            code = int(m.group(1))
-            pid = int(m.group(2)) if m.group(2) else None
+        code = int(m.group(1)) if m else None
+        pid = int(m.group(2)) if m and m.group(2) else None
         host = entry.get("host") or None
         node = host.split(".")[0] if host and host not in ("localhost", "<N/A>") else None
         who = Who(rank, node, local).merged(block.who) if block.who.rank is None else Who(rank, node, local)
         if rank is not None and local is not None:
-            c.local_rank_pairs.setdefault(ctx.index, {}).setdefault(local, rank)
+            c.local_rank_pairs.setdefault(c.ctx.index, {}).setdefault(local, rank)
         if rank is not None:
             c.ranks_seen.add(rank)
             if node:
@@ -405,7 +378,7 @@ def summary_events(c: Collector, block: Block) -> None:
             c.srun_hosts.setdefault(srun_task_node(block.srun_task), node)
         if not code:
             continue
-        t = find_time(entry.get("time", ""), ctx.day)
+        t = find_time(entry.get("time", ""), c.ctx.day)
         tb = (entry.get("traceback") or "").strip()
         detail: dict[str, Any] = {"torchrun_root_cause": bool(entry.get("root"))}
         if entry.get("error_file") and entry["error_file"] != "<N/A>":
@@ -435,18 +408,13 @@ def lines_before(c: Collector, n: int) -> str:
 def summary_alone(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
     """torchrun's failure summary pasted without its traceback (or with its header cut): an entry's exitcode
     line opens it; the entry's lines before it (and whether it was the root cause) are read back."""
-    summary = Summary()
-    block = Block(who=who, start_line=line, start_offset=offset, last_line=line, stage="summary",
-                   summary=summary)
-    c._blocks[lab.key] = block
-    before = lines_before(c, 8).split("\n")
-    entry = [ln for ln in before if ln.strip()]
+    entry = [ln for ln in lines_before(c, 8).split("\n") if ln.strip()]
     start = max((i for i, ln in enumerate(entry) if _SUMMARY_ENTRY.match(ln.strip())), default=None)
     root = start is not None and start > 0 and entry[start - 1].strip().startswith("Root Cause")
-    summary.entries.append({"root": root})
-    summary.seen_root = root
+    summary = Summary([{"root": root}], seen_root=root)
     for ln in entry[(start + 1 if start is not None else 0):]:
-        f = _SUMMARY_FIELD.match(split_label(ln).rest)
-        if f:
+        if f := _SUMMARY_FIELD.match(split_label(ln).rest):
             summary.entries[-1][f.group(1)] = f.group(2).strip()
+    block = c._blocks[lab.key] = Block(who=who, start_line=line, start_offset=offset, last_line=line,
+                                       stage="summary", summary=summary)
     summary_line(c, lab.key, block, lab.rest)

@@ -1,21 +1,16 @@
 """Failure events from log lines: a :class:`Collector` per reader, fed the lines of one source at a time.
 
-It is fed only the lines that can matter (scan.py's prefilter), plus every line while a traceback or
-torchrun's summary is being read, and keeps events, never ordinary lines. What a line means is read
-elsewhere: actions.py (one line: the catalogue's launcher lines, exception and failure lines), blocks.py
-(tracebacks and torchrun's failure summary, kept whole), text.py (a failure text's class, from the
-catalogue). Each event is classed where it is made:
+It is fed only the lines that can matter (scan.py's prefilter), plus every line while a block is open, and
+keeps events, never ordinary lines; actions.py reads one line, blocks.py a traceback or torchrun's summary,
+text.py a failure text's class. Each event is classed where it is made:
 
-- secondary: the text is a consequence of a peer's failure (a reset or closed connection, a broken
-  pipe, a gloo or NCCL watchdog timeout, a store that lost its server, a rank stopped by torchrun's
-  SIGTERM after another one failed);
-- primary: any other failure (an exception that is not a communication error, a CUDA error, an
-  out-of-memory, a crash by signal, an error file's exception);
-- weak primary (``strong=False``): a bare exit code or a kill by srun, evidence of a failure but not its
-  cause. It names the first failure only when nothing stronger exists.
+- secondary: a consequence of a peer's failure (a reset connection, a broken pipe, a watchdog timeout, a
+  store that lost its server, torchrun's SIGTERM after another rank failed);
+- primary: any other failure;
+- weak primary (``strong=False``): a bare exit code or a kill by srun, evidence of a failure, not its cause,
+  naming the first failure only when nothing stronger exists.
 
-The collector also keeps what lines say about who is who (rank, node, local rank), resolved by
-accounting.py (``Identities``).
+It also keeps what lines say about who is who, resolved by accounting.py (``Identities``).
 """
 
 from __future__ import annotations
@@ -39,9 +34,9 @@ __all__ = ["Collector", "SourceContext", "classify", "clean_message", "short_exc
 
 MAX_EVENTS_PER_STREAM = 64
 MAX_HANDLED_PER_STREAM = 16
-"""A writer's handled tracebacks (``handled:`` streams) kept as events; later ones are only counted. They are
-context, not failures, the report shows one per writer and exception (verdict.dedupe), and a retry loop prints
-thousands: each kept one is read whole, and at 64 they were a tenth of the reading of such a log."""
+"""A writer's handled tracebacks (``handled:`` streams) kept as events, later ones only counted: context,
+shown one per writer and exception (verdict.dedupe); a retry loop prints thousands, and at 64 they were a
+tenth of the reading."""
 MAX_EVENTS = 100_000
 MAX_SAMPLED = 100_000  # distinct writers whose labels were sampled (see Collector.sample)
 STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
@@ -50,14 +45,7 @@ FLATTENED_NOTE = "NCCL lines flattened onto one line: read one by one"
 # where the next of several NCCL lines flattened onto one starts: "... found. host:1234:1234 [0] NCCL INFO ..."
 _NCCL_FLATTENED = re.compile(r"\s+(?=[\w.\-]{1,200}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w./\-]{1,200}:\d{1,6} )?NCCL |NCCL version )")
 _PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d+)\]")
-
-
 _NOBODY = Who()
-
-
-def _most(stream: str) -> int:
-    """The events a stream keeps."""
-    return MAX_HANDLED_PER_STREAM if stream.startswith("handled:") else MAX_EVENTS_PER_STREAM
 
 
 def _mendable(text: str) -> bool:
@@ -80,8 +68,7 @@ class SourceContext:
     who: Who
     day: _dt.date
     labelled: bool = True
-    node_prefix: bool = False
-    """Every line starts with its node's name (pdsh)."""
+    node_prefix: bool = False  # every line starts with its node's name (pdsh)
 
 
 class Collector:
@@ -112,11 +99,10 @@ class Collector:
         self.suspects: list[Event] = []  # lines that look like a failure and say no more (the last resort)
         self.nccl_lines = 0  # NCCL lines of the source being read (catalogue.NCCL_LINES_PER_SOURCE)
         self.agent_groups: dict[int, int] = {}  # source index -> its torchrun agent's group rank (node rank)
-        self.here: tuple[bytes, int] = (b"", 0)
-        """The block being scanned and where the current line starts in it (set by the scanner)."""
+        self.here: tuple[bytes, int] = (b"", 0)  # the scanned block, where the current line starts in it
         self.repeats: list[Frames] = []  # the tracebacks this source printed, read once (repeats.py)
+        # the last line read whole, where it starts in the scanned block, and its labels (blocks.logged_level)
         self.said: tuple[bytes, int, Label] | None = None
-        """The last line read whole, where it starts in the scanned block, and its labels (blocks.logged_level)."""
 
     # ------------------------------------------------------------------ sources
 
@@ -137,11 +123,10 @@ class Collector:
             blocks.close_block(self, key)
 
     def absorb(self, later: Collector) -> int:
-        """Take in what ``later`` collected from the sources that come after this collector's (another
-        reader process's share, readers.py): the result is what one collector reading all of them in order
-        would hold. Facts kept by source index are disjoint; the first word on a rank's node, local rank or
-        srun host stays (``setdefault``), the last word on a rank's progress wins; the caps hold as if
-        one collector had read everything. Returns how many of ``later``'s events were kept (the first ones)."""
+        """Take in what ``later`` (another reader's share, readers.py) collected from the sources after this
+        one's, as one collector reading all in order would: facts by source index are disjoint, the first word
+        on a rank's node, local rank or srun host stays, the last on its progress wins, the caps hold. Returns
+        how many of ``later``'s events were kept (the first ones)."""
         room = max(0, MAX_EVENTS - len(self.events))
         self.events.extend(later.events[:room])
         self.dropped += later.dropped + max(0, len(later.events) - room)
@@ -366,29 +351,23 @@ class Collector:
               t: float | None = None, time_source: str = TIME_LINE, **rest: Any) -> Event:
         """An event at ``line`` and byte ``offset`` of the source being read: its time ``t`` as
         ``time_source`` knows it (none: its order in the source); ``rest``, the rest of its fields."""
-        ctx = self.ctx
-        assert ctx is not None
-        return Event(kind=kind, cls=cls, message=message, label=label, who=who, source=ctx.path, line=line,
-                     offset=offset, source_index=ctx.index, time=t,
+        assert self.ctx is not None
+        return Event(kind=kind, cls=cls, message=message, label=label, who=who, source=self.ctx.path,
+                     line=line, offset=offset, source_index=self.ctx.index, time=t,
                      time_source=time_source if t is not None else TIME_ORDER, **rest)
 
     def exited(self, code: int | None, who: Who, line: int, offset: int, stream: str, *,
                t: float | None = None, time_source: str = TIME_ORDER, pid: int | None = None,
                weak: bool = False, detail: dict[str, Any] | None = None) -> None:
-        """``who`` ended with ``code`` (nothing when None or 0): an exit event, a signal's when it is
-        negative, kept in ``stream``; ``weak``: evidence only, whatever the signal; ``detail`` follows its
-        code and pid."""
+        """``who`` ended with ``code`` (nothing when None or 0): an exit event (a signal's when negative) kept
+        in ``stream``; ``weak``: evidence only, whatever the signal; ``detail`` follows its code and pid."""
         if not code:
             return
-        if code < 0:
-            cls, message, strong, label = signal_event_text(code)
-            kind = "signal"
-        else:
-            cls, message, strong, label = PRIMARY, f"exited with code {code}", False, f"exit code {code}"
-            kind = "exit"
+        cls, message, strong, label = signal_event_text(code) if code < 0 else (
+            PRIMARY, f"exited with code {code}", False, f"exit code {code}")
         detail = {"exit_code": code, **({"pid": pid} if pid else {}), **(detail or {})}
-        self._add(self.event(kind, cls, message, label, who, line, offset, t=t, time_source=time_source,
-                             strong=strong and not weak, detail=detail), stream)
+        self._add(self.event("signal" if code < 0 else "exit", cls, message, label, who, line, offset, t=t,
+                             time_source=time_source, strong=strong and not weak, detail=detail), stream)
 
     def _one(self, kind: str, cls: str, message: str, label: str, who: Who, line: int, offset: int, rest: str, *,
              strong: bool = True, t: float | None = None, detail: dict[str, Any] | None = None) -> None:
@@ -416,7 +395,8 @@ class Collector:
     def has_room(self, stream: str) -> bool:
         """The stream may keep another event."""
         assert self.ctx is not None
-        return self._per_stream.get((self.ctx.index, stream), 0) < _most(stream) and len(self.events) < MAX_EVENTS
+        most = MAX_HANDLED_PER_STREAM if stream.startswith("handled:") else MAX_EVENTS_PER_STREAM
+        return self._per_stream.get((self.ctx.index, stream), 0) < most and len(self.events) < MAX_EVENTS
 
     def full(self, stream: str) -> bool:
         """The stream has all the events it may keep: a new one is only counted (the work of making it is saved)."""
@@ -426,14 +406,11 @@ class Collector:
         return True
 
     def _add(self, ev: Event, stream: str) -> None:
-        ctx = self.ctx
-        assert ctx is not None
-        key = (ctx.index, stream)
-        n = self._per_stream.get(key, 0)
-        if n >= _most(stream) or len(self.events) >= MAX_EVENTS:
-            self.dropped += 1
+        if self.full(stream):
             return
-        self._per_stream[key] = n + 1
+        assert self.ctx is not None
+        key = (self.ctx.index, stream)
+        self._per_stream[key] = self._per_stream.get(key, 0) + 1
         ev.label = brief(ev.label)  # a label is a message's first word(s), or the message when it has none
         self.events.append(ev)
 
@@ -442,8 +419,7 @@ class Collector:
     def error_file(self, data: bytes) -> None:
         """A torchelastic error file (TORCHELASTIC_ERROR_FILE: ``{"message": {"message", "extraInfo":
         {"py_callstack", "timestamp"}}}``) as one event of the source's rank."""
-        ctx = self.ctx
-        assert ctx is not None
+        assert self.ctx is not None
         try:
             doc = json.loads(data.decode("utf-8", "replace"))
         except ValueError:
@@ -454,27 +430,24 @@ class Collector:
         if isinstance(msg, dict):
             extra = msg.get("extraInfo") or {}
             callstack = str(extra.get("py_callstack") or "")
-            stamp = extra.get("timestamp")
             try:
-                ts = float(stamp) if stamp else None
+                ts = float(extra["timestamp"]) if extra.get("timestamp") else None
             except (TypeError, ValueError):
-                ts = None
+                pass
             msg = msg.get("message")
         if not msg or msg == "<N/A>":
             return
         text = str(msg)
         cls, label, kind = classify(text + "\n" + callstack[-2000:])
         message = short_exception(text.strip().splitlines()[-1] if "\n" in text.strip() else text)
-        self._add(self.event("error-file", cls, message, label or message.split(":", 1)[0], ctx.who, 1, 0,
-                             t=ts, time_source=TIME_ERROR_FILE, detail={"cause": kind},
+        self._add(self.event("error-file", cls, message, label or message.split(":", 1)[0], self.ctx.who,
+                             1, 0, t=ts, time_source=TIME_ERROR_FILE, detail={"cause": kind},
                              text=callstack.splitlines()[:MAX_TRACEBACK_LINES]), "error-file")
 
     def metrics_line(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """The progress an mldebug train metrics record says (rank, step, time), or None."""
-        if not isinstance(record, dict) or record.get("schema") != "mldebug.train.step":
-            return None
-        rank = record.get("rank")
-        if not isinstance(rank, int):
+        if not isinstance(record, dict) or record.get("schema") != "mldebug.train.step" \
+                or not isinstance(rank := record.get("rank"), int):
             return None
         self.ranks_seen.add(rank)
         return {"rank": rank, "step": record.get("step"), "time": record.get("time"),

@@ -1,17 +1,15 @@
-"""A traceback that a source repeats is read once: a retry loop that logs each failure with its traceback
+"""A traceback that a source repeats is read once: a retry loop logging each failure with its traceback
 (``logger.warning("retrying", exc_info=True)``) may print the same one thousands of times, its message the same
 (``TimeoutError: The read operation timed out``) or not (``OSError: ... '/data/shard_00042.tar'``).
 
-When a traceback of unlabelled lines ends at a line that is not its own, two things are remembered: its
-*frames*, the bytes from its header to its first exception line, with the state its block was in before that
-line; and its *ending*, the bytes from there to its last line, with the state its block was left in and what its
-text said (:class:`blocks.Reading`). Where a line of the same source starts with known frames again, the block is
-put back in the state after them at once, their lines are not handed over one by one; if a known ending follows,
-the block is put back as it was after that too, and its text is not read again. Else its exception line and what
-follows are read as any, and the whole is read anew. The line after the last decides, as the first time, whether
-the traceback ends there; if it does not (the message goes on), the block reads on as any other and its text is
-read anew. What differs from one repeat to the next is taken anew: its place, the logging call that printed it
-(handled or not), the time before it.
+When a traceback of unlabelled lines ends at a line not its own, its *frames* (the bytes from its header to
+its first exception line, with its block's state before that line) and its *ending* (the bytes from there to
+its last line, with the state after it and its :class:`blocks.Reading`) are remembered. Where known frames
+start a line again, the block is put back in the state after them at once, and after a known ending that
+follows too (its text not read again); else what follows is read as any, and the whole read anew. The line
+after the last decides, as the first time, whether it ends there (if not, it reads on as any other, read
+anew). Its place, the logging call that printed it (handled or not) and the time before it are taken anew each
+time.
 """
 
 from __future__ import annotations
@@ -32,20 +30,15 @@ MAX_SPAN = 64 << 10  # the longest frames or ending remembered, in bytes
 
 @dataclass(frozen=True)
 class Ending:
-    span: bytes
-    """Its bytes, from its exception line to its last line."""
-    lines: int
-    """The traceback's lines, its frames' with them."""
-    state: Block
-    """The traceback's block after its last line, with its reading."""
+    span: bytes  # its bytes, from its exception line to its last line
+    lines: int  # the traceback's lines, its frames' with them
+    state: Block  # the traceback's block after its last line, with its reading
 
 
 @dataclass
 class Frames:
-    span: bytes
-    """Its bytes, from the header to its exception line."""
-    state: Block
-    """Its block before its exception line."""
+    span: bytes  # its bytes, from the header to its exception line
+    state: Block  # its block before its exception line
     endings: list[Ending] = field(default_factory=list)
 
 
