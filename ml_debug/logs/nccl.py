@@ -237,8 +237,7 @@ class NcclCollector:
         per_host = [{"host": h, "network": sorted(self.network.get(h, ())),
                      "bootstrap_interface": sorted(self.bootstrap.get(h, ())),
                      "socket_interfaces": sorted(self.socket_ifaces.get(h, ())),
-                     "ib_devices": sorted(self.ib_devices.get(h, ())),
-                     "no_ib_device": h in self.no_ib} for h in hosts]
+                     "ib_devices": sorted(self.ib_devices.get(h, ())), "no_ib_device": h in self.no_ib} for h in hosts]
         return {
             "lines": self.lines,
             "versions": dict(self.versions),
@@ -268,13 +267,13 @@ class NcclCollector:
         def add(code: str, severity: str, text: str) -> None:
             out.append({"code": code, "severity": severity, "text": text})
 
-        socket_pairs = transports.get("NET/Socket", 0)
-        if socket_pairs:
+        if socket_pairs := transports.get("NET/Socket", 0):
             ib_off = sorted(v for v in self.env.get("NCCL_IB_DISABLE", {}) if v.strip() not in ("0", ""))
             net = sorted(self.env.get("NCCL_NET", {}))
-            why = [reason for reason, said in ((f"NCCL_IB_DISABLE={','.join(ib_off)}", ib_off),
-                                           (f"no InfiniBand device found on {few(sorted(self.no_ib), 8)}", self.no_ib),
-                                           (f"NCCL_NET={','.join(net)}", net)) if said]
+            why = [reason for reason, said in (
+                (f"NCCL_IB_DISABLE={','.join(ib_off)}", ib_off),
+                (f"no InfiniBand device found on {few(sorted(self.no_ib), 8)}", self.no_ib),
+                (f"NCCL_NET={','.join(net)}", net)) if said]
             add("socket-not-ib", "warning",
                 f"inter-node traffic goes over TCP sockets (NET/Socket, {socket_pairs} peer connection(s)), not "
                 "InfiniBand/RoCE: expect a fraction of the bandwidth"
@@ -296,25 +295,20 @@ class NcclCollector:
             add("interface-mismatch", "warning",
                 f"hosts use different network interfaces: {text} (set NCCL_SOCKET_IFNAME to one interface name "
                 "every node has)")
-        bad = sorted(h for h, ifs in chosen.items() if any(i.startswith(SLOW_INTERFACES) for i in ifs))
-        if bad:
-            add("bad-interface", "warning",
-                f"{few(bad, 4)}: NCCL uses a loopback, docker or virtual "
-                f"interface ({', '.join(sorted({i for h in bad for i in chosen[h]}))}): set NCCL_SOCKET_IFNAME")
+        if bad := sorted(h for h, ifs in chosen.items() if any(i.startswith(SLOW_INTERFACES) for i in ifs)):
+            add("bad-interface", "warning", f"{few(bad, 4)}: NCCL uses a loopback, docker or virtual interface "
+                f"({', '.join(sorted({i for h in bad for i in chosen[h]}))}): set NCCL_SOCKET_IFNAME")
         ib = {h: frozenset(d) for h, d in self.ib_devices.items() if d}
         if ib and (len(set(ib.values())) > 1 or (self.no_ib - set(ib))):
-            counts = sorted({len(d) for d in ib.values()})
-            add("ib-mismatch", "warning",
-                "hosts see different InfiniBand devices (" + ", ".join(str(c) for c in counts) + " device(s)"
+            counts = ", ".join(str(c) for c in sorted({len(d) for d in ib.values()}))
+            add("ib-mismatch", "warning", f"hosts see different InfiniBand devices ({counts} device(s)"
                 + (f"; none on {', '.join(sorted(self.no_ib)[:4])}" if self.no_ib - set(ib) else "")
                 + "): a missing or down HCA")
         if len(self.versions) > 1:
             add("version-mismatch", "warning",
                 "ranks run different NCCL versions: " + ", ".join(f"{v} ({n})" for v, n in self.versions.items()))
-        same_node_net = [(a, b) for (a, b), fams in self.pairs.items()
-                         if any(f.startswith("NET") for f in fams)
-                         and self.rank_host.get(a) is not None and self.rank_host.get(a) == self.rank_host.get(b)]
-        if same_node_net:
+        if same_node_net := [(a, b) for (a, b), fams in self.pairs.items() if any(f.startswith("NET") for f in fams)
+                             and self.rank_host.get(a) is not None and self.rank_host.get(a) == self.rank_host.get(b)]:
             a, b = same_node_net[0]
             add("intra-node-net", "warning",
                 f"{len(same_node_net)} pair(s) of ranks on the same node talk through the network (e.g. {a} -> {b} "

@@ -161,8 +161,9 @@ def _read_shared(sources: list[Source], shares: list[range], jobs: int,
             r.stop()
     merged = Collector()
     reads: list[Read] = []
-    for n, share_range in enumerate(shares):
-        reads.extend(take_in(merged, *(done.pop(n) if n in done else _read_here(sources, share_range, on_source))))
+    for n, share_range in enumerate(shares):  # a share no reader sent back is read here
+        collector, share_reads = done.pop(n) if n in done else _read_here(sources, share_range, on_source)
+        reads.extend(take_in(merged, collector, share_reads))
     return merged, reads
 
 
@@ -177,8 +178,7 @@ def take_in(merged: Collector, share: Collector, reads: list[Read]) -> list[Read
 
 
 class _Reader:
-    """One reader process, fed its shares at once; a thread puts each share it sends back on ``out``,
-    then None."""
+    """One reader process, fed its shares at once; a thread puts each share it sends back on ``out``, then None."""
 
     def __init__(self, popen: Callable[..., subprocess.Popen[bytes]], work: list[tuple[int, int, list[Source]]],
                  out: queue.Queue[tuple[int, Share] | None]) -> None:

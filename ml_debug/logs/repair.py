@@ -83,10 +83,8 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
         return None
     width = max(body)
     at = body.count(width)
-    if width < 40 or at < 3 or at < 0.05 * len(body):
-        return None
-    if Counter(body).most_common(1)[0][1] >= 0.9 * len(body):
-        return None  # a table of equal-width lines is not wrapped
+    if width < 40 or at < 3 or at < 0.05 * len(body) or Counter(body).most_common(1)[0][1] >= 0.9 * len(body):
+        return None  # too few of that width, or a table of equal-width lines (not wrapped)
     # a wrapped line goes on in the next, which does not start like the source's lines start (a label, a
     # time stamp): lines of a fixed format that happen to be the longest are not wrapped
     starts = Counter(ln[:4] for ln in usable if ln.strip())

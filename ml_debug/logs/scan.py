@@ -294,8 +294,7 @@ def metrics_tail(src: Source, collector: Collector) -> tuple[int, dict[str, Any]
 
 def feed_source(src: Source, index: int, collector: Collector) -> dict[str, Any]:
     """Read one source into the collector; what was read (bytes, lines, last line, progress)."""
-    ctx = SourceContext(index=index, path=src.path, who=src.who, day=src.day, labelled=src.labelled)
-    collector.begin(ctx)
+    collector.begin(SourceContext(index=index, path=src.path, who=src.who, day=src.day, labelled=src.labelled))
     try:
         if src.shape == "error-file":
             with opened(src) as f:
