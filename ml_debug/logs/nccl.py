@@ -1,13 +1,14 @@
 """What NCCL_DEBUG=INFO lines say: version, network, transports per peer, rings, trees, warnings.
 
-NCCL writes ``HOST:PID:TID [CUDADEV] NCCL INFO <message>`` (``WARN`` for warnings, sometimes after the source
-location: ``[0] misc/socket.cc:484 NCCL WARN ...``); rank 0 also prints a bare ``NCCL version 2.21.5+cuda12.4``.
-The lines used here:
+NCCL writes ``HOST:PID:TID [CUDADEV] NCCL INFO <message>`` (``WARN`` for warnings, sometimes after the
+source location: ``[0] misc/socket.cc:484 NCCL WARN ...``); rank 0 also prints a bare
+``NCCL version 2.21.5+cuda12.4``. The lines used here:
 
 - ``comm 0x... rank R nRanks N nNodes M localRanks L localRank l`` (older: ``rank R nranks N cudaDev D ...
   Init COMPLETE``): which process (host, pid) is which rank;
-- ``Bootstrap : Using eth0:10.0.0.1<0>``, ``NET/IB : Using [0]mlx5_0:1/IB ...``, ``NET/IB : No device found.``,
-  ``NET/Socket : Using [0]eth0:10.0.0.1<0>``, ``Using network IB``: the network of each host;
+- ``Bootstrap : Using eth0:10.0.0.1<0>``, ``NET/IB : Using [0]mlx5_0:1/IB ...``,
+  ``NET/IB : No device found.``, ``NET/Socket : Using [0]eth0:10.0.0.1<0>``, ``Using network IB``: the
+  network of each host;
   ``NCCL_IB_DISABLE set by environment to 1.``: settings;
 - ``Channel 00/0 : 8[0] -> 15[7] via P2P/IPC/read``, ``... [send] via NET/IB/3`` (older: ``Ring 00 : 3[b0] ->
   0[80] via direct shared memory``): the transport between two ranks; ``Channel 00/32 :    0   1   2   3`` /
@@ -237,7 +238,8 @@ class NcclCollector:
         per_host = [{"host": h, "network": sorted(self.network.get(h, ())),
                      "bootstrap_interface": sorted(self.bootstrap.get(h, ())),
                      "socket_interfaces": sorted(self.socket_ifaces.get(h, ())),
-                     "ib_devices": sorted(self.ib_devices.get(h, ())), "no_ib_device": h in self.no_ib} for h in hosts]
+                     "ib_devices": sorted(self.ib_devices.get(h, ())),
+                     "no_ib_device": h in self.no_ib} for h in hosts]
         return {
             "lines": self.lines,
             "versions": dict(self.versions),
@@ -296,8 +298,9 @@ class NcclCollector:
                 f"hosts use different network interfaces: {text} (set NCCL_SOCKET_IFNAME to one interface name "
                 "every node has)")
         if bad := sorted(h for h, ifs in chosen.items() if any(i.startswith(SLOW_INTERFACES) for i in ifs)):
-            add("bad-interface", "warning", f"{few(bad, 4)}: NCCL uses a loopback, docker or virtual interface "
-                f"({', '.join(sorted({i for h in bad for i in chosen[h]}))}): set NCCL_SOCKET_IFNAME")
+            add("bad-interface", "warning",
+                f"{few(bad, 4)}: NCCL uses a loopback, docker or virtual "
+                f"interface ({', '.join(sorted({i for h in bad for i in chosen[h]}))}): set NCCL_SOCKET_IFNAME")
         ib = {h: frozenset(d) for h, d in self.ib_devices.items() if d}
         if ib and (len(set(ib.values())) > 1 or (self.no_ib - set(ib))):
             counts = ", ".join(str(c) for c in sorted({len(d) for d in ib.values()}))
@@ -307,8 +310,9 @@ class NcclCollector:
         if len(self.versions) > 1:
             add("version-mismatch", "warning",
                 "ranks run different NCCL versions: " + ", ".join(f"{v} ({n})" for v, n in self.versions.items()))
-        if same_node_net := [(a, b) for (a, b), fams in self.pairs.items() if any(f.startswith("NET") for f in fams)
-                             and self.rank_host.get(a) is not None and self.rank_host.get(a) == self.rank_host.get(b)]:
+        if same_node_net := [(a, b) for (a, b), fams in self.pairs.items()
+                             if any(f.startswith("NET") for f in fams) and self.rank_host.get(a) is not None
+                             and self.rank_host.get(a) == self.rank_host.get(b)]:
             a, b = same_node_net[0]
             add("intra-node-net", "warning",
                 f"{len(same_node_net)} pair(s) of ranks on the same node talk through the network (e.g. {a} -> {b} "

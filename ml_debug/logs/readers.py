@@ -178,7 +178,8 @@ def take_in(merged: Collector, share: Collector, reads: list[Read]) -> list[Read
 
 
 class _Reader:
-    """One reader process, fed its shares at once; a thread puts each share it sends back on ``out``, then None."""
+    """One reader process, fed its shares at once; a thread puts each share it sends back on ``out``,
+    then None."""
 
     def __init__(self, popen: Callable[..., subprocess.Popen[bytes]], work: list[tuple[int, int, list[Source]]],
                  out: queue.Queue[tuple[int, Share] | None]) -> None:

@@ -1,9 +1,9 @@
 """Logs as people paste them: quoted, numbered, wrapped, reversed, glued to progress bars; mended before reading.
 
-- Damage of the whole text, found by :func:`sniff` in a source's first ``SNIFF_BYTES`` and undone by :func:`mend`
-  (a pasted log is small; a source over ``MEND_LIMIT`` is read as it is): markdown quoting, a viewer's line
-  numbers, lines hard-wrapped by a terminal at a fixed width, a log pasted bottom-to-top; and pdsh's node names
-  in front of every line (read as labels).
+- Damage of the whole text, found by :func:`sniff` in a source's first ``SNIFF_BYTES`` and undone by
+  :func:`mend` (a pasted log is small; a source over ``MEND_LIMIT`` is read as it is): markdown quoting, a
+  viewer's line numbers, lines hard-wrapped by a terminal at a fixed width, a log pasted bottom-to-top; and
+  pdsh's node names in front of every line (read as labels).
 - Damage of one line, undone by :func:`mend_line` on the lines the scanner hands over: a tqdm or rich progress
   bar a log line was glued onto (no newline after the bar, or a carriage return), tmux's scrollback counter
   (``[12/3456]``) glued onto the end.
@@ -61,8 +61,8 @@ def _unquote(lines: list[str]) -> list[str]:
 
 
 def _numbered(lines: list[str]) -> bool:
-    """A viewer's line numbers (``  12 | text``, ``12: text``): the lines that are not blank start with numbers
-    that mostly go up by one."""
+    """A viewer's line numbers (``  12 | text``, ``12: text``): the lines that are not blank start with
+    numbers that mostly go up by one."""
     nums = [int(m.group(1)) if (m := _NUMBERED.match(ln)) else None for ln in lines if ln.strip()]
     if len(nums) < 5 or None in nums[:3]:
         return False

@@ -1,8 +1,9 @@
 """One streaming pass over each source; only the lines that can matter reach Python code.
 
 Each 1 MiB block gets one prefilter pass (engine.py: every word of the catalogue and of failure lines in one
-Hyperscan database); only the lines holding one are decoded and fed to the collector, plus every line while a
-traceback (or torchrun's failure summary) is open. Memory stays bounded: one block, the events, the NCCL tallies.
+Hyperscan database); only the lines holding one are decoded and fed to the collector, plus every line while
+a traceback (or torchrun's failure summary) is open. Memory stays bounded: one block, the events, the NCCL
+tallies.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ traceback, the time before it, Open MPI's process name, a summary's entry) is fo
 
 class Gunzip:
     """A gzip file's data up to where it is damaged (a copy cut short, a job killed while compressing);
-    ``src.cut`` says why the rest is missing. ``read1``, not ``GzipFile.read``, which drops what it decompressed
-    in a call that then meets the damage."""
+    ``src.cut`` says why the rest is missing. ``read1``, not ``GzipFile.read``, which drops what it
+    decompressed in a call that then meets the damage."""
 
     def __init__(self, f: gzip.GzipFile, src: Source) -> None:
-        self._f, self._src, self._pos = f, src, 0
+        self._f = f
+        self._src = src
+        self._pos = 0
 
     def read(self, size: int = -1) -> bytes:
         parts: list[bytes] = []
@@ -90,6 +93,12 @@ class Capped:
         return self._f.seek(offset, whence)
 
 
+def _open_regular(path: str) -> IO[bytes]:
+    """A log file opened without waiting (open_regular: a FIFO put in its place is refused, not waited on)."""
+    fd, _ = open_regular(path)
+    return open(fd, "rb", buffering=0)  # whole blocks are read: no second buffer
+
+
 @contextmanager
 def opened(src: Source) -> Iterator[IO[bytes]]:
     """The source as a binary stream (gzip decompressed, up to any damage; standard input for ``-``), at most
@@ -99,13 +108,11 @@ def opened(src: Source) -> Iterator[IO[bytes]]:
         return
     if src.gz:
         src.cut = None
-    fd, _ = open_regular(src.path)  # without waiting: a FIFO put in the file's place is refused
-    with open(fd, "rb", buffering=0) as raw:  # whole blocks are read: no second buffer
-        if not src.gz:
-            yield Capped(raw, src)  # type: ignore[misc]
-            return
-        with gzip.open(raw, "rb") as f:
+        with _open_regular(src.path) as raw, gzip.open(raw, "rb") as f:
             yield Capped(Gunzip(f, src), src)  # type: ignore[arg-type, misc]
+        return
+    with _open_regular(src.path) as f:
+        yield Capped(f, src)  # type: ignore[misc]
 
 
 def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[tuple[bytes, int]]:
@@ -277,7 +284,8 @@ def metrics_tail(src: Source, collector: Collector) -> tuple[int, dict[str, Any]
             f.seek(max(0, size - TAIL_BYTES))
             data = f.read()
         else:
-            data, size = b"", 0
+            data = b""
+            size = 0
             for chunk in iter(lambda: f.read(BLOCK), b""):
                 size += len(chunk)
                 data = (data + chunk)[-TAIL_BYTES:]
@@ -294,7 +302,8 @@ def metrics_tail(src: Source, collector: Collector) -> tuple[int, dict[str, Any]
 
 def feed_source(src: Source, index: int, collector: Collector) -> dict[str, Any]:
     """Read one source into the collector; what was read (bytes, lines, last line, progress)."""
-    collector.begin(SourceContext(index=index, path=src.path, who=src.who, day=src.day, labelled=src.labelled))
+    ctx = SourceContext(index=index, path=src.path, who=src.who, day=src.day, labelled=src.labelled)
+    collector.begin(ctx)
     try:
         if src.shape == "error-file":
             with opened(src) as f:

@@ -2,15 +2,16 @@
 
 Shapes:
 
-- ``launch``: the console of an `mldebug launch` node (``<dir>/<host>/console.log``, next to its ``launch.json``):
-  every line labelled ``[host:local rankR]:``. torchrun's per-rank files under ``torchelastic/`` hold the same
-  lines and are read too (the node's name from the manifest): a killed torchrun's console may miss their end.
-- ``torchelastic``: torchrun's ``--log-dir`` tree, ``.../attempt_N/<local rank>/stdout.log`` or ``stderr.log``;
-  ``error-file``: its ``error.json`` (TORCHELASTIC_ERROR_FILE).
+- ``launch``: the console of an `mldebug launch` node (``<dir>/<host>/console.log``, next to its
+  ``launch.json``): every line labelled ``[host:local rankR]:``. torchrun's per-rank files under
+  ``torchelastic/`` hold the same lines and are read too (the node's name from the manifest): a killed
+  torchrun's console may miss their end.
+- ``torchelastic``: torchrun's ``--log-dir`` tree, ``.../attempt_N/<local rank>/stdout.log`` or
+  ``stderr.log``; ``error-file``: its ``error.json`` (TORCHELASTIC_ERROR_FILE).
 - ``train-metrics``: `mldebug train --metrics-dir` files (``rank-R.jsonl``): how far each rank got.
 - ``rank-file``: a file named for its rank (``rank37.log``, ``log_rank_3.txt``, ``rank-0012.out``).
-- ``console``: anything else; each line is attributed by its own labels (``srun --label``, torchrun ``--tee``),
-  or to an unknown rank.
+- ``console``: anything else; each line is attributed by its own labels (``srun --label``, torchrun
+  ``--tee``), or to an unknown rank.
 
 A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for ``*.log *.out *.err
 *.txt``, ``error*.json``, ``*.jsonl`` and their ``.gz``; what is skipped, and a subdirectory that cannot be
