@@ -1,22 +1,22 @@
 """What NCCL_DEBUG=INFO lines say: version, network, transports per peer, rings, trees, warnings.
 
-NCCL writes ``HOST:PID:TID [CUDADEV] NCCL INFO <message>`` (``WARN`` for warnings, sometimes with the
-source location before the level: ``[0] misc/socket.cc:484 NCCL WARN ...``); rank 0 also prints a bare
+NCCL writes ``HOST:PID:TID [CUDADEV] NCCL INFO <message>`` (``WARN`` for warnings, sometimes after the
+source location: ``[0] misc/socket.cc:484 NCCL WARN ...``); rank 0 also prints a bare
 ``NCCL version 2.21.5+cuda12.4``. The lines used here:
 
-- ``comm 0x... rank R nRanks N nNodes M localRanks L localRank l`` (older: ``rank R nranks N cudaDev D
-  ... Init COMPLETE``): which process (host, pid) is which rank;
-- ``Bootstrap : Using eth0:10.0.0.1<0>``, ``NET/IB : Using [0]mlx5_0:1/IB ...``, ``NET/IB : No device
-  found.``, ``NET/Socket : Using [0]eth0:10.0.0.1<0>``, ``Using network IB``: the network of each host;
-- ``NCCL_IB_DISABLE set by environment to 1.``: settings;
-- ``Channel 00/0 : 8[0] -> 15[7] via P2P/IPC/read`` and ``... [send] via NET/IB/3`` (older: ``Ring 00 :
-  3[b0] -> 0[80] via direct shared memory``): the transport between two ranks;
-- ``Channel 00/32 :    0   1   2   3`` / ``Ring 00 : 0 1 2 3``: ring orders; ``Trees [0] 1/-1/-1->0->-1
-  [1] ...``: trees.
+- ``comm 0x... rank R nRanks N nNodes M localRanks L localRank l`` (older: ``rank R nranks N cudaDev D ...
+  Init COMPLETE``): which process (host, pid) is which rank;
+- ``Bootstrap : Using eth0:10.0.0.1<0>``, ``NET/IB : Using [0]mlx5_0:1/IB ...``,
+  ``NET/IB : No device found.``, ``NET/Socket : Using [0]eth0:10.0.0.1<0>``, ``Using network IB``: the
+  network of each host;
+  ``NCCL_IB_DISABLE set by environment to 1.``: settings;
+- ``Channel 00/0 : 8[0] -> 15[7] via P2P/IPC/read``, ``... [send] via NET/IB/3`` (older: ``Ring 00 : 3[b0] ->
+  0[80] via direct shared memory``): the transport between two ranks; ``Channel 00/32 :    0   1   2   3`` /
+  ``Ring 00 : 0 1 2 3``: ring orders; ``Trees [0] 1/-1/-1->0->-1 [1] ...``: trees.
 
-The slow-path causes flagged: inter-node traffic over TCP sockets instead of InfiniBand/RoCE, P2P, SHM
-or IB disabled by an environment variable, hosts that disagree on the network interface or on their IB
-devices, mixed NCCL versions, and ranks of one node talking through the network.
+The slow-path causes flagged: TCP sockets instead of InfiniBand/RoCE between nodes, P2P, SHM or IB disabled by
+an environment variable, hosts that disagree on the network interface or on their IB devices, mixed NCCL
+versions, ranks of one node talking through the network.
 """
 
 from __future__ import annotations
@@ -240,7 +240,6 @@ class NcclCollector:
                      "socket_interfaces": sorted(self.socket_ifaces.get(h, ())),
                      "ib_devices": sorted(self.ib_devices.get(h, ())),
                      "no_ib_device": h in self.no_ib} for h in hosts]
-        tree_counts = Counter(self.trees.values())
         return {
             "lines": self.lines,
             "versions": dict(self.versions),
@@ -255,7 +254,7 @@ class NcclCollector:
             "pairs_dropped": self.pairs_dropped,
             "rings": [{"channel": c, "order": o} for c, o in sorted(self.rings.items())[:8]],
             "ring_count": len(self.rings),
-            "trees": {"ranks": len(self.trees), "per_rank": dict(tree_counts)},
+            "trees": {"ranks": len(self.trees), "per_rank": dict(Counter(self.trees.values()))},
             "connected": {k: compress(v) for k, v in self.connected.items()},
             "warnings": [{"text": w.text, "count": w.count, "ranks": compress(w.ranks), "hosts": sorted(w.hosts)}
                          for w in sorted(self.warnings.values(), key=lambda w: -w.count)],
@@ -270,17 +269,13 @@ class NcclCollector:
         def add(code: str, severity: str, text: str) -> None:
             out.append({"code": code, "severity": severity, "text": text})
 
-        socket_pairs = transports.get("NET/Socket", 0)
-        if socket_pairs:
-            why = []
-            ib_off = {v for v in self.env.get("NCCL_IB_DISABLE", {}) if v.strip() not in ("0", "")}
-            if ib_off:
-                why.append("NCCL_IB_DISABLE=" + ",".join(sorted(ib_off)))
-            if self.no_ib:
-                why.append("no InfiniBand device found on " + few(sorted(self.no_ib), 8))
-            net = set(self.env.get("NCCL_NET", {}))
-            if net:
-                why.append("NCCL_NET=" + ",".join(sorted(net)))
+        if socket_pairs := transports.get("NET/Socket", 0):
+            ib_off = sorted(v for v in self.env.get("NCCL_IB_DISABLE", {}) if v.strip() not in ("0", ""))
+            net = sorted(self.env.get("NCCL_NET", {}))
+            why = [reason for reason, said in (
+                (f"NCCL_IB_DISABLE={','.join(ib_off)}", ib_off),
+                (f"no InfiniBand device found on {few(sorted(self.no_ib), 8)}", self.no_ib),
+                (f"NCCL_NET={','.join(net)}", net)) if said]
             add("socket-not-ib", "warning",
                 f"inter-node traffic goes over TCP sockets (NET/Socket, {socket_pairs} peer connection(s)), not "
                 "InfiniBand/RoCE: expect a fraction of the bandwidth"
@@ -302,25 +297,22 @@ class NcclCollector:
             add("interface-mismatch", "warning",
                 f"hosts use different network interfaces: {text} (set NCCL_SOCKET_IFNAME to one interface name "
                 "every node has)")
-        bad = sorted(h for h, ifs in chosen.items() if any(i.startswith(SLOW_INTERFACES) for i in ifs))
-        if bad:
+        if bad := sorted(h for h, ifs in chosen.items() if any(i.startswith(SLOW_INTERFACES) for i in ifs)):
             add("bad-interface", "warning",
                 f"{few(bad, 4)}: NCCL uses a loopback, docker or virtual "
                 f"interface ({', '.join(sorted({i for h in bad for i in chosen[h]}))}): set NCCL_SOCKET_IFNAME")
         ib = {h: frozenset(d) for h, d in self.ib_devices.items() if d}
         if ib and (len(set(ib.values())) > 1 or (self.no_ib - set(ib))):
-            counts = sorted({len(d) for d in ib.values()})
-            add("ib-mismatch", "warning",
-                "hosts see different InfiniBand devices (" + ", ".join(str(c) for c in counts) + " device(s)"
+            counts = ", ".join(str(c) for c in sorted({len(d) for d in ib.values()}))
+            add("ib-mismatch", "warning", f"hosts see different InfiniBand devices ({counts} device(s)"
                 + (f"; none on {', '.join(sorted(self.no_ib)[:4])}" if self.no_ib - set(ib) else "")
                 + "): a missing or down HCA")
         if len(self.versions) > 1:
             add("version-mismatch", "warning",
                 "ranks run different NCCL versions: " + ", ".join(f"{v} ({n})" for v, n in self.versions.items()))
-        same_node_net = [(a, b) for (a, b), fams in self.pairs.items()
-                         if any(f.startswith("NET") for f in fams)
-                         and self.rank_host.get(a) is not None and self.rank_host.get(a) == self.rank_host.get(b)]
-        if same_node_net:
+        if same_node_net := [(a, b) for (a, b), fams in self.pairs.items()
+                             if any(f.startswith("NET") for f in fams) and self.rank_host.get(a) is not None
+                             and self.rank_host.get(a) == self.rank_host.get(b)]:
             a, b = same_node_net[0]
             add("intra-node-net", "warning",
                 f"{len(same_node_net)} pair(s) of ranks on the same node talk through the network (e.g. {a} -> {b} "

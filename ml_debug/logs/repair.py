@@ -1,18 +1,14 @@
 """Logs as people paste them: quoted, numbered, wrapped, reversed, glued to progress bars; mended before reading.
 
-Two kinds of damage:
+- Damage of the whole text, found by :func:`sniff` in a source's first ``SNIFF_BYTES`` and undone by
+  :func:`mend` (a pasted log is small; a source over ``MEND_LIMIT`` is read as it is): markdown quoting, a
+  viewer's line numbers, lines hard-wrapped by a terminal at a fixed width, a log pasted bottom-to-top; and
+  pdsh's node names in front of every line (read as labels).
+- Damage of one line, undone by :func:`mend_line` on the lines the scanner hands over: a tqdm or rich progress
+  bar a log line was glued onto (no newline after the bar, or a carriage return), tmux's scrollback counter
+  (``[12/3456]``) glued onto the end.
 
-- of the whole text, found by :func:`sniff` in the first ``SNIFF_BYTES`` of a source and mended by
-  :func:`mend` on the whole of it (a pasted log is small; a source over ``MEND_LIMIT`` is read as it is):
-  markdown quoting (``> `` before every line), a viewer's line numbers (``  12 | text``, ``12: text`` with
-  numbers going up by one), lines hard-wrapped by a terminal at a fixed width (a line of exactly that width
-  goes on in the next one, mid-token and without the label), a log pasted bottom-to-top (tracebacks upside
-  down, time stamps going back), and the node names pdsh puts in front of every line;
-- of one line, mended by :func:`mend_line` on the lines the scanner hands over: a tqdm or rich progress bar
-  that a log line was glued onto (no newline after the bar, or a carriage return), and tmux's scrollback
-  counter (``[12/3456]``) glued onto the end.
-
-What was mended is said per source (``SourceInfo.repairs``), so a reader knows the text was not read as is.
+What was mended is said per source (``SourceInfo.repairs``): the text was not read as is.
 """
 
 from __future__ import annotations
@@ -65,7 +61,8 @@ def _unquote(lines: list[str]) -> list[str]:
 
 
 def _numbered(lines: list[str]) -> bool:
-    """A viewer's line numbers: the lines that are not blank start with numbers that mostly go up by one."""
+    """A viewer's line numbers (``  12 | text``, ``12: text``): the lines that are not blank start with
+    numbers that mostly go up by one."""
     nums = [int(m.group(1)) if (m := _NUMBERED.match(ln)) else None for ln in lines if ln.strip()]
     if len(nums) < 5 or None in nums[:3]:
         return False
@@ -86,10 +83,8 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
         return None
     width = max(body)
     at = body.count(width)
-    if width < 40 or at < 3 or at < 0.05 * len(body):
-        return None
-    if Counter(body).most_common(1)[0][1] >= 0.9 * len(body):
-        return None  # a table of equal-width lines is not wrapped
+    if width < 40 or at < 3 or at < 0.05 * len(body) or Counter(body).most_common(1)[0][1] >= 0.9 * len(body):
+        return None  # too few of that width, or a table of equal-width lines (not wrapped)
     # a wrapped line goes on in the next, which does not start like the source's lines start (a label, a
     # time stamp): lines of a fixed format that happen to be the longest are not wrapped
     starts = Counter(ln[:4] for ln in usable if ln.strip())
@@ -116,17 +111,14 @@ def _is_reversed(lines: list[str]) -> bool:
     forward = backward = 0
     for i, ln in enumerate(lines):
         if TRACEBACK in ln:
-            before = lines[i - 1] if i else ""
-            after = lines[i + 1] if i + 1 < len(lines) else ""
-            if _FRAME.search(after):
+            if i + 1 < len(lines) and _FRAME.search(lines[i + 1]):
                 forward += 1
-            elif _FRAME.search(before):
+            elif i and _FRAME.search(lines[i - 1]):
                 backward += 1
     if forward or backward:
         return backward > forward
     day = _dt.date.today()
-    step = max(1, len(lines) // 40)  # a few dozen lines say which way time goes
-    picked = lines[::step]
+    picked = lines[::max(1, len(lines) // 40)]  # a few dozen lines say which way time goes
     up = down = 0
     prev: float | None = None
     for i, ln in enumerate(picked):

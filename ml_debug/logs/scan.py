@@ -1,11 +1,9 @@
 """One streaming pass over each source; only the lines that can matter reach Python code.
 
-A source is read in blocks of 1 MiB. In each block, one pass of the prefilter (engine.py: every word of
-the catalogue and of failure lines, in one Hyperscan database) finds the lines that hold any of them;
-only those are decoded and handed to the collector. While a traceback (or torchrun's failure summary) is
-open, every following line of that source is handed over too, until it closes.
-
-Memory stays bounded: one block, the events and the NCCL tallies. Ordinary lines are never kept.
+Each 1 MiB block gets one prefilter pass (engine.py: every word of the catalogue and of failure lines in one
+Hyperscan database); only the lines holding one are decoded and fed to the collector, plus every line while
+a traceback (or torchrun's failure summary) is open. Memory stays bounded: one block, the events, the NCCL
+tallies.
 """
 
 from __future__ import annotations
@@ -32,14 +30,19 @@ BLOCK = 1 << 20
 MAX_LINE = 1 << 20  # a "line" longer than this is cut (a binary file, a progress bar without newlines)
 TAIL_BYTES = 64 << 10
 SAMPLE_BYTES = 4 << 10  # the lines at the start of each block whose labels say who writes (ranks seen)
+WINDOW = 64 << 10  # one prefilter pass while a source's NCCL lines are still read in full (_window)
+MAX_SOURCE_BYTES = 64 << 30
+"""The most one source is read (decompressed): a stream that never ends (`yes | mldebug logs -`) or a file
+that grows as fast as it is read stops here, and the source says it was cut."""
+CONTEXT_BYTES = 16 << 10
+"""The end of a block kept before the next one: what the lines above a line say (the logging record before a
+traceback, the time before it, Open MPI's process name, a summary's entry) is found across blocks too."""
 
 
 class Gunzip:
-    """A gzip file's data up to where it is damaged: a truncated or corrupt file (a copy cut short, a job
-    killed while compressing) keeps what came before, and ``src.cut`` says why the rest is missing.
-
-    ``GzipFile.read`` drops what it decompressed in a call that then meets the cut; ``read1`` returns each
-    piece as soon as it is decompressed, so only the damaged end is lost."""
+    """A gzip file's data up to where it is damaged (a copy cut short, a job killed while compressing);
+    ``src.cut`` says why the rest is missing. ``read1``, not ``GzipFile.read``, which drops what it
+    decompressed in a call that then meets the damage."""
 
     def __init__(self, f: gzip.GzipFile, src: Source) -> None:
         self._f = f
@@ -63,11 +66,6 @@ class Gunzip:
             got += len(piece)
         self._pos += got
         return b"".join(parts)
-
-
-MAX_SOURCE_BYTES = 64 << 30
-"""The most one source is read (decompressed): a stream that never ends (`yes | mldebug logs -`) or a file
-that grows as fast as it is read stops here, and the source says it was cut."""
 
 
 class Capped:
@@ -183,11 +181,6 @@ def scan_lines(src: Source, collector: Collector) -> tuple[int, int, bytes]:
     return total, lines, last
 
 
-CONTEXT_BYTES = 16 << 10
-"""The end of a block kept before the next one: what the lines above a line say (the logging record before a
-traceback, the time before it, Open MPI's process name, a summary's entry) is found across blocks too."""
-
-
 def _context(data: bytes, cut: int) -> bytes:
     """The whole lines at the end of ``data[:cut]`` (which starts and ends a line), at most CONTEXT_BYTES."""
     if cut <= CONTEXT_BYTES:
@@ -266,9 +259,6 @@ def _scan_block(block: bytes, start: int, n: int, lines: int, base: int, collect
     return lines, block[last_start:n - 1]
 
 
-WINDOW = 64 << 10
-
-
 def _window(block: bytes, start: int, n: int, nccl: bool) -> int:
     """The end of the window of ``block[:n]`` from ``start`` that one prefilter pass covers: the whole rest, or,
     while NCCL lines are read in full, about WINDOW bytes (to a line's end)."""
@@ -286,15 +276,8 @@ def _sample(block: bytes, start: int, n: int, collector: Collector) -> None:
             collector.sample(raw)
 
 
-def read_small(src: Source, limit: int = 16 << 20) -> bytes:
-    """The whole of a small source (an error file)."""
-    with opened(src) as f:
-        return f.read(limit)
-
-
 def metrics_tail(src: Source, collector: Collector) -> tuple[int, dict[str, Any] | None]:
     """(size, the last progress record) of an mldebug train metrics file: only its end is read."""
-    last: dict[str, Any] | None = None
     with opened(src) as f:
         if not src.gz and not src.stdin:
             size = os.fstat(f.fileno()).st_size
@@ -313,9 +296,8 @@ def metrics_tail(src: Source, collector: Collector) -> tuple[int, dict[str, Any]
             continue
         got = collector.metrics_line(rec)
         if got is not None and got.get("step") is not None:
-            last = got
-            break
-    return size, last
+            return size, got
+    return size, None
 
 
 def feed_source(src: Source, index: int, collector: Collector) -> dict[str, Any]:
@@ -324,7 +306,8 @@ def feed_source(src: Source, index: int, collector: Collector) -> dict[str, Any]
     collector.begin(ctx)
     try:
         if src.shape == "error-file":
-            data = read_small(src)
+            with opened(src) as f:
+                data = f.read(16 << 20)  # the whole of a small source
             collector.error_file(data)
             return {"bytes": len(data), "lines": data.count(b"\n")}
         if src.shape == "train-metrics":

@@ -3,19 +3,19 @@
 Shapes:
 
 - ``launch``: the console of an `mldebug launch` node (``<dir>/<host>/console.log``, next to its
-  ``launch.json``): every line labelled ``[host:local rankR]:``. The per-rank files torchrun keeps
-  under ``torchelastic/`` hold the same lines and are read as well (the node's name comes from the
-  manifest): when torchrun is killed, its console may miss their last lines.
+  ``launch.json``): every line labelled ``[host:local rankR]:``. torchrun's per-rank files under
+  ``torchelastic/`` hold the same lines and are read too (the node's name from the manifest): a killed
+  torchrun's console may miss their end.
 - ``torchelastic``: torchrun's ``--log-dir`` tree, ``.../attempt_N/<local rank>/stdout.log`` or
   ``stderr.log``; ``error-file``: its ``error.json`` (TORCHELASTIC_ERROR_FILE).
 - ``train-metrics``: `mldebug train --metrics-dir` files (``rank-R.jsonl``): how far each rank got.
 - ``rank-file``: a file named for its rank (``rank37.log``, ``log_rank_3.txt``, ``rank-0012.out``).
-- ``console``: anything else; each line is attributed by its own labels (``srun --label``,
-  torchrun ``--tee``), or to an unknown rank.
+- ``console``: anything else; each line is attributed by its own labels (``srun --label``, torchrun
+  ``--tee``), or to an unknown rank.
 
-A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for log-like
-files: ``*.log *.out *.err *.txt``, ``error*.json``, ``*.jsonl`` and their ``.gz``; what is skipped, and a
-subdirectory that cannot be listed, is reported as not read. A glob is expanded; ``-`` is standard input.
+A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for ``*.log *.out *.err
+*.txt``, ``error*.json``, ``*.jsonl`` and their ``.gz``; what is skipped, and a subdirectory that cannot be
+listed, is reported as not read. A glob is expanded; ``-`` is standard input.
 """
 
 from __future__ import annotations
@@ -203,11 +203,9 @@ def _walk(out: Expanded, root: str) -> None:
             except OSError as e:
                 out.skipped.append({"path": full, "reason": e.strerror or str(e)})
                 continue
-            if stat.S_ISLNK(st.st_mode):
-                out.skipped.append({"path": full, "reason": "a symbolic link (not followed in a directory)"})
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                out.skipped.append({"path": full, "reason": "not a regular file"})
+            if not stat.S_ISREG(st.st_mode):  # lstat: a link is not a regular file either
+                out.skipped.append({"path": full, "reason": "a symbolic link (not followed in a directory)"
+                                    if stat.S_ISLNK(st.st_mode) else "not a regular file"})
                 continue
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console
