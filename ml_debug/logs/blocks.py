@@ -205,8 +205,9 @@ def time_before(c: Collector) -> float | None:
 
 def closes(rest: str) -> bool:
     """The line (not blank, not a chain's) ends a traceback after its exception: the program's next line."""
-    return rest.startswith(TRACEBACK) or rest.startswith(("[", "srun:", "slurmstepd:")) or " NCCL " in rest \
-        or stamped(rest[:40])
+    return (rest.startswith(TRACEBACK) or rest.startswith(("[", "srun:", "slurmstepd:")) or " NCCL " in rest
+            or stamped(rest[:40]))
+
 
 def summary_line(c: Collector, key: str, block: Block, rest: str) -> bool:
     s = block.summary

@@ -446,8 +446,8 @@ class Collector:
 
     def metrics_line(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """The progress an mldebug train metrics record says (rank, step, time), or None."""
-        if not isinstance(record, dict) or record.get("schema") != "mldebug.train.step" \
-                or not isinstance(rank := record.get("rank"), int):
+        if (not isinstance(record, dict) or record.get("schema") != "mldebug.train.step"
+                or not isinstance(rank := record.get("rank"), int)):
             return None
         self.ranks_seen.add(rank)
         return {"rank": rank, "step": record.get("step"), "time": record.get("time"),
