@@ -107,7 +107,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
         "deepspeed", "0.9-0.19 (deepspeed/launcher/launch.py, runner.py)",
         r"deepspeed[/.]launcher|\[launch\.py:\d+:(?:main|sigkill_handler)\]", ("deepspeed", "[launch.py:"),
         lines=(Line("exit", r"exits with return code = (?P<code>-?\d+)", ("exits with return code",),
-                    who="agent", time="line", note="DeepSpeed's launcher prints the command line of the last rank it started, not of the one "
+                    who="agent", time="launcher", note="DeepSpeed's launcher prints the command line of the last rank it started, not of the one "
                          "that failed: the return code is the fact"),)),
     Launcher("accelerate", "0.20-1.15 (accelerate/commands/launch.py)", r"accelerate/commands/launch\.py|accelerate launch",
              ("accelerate",)),

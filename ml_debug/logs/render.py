@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ml_debug.core.ranges import ranks as ranks_text
 from ml_debug.core.visible import visible
 from ml_debug.logs.labels import brief, clock
-from ml_debug.logs.result import PRIMARY, SECONDARY, LogsReport, TracebackGroup
+from ml_debug.logs.result import PRIMARY, SECONDARY, TIME_BOUNDS, LogsReport, TracebackGroup
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -95,10 +95,15 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
             when = clock(row.time) if row.time is not None else "-"
             if row.last_time is not None and row.time is not None and clock(row.last_time) != when:
                 when += f"-{clock(row.last_time)}"
+            if row.time is not None and row.time_source in TIME_BOUNDS:
+                when = TIME_BOUNDS[row.time_source][0] + when
             mark = {PRIMARY: "primary", SECONDARY: "after"}.get(row.cls, row.cls)
             t.add_row(when, row.ranks or row.who or "?", mark, brief(row.message) if row.count == 1 else row.label,
                       str(row.count), style="red" if row.cls == PRIMARY else None)
         console.print(t)
+        bounds = sorted({row.time_source for row in rows if row.time is not None} & set(TIME_BOUNDS))
+        if bounds:
+            console.print(Text("  " + "; ".join(" ".join(TIME_BOUNDS[b]) for b in bounds), style="dim"))
         if len(r.timeline) > len(rows):
             console.print(Text(f"  … {len(r.timeline) - len(rows)} more rows (--full or --json)", style="dim"))
 

@@ -24,7 +24,7 @@ class TimeSource(Word):
 
     LINE = "line"  # a time stamp on the line itself
     ERROR_FILE = "error-file"  # the torchelastic error file's timestamp
-    LAUNCHER = "launcher"  # torchrun's failure summary (when its agent saw the exit)
+    LAUNCHER = "launcher"  # when a launcher (torchrun, DeepSpeed) reported the exit: an upper bound
     NEARBY = "nearby"  # a traceback without one: the time stamp of a line just before it (a lower bound)
     ORDER = "order"  # no time: position in its file
 
@@ -39,6 +39,9 @@ TIME_ERROR_FILE: str = TimeSource.ERROR_FILE
 TIME_LAUNCHER: str = TimeSource.LAUNCHER
 TIME_NEARBY: str = TimeSource.NEARBY
 TIME_ORDER: str = TimeSource.ORDER
+TIME_BOUNDS = {TIME_LAUNCHER: ("≤", "when a launcher reported it (it happened no later)"),
+               TIME_NEARBY: ("≥", "the time of a line before it (it happened no earlier)")}
+"""Times that only bound when a failure happened: the mark the views put before them, and what it means."""
 
 
 @dataclass(frozen=True)

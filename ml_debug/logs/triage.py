@@ -19,7 +19,7 @@ from ml_debug.logs.result import PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.text import few
-from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, launched, progress, timeline
+from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, launched, placed, progress, timeline
 
 MAX_DEMUX_LINES = 200_000  # the lines a JSON document of one rank's lines holds (built in memory)
 
@@ -105,6 +105,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     verdict = testhooks.call(testhooks.LOGS_VERDICT, verdict=verdict) or verdict
     nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node} | {w.node for w in sampled if w.node})
     launchers = {name for s in infos for name in s.launchers}
+    events = placed(events, verdict.primary)  # one story: the rank the verdict placed is the event's in every view
     return LogsReport(launchers=[name for name in LAUNCHER_ORDER if name in launchers],
                       verdict=verdict, sources=infos, events=events, tracebacks=collapse_tracebacks(events),
                       timeline=timeline(events), ranks_seen=compress(ranks), world_size=world, nodes=nodes,

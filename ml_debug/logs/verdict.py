@@ -41,7 +41,7 @@ from ml_debug.logs.text import few, numbers_aside
 MAX_TIMELINE = 60
 _TYPE_PREFIX = re.compile(r"^\w+: ")
 _BASIS = {TIME_LINE: "line time stamps", TIME_ERROR_FILE: "error file time stamps",
-          TIME_LAUNCHER: "torchrun's failure summary", TIME_ORDER: "file order",
+          TIME_LAUNCHER: "the launcher's report of the exit", TIME_ORDER: "file order",
           TIME_NEARBY: "the time stamps of the lines just before (a lower bound)"}
 # Richer evidence first when the same failure is reported twice (a traceback and its error file ...).
 _RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "shm": 2, "signal": 3,
@@ -296,7 +296,10 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
 
 
 def _at(ev: Event) -> str:
-    return f" at {clock(ev.time)}" if ev.time is not None else ""
+    """When ``ev`` happened: its time, or when a launcher reported it (the failure came no later)."""
+    if ev.time is None:
+        return ""
+    return f", reported at {clock(ev.time)}" if ev.time_source == TIME_LAUNCHER else f" at {clock(ev.time)}"
 
 
 def _confidence(first: Event, basis: str, tie: list[Event]) -> tuple[str, str]:
@@ -393,6 +396,22 @@ def _signature(lines: list[str]) -> str:
         # a frame by its file's name: the same code in two venvs is the same frame
         out.append(s.rsplit("/", 1)[-1] if s.startswith('File "') else numbers_aside(s))
     return "\n".join(out)
+
+
+def placed(events: list[Event], primary: Event | None) -> list[Event]:
+    """``events`` with the verdict's first failure in place of the event without a rank it was made from (its rank
+    placed by elimination), so that every view names the rank the verdict names."""
+    if primary is None or primary.who.rank is None:
+        return events
+    at = (primary.source_index, primary.offset, primary.line, primary.kind, primary.message, primary.who.node,
+          primary.who.local_rank)
+    out = list(events)
+    for i, e in enumerate(out):
+        if e.who.rank is None and (e.source_index, e.offset, e.line, e.kind, e.message, e.who.node,
+                                   e.who.local_rank) == at:
+            out[i] = primary
+            break
+    return out
 
 
 def collapse_tracebacks(events: list[Event]) -> list[TracebackGroup]:

@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from ml_debug.logs.result import TIME_BOUNDS
 from ml_debug.page.shell import Section
 from ml_debug.page.text import esc
 
@@ -98,12 +99,16 @@ def timeline_html(report: LogsReport) -> str:
     for r in report.timeline[:MAX_ROWS]:
         cls = "outlier" if r.cls == "primary" else "warn" if r.cls == "secondary" else ""
         when = _clock(r.time) + (f" … {_clock(r.last_time)}" if r.last_time and r.last_time != r.time else "")
+        if when and r.time_source in TIME_BOUNDS:
+            when = TIME_BOUNDS[r.time_source][0] + when
         rows.append(f'<tr class="{cls}"><td class="mono">{esc(when or r.time_source)}</td><td>{esc(r.cls)}</td>'
                     f'<td><span data-ranks="{esc(r.ranks)}">{esc(r.who)}</span> <span class="count">({r.count})</span>'
                     f"</td><td>{esc(r.message)}</td></tr>")
     more = len(report.timeline) - len(rows)
+    bounds = sorted({r.time_source for r in report.timeline[:MAX_ROWS] if r.time is not None} & set(TIME_BOUNDS))
     return ("<table><thead><tr><th>time</th><th>class</th><th>who</th><th>what</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>" + (f'<p class="dim">and {more} more rows</p>' if more else ""))
+            + "".join(rows) + "</tbody></table>" + (f'<p class="dim">and {more} more rows</p>' if more else "")
+            + "".join(f'<p class="dim">{esc(" ".join(TIME_BOUNDS[b]))}</p>' for b in bounds))
 
 
 def tracebacks_html(report: LogsReport) -> str:

@@ -103,7 +103,7 @@ def test_two_agents_are_ordered_by_their_own_reports(order: str) -> None:
         files.reverse()
     v = triage([str(f) for f in files]).verdict
     assert v.primary is not None and v.primary.who.rank == 3, v.summary
-    assert v.basis == "torchrun's failure summary", v.basis
+    assert v.basis == "the launcher's report of the exit", v.basis
     assert [e.who.rank for e in v.independent] == [1], v.summary
 
 

@@ -49,6 +49,6 @@ def test_a_failure_about_a_rank_the_launcher_stopped_first_is_put_on_that_rank()
     # rank 0 raised "non-finite loss on rank 1" and torchrun stopped rank 1 before it raised its own copy
     v = triage([str(STOPPED)]).verdict
     assert v.primary is not None and v.primary.who.rank == 1 and v.primary.who.node == "vm", v.summary
-    assert v.summary.startswith("first failure: rank 1 (vm) at ") and v.summary.endswith("(rank 0 reported the same)")
+    assert v.summary.startswith("first failure: rank 1 (vm), reported at ") and v.summary.endswith("(rank 0 reported the same)")
     assert v.basis == "rank 0's error is about rank 1, which was stopped before it wrote its own"
     assert v.secondary == []  # rank 1's SIGTERM from the launcher is no news

@@ -11,12 +11,16 @@ writes them; each case names the file and version.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from ml_debug.logs.result import PRIMARY
+from ml_debug.logs.render import render
+from ml_debug.logs.result import PRIMARY, SECONDARY, TIME_LAUNCHER, TIME_NEARBY
 from ml_debug.logs.triage import triage
+from ml_debug.page.timeline import timeline_html
 from tests.conftest import REPO
 
 CORPUS = REPO / "tests" / "data" / "logs_corpus"
@@ -64,6 +68,31 @@ def test_deepspeed_return_code_is_the_fact_not_its_command_line() -> None:
     assert "only rank of the job that reported no failure" in v.primary.detail["rank_from"]
     assert v.confidence == "medium" and not v.independent, v.summary
     assert "SIGSEGV" in (v.hint or "")
+
+
+def test_a_time_that_only_bounds_the_failure_is_said_so_and_a_placed_rank_is_named_everywhere() -> None:
+    """DeepSpeed reports rank 1's SIGSEGV at 04:22:32, after its peers lost the connection (at 04:22:15, the
+    time of a line before their tracebacks): the verdict says the crash was *reported* then, and the timeline
+    marks both times as bounds. The rank placed by elimination is rank 1 in the timeline and the events too."""
+    report = triage([str(CORPUS / "deepspeed.log")])
+    v = report.verdict
+    assert v.primary is not None and v.primary.time_source == TIME_LAUNCHER, v.primary
+    assert v.summary.startswith("first failure: rank 1, reported at "), v.summary
+    assert v.basis == "the only primary failure (time from the launcher's report of the exit)", v.basis
+    rows = {row.cls: row for row in report.timeline}
+    assert rows[PRIMARY].ranks == "1" and rows[PRIMARY].who == "", rows
+    assert (rows[PRIMARY].time_source, rows[SECONDARY].time_source) == (TIME_LAUNCHER, TIME_NEARBY)
+    crash = [e for e in report.events if e.kind == "signal"]
+    assert [e.who.rank for e in crash] == [1] and "rank_from" in crash[0].detail, crash
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    render(report, console)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    crash_row = next(ln for ln in out.splitlines() if "crashed with SIGSEGV" in ln and "primary" in ln)
+    reset_row = next(ln for ln in out.splitlines() if "Connection closed by peer" in ln and "│ after" in ln)
+    assert crash_row.startswith("≤04:22:32 ") and reset_row.startswith("≥04:22:15 "), out
+    assert "  ≤ when a launcher reported it (it happened no later); ≥ the time of a line before it" in out, out
+    page = timeline_html(report)
+    assert "≤04:22:32." in page and "≥04:22:15." in page and "≤ when a launcher reported it" in page, page
 
 
 def test_two_torchrun_agents_each_give_one_nodes_view() -> None:

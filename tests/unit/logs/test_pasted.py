@@ -133,7 +133,7 @@ def test_the_cli_says_what_was_mended_and_how_sure_and_its_json_holds_it(tmp_pat
                            timeout=60, env=env)
     assert human.returncode == 1, human.stderr
     lines = human.stdout.splitlines()
-    assert lines[0].startswith("first failure: rank 3 at "), lines[:3]
+    assert lines[0].startswith("first failure: rank 3, reported at "), lines[:3]
     assert lines[1] == "  how sure: high (the only primary failure)", lines[:3]
     assert any(ln.startswith(f"  repaired {copy}: markdown quoting ('> ') removed; ") and "read in reverse" in ln
                for ln in lines), lines[:8]
