@@ -189,12 +189,17 @@ PAIRWISE = ["allreduce-bench", "--pairwise", "--backend", "gloo", "--device", "c
 ])
 def test_pairwise_names_a_link_only_when_measuring_it_again_confirms_it(spec: str, slow: list[tuple[int, int]]) -> None:
     proc = _run_torchrun(4, PAIRWISE, env=faults.env(spec))
-    assert proc.returncode == (1 if slow else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
     result = _json(proc)["result"]
     pairs = result["pairwise"]
+    named = [(x["a"], x["b"]) for x in pairs["slow_links"]]
+    # The injected links are named and the transient is not. A pair that was not injected may be named too: the
+    # other tests' ranks on these 2 shared cores can slow a rank for seconds (CI saw 0<->3 at a quarter of the
+    # median in all four of its measurements); the checks below hold it to the same rule.
+    assert set(slow) <= set(named) and (2, 3) not in named, (named, proc.stderr[-3000:])
+    assert proc.returncode == (1 if named else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert result["mode"] == "pairwise" and result["test_faults"] == spec
     assert (pairs["units"], pairs["rounds"], pairs["passes"], pairs["remeasures"]) == ("rank", 3, 3, 3)
-    assert [(x["a"], x["b"]) for x in pairs["slow_links"]] == slow and pairs["slow_units"] == []
+    assert pairs["slow_units"] == []
     again = {(r["a"], r["b"]): r for r in pairs["remeasured"]}
     # the transient was below the floor in the first measurement (20x slow in every pass), measured again
     # until a re-measurement no longer saw it (the first, unless the node's noise took that one too), and
@@ -204,12 +209,12 @@ def test_pairwise_names_a_link_only_when_measuring_it_again_confirms_it(spec: st
     floor = pairs["median"] * (1 - pairs["threshold"])
     assert transient["first"] < floor <= transient["again"][-1] == pairs["matrix"][2][3] == pairs["matrix"][3][2]
     # every pair measured again and still below the floor is a named link, and every named link was
-    assert sorted(p for p, r in again.items() if r["slow"]) == slow
-    for a, b in slow:
+    assert sorted(p for p, r in again.items() if r["slow"]) == sorted(named)
+    for a, b in named:
         link = again[(a, b)]
         # as often as the time bound allowed (3 times unless re-measuring took twice as long as the passes)
         assert 1 <= len(link["again"]) <= 3 and max(link["first"], *link["again"]) == pairs["matrix"][a][b] < floor
-    words = (f"{len(pairs['remeasured'])} pair(s) below the floor re-measured" if not slow
+    words = (f"{len(pairs['remeasured'])} pair(s) below the floor re-measured" if not named
              else "more pair(s) below the floor at first, cleared when re-measured")
     assert words in result["summary"], result["summary"]
 
