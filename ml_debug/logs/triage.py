@@ -102,6 +102,9 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         failed = {a for e in collector.events if e.cls == PRIMARY and (a := attempt_of(e.source)) is not None}
         last = max((a for s in infos if (a := attempt_of(s.path)) is not None), default=None)
         verdict = launched(verdict, launch_exit, sorted(failed), last)
+    slow = [f for f in (nccl or {}).get("findings", ()) if f["severity"] == "warning"]
+    if slow and verdict.status == "none":  # a job that runs, slowly: the first line says where to look
+        verdict.summary += f"; NCCL: {len(slow)} slow-path finding(s), below"
     verdict = testhooks.call(testhooks.LOGS_VERDICT, verdict=verdict) or verdict
     nodes = sorted(collector.nodes_seen | {e.who.node for e in events if e.who.node} | {w.node for w in sampled if w.node})
     launchers = {name for s in infos for name in s.launchers}

@@ -129,6 +129,14 @@ def _nccl(name: str) -> dict:
     return report.nccl
 
 
+def test_a_log_without_a_failure_says_its_nccl_slow_path_findings_first() -> None:
+    assert triage([str(DATA / "nccl_ib_two_nodes.log")]).verdict.summary == "no failure found"
+    p2p = triage([str(DATA / "nccl_p2p_disabled.log")])  # one warning, one info
+    assert p2p.verdict.summary == "no failure found; NCCL: 1 slow-path finding(s), below" and p2p.ok
+    socket = triage([str(DATA / "nccl_socket_mismatch.log")]).verdict.summary
+    assert socket == "no failure found (1 warning(s)); NCCL: 3 slow-path finding(s), below", socket
+
+
 def test_nccl_ib_two_nodes_is_clean() -> None:
     n = _nccl("nccl_ib_two_nodes.log")
     assert n["versions"] == {"2.21.5+cuda12.4": 1}
