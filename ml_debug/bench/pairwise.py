@@ -58,6 +58,10 @@ PASSES = 3
 # the first measurement took; after that only links never measured again are.
 REMEASURES = 3
 REMEASURE_BUDGET = 2.0
+REMEASURE_PAUSES = (0.5, 1.5, 3.0)
+"""Seconds every rank waits before each re-measurement (not counted in the budget): a dip that lasts a few
+seconds (another job's ranks starting on the node's CPUs; on CI's 2 shared cores one held a pair at a quarter
+of the median through three back-to-back re-measurements) is over by the later ones, a slow link is not."""
 
 
 def unit_layout(ranks: list[RankInfo]) -> tuple[str, list[str], list[list[int]]]:
@@ -172,6 +176,7 @@ def run_pairwise(cfg: BenchConfig, world: World, device: str, backend: str) -> B
             done[0] += 1
             rerun = bw.rounds_holding(schedule, todo)
             bar.advance(0, f"pairwise: re-measuring {len(todo)} pair(s) below the floor")
+            time.sleep(REMEASURE_PAUSES[min(done[0], len(REMEASURE_PAUSES)) - 1])  # every rank: they stay in step
             t0 = time.perf_counter()
             best = [math.nan] * len(rerun)
             for _ in range(PASSES):
