@@ -258,13 +258,11 @@ def read(block: Block) -> Reading:
     whole = "\n".join(block.text)
     launchers = tuple(name for name in engine.marks(whole) if name in _FRAME_LAUNCHERS)
     final = block.exceptions[-1] if block.exceptions else ""
-    # rule 1: a traceback through torchrun's own code (run.py's main, launch.py, the launcher API; a worker's
-    # may pass through elastic's @record wrapper, never these) reports its workers' failure, as does one
-    # damaged, cut short or raised while it read a failed worker's error file; its own exception otherwise (a
-    # rendezvous error, a signal) is the agent's failure, read as any other
-    report = any(t.lstrip().startswith('File "') and _LAUNCHER_FRAME.search(t)
-                 for t in block.text[:MAX_TRACEBACK_LINES]) and (
-        not EXCEPTION_TYPE.match(final.strip()) or any(_REPORTING_FRAME.search(t) for t in block.text))
+    # rule 1: a launcher's own traceback reports its workers' failure, as does one damaged, cut short or raised
+    # while it read a failed worker's error file; its own exception otherwise (a rendezvous error, a signal) is
+    # the agent's failure, read as any other
+    report = _launcher_frames(block.text) and (not EXCEPTION_TYPE.match(final.strip())
+                                               or any(_REPORTING_FRAME.search(t) for t in block.text))
     # the exceptions and their messages, not the frames (code lines say anything)
     said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
     cls, label, cause = classify(said[-4000:])
@@ -354,6 +352,12 @@ def _level(lab: Label, key: str) -> str | None:
         return None
     level = m.group("level") or {"W": "WARNING", "I": "INFO", "D": "DEBUG"}[m.group("glog")]
     return "WARNING" if level == "WARN" else level
+
+
+def _launcher_frames(text: list[str]) -> bool:
+    """Frames of torchrun's own code (run.py's main, launch.py, the launcher API): the traceback is the
+    launcher's. (A worker's own traceback may pass through elastic's ``@record`` wrapper, never these.)"""
+    return any(t.lstrip().startswith('File "') and _LAUNCHER_FRAME.search(t) for t in text[:MAX_TRACEBACK_LINES])
 
 
 def summary_events(c: Collector, block: Block) -> None:

@@ -398,20 +398,19 @@ def _signature(lines: list[str]) -> str:
     return "\n".join(out)
 
 
+def _made_at(e: Event) -> tuple[Any, ...]:
+    """Where and what an event is, its rank aside."""
+    return e.source_index, e.offset, e.line, e.kind, e.message, e.who.node, e.who.local_rank
+
+
 def placed(events: list[Event], primary: Event | None) -> list[Event]:
     """``events`` with the verdict's first failure in place of the event without a rank it was made from (its rank
     placed by elimination), so that every view names the rank the verdict names."""
     if primary is None or primary.who.rank is None:
         return events
-    at = (primary.source_index, primary.offset, primary.line, primary.kind, primary.message, primary.who.node,
-          primary.who.local_rank)
-    out = list(events)
-    for i, e in enumerate(out):
-        if e.who.rank is None and (e.source_index, e.offset, e.line, e.kind, e.message, e.who.node,
-                                   e.who.local_rank) == at:
-            out[i] = primary
-            break
-    return out
+    at = _made_at(primary)
+    i = next((i for i, e in enumerate(events) if e.who.rank is None and _made_at(e) == at), None)
+    return events if i is None else [*events[:i], primary, *events[i + 1:]]
 
 
 def collapse_tracebacks(events: list[Event]) -> list[TracebackGroup]:
