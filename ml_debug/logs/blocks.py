@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ml_debug.logs import engine, repeats
 from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node, stamped
 from ml_debug.logs.result import INFO, PRIMARY, TIME_LAUNCHER, TIME_LINE, TIME_NEARBY, WARNING, Who
-from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception
+from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception, signal_event_text
 
 if TYPE_CHECKING:
     from ml_debug.logs.events import Collector
@@ -31,9 +31,10 @@ CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
 EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
                             r"Failure|Fault)\w{0,100}): (?P<msg>.*)$")
-# accelerate launch (and wrapper scripts) re-raising a child's exit: "subprocess.CalledProcessError: Command '[...]'
-# returned non-zero exit status 1." (accelerate/commands/launch.py simple_launcher, Python's subprocess.py)
-_CALLED_PROCESS = re.compile(r"CalledProcessError: Command .* returned non-zero exit status (-?\d+)")
+# accelerate launch, DeepSpeed before 0.6 and wrapper scripts re-raising a child's exit: "subprocess.CalledProcessError:
+# Command '[...]' returned non-zero exit status 1." or, killed by a signal, "... died with <Signals.SIGKILL: 9>."
+# (accelerate/commands/launch.py simple_launcher, deepspeed/launcher/launch.py sigkill_handler, Python's subprocess.py)
+_CALLED_PROCESS = re.compile(r"returned non-zero exit status (-?\d+)|died with (?:<Signals\.SIG\w+: |unknown signal )(\d+)")
 _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
@@ -266,9 +267,11 @@ def read(block: Block) -> Reading:
     # the exceptions and their messages, not the frames (code lines say anything)
     said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
     cls, label, cause = classify(said[-4000:])
-    m = _CALLED_PROCESS.search(final)
+    # the exception's line and the lines after it as one: a terminal may have wrapped a long command line
+    m = _CALLED_PROCESS.search("".join(block.text[-3:])) if "CalledProcessError: Command " in final else None
+    code = (int(m.group(1)) if m.group(1) else -int(m.group(2))) if m else None
     return Reading(launchers, report, cls, label, cause, short_exception(final) if final else "traceback (cut short)",
-                   blamed(whole), int(m.group(1)) if m else None, len(block.text))
+                   blamed(whole), code, len(block.text))
 
 
 def _mark_frames(c: Collector, text: list[str]) -> None:
@@ -314,12 +317,21 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
                  block.who, block.start_line, block.start_offset, t=t, time_source=time_source,
                  text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames,
                  detail={"cause": reading.cause})
-    if block.logged and reading.cls == PRIMARY:
+    code = reading.exit_code
+    # a launcher's report of its child's exit is never a handled one: the line before it is the launcher's own
+    # (DeepSpeed's "[INFO] ... Killing subprocess 250632") or the child's last (a logger's INFO line)
+    if block.logged and reading.cls == PRIMARY and not (code is not None and reading.launchers):
         ev.cls, ev.strong = WARNING, False
         ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"
-    if reading.exit_code is not None:  # a launcher (accelerate, a wrapper script) reporting its child's exit
-        ev.kind, ev.strong, ev.label = "exit", False, f"exit code {reading.exit_code}"
-        ev.detail.update({"exit_code": reading.exit_code, "via": "a launcher's subprocess.CalledProcessError"})
+    elif code is not None:  # a launcher (accelerate, a wrapper script) reporting its child's exit
+        ev.kind, ev.strong, ev.label = "exit", False, f"exit code {code}"
+        if code < 0:
+            ev.kind = "signal"
+            ev.cls, ev.message, ev.strong, ev.label = signal_event_text(code)
+        ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"})
+        if ev.who.rank is None and any(t.endswith(", in simple_launcher") for t in block.text):
+            ev.who = Who(0, ev.who.node, 0)  # rule 3: accelerate launch's launcher of a single process
+            ev.detail["rank_by"] = "accelerate's simple_launcher (a world of one process)"
     c._add(ev, stream)
 
 

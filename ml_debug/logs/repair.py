@@ -90,8 +90,10 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
     starts = Counter(ln[:4] for ln in usable if ln.strip())
     common = {s for s, n in starts.items() if n >= 0.2 * len(body)}
     full = [i for i, ln in enumerate(usable) if len(ln) == width and i + 1 < len(usable)]
+    if len({usable[i] for i in full}) < 3:
+        return None  # one line printed again and again (torchrun's summary: each failure's traceback hint)
     goes_on = sum(1 for i in full if usable[i + 1][:4] not in common)
-    return width if full and goes_on >= 0.7 * len(full) else None
+    return width if goes_on >= 0.7 * len(full) else None
 
 
 def _unwrap(lines: list[str], width: int) -> list[str]:

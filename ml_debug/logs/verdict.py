@@ -137,13 +137,14 @@ def _cause(events: list[Event]) -> Event:
     return cause
 
 
-def _earliest(cands: list[Event], what: str = "primary failure") -> tuple[Event, str]:
-    """The earliest candidate, and how that was decided."""
+def _earliest(cands: list[Event], what: str = "primary failure", roots: Collection[Any] = ()) -> tuple[Event, str]:
+    """The earliest candidate, and how that was decided. Of one time and place (the entries of torchrun's failure
+    summary, whose order says nothing), the one it names its root cause (``roots``: writers' identity keys)."""
     if len(cands) == 1:
         ev = cands[0]
         return ev, f"the only {what}" + (f" (time from {_BASIS[ev.time_source]})" if ev.time is not None else "")
     if all(e.time is not None for e in cands):
-        ev = min(cands, key=lambda e: (e.time, e.order_key()))
+        ev = min(cands, key=lambda e: (e.time, e.order_key(), _identity_key(e.who) not in roots))
         return ev, " and ".join(sorted({_BASIS[e.time_source] for e in cands}))
     ev = min(cands, key=lambda e: e.order_key())
     if len({e.source_index for e in cands}) > 1:
@@ -246,7 +247,8 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
                        secondary=_secondary_rows(causes), silent_ranks=silent, blamed_ranks=blamed_text,
                        confidence="low", confidence_why="only consequences of a peer's failure were found: "
                                                         "the cause is not in these logs")
-    first, basis = _earliest(strong or weak)
+    roots = {_identity_key(e.who) for e in failures if e.detail.get("torchrun_root_cause")}
+    first, basis = _earliest(strong or weak, roots=roots)
     about = _subject(first, strong, causes, world_size)
     if about is not None:
         first, basis = about
@@ -257,23 +259,26 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         first = dataclasses.replace(first, who=Who(missing[0], first.who.node, first.who.local_rank),
                                     detail={**first.detail, "rank_from": "only rank of the job that reported "
                                             "no failure of its own (the others name themselves)"})
-    # the same finding raised together by every rank (a check they run together) is one failure, not a tie
-    tie = [] if about is not None else [e for e in _tie(first, strong or weak) if _norm(e.message) != _norm(first.message)]
+    tie = [] if about is not None else [e for e in _tie(first, strong or weak) if e is not unplaced]
     # every rank's same finding about one rank is one failure; the launcher then stopping that rank is no news
     same = [c for c in causes if c is not first and about is not None and c.message == first.message]
     others = [c for c in causes if c is not first and c is not unplaced and c not in same
               and not (about is not None and c.who.rank == first.who.rank and c.cls == SECONDARY)]
     independent = sorted((c for c in others if c.cls == PRIMARY and c.strong and c not in tie),
                          key=lambda e: e.order_key())
-    after = [c for c in others if c.cls != PRIMARY or not c.strong]
+    after = [c for c in others if (c.cls != PRIMARY or not c.strong) and c not in tie]
     summary = f"first failure: {first.who.label()}{_at(first)}: {brief(first.message)}"
     if tie:
         tied = sorted([first, *tie], key=lambda e: (e.who.rank is None, e.who.rank or 0, e.order_key()))
-        root = [e for e in tied if e.detail.get("torchrun_root_cause")]
-        said = f"torchrun's 'Root Cause' picks {root[0].who.label()}" if root else f"the first in the logs: " \
-            f"{first.who.label()}"
-        summary = (f"tie: {', '.join(e.who.label() for e in tied)} failed in the same second{_at(first)}; which came "
-                   f"first is not known ({said}): " + "; ".join(f"{e.who.label()}: {brief(e.message)}" for e in tied))
+        root = next((e.who.label() for e in tied if _identity_key(e.who) in roots), None)
+        said = "; ".join(filter(None, [None if root == first.who.label() else f"the first in the logs: {first.who.label()}",
+                                       root and f"torchrun's 'Root Cause' picks {root}"]))
+        said = f"failed in the same second{_at(first)}; which came first is not known ({said})"
+        if len({_norm(e.message) for e in tied}) == 1:  # one message (an exit code, a check every rank runs)
+            summary = f"tie: {_writers(tied)} {said}: {brief(first.message)}"
+        else:
+            summary = (f"tie: {', '.join(e.who.label() for e in tied)} {said}: "
+                       + "; ".join(f"{e.who.label()}: {brief(e.message)}" for e in tied))
     tail = [f"{ranks_text(_ranks(same))} reported the same"] if same else []
     if after:
         after_ranks = _ranks(after)
@@ -293,6 +298,13 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
                    secondary=_secondary_rows(after), independent=independent, silent_ranks=silent,
                    blamed_ranks=blamed_text, confidence=confidence, confidence_why=why,
                    tie=_ranks([first, *tie]) or None if tie else None)
+
+
+def _writers(events: list[Event]) -> str:
+    """Who ``events`` are: their ranks as ranges when each has one (``ranks 0-3``), else their labels."""
+    if all(e.who.rank is not None for e in events):
+        return ranks_text(_ranks(events))
+    return few((e.who.label() for e in events), 6)
 
 
 def _at(ev: Event) -> str:

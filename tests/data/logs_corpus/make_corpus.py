@@ -71,6 +71,14 @@ def torchrun_segv() -> None:
          HERE / "torchrun-segv.log", _env(CORPUS_RANK="2", CORPUS_FAULT="segv"))
 
 
+def torchrun_every_rank() -> None:
+    """torchrun, 4 ranks that all raise at the same step, its agent looking at them every 5 s (torch 1.x's default:
+    the consoles users post): its summary lists every rank's exit in the same second, and its 'Root Cause' is its
+    own pick among them (the lowest rank: it knows times to the second)."""
+    _run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "--monitor-interval", "5", str(WORKER)],
+         HERE / "torchrun-every-rank.log", _env(CORPUS_RANK="all", CORPUS_FAULT="raise"))
+
+
 def torchrun_oom() -> None:
     """torchrun without --tee: rank 1 raises torch.OutOfMemoryError with no rank prefix on its lines."""
     _run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER)],
@@ -97,6 +105,14 @@ def accelerate() -> None:
     _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_port()), str(WORKER)],
          HERE / "accelerate.log", _env(CORPUS_RANK="1", CORPUS_FAULT="raise"))
+
+
+def accelerate_killed() -> None:
+    """accelerate launch of one process (its simple_launcher), killed by SIGKILL after an INFO line: accelerate
+    re-raises the exit as a CalledProcessError that 'died with <Signals.SIGKILL: 9>'."""
+    _run([str(BIN / "accelerate"), "launch", "--num_processes", "1", "--cpu", "--num_machines", "1",
+          "--mixed_precision", "no", "--dynamo_backend", "no", str(WORKER)],
+         HERE / "accelerate-killed.log", _env(CORPUS_FAULT="kill"))
 
 
 def lightning() -> None:
@@ -161,8 +177,8 @@ def srun_torchrun() -> None:
     srun("srun-torchrun.log")
 
 
-CASES = {f.__name__: f for f in (torchrun_two_agents, torchrun_segv, torchrun_oom, torchrun_bus, deepspeed,
-                                 accelerate, lightning, mpirun, pdsh, srun, srun_torchrun)}
+CASES = {f.__name__: f for f in (torchrun_two_agents, torchrun_segv, torchrun_every_rank, torchrun_oom, torchrun_bus,
+                                 deepspeed, accelerate, accelerate_killed, lightning, mpirun, pdsh, srun, srun_torchrun)}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CASES):

@@ -2,13 +2,16 @@
 
 Its rank and world come from whichever launcher started it: torchrun/Accelerate/DeepSpeed (RANK,
 WORLD_SIZE), srun (SLURM_PROCID, SLURM_NTASKS), Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)
-or pdsh (CORPUS_NODE_RANK x CORPUS_PROCS + local index, given on its command line). CORPUS_FAULT:
+or pdsh (CORPUS_NODE_RANK x CORPUS_PROCS + local index, given on its command line). CORPUS_RANK=all: every
+rank fails, at the same step. CORPUS_FAULT:
 ``raise`` (a ValueError), ``segv`` (SIGSEGV: exit code -11, no traceback), ``oom`` (the message of
-CUDA's allocator, raised as torch.OutOfMemoryError), ``bus`` (a DataLoader worker killed by SIGBUS).
+CUDA's allocator, raised as torch.OutOfMemoryError), ``bus`` (a DataLoader worker killed by SIGBUS), ``kill``
+(a single process logs a line and is killed by SIGKILL, as the OOM killer does, before it joins any group).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -37,8 +40,12 @@ class _Bus(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 def main() -> None:
+    if os.environ.get("CORPUS_FAULT") == "kill":  # one process, killed (the OOM killer's SIGKILL) after a log line
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s")
+        logging.info("loading shard 7 of 9")
+        os.kill(os.getpid(), signal.SIGKILL)
     rank, world = _ids()
-    culprit = int(os.environ.get("CORPUS_RANK", "1"))
+    culprit = rank if os.environ.get("CORPUS_RANK") == "all" else int(os.environ.get("CORPUS_RANK", "1"))
     fault = os.environ.get("CORPUS_FAULT", "raise")
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
     t = torch.ones(4)

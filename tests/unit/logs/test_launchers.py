@@ -2,7 +2,7 @@
 
 The real logs (tests/data/logs_corpus/*.log) were written by the launchers themselves on this machine by
 tests/data/logs_corpus/make_corpus.py (torch 2.13 torchrun, DeepSpeed 0.19.8's per-node launcher,
-Accelerate 1.15, Lightning 2.6, Open MPI 4.1 mpirun --tag-output, pdsh 2.34 -R exec, the rig's Slurm
+Accelerate 1.15 (its multi-process and its one-process launcher), Lightning 2.6, Open MPI 4.1 mpirun --tag-output, pdsh 2.34 -R exec, the rig's Slurm
 srun with and without --label, srun --label over one torchrun agent per node). No job runs here.
 
 Where a launcher's older line shapes cannot be produced here, the lines are written as its source
@@ -12,6 +12,7 @@ writes them; each case names the file and version.
 from __future__ import annotations
 
 import io
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ REAL = {
     "torchrun-oom.log": (1, "OutOfMemoryError: CUDA out of memory", ["torchrun"], None),
     "torchrun-bus.log": (1, "Bus error", ["torchrun"], None),
     "accelerate.log": (1, "ValueError: bad batch on rank 1", ["accelerate", "torchrun"], None),
+    "accelerate-killed.log": (0, "killed by SIGKILL", ["accelerate"], None),
     "deepspeed.log": (1, "crashed with SIGSEGV", ["deepspeed"], None),
     "lightning.log": (1, "ValueError: bad batch on rank 1", ["lightning"], None),
     "mpirun.log": (2, "ValueError: bad batch on rank 2", ["mpirun"], None),
@@ -321,6 +323,64 @@ def test_torch_1_10_failure_summary(tmp_path: Path) -> None:
             "  <NO_OTHER_FAILURES>\n***************************************\n")
     v = triage([_write(tmp_path, text)]).verdict
     assert v.primary is not None and v.primary.who.rank == 3 and v.primary.detail["exit_code"] == 1, v.summary
+
+
+def _summary_of(text: str, drop: tuple[int, ...] = ()) -> str:
+    """torchrun's failure summary cut out of a console (what users paste), without the entries ``drop``."""
+    summary = text[text.index("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"):]
+    for i in drop:
+        start = summary.index(f"[{i}]:\n")
+        summary = summary[:start] + summary[summary.index("  traceback", start):].split("\n", 1)[1]
+    return summary
+
+
+def test_every_rank_in_the_same_second_is_a_tie_and_torchruns_root_cause_is_its_own_pick(tmp_path: Path) -> None:
+    """Four ranks raise at the same step; torchrun's agent (looking every 5 s, as torch 1.x did) lists every exit in
+    the same second and names the lowest rank its root cause: a tie, whose order only the ranks' own lines can say.
+    Pasted alone, the summary's entries come in rank order: its root cause is the one named, never 'failed after'."""
+    console = (CORPUS / "torchrun-every-rank.log").read_text()
+    r = triage([str(CORPUS / "torchrun-every-rank.log")])
+    v = r.verdict
+    assert v.tie == "0-3" and v.confidence == "low" and v.primary is not None, v.summary
+    first = v.primary.who.rank
+    assert v.summary.startswith("tie: ranks 0-3 failed in the same second, reported at "), v.summary
+    assert (f"which came first is not known (the first in the logs: rank {first}; torchrun's 'Root Cause' picks "
+            "rank 0): ValueError: bad batch on rank") in v.summary, v.summary
+    assert console.index(f"[rank{first}]: Traceback") == min(console.index(f"[rank{k}]: Traceback") for k in range(4))
+
+    for drop, ranks in (((), "0-3"), ((2, 3), "0-1")):  # all four entries; one failure and the root cause
+        report = triage([_write(tmp_path, _summary_of(console, drop), f"summary-{ranks}.log")])
+        v = report.verdict
+        assert v.primary is not None and v.primary.who.rank == 0 and v.tie == ranks, v.summary
+        assert v.summary.startswith(f"tie: ranks {ranks} failed in the same second, reported at "), v.summary
+        assert v.summary.endswith("(torchrun's 'Root Cause' picks rank 0): exited with code 1"), v.summary
+        assert "after it" not in v.summary and v.silent_ranks is None, v.summary
+        # four lines of one length (each entry's traceback hint) are no terminal's wrapping
+        assert report.sources[0].repairs == [], report.sources[0].repairs
+
+
+def test_a_launchers_report_of_its_childs_signal_after_an_info_line_is_the_failure(tmp_path: Path) -> None:
+    """DeepSpeed before 0.6 (deepspeed/launcher/launch.py sigkill_handler) logs 'Killing subprocess' at INFO for
+    each rank, then raises its last child's exit as a CalledProcessError: a failure, not a traceback the program
+    logged and survived. A wrapper script's CalledProcessError logged at WARNING stays a handled one."""
+    cmd = ["/usr/bin/python", "-u", "train.py", "--local_rank=7"]
+    frames = ('  File "/opt/conda/lib/python3.8/site-packages/deepspeed/launcher/launch.py", line 131, in '
+              "sigkill_handler\n    raise subprocess.CalledProcessError(returncode=last_return_code, cmd=cmd)\n")
+    for code, kind, said in ((-9, "signal", "killed by SIGKILL"), (1, "exit", "CalledProcessError")):
+        text = "".join(f"[2021-11-21 08:32:07,150] [INFO] [launch.py:131:sigkill_handler] Killing subprocess {pid}\n"
+                       for pid in (250621, 250622))
+        text += (f"Traceback (most recent call last):\n{frames}"
+                 f"subprocess.CalledProcessError: {subprocess.CalledProcessError(code, cmd)}\n")
+        r = triage([_write(tmp_path, text, f"ds-{code}.log")])
+        v = r.verdict
+        assert v.status == "failure" and v.primary is not None, v.summary
+        assert v.primary.kind == kind and v.primary.detail["exit_code"] == code and said in v.primary.message, v
+        assert "handled" not in v.primary.detail and r.launchers == ["deepspeed"], (v.primary.detail, r.launchers)
+    wrapper = ("2021-11-21 08:32:07,150 [WARNING] preprocessing failed, using the cached shards\n"
+               'Traceback (most recent call last):\n  File "prep.py", line 9, in main\n'
+               f"subprocess.CalledProcessError: {subprocess.CalledProcessError(-9, cmd)}\n")
+    v = triage([_write(tmp_path, wrapper, "wrapper.log")]).verdict
+    assert v.status == "none", v.summary
 
 
 def test_a_launchers_called_process_error_is_not_the_cause(tmp_path: Path) -> None:

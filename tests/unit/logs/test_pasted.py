@@ -102,7 +102,9 @@ def test_a_damaged_copy_gives_the_same_answer(tmp_path: Path, name: str, damage:
     rank, message = REAL[name][0], REAL[name][1]
     assert (v.primary.who.rank, v.primary.message) == _answer(original), v.summary
     assert v.primary.who.rank == rank and message in v.primary.message, v.summary
-    if said is not None:
+    # fewer than 3 lines over the terminal's width: no sign of the wrap (repair.py), yet the answer holds
+    seen = damage != "wrapped" or sum(len(line) > 100 for line in original.read_text().splitlines()) >= 3
+    if said is not None and seen:
         repairs = "; ".join(report.sources[0].repairs)
         assert said in repairs, repairs
 
