@@ -287,8 +287,9 @@ _FRAME_MARKS = engine.ByShape(lambda data: tuple(name for name in engine.marks(d
 """Per shape: a retry loop's new messages (``OSError: ... shard_00042.tar``) are the same text to the marks."""
 
 
-def close_block(c: Collector, key: str, closer: bool = False) -> None:
-    """The block of ``key`` ends (``closer``: at a line of its stream that is not its own)."""
+def close_block(c: Collector, key: str, closer: bool = False, last: bool = False) -> None:
+    """The block of ``key`` ends (``closer``: at a line of its stream that is not its own; ``last``: at the end of
+    the source, nothing after it)."""
     block = c._blocks.pop(key)
     if block.summary is not None:
         _mark_frames(c, block.text)
@@ -318,11 +319,14 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
                  text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames,
                  detail={"cause": reading.cause})
     code = reading.exit_code
-    # a launcher's report of its child's exit is never a handled one: the line before it is the launcher's own
-    # (DeepSpeed's "[INFO] ... Killing subprocess 250632") or the child's last (a logger's INFO line)
-    if block.logged and reading.cls == PRIMARY and not (code is not None and reading.launchers):
+    # handled: a logging call printed it and the program went on. Not the last thing in the source (a crash right
+    # after an INFO line), nor a launcher's report of its child's exit (the line before it is the child's last)
+    last = last and not _after_exception(block)
+    if block.logged and reading.cls == PRIMARY and not last and not (code is not None and reading.launchers):
         ev.cls, ev.strong = WARNING, False
         ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"
+    elif block.logged and reading.cls == PRIMARY and code is None:
+        ev.detail["logged"] = f"after a line at level {block.logged} and the last in the file: it may have been caught"
     elif code is not None:  # a launcher (accelerate, a wrapper script) reporting its child's exit
         ev.kind, ev.strong, ev.label = "exit", False, f"exit code {code}"
         if code < 0:
@@ -333,6 +337,13 @@ def close_block(c: Collector, key: str, closer: bool = False) -> None:
             ev.who = Who(0, ev.who.node, 0)  # rule 3: accelerate launch's launcher of a single process
             ev.detail["rank_by"] = "accelerate's simple_launcher (a world of one process)"
     c._add(ev, stream)
+
+
+def _after_exception(block: Block) -> bool:
+    """Lines after the traceback's exception line (read as its message's): something followed it."""
+    final = block.exceptions[-1] if block.exceptions else None
+    at = next((i for i in range(len(block.text) - 1, -1, -1) if block.text[i].strip() == final), len(block.text))
+    return any(t.strip() for t in block.text[at + 1:])
 
 
 def logged_level(c: Collector, key: str) -> str | None:
@@ -360,8 +371,8 @@ def _level(lab: Label, key: str) -> str | None:
     if lab.key != key:
         return None
     m = _LOGGED.match(lab.rest)
-    if not m:
-        return None
+    if not m or next(engine.marks(lab.rest), None) is not None:
+        return None  # a launcher's own line (DeepSpeed's "[INFO] [launch.py:102:main] ..."): not the program's call
     level = m.group("level") or {"W": "WARNING", "I": "INFO", "D": "DEBUG"}[m.group("glog")]
     return "WARNING" if level == "WARN" else level
 

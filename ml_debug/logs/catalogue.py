@@ -134,6 +134,12 @@ LAUNCHERS: tuple[Launcher, ...] = (
                            detail=("pid", "signal"))),
             # rule 6: an agent's rendezvous result says which global ranks its workers are
             # (torch 2.x prints its fields on lines of their own; a flattened paste holds them on one)
+            # the agent itself stopped (api.py: "Received %s death signal, shutting down workers"): a scheduler's
+            # time limit or preemption, scancel, kill; its workers' SIGTERM tracebacks follow
+            Line("agent-stopped", r"Received (?P<sig>15|1|3) death signal, shutting down workers", ("death signal",),
+                 says=Says("launcher", PRIMARY, "torchrun's agent received signal {sig} and stopped its workers: the job "
+                           "was stopped from outside (a scheduler's time limit or preemption, scancel, kill)",
+                           "stopped from outside (signal {sig})", who="source", detail=("sig",))),
             Line("agent-ranks", r"(?:group_rank=(?P<group>\d+)[^\n]{0,400}?)?\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]",
                  ("global_ranks=",)),
         )),
@@ -143,8 +149,12 @@ LAUNCHERS: tuple[Launcher, ...] = (
         lines=(
             # "The first process to do so was: Process name: [[24168,1],2]  Exit code: 1": the rank is lines above
             Line("mpirun-exit", r"\s*Exit code:\s+(?P<code>-?\d+)", ("Exit code:",), anchored=True),
-            Line("exit", r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<node>\S+) exited on "
+            # a redacted pid or node ("PID xxxxxx on node xxxxxxxx", as users post it) still names the rank
+            Line("exit", r"process rank (?P<rank>\d+) with PID (?:(?P<pid>\d+)|\S+) on node (?P<node>\S+) exited on "
                  r"signal (?P<sig>\d+)", ("exited on signal",)),
+            # its signal handler in the crashing process (opal/util/stacktrace.c: "[%s:%05d] Signal: %s (%d)")
+            Line("exit", r"\[(?P<node>[\w.\-]{1,100}):(?P<pid>\d+)\] Signal: [\w ]{1,40} \((?P<sig>\d+)\)",
+                 ("] Signal: ",)),
         )),
     Launcher(
         "pdsh", "pdsh 2.x (and DeepSpeed's multi-node runner through it)", r"pdsh@", ("pdsh@",), prefixes=("node12: ",),
@@ -165,13 +175,24 @@ LAUNCHERS: tuple[Launcher, ...] = (
                  says=Says("oom", PRIMARY, "out of host memory: {n} process(es) killed by the cgroup OOM killer",
                            "out of memory", who="node", strong=False)),
         )),
+    # the controller of PyTorchJobs (pkg/controller.v1/common/pod.go: "Pod: %s.%s exited with code %v"): the pod is
+    # the node
+    Launcher("training-operator", "Kubeflow training-operator 1.x (its controller's log)", r"PyTorchJob|Pod: \S+ exited",
+             ("PyTorchJob", "Pod: "), lines=(
+                 Line("exit", r"Pod: [\w\-]{1,100}\.(?P<node>[\w.\-]{1,253}) exited with code (?P<code>-?\d+)",
+                      ("exited with code",)),)),
     # rule 6: the console of one pod (kubectl logs POD > POD.log): the pod's name says which node it is
     # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label
     Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False),
     # Ray Train and TorchX prefix each worker's lines; Ray's is on every line of its console, so it is a label
     # (labels.py: the ip is the node) marked by events.Collector.sample, not a needle (every line would pass)
     Launcher("ray", "Ray Train 2.x (python/ray/_private/log_monitor.py's prefix)",
-             prefixes=("(RayTrainWorker pid=123, ip=10.0.0.1) ",)),
+             prefixes=("(RayTrainWorker pid=123, ip=10.0.0.1) ",), lines=(
+                 # src/ray/raylet/node_manager.cc: a worker process that died under a task (killed, crashed)
+                 Line("ray-worker-died", r"(?:Worker IP address: (?P<node>[\w.:\-]{1,100}) [^\n]{0,100}?)?Worker PID: "
+                      r"(?P<pid>\d+) Worker exit type: SYSTEM_ERROR", ("Worker exit type: SYSTEM_ERROR",),
+                      says=Says("signal", PRIMARY, "Ray: worker pid {pid} died by a system error (killed or crashed)",
+                                "worker died (Ray)", who="node", detail=("pid",))),)),
     Launcher("torchx", "TorchX 0.5-0.7", r"torchx[./](?:schedulers|runner|specs)|^\w[\w\-]*/\d+ \[\d+\]:", ("torchx",),
              prefixes=("trainer/0 [1]:",)),
     # not launchers: the writers of other one-line failures, in the order they are tried
@@ -252,7 +273,7 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                   "ncclInvalid", "invalid usage", "Got completion from peer")),
     # the consequences of another rank's failure
     FailureClass("watchdog", SECONDARY, "NCCL watchdog timeout",
-                 r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out",
+                 r"Watchdog caught collective|Some NCCL operations have failed or timed out",
                  ("Watchdog caught", "Some NCCL operations"), hint=WATCHDOG_HINT),
     FailureClass("comm", SECONDARY, "Connection reset by peer", r"Connection reset by peer|ConnectionResetError",
                  ("Connection reset by peer", "ConnectionResetError")),

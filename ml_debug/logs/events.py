@@ -120,7 +120,7 @@ class Collector:
     def end(self) -> None:
         """The source ended: whatever is still open becomes an event as it stands."""
         for key in list(self._blocks):
-            blocks.close_block(self, key)
+            blocks.close_block(self, key, last=True)
 
     def absorb(self, later: Collector) -> int:
         """Take in what ``later`` (another reader's share, readers.py) collected from the sources after this

@@ -137,8 +137,10 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
     m2 = _TORCH_RANK.match(line, pos) if line.startswith("[rank", pos) else None
     if not m2:
         m1 = _ROLE.match(line, pos) if line.startswith("[", pos) else None
-        # "[1]:" alone is torchrun's failure summary numbering its entries, not a label
-        if m1 and (m1.group("role") or (m1.group("colon") and m1.end() < len(line))):
+        # "[1]:" alone is torchrun's failure summary numbering its entries, not a label; "[node3:41234] " (no colon,
+        # 5 digits or more) is Open MPI's host and pid ("[%s:%05d] ", its signal handler's lines), not a local rank
+        if m1 and ((m1.group("role") and (m1.group("colon") or len(m1.group("local")) < 5))
+                   or (m1.group("colon") and m1.end() < len(line))):
             role = m1.group("role")
             local = int(m1.group("local"))
             if m1.group("rank") is not None:

@@ -31,6 +31,8 @@ _NOT_A_NODE = re.compile(r"(?:Error|Exception|Warning|Traceback|INFO|WARN|WARNIN
 _TQDM = re.compile(r"^.{0,200}?\d{1,3}%\|[^|]{0,200}\|[^\[\n]{0,60}\[[^\]\n]{0,200}\]")
 _RICH = re.compile(r"^.{0,200}?[━╸╺]+.{0,120}(?:\d+(?:\.\d+)?(?:it/s|s/it)|\d+:\d\d:\d\d) ?")
 _TMUX = re.compile(r"(?<=\S)\[\d+/\d+\]\s*$")
+# torchrun's failure summary: rules as wide as its widest line, and its entries' fields
+_TABLE_LINE = re.compile(r"\s*(?:[=\-*]+|(?:time|host|rank|exitcode|error_file|traceback|msg)\s*:.*)$")
 
 
 @dataclass
@@ -90,8 +92,8 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
     starts = Counter(ln[:4] for ln in usable if ln.strip())
     common = {s for s, n in starts.items() if n >= 0.2 * len(body)}
     full = [i for i, ln in enumerate(usable) if len(ln) == width and i + 1 < len(usable)]
-    if len({usable[i] for i in full}) < 3:
-        return None  # one line printed again and again (torchrun's summary: each failure's traceback hint)
+    if len({usable[i] for i in full if not _TABLE_LINE.match(usable[i])}) < 3:
+        return None  # a table at its widest (torchrun's summary: its rules, each entry's traceback hint), no wrap
     goes_on = sum(1 for i in full if usable[i + 1][:4] not in common)
     return width if goes_on >= 0.7 * len(full) else None
 

@@ -73,7 +73,8 @@ def _family(ev: Event) -> str:
     if cause in ("cuda-error", "oom", "nccl-error", "shm"):
         return f"{cause}:{ev.label}"  # c10d's log line and the traceback report the same CUDA error
     if ev.kind in ("traceback", "error-file", "exception", "error-line", "cuda-error", "oom", "nccl-error", "shm"):
-        return "failure:" + _norm(ev.message)
+        # a retry's logged copy and the last one, raised, are two: the second is the failure
+        return ("handled:" if "handled" in ev.detail else "failure:") + _norm(ev.message)
     return f"{ev.kind}:{ev.label}"
 
 
@@ -322,7 +323,8 @@ def _confidence(first: Event, basis: str, tie: list[Event]) -> tuple[str, str]:
         (not first.strong, "only an exit code or a kill says it (no message of its own)"),
         (first.who.rank is None, "its global rank is not in the logs" if first.who.local_rank is not None
          or first.who.node else "the logs do not say which rank"),
-        (bool(first.detail.get("rank_from")), f"rank from the {first.detail.get('rank_from')}")) if said]
+        (bool(first.detail.get("rank_from")), f"rank from the {first.detail.get('rank_from')}"),
+        (bool(first.detail.get("logged")), f"its traceback came {first.detail.get('logged')}")) if said]
     level = "medium" if why else "high"
     if basis.startswith("file order (time stamps missing; the order across files"):
         level = "medium" if level == "high" else "low"

@@ -15,10 +15,12 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -77,6 +79,21 @@ def torchrun_every_rank() -> None:
     own pick among them (the lowest rank: it knows times to the second)."""
     _run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "--monitor-interval", "5", str(WORKER)],
          HERE / "torchrun-every-rank.log", _env(CORPUS_RANK="all", CORPUS_FAULT="raise"))
+
+
+def torchrun_stopped() -> None:
+    """torchrun stopped from outside (what a scheduler's time limit, preemption or scancel does): SIGTERM to its agent
+    once its 2 ranks run; it stops them and exits."""
+    out = HERE / "torchrun-stopped.log"
+    with open(out, "wb") as f:
+        p = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER)],
+                             stdout=f, stderr=subprocess.STDOUT, env=_env(CORPUS_RANK="all", CORPUS_FAULT="sleep"),
+                             cwd=HERE)
+        deadline = time.monotonic() + 120
+        while out.read_text().count("step 1 done") < 2 and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        print(f"{out.name}: exit code {p.wait(timeout=120)}", flush=True)
 
 
 def torchrun_oom() -> None:
@@ -177,7 +194,8 @@ def srun_torchrun() -> None:
     srun("srun-torchrun.log")
 
 
-CASES = {f.__name__: f for f in (torchrun_two_agents, torchrun_segv, torchrun_every_rank, torchrun_oom, torchrun_bus,
+CASES = {f.__name__: f for f in (torchrun_two_agents, torchrun_segv, torchrun_every_rank, torchrun_stopped,
+                                 torchrun_oom, torchrun_bus,
                                  deepspeed, accelerate, accelerate_killed, lightning, mpirun, pdsh, srun, srun_torchrun)}
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ or pdsh (CORPUS_NODE_RANK x CORPUS_PROCS + local index, given on its command lin
 rank fails, at the same step. CORPUS_FAULT:
 ``raise`` (a ValueError), ``segv`` (SIGSEGV: exit code -11, no traceback), ``oom`` (the message of
 CUDA's allocator, raised as torch.OutOfMemoryError), ``bus`` (a DataLoader worker killed by SIGBUS), ``kill``
-(a single process logs a line and is killed by SIGKILL, as the OOM killer does, before it joins any group).
+(a single process logs a line and is killed by SIGKILL, as the OOM killer does, before it joins any group),
+``sleep`` (for 300 s, until its launcher stops it).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main() -> None:
     print(f"rank {rank}: step 1 done (sum {int(t[0])})", flush=True)
     if rank == culprit:
         time.sleep(0.2)
+        if fault == "sleep":  # until the launcher stops it
+            time.sleep(300)
         if fault == "segv":
             os.kill(os.getpid(), signal.SIGSEGV)
         if fault == "oom":

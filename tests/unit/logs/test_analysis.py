@@ -49,6 +49,7 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
      "Traceback (most recent call last):"),
     ("[node12:5 rank37]:x", Who(37, "node12", 5), "x"),
     ("[host1:0] File x", Who(None, "host1", 0), "File x"),
+    ("[c4140-02:236649] Signal: Segmentation fault (11)", Who(), "[c4140-02:236649] Signal: Segmentation fault (11)"),
     ("[rank3]:[E0517 04:12:31.116 ProcessGroupNCCL.cpp:616] y", Who(3, None, None),
      "[E0517 04:12:31.116 ProcessGroupNCCL.cpp:616] y"),
     ("1: [rank1]: RuntimeError: z", Who(1, None, None), "RuntimeError: z"),
@@ -470,16 +471,22 @@ def test_a_launch_stopped_at_its_timeout_names_the_timeout() -> None:
 
 
 def test_only_consequences_never_claim_a_primary_failure(tmp_path: Path) -> None:
-    """The same console without the launcher's line: torchrun's own SIGTERM traceback, nothing else."""
+    """The same console without the launcher's line: torchrun's agent says it got SIGTERM (a stop from outside, the
+    failure), then its own SIGTERM traceback; without that line too, only the traceback: a consequence."""
     node = DATA / "launch_timeout" / "vm"
     console = (node / "console.log").read_text()
-    (tmp_path / "console.log").write_text("".join(line for line in console.splitlines(keepends=True)
-                                                  if not line.startswith("mldebug launch:")))
     (tmp_path / "launch.json").write_text((node / "launch.json").read_text())
-    v = triage([str(tmp_path)]).verdict
-    assert v.status == "secondary-only" and v.basis is not None
-    assert "primary" not in v.basis, v.basis
-    assert v.summary.startswith("no primary failure found: vm failed only as a consequence"), v.summary
+    for drop, stopped in ((("mldebug launch:",), True), (("mldebug launch:", "death signal"), False)):
+        (tmp_path / "console.log").write_text("".join(line for line in console.splitlines(keepends=True)
+                                                      if not any(d in line for d in drop)))
+        v = triage([str(tmp_path)]).verdict
+        if stopped:
+            assert v.status == "failure" and v.primary is not None and v.primary.kind == "launcher", v.summary
+            assert "the job was stopped from outside" in v.summary, v.summary
+            continue
+        assert v.status == "secondary-only" and v.basis is not None
+        assert "primary" not in v.basis, v.basis
+        assert v.summary.startswith("no primary failure found: vm failed only as a consequence"), v.summary
 
 
 def test_a_rank_that_raised_and_then_aborted_while_exiting_failed_once() -> None:

@@ -32,6 +32,7 @@ LINES: dict[tuple[str, str], Sample] = {
     ("torchrun", "summary-alone"): ("logs/accounting/torchrun2.log", "  exitcode  : 1 (pid:"),
     ("torchrun", "closing"): ("logs/accounting/torchrun2.log", "closing signal SIGTERM"),
     ("torchrun", "agent-ranks"): ("logs/accounting/agent1.log", "global_ranks=[2, 3]"),
+    ("torchrun", "agent-stopped"): ("logs_corpus/torchrun-stopped.log", "death signal"),
     ("deepspeed", "exit"): ("logs_corpus/deepspeed.log", "exits with return code"),
     ("mpirun", "mpirun-exit"): ("logs_corpus/mpirun.log", "Exit code:"),
     # Open MPI 4 orte/tools/orterun/help-orterun.txt ("mpirun noticed that process rank %d with PID %d on node %s
@@ -49,12 +50,29 @@ LINES: dict[tuple[str, str], Sample] = {
     # Slurm src/plugins/task/cgroup (task_cgroup_memory.c): "Detected %"PRIu64" oom_kill event%s in %ps."
     ("srun", "oom-kill"): "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step tasks have been OOM "
                 "Killed.",
+    # Kubeflow training-operator pkg/controller.v1/common/pod.go: logger.Infof("Pod: %v.%v exited with code %v", ...)
+    ("training-operator", "exit"): "1.7085078566441019e+09\tDEBUG\tevents\tPod: kubeflow.pytorch-simple-worker-0 exited "
+                                   "with code 1",
+    # Ray 2.x src/ray/raylet/node_manager.cc ("... Worker IP address: " ... " Worker PID: " ... " Worker exit type: ")
+    ("ray", "ray-worker-died"): "(raylet) A worker died or was killed while executing a task by an unexpected system "
+    "error. To troubleshoot the problem, check the logs for the dead worker. RayTask ID: ffffffffffffffff7ab5e339a44fee5d"
+    " Worker ID: 88aeec634aec99cb478d00f526 Node ID: dae8173a69c4863c3a71 Worker IP address: 10.0.10.143 Worker port: "
+    "10002 Worker PID: 2147 Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
+    "connection error code 2. End of file.",
     ("mldebug launch", "launch-timeout"): ("logs/launch_timeout/vm/console.log", "--timeout 5 s reached"),
     ("python", "tool-error"): ("logs/launch_nan_rank1_stopped_first/vm/console.log", ": error: "),
     ("python", "python-start"): ("logs/catalogue/start.txt", "can't open file"),
     ("python", "fatal"): ("logs/catalogue/fatal.txt", "Fatal Python error"),
     ("python", "segfault"): ("logs/catalogue/segv.txt", "Segmentation fault"),
 }
+
+# more lines of an entry already above: each line of the catalogue reads one of its samples
+MORE: list[tuple[tuple[str, str], Sample]] = [
+    # Open MPI's signal handler in the crashing process, opal/util/stacktrace.c ("[%s:%05d] Signal: %s (%d)")
+    (("mpirun", "exit"), "[c4140-02:236649] Signal: Segmentation fault (11)"),
+    # the orterun line with its pid and node redacted, as users post it
+    (("mpirun", "exit"), "mpirun noticed that process rank 1 with PID xxxxxx on node xxxxxxxx exited on signal 9 (Killed)."),
+]
 
 CLASSES: dict[str, Sample] = {
     "DataLoader worker killed by a bus error (shared memory)": ("logs_corpus/torchrun-bus.log", "Bus error"),
@@ -99,6 +117,8 @@ MARKS: dict[str, Sample] = {
     "pdsh": ("logs_corpus/pdsh.log", "pdsh@"),
     "srun": ("logs_corpus/srun-nolabel.log", "srun: error:"),
     # TorchX 0.7 torchx/schedulers/local_scheduler.py's traceback frames
+    # its own log (pkg/controller.v1/common/pod.go)
+    "training-operator": "Pod: kubeflow.pytorch-simple-worker-0 exited with code 1",
     "torchx": '  File "/opt/venv/lib/python3.11/site-packages/torchx/schedulers/local_scheduler.py", line 1012, in wait',
 }
 
@@ -139,13 +159,23 @@ def test_a_said_event_is_formatted_from_its_own_match() -> None:
             assert line.says.who in ("line", "node", "source"), (launcher.name, line.action)
 
 
-@pytest.mark.parametrize("entry", sorted(LINES), ids=lambda e: "/".join(e))
-def test_a_launcher_line_is_read_by_its_entry(entry: tuple[str, str]) -> None:
-    line = _line(LINES[entry])
+SAMPLES = [*LINES.items(), *MORE]
+
+
+@pytest.mark.parametrize(("entry", "sample"), SAMPLES, ids=[f"{'/'.join(e)}-{i}" for i, (e, _) in enumerate(SAMPLES)])
+def test_a_launcher_line_is_read_by_its_entry(entry: tuple[str, str], sample: Sample) -> None:
+    line = _line(sample)
     rest = split_label(line).rest
     assert _passes_prefilter(line), line
     got = [(rule.launcher.name, rule.line.action) for rule, _ in engine.launcher_lines(rest)]
     assert entry in got, (line, got)
+
+
+def test_every_line_of_the_catalogue_reads_one_of_its_samples() -> None:
+    for rule in engine.LINE_RULES:
+        mine = [split_label(_line(s)).rest for e, s in SAMPLES if e == (rule.launcher.name, rule.line.action)]
+        read = rule.rx.match if rule.line.anchored else rule.rx.search
+        assert any(read(text) for text in mine), (rule.launcher.name, rule.line.pattern)
 
 
 @pytest.mark.parametrize("label", sorted(CLASSES))
@@ -177,3 +207,9 @@ def test_a_ray_consoles_prefix_names_the_worker_and_its_node(tmp_path: Path) -> 
     v = report.verdict
     assert v.primary is not None and v.primary.who.node == "10.0.0.12" and "bad batch" in v.primary.message, v.summary
     assert "ray" in report.launchers, report.launchers
+
+
+def test_a_watchdog_line_cut_short_is_still_the_watchdogs() -> None:
+    """A console copied from a log viewer cuts c10d's long watchdog line: what is left still names the class."""
+    cls, label, kind = classify("[rank6]:[E ProcessGroupNCCL.cpp:563] [Rank 6] Watchdog caught collective")
+    assert (label, kind) == ("NCCL watchdog timeout", "watchdog"), (cls, label, kind)

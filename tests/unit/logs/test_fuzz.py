@@ -335,7 +335,8 @@ def test_a_handled_traceback_at_a_block_boundary_is_still_handled(at: int, tmp_p
                           at, b"Traceback (most recent call last):\n"
                               b'  File "/job/data.py", line 4, in fetch\n'
                               b"    return get(url)\n"
-                              b"TimeoutError: The read operation timed out\n")
+                              b"TimeoutError: The read operation timed out\n"
+                              b"2026-11-28 04:00:02,000 [INFO] trainer: step 2 | loss 2.1\n")
     assert [(e.cls, bool(e.detail.get("handled"))) for e in report.events] == [("warning", True)], report.events
     assert report.verdict.status == "none", report.verdict.summary
 

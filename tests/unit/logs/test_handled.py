@@ -1,6 +1,9 @@
-"""A traceback printed by a logging call below ERROR (`logger.warning(..., exc_info=True)`) was handled: a warning,
-never the first failure. A C++ warning of c10d's that merely comes before a rank's own traceback does not make it
-handled (found on the rig: `[W1128 04:18:40.186 socket.cpp:207] [c10d] The hostname ...` then rank 2's ValueError)."""
+"""A traceback printed by a logging call below ERROR (`logger.warning(..., exc_info=True)`) was handled when the
+program went on: a warning, never the first failure. A C++ warning of c10d's that merely comes before a rank's own
+traceback does not make it handled (found on the rig: `[W1128 04:18:40.186 socket.cpp:207] [c10d] The hostname ...`
+then rank 2's ValueError), nor does a launcher's own line (DeepSpeed's `[INFO] [launch.py:102:main] Setting
+CUDA_VISIBLE_DEVICES=0,1`), nor an INFO line when the traceback is the last thing in the file: a crash right after a
+log line, as consoles users posted show it (the verdict is then less sure)."""
 
 from __future__ import annotations
 
@@ -29,13 +32,38 @@ ValueError: bad batch on rank 2
 ])
 def test_a_traceback_after_a_logging_record_below_error_is_handled(tmp_path: Path, before: str, handled: bool) -> None:
     log = tmp_path / "rank2.log"
-    log.write_text("starting\n" + before + TRACEBACK)
+    log.write_text("starting\n" + before + TRACEBACK + "step 13 loss 2.30\n")  # the program went on
     v = triage([str(log)]).verdict
     if handled:
         assert v.status != "failure" or v.primary is None or "ValueError" not in v.primary.message, v.summary
     else:
         assert v.status == "failure" and v.primary is not None and "ValueError: bad batch" in v.primary.message, \
             v.summary
+    log.write_text("starting\n" + before + TRACEBACK)  # the last thing in the file: it ended the program
+    v = triage([str(log)]).verdict
+    assert v.status == "failure" and v.primary is not None and "ValueError: bad batch" in v.primary.message, v.summary
+    assert ("may have been caught" in v.confidence_why) == handled, v.confidence_why
+
+
+def test_a_launchers_own_line_before_a_traceback_does_not_make_it_handled(tmp_path: Path) -> None:
+    """DeepSpeed's launcher logs at INFO, then a rank's uncaught traceback follows (its lines are unlabelled); the
+    next rank's copy follows at once."""
+    log = tmp_path / "ds.log"
+    log.write_text("[2020-12-24 16:25:13,902] [INFO] [launch.py:102:main] Setting CUDA_VISIBLE_DEVICES=0,1\n"
+                   + TRACEBACK + TRACEBACK + "[2020-12-24 16:25:15,001] [INFO] [launch.py:131:main] done\n")
+    v = triage([str(log)]).verdict
+    assert v.status == "failure" and v.primary is not None and "ValueError: bad batch" in v.primary.message, v.summary
+    assert "may have been caught" not in v.confidence_why, v.confidence_why
+
+
+def test_a_raised_copy_of_a_handled_exception_is_the_failure(tmp_path: Path) -> None:
+    """Retried and logged twice, then raised: the same exception of the same writer, handled and not, are two."""
+    log = tmp_path / "rank0.log"
+    retry = "2026-11-28 04:18:4{i},186 WARNING retrying the batch\n" + TRACEBACK
+    log.write_text(retry.format(i=0) + retry.format(i=1) + "2026-11-28 04:18:42,186 step 13 loss 2.30\n" + TRACEBACK
+                   + "2026-11-28 04:18:43,000 INFO shutting down\n")
+    v = triage([str(log)]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.line == 16, v.summary
 
 
 HANDLED = """2026-11-28 04:{m:02d}:{s:02d},000 [WARNING] data: fetching shard {i:05d} failed, retrying (1/5)
@@ -80,6 +108,7 @@ def test_records_of_one_shape_are_judged_alike_and_another_level_is_not(tmp_path
     labelled = tmp_path / "console.log"  # a labelled writer's record: its label is its own, the same writer's
     tb = TRACEBACK.replace(" on rank 2", "")
     labelled.write_text("".join(f"[rank{r}]:{line}\n" for r, record in ((1, "[WARNING]"), (3, "[ERROR]"))
-                                for line in [f"2026-11-28 04:00:0{r},000 {record} retrying", *tb.splitlines()]))
+                                for line in [f"2026-11-28 04:00:0{r},000 {record} retrying", *tb.splitlines()])
+                        + "[rank1]:2026-11-28 04:00:04,000 [INFO] step 13\n")
     v = triage([str(labelled)]).verdict
     assert v.primary is not None and v.primary.who.rank == 3 and v.primary.line == 9, v.summary

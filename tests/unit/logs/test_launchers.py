@@ -378,9 +378,42 @@ def test_a_launchers_report_of_its_childs_signal_after_an_info_line_is_the_failu
         assert "handled" not in v.primary.detail and r.launchers == ["deepspeed"], (v.primary.detail, r.launchers)
     wrapper = ("2021-11-21 08:32:07,150 [WARNING] preprocessing failed, using the cached shards\n"
                'Traceback (most recent call last):\n  File "prep.py", line 9, in main\n'
-               f"subprocess.CalledProcessError: {subprocess.CalledProcessError(-9, cmd)}\n")
+               f"subprocess.CalledProcessError: {subprocess.CalledProcessError(-9, cmd)}\n"
+               "2021-11-21 08:32:09,002 [INFO] step 1\n")
     v = triage([_write(tmp_path, wrapper, "wrapper.log")]).verdict
     assert v.status == "none", v.summary
+
+
+def test_an_agent_stopped_from_outside_is_the_failure() -> None:
+    """SIGTERM to torchrun (a scheduler's time limit, preemption, scancel): its agent says it got a death signal and
+    stops its ranks. The job did not end by itself: not 'no failure', not only its own SignalException."""
+    r = triage([str(CORPUS / "torchrun-stopped.log")])
+    v = r.verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.detail["sig"] == 15, v.summary
+    assert "the job was stopped from outside" in v.primary.message and r.launchers == ["torchrun"], v.summary
+
+
+@pytest.mark.parametrize(("text", "summary", "node"), [
+    # Open MPI's signal handler (opal/util/stacktrace.c): its "[host:pid]" is no torchrun role's local rank
+    ("[c4140-02:236649] *** Process received signal ***\n[c4140-02:236649] Signal: Segmentation fault (11)\n"
+     "[c4140-02:236649] Signal code: Address not mapped (1)\n", "first failure: c4140-02: crashed with SIGSEGV",
+     "c4140-02"),
+    # Kubeflow training-operator's log (pkg/controller.v1/common/pod.go): the pod is the node
+    ("1.7085078566441019e+09\tDEBUG\tevents\tPod: kubeflow.pytorch-simple-worker-0 exited with code 1\n",
+     "first failure: pytorch-simple-worker-0: exited with code 1", "pytorch-simple-worker-0"),
+    # Ray's raylet (src/ray/raylet/node_manager.cc), before a rank's NCCL error that follows from it
+    ("(raylet) A worker died or was killed while executing a task by an unexpected system error. RayTask ID: ff7a "
+     "Worker ID: 88ae Node ID: dae8 Worker IP address: 10.0.10.143 Worker port: 10002 Worker PID: 2147 Worker exit "
+     "type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2.\n"
+     "(RayWorkerWrapper pid=2150, ip=10.0.10.144) [rank1]: torch.distributed.DistBackendError: NCCL error in: "
+     "ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, NCCL version 2.21.5\n",
+     "first failure: 10.0.10.143: Ray: worker pid 2147 died by a system error", "10.0.10.143"),
+])
+def test_a_crash_said_by_another_programs_line_names_its_node(tmp_path: Path, text: str, summary: str,
+                                                              node: str) -> None:
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.status == "failure" and v.primary is not None and v.summary.startswith(summary), v.summary
+    assert v.primary.who.node == node and v.primary.who.local_rank is None, v.primary.who
 
 
 def test_a_launchers_called_process_error_is_not_the_cause(tmp_path: Path) -> None:
