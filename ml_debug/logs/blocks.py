@@ -26,6 +26,7 @@ MAX_TRACEBACK_LINES = 400
 TRAILING_LINES = 8  # message lines kept after an exception line (CUDA's "might be asynchronously reported" ...)
 NEARBY_BYTES = 4096  # how far back a traceback without a time stamp looks for one
 TRACEBACK = "Traceback (most recent call last):"
+CUT_SHORT = "traceback (cut short)"  # the message of one that ends before its exception
 HEADER = TRACEBACK.encode()
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
@@ -270,7 +271,7 @@ def read(block: Block) -> Reading:
     # the exception's line and the lines after it as one: a terminal may have wrapped a long command line
     m = _CALLED_PROCESS.search("".join(block.text[-3:])) if "CalledProcessError: Command " in final else None
     code = (int(m.group(1)) if m.group(1) else -int(m.group(2))) if m else None
-    return Reading(launchers, report, cls, label, cause, short_exception(final) if final else "traceback (cut short)",
+    return Reading(launchers, report, cls, label, cause, short_exception(final) if final else CUT_SHORT,
                    blamed(whole), code, len(block.text))
 
 

@@ -99,7 +99,9 @@ _TORCHRUN_FAILED = Line(
     "exit",
     # every shape since torch 1.10: the logger's prefix varies ("ERROR:torch.distributed.elastic...:", glog's
     # "E0501 03:14:07.123 ... api.py:869] "), the line may be cut short after the exit code
-    r"failed \(exitcode: (?P<code>-?\d+)\)(?:\s+local_rank: (?P<local>\d+)(?:\s+\(pid: (?P<pid>\d+)\)?)?)?",
+    # (a platform's build words it "failed (exitcode: -9) for binary located at ... with local_rank: 0 (process ID: 71)")
+    r"failed \(exitcode: (?P<code>-?\d+)\)(?:\s+(?:for binary located at \S{1,4096} with )?local_rank: (?P<local>\d+)"
+    r"(?:\s+\((?:pid|process ID): (?P<pid>\d+)\)?)?)?",
     ("failed (exitcode:",), who="agent", time="launcher")
 
 LAUNCHERS: tuple[Launcher, ...] = (
@@ -128,7 +130,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
             _TORCHRUN_FAILED,
             # the failure summary pasted without its traceback: an entry's "exitcode  : 1 (pid: 42)" line
             Line("summary-alone", r"\s*exitcode\s*: -?\d", ("exitcode",), anchored=True),
-            Line("closing", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", ("closing signal",),
+            Line("closing", r"Sending process (?P<pid>\d+) (?:the )?closing signal (?P<signal>SIG\w+)", ("closing signal",),
                  says=Says("launcher", INFO, "torchrun sends {signal} to pid {pid}",
                            "torchrun stops the other ranks ({signal})", who="source", strong=False,
                            detail=("pid", "signal"))),

@@ -145,7 +145,9 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
             local = int(m1.group("local"))
             if m1.group("rank") is not None:
                 rank = int(m1.group("rank"))
-            if role and role[-1] in _ROLE_SEPARATORS and len(role) > 1:
+            if role and not m1.group("colon") and role[-1] in "-_":
+                node, local = role + m1.group("local"), None  # "[job-master-0] ": a pod's name (kubetail, PAI)
+            elif role and role[-1] in _ROLE_SEPARATORS and len(role) > 1:
                 node = role[:-1]
             elif task is not None and node is None:
                 node = srun_task_node(task)  # srun started one agent per node: the task is a node

@@ -18,6 +18,7 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import ranks as ranks_text
+from ml_debug.logs.blocks import CUT_SHORT
 from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
@@ -249,7 +250,14 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
                        confidence="low", confidence_why="only consequences of a peer's failure were found: "
                                                         "the cause is not in these logs")
     roots = {_identity_key(e.who) for e in failures if e.detail.get("torchrun_root_cause")}
-    first, basis = _earliest(strong or weak, roots=roots)
+    cands = strong or weak
+    if strong and all(e.time is not None for e in strong):
+        # an exit code a second or more before every message (torchrun's summary: exit code 1 at 13:02:58, a SIGKILL
+        # of its own 30 s later) came first: its time bounds it from above, theirs from below. (Not a logger's
+        # mention of an exception: the program may have gone on.)
+        start = min(e.time for e in strong if e.time is not None)
+        cands = strong + [e for e in weak if "exit_code" in e.detail and e.time is not None and e.time <= start - 1]
+    first, basis = _earliest(cands, roots=roots)
     about = _subject(first, strong, causes, world_size)
     if about is not None:
         first, basis = about
@@ -260,7 +268,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         first = dataclasses.replace(first, who=Who(missing[0], first.who.node, first.who.local_rank),
                                     detail={**first.detail, "rank_from": "only rank of the job that reported "
                                             "no failure of its own (the others name themselves)"})
-    tie = [] if about is not None else [e for e in _tie(first, strong or weak) if e is not unplaced]
+    tie = [] if about is not None else [e for e in _tie(first, cands) if e is not unplaced]
     # every rank's same finding about one rank is one failure; the launcher then stopping that rank is no news
     same = [c for c in causes if c is not first and about is not None and c.message == first.message]
     others = [c for c in causes if c is not first and c is not unplaced and c not in same
@@ -324,7 +332,8 @@ def _confidence(first: Event, basis: str, tie: list[Event]) -> tuple[str, str]:
         (first.who.rank is None, "its global rank is not in the logs" if first.who.local_rank is not None
          or first.who.node else "the logs do not say which rank"),
         (bool(first.detail.get("rank_from")), f"rank from the {first.detail.get('rank_from')}"),
-        (bool(first.detail.get("logged")), f"its traceback came {first.detail.get('logged')}")) if said]
+        (bool(first.detail.get("logged")), f"its traceback came {first.detail.get('logged')}"),
+        (first.message == CUT_SHORT, "its traceback ends before its exception: what failed is not in the logs")) if said]
     level = "medium" if why else "high"
     if basis.startswith("file order (time stamps missing; the order across files"):
         level = "medium" if level == "high" else "low"

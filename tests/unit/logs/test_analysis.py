@@ -50,6 +50,7 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
     ("[node12:5 rank37]:x", Who(37, "node12", 5), "x"),
     ("[host1:0] File x", Who(None, "host1", 0), "File x"),
     ("[c4140-02:236649] Signal: Segmentation fault (11)", Who(), "[c4140-02:236649] Signal: Segmentation fault (11)"),
+    ("[job-master-0] [2026-03-30 19:24:35,966] x", Who(None, "job-master-0", None), "[2026-03-30 19:24:35,966] x"),
     ("[rank3]:[E0517 04:12:31.116 ProcessGroupNCCL.cpp:616] y", Who(3, None, None),
      "[E0517 04:12:31.116 ProcessGroupNCCL.cpp:616] y"),
     ("1: [rank1]: RuntimeError: z", Who(1, None, None), "RuntimeError: z"),

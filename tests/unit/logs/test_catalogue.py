@@ -70,6 +70,12 @@ LINES: dict[tuple[str, str], Sample] = {
 MORE: list[tuple[tuple[str, str], Sample]] = [
     # Open MPI's signal handler in the crashing process, opal/util/stacktrace.c ("[%s:%05d] Signal: %s (%d)")
     (("mpirun", "exit"), "[c4140-02:236649] Signal: Segmentation fault (11)"),
+    # torchrun's agent as a platform's build words it (a user's console from Alibaba PAI-DLC)
+    (("torchrun", "exit"), "[dlc1mtq58q0821ib-master-0] [2026-03-30 19:24:42,731] torch.distributed.elastic."
+     "multiprocessing.api: [ERROR] failed (exitcode: -9) for binary located at /opt/conda/bin/python3.10 with "
+     "local_rank: 0 (process ID: 71)"),
+    (("torchrun", "closing"), "[dlc1mtq58q0821ib-master-0] [2026-03-30 19:24:35,966] torch.distributed.elastic."
+     "multiprocessing.api: [WARNING] Sending process 73 the closing signal SIGTERM"),
     # the orterun line with its pid and node redacted, as users post it
     (("mpirun", "exit"), "mpirun noticed that process rank 1 with PID xxxxxx on node xxxxxxxx exited on signal 9 (Killed)."),
 ]
@@ -169,6 +175,12 @@ def test_a_launcher_line_is_read_by_its_entry(entry: tuple[str, str], sample: Sa
     assert _passes_prefilter(line), line
     got = [(rule.launcher.name, rule.line.action) for rule, _ in engine.launcher_lines(rest)]
     assert entry in got, (line, got)
+
+
+def test_a_platforms_wording_of_torchruns_exit_names_the_local_rank_and_pid() -> None:
+    rest = split_label(_line(next(sample for entry, sample in MORE if entry == ("torchrun", "exit")))).rest
+    ((_, m),) = [(r, m) for r, m in engine.launcher_lines(rest) if r.line.action == "exit"]
+    assert (m.group("code"), m.group("local"), m.group("pid")) == ("-9", "0", "71"), m.groupdict()
 
 
 def test_every_line_of_the_catalogue_reads_one_of_its_samples() -> None:

@@ -384,6 +384,34 @@ def test_a_launchers_report_of_its_childs_signal_after_an_info_line_is_the_failu
     assert v.status == "none", v.summary
 
 
+def _entry(i: int, time: str, rank: int, code: int) -> str:
+    """One entry of torchrun's failure summary (torch/distributed/elastic/multiprocessing/errors/__init__.py)."""
+    hint = (f"Signal {-code} ({'SIGKILL' if code == -9 else 'SIGTERM'}) received by PID {100 + rank}" if code < 0
+            else "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html")
+    return (f"[{i}]:\n  time      : 2026-09-07_{time}\n  host      : localhost\n  rank      : {rank} (local_rank: "
+            f"{rank})\n  exitcode  : {code} (pid: {100 + rank})\n  error_file: <N/A>\n  traceback : {hint}\n")
+
+
+def test_a_bare_exit_code_a_second_or_more_before_a_kill_is_first(tmp_path: Path) -> None:
+    """Rank 3 exited with code 1 at 13:02:58; rank 0 was killed 31 s later (torchrun's SIGKILL after its SIGTERM
+    grace): the exit code came first, though a kill says more than a bare code. In the same second, it would not."""
+    for later, first in (("13:03:29", 3), ("13:02:58", 0)):
+        text = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n" + "=" * 40 + "\ntrain.py FAILED\n"
+                + "-" * 40 + "\nFailures:\n" + _entry(1, later, 0, -9) + _entry(2, later, 2, -15) + "-" * 40
+                + "\nRoot Cause (first observed failure):\n" + _entry(0, "13:02:58", 3, 1) + "=" * 40 + "\n")
+        v = triage([_write(tmp_path, text)]).verdict
+        assert v.primary is not None and v.primary.who.rank == first, v.summary
+        assert ("1 other rank(s) failed on their own: rank 0: killed by SIGKILL" in v.summary) == (first == 3), v.summary
+
+
+def test_a_traceback_cut_before_its_exception_is_not_sure(tmp_path: Path) -> None:
+    text = ("[rank3]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting\n"
+            "[rank2]: Traceback (most recent call last):\n[rank2]:   File \"/job/bench.py\", line 144, in <module>\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 2 and v.primary.message == "traceback (cut short)", v.summary
+    assert v.confidence == "medium" and "ends before its exception" in v.confidence_why, v.confidence_why
+
+
 def test_an_agent_stopped_from_outside_is_the_failure() -> None:
     """SIGTERM to torchrun (a scheduler's time limit, preemption, scancel): its agent says it got a death signal and
     stops its ranks. The job did not end by itself: not 'no failure', not only its own SignalException."""
