@@ -30,8 +30,9 @@ CUT_SHORT = "traceback (cut short)"  # the message of one that ends before its e
 HEADER = TRACEBACK.encode()
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
+# (Ray re-raises a worker's exception as "ray.exceptions.RayTaskError(DistBackendError): ray::...")
 EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
-                            r"Failure|Fault)\w{0,100}): (?P<msg>.*)$")
+                            r"Failure|Fault)\w{0,100})(?:\([\w.]{1,100}\))?: (?P<msg>.*)$")
 # accelerate launch, DeepSpeed before 0.6 and wrapper scripts re-raising a child's exit: "subprocess.CalledProcessError:
 # Command '[...]' returned non-zero exit status 1." or, killed by a signal, "... died with <Signals.SIGKILL: 9>."
 # (accelerate/commands/launch.py simple_launcher, deepspeed/launcher/launch.py sigkill_handler, Python's subprocess.py)
@@ -77,6 +78,7 @@ class Block:
     # the level of the logging call that printed it (the line before: "... [WARNING] retrying"): the program
     # caught the exception and went on; None when no logging call printed it (uncaught)
     logged: str | None = None
+    after_report: bool = False  # it follows torchrun's "failed (exitcode: ...)" line: torchrun's own, when cut short
     consumed: int = 1  # its lines read (a repeat is remembered only when all from its header on were its own)
     # the scanned block and where its header starts in it, while repeats.py may remember it (unlabelled lines)
     origin: tuple[bytes, int] | None = None
@@ -114,6 +116,7 @@ def open_block(c: Collector, lab: Label, who: Who, line: int, offset: int) -> No
     if not lab.key and not lab.stamp and not lab.who.known:
         block.origin = repeats.rememberable(c)
     block.logged = logged_level(c, lab.key)
+    block.after_report = "failed (exitcode:" in lines_before(c, 1)
     block.time = find_time(lab.key + lab.stamp, c.ctx.day)
     if block.time is None:
         block.nearby = time_before(c)
@@ -309,7 +312,7 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
         repeats.remember(c, block, reading)
     if full:
         return
-    if reading.report:
+    if reading.report or (block.after_report and reading.message == CUT_SHORT):
         c._add(c.event("launcher", INFO, "the launcher's own traceback (it reports a worker's failure)",
                        "launcher traceback", block.who, block.start_line, block.start_offset, strong=False,
                        text=block.text[:MAX_TRACEBACK_LINES]), stream)

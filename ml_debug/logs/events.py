@@ -42,8 +42,10 @@ MAX_SAMPLED = 100_000  # distinct writers whose labels were sampled (see Collect
 STALE_LINES = 5000  # a traceback whose writer printed nothing more for this many lines of its file is closed
 MAX_SUSPECTS = 20  # lines that only look like a failure, kept as the last resort
 FLATTENED_NOTE = "NCCL lines flattened onto one line: read one by one"
-# where the next of several NCCL lines flattened onto one starts: "... found. host:1234:1234 [0] NCCL INFO ..."
-_NCCL_FLATTENED = re.compile(r"\s+(?=[\w.\-]{1,200}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w./\-]{1,200}:\d{1,6} )?NCCL |NCCL version )")
+# where the next of several NCCL lines flattened onto one starts: "... found. host:1234:1234 [0] NCCL INFO ..." (not
+# torch's ", NCCL version 2.21.5" at the end of its NCCL error's message)
+_NCCL_FLATTENED = re.compile(r"\s+(?=[\w.\-]{1,200}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w./\-]{1,200}:\d{1,6} )?NCCL )"
+                             r"|(?<!,)\s+(?=NCCL version )")
 _PG0_RANK = re.compile(r"\[(?:PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?)?Rank (\d+)\]")
 _NOBODY = Who()
 

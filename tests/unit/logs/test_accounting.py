@@ -168,6 +168,12 @@ def test_nccl_slow_path_stays_a_finding_quoted_or_flattened(tmp_path: Path) -> N
         assert report.ok and report.verdict.status == "none", (name, report.verdict.summary)
         findings = " ".join(str(f) for f in (report.nccl or {}).get("findings", []))
         assert "TCP sockets" in findings and "no InfiniBand device found" in findings, (name, report.nccl)
+    # torch's NCCL error names NCCL's version at the end of its message: one line, not two flattened
+    path = tmp_path / "error.log"
+    path.write_text("[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote "
+                    "process exited or there was a network error, NCCL version 2.28.8\n")
+    report = triage([str(path)])
+    assert report.sources[0].repairs == [] and report.verdict.secondary, (report.sources[0].repairs, report.verdict)
 
 
 

@@ -225,3 +225,13 @@ def test_a_watchdog_line_cut_short_is_still_the_watchdogs() -> None:
     """A console copied from a log viewer cuts c10d's long watchdog line: what is left still names the class."""
     cls, label, kind = classify("[rank6]:[E ProcessGroupNCCL.cpp:563] [Rank 6] Watchdog caught collective")
     assert (label, kind) == ("NCCL watchdog timeout", "watchdog"), (cls, label, kind)
+
+
+def test_rays_re_raised_exception_is_a_failure(tmp_path: Path) -> None:
+    """Ray re-raises a worker's exception in the driver as ``RayTaskError(<its type>)`` (python/ray/exceptions.py);
+    a paste of the driver's traceback's end is a failure, not 'no failure found'."""
+    path = tmp_path / "driver.log"
+    path.write_text("    raise value.as_instanceof_cause()\nray.exceptions.RayTaskError(DistBackendError): "
+                    "ray::_RayTrainWorker__execute.get_next() (pid=192, ip=10.0.0.19, actor_id=a3e4eb7bfa5c10d4)\n")
+    v = triage([str(path)]).verdict
+    assert v.status == "failure" and v.primary is not None and "RayTaskError(DistBackendError)" in v.primary.message

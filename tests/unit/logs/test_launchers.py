@@ -412,6 +412,16 @@ def test_a_traceback_cut_before_its_exception_is_not_sure(tmp_path: Path) -> Non
     assert v.confidence == "medium" and "ends before its exception" in v.confidence_why, v.confidence_why
 
 
+def test_torchruns_own_traceback_cut_short_after_its_failure_line_is_the_launchers(tmp_path: Path) -> None:
+    """A paste that ends in the traceback torchrun prints after its failure line, before any of its own frames."""
+    text = ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 4 (pid: 24905) of "
+            "binary: /usr/bin/python3\nTraceback (most recent call last):\n  File \"/usr/lib/python3.10/runpy.py\", "
+            "line 196, in _run_module_as_main\n")
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.primary.who.local_rank == 4 and "SIGKILL" in v.primary.message, v.summary
+    assert not v.independent and "(" not in v.summary.split("kill -9")[1], v.summary
+
+
 def test_an_agent_stopped_from_outside_is_the_failure() -> None:
     """SIGTERM to torchrun (a scheduler's time limit, preemption, scancel): its agent says it got a death signal and
     stops its ranks. The job did not end by itself: not 'no failure', not only its own SignalException."""
