@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from ml_debug.logs.events import Collector
-from ml_debug.logs.result import PRIMARY, TIME_LAUNCHER, TIME_NEARBY, TIME_ORDER, Event, Who
+from ml_debug.logs.result import JOB_KINDS, PRIMARY, TIME_LAUNCHER, TIME_NEARBY, TIME_ORDER, Event, Who
 
 _OWNED_KINDS = ("traceback", "exception", "cuda-error", "oom", "nccl-error", "shm", "gpu-fault", "signal",
                 "error-line")
@@ -105,7 +105,7 @@ def apply(events: list[Event], ranks_seen: Iterable[int]) -> None:
     # rule 3: the logs say rank 0 and no other, and every local rank they say is 0: a world of one process
     if set(ranks_seen) == {0} and all(e.who.local_rank in (None, 0) for e in events):
         for e in events:
-            if e.who.rank is None and e.kind != "launcher":
+            if e.who.rank is None and e.kind not in JOB_KINDS:
                 _give(e, Who(0, e.who.node, e.who.local_rank), "world of one process (rank 0 only)", "rank_from")
 
 

@@ -167,6 +167,11 @@ LAUNCHERS: tuple[Launcher, ...] = (
         lines=(
             Line("srun-task", r"srun: error: (?P<node>\S+): tasks? (?P<tasks>\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*): "
                  r"(?P<what>.+)", ("srun: error:",)),
+            # slurmstepd could not start the task's program (src/slurmd/slurmstepd/task.c: "execve(): %s: %m")
+            Line("srun-no-program", r"(?:slurmstepd-(?P<node>[\w.\-]{1,100}): error: )?execve\(\): (?P<what>\S{1,400}): "
+                 r"No such file or directory", ("execve(): ",),
+                 says=Says("exception", PRIMARY, "Slurm could not start {what}: no such file (not installed on the "
+                           "node, or not on its PATH)", "program not found", who="node")),
             Line("srun-node-fail", r"srun: error: Node failure on (?P<node>\S+)", ("Node failure",),
                  says=Says("slurm", PRIMARY, "Slurm: node failure on {node}", "node failure", who="node")),
             Line("slurm-cancel", r"\*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
@@ -298,8 +303,10 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                   "DistNetworkError")),
     FailureClass("watchdog", SECONDARY, "watchdog stopped the process",
                  r"watchdog thread terminated with exception|Heartbeat monitor timed out|"
-                 r"taking the entire process down",
-                 ("watchdog thread terminated", "Heartbeat monitor", "entire process down"), hint=WATCHDOG_HINT),
+                 r"taking the entire process down|watchdog got stuck for \d+ seconds|Terminating the process after "
+                 r"attempting to dump debug info|Exception raised from ncclCommWatchdog",
+                 ("watchdog thread terminated", "Heartbeat monitor", "entire process down", "watchdog got stuck",
+                  "Terminating the process after", "from ncclCommWatchdog"), hint=WATCHDOG_HINT),
     FailureClass("comm", SECONDARY, "stopped by a signal", r"SignalException|KeyboardInterrupt",
                  ("SignalException", "KeyboardInterrupt")),
     FailureClass("signal", PRIMARY, "crash (signal)",

@@ -100,8 +100,12 @@ SHAPES = {
     SUSPECT: (r"\b(?:ERROR|FATAL|CRITICAL|[Ee]rror|[Ff]ailed|FAILED|[Aa]borted|core dumped)\b", 0),
     # counts of none, and warnings or info lines that mention a failure (torchvision's "UserWarning: Failed to load
     # image Python extension", a retry that worked): a job that printed them may well have succeeded
+    # "... thrown while requesting GET ..." (huggingface_hub, then "Retrying in 1s"), "Network error resolved ...,
+    # resuming normal operation" (wandb), a C++ exception's stack frame ("frame #0: c10::Error::Error"), a line of
+    # a rich traceback's box ("│   242 │ # if the error files for the failed children exist │": source code)
     NOT_SUSPECT: (r"\b(?:0 errors?|no errors?|errors?: 0|error_?rate|failed: 0|without errors?|WARN(?:ING)?|INFO|"
-                  r"DEBUG|retry(?:ing)?)\b|Warning\b|^\[?[IWD]\d{4} ", hyperscan.HS_FLAG_CASELESS),
+                  r"DEBUG|retry(?:ing)?|resolved|resuming|thrown while requesting)\b|Warning\b|^\[?[IWD]\d{4} |"
+                  r"^frame #\d+: |^\s*│", hyperscan.HS_FLAG_CASELESS),
 }
 """Shapes of a line, said by the same Hyperscan call as the needles (a line costs one call, where CPython's ``re``
 took 3 us for these two alone); a SUSPECT line holds one of DETECT_WORDS too."""

@@ -156,6 +156,8 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
     if m2:
         rank = int(m2.group(1))
         pos = m2.end()
+        while (again := _TORCH_RANK.match(line, pos)) and again.group(1) == m2.group(1):
+            pos = again.end()  # "[rank0]:[rank0]: ...": two layers each added the prefix
     if task is not None and local is None and rank is None and not m2:
         rank = task  # srun started the ranks themselves: the task id is the rank
     if stamp and pos == len(stamp):

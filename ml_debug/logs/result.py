@@ -39,6 +39,8 @@ TIME_ERROR_FILE: str = TimeSource.ERROR_FILE
 TIME_LAUNCHER: str = TimeSource.LAUNCHER
 TIME_NEARBY: str = TimeSource.NEARBY
 TIME_ORDER: str = TimeSource.ORDER
+JOB_KINDS = ("launcher", "slurm")
+"""Kinds of events of the job or of a node (a launcher stopping it, Slurm cancelling it), never of one rank."""
 TIME_BOUNDS = {TIME_LAUNCHER: ("≤", "when a launcher reported it (it happened no later)"),
                TIME_NEARBY: ("≥", "the time of a line before it (it happened no earlier)")}
 """Times that only bound when a failure happened: the mark the views put before them, and what it means."""

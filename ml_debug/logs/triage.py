@@ -15,7 +15,7 @@ from ml_debug.logs.catalogue import LAUNCHERS
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import split_label, strip_ansi
 from ml_debug.logs.readers import read_all
-from ml_debug.logs.result import PRIMARY, LogsReport, SourceInfo, Who
+from ml_debug.logs.result import JOB_KINDS, PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.text import few
@@ -75,6 +75,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     launch_exit = _agreed(man.get("exit_code") for man in launches)
     ids = accounting.Identities(collector)
     for ev in collector.events:
+        if ev.kind in JOB_KINDS:
+            continue
         ev.who = ids.resolve(ev.who, ev.source_index)
         if ids.assumed:
             ev.detail["rank_from"] = "local rank (one node)"

@@ -23,6 +23,7 @@ from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.result import (
+    JOB_KINDS,
     PRIMARY,
     SECONDARY,
     TIME_ERROR_FILE,
@@ -227,6 +228,12 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     causes = [_cause(evs) for evs in by_writer.values()]
     strong = [c for c in causes if c.cls == PRIMARY and c.strong]
     weak = [c for c in causes if c.cls == PRIMARY and not c.strong]
+    if not strong and not weak:
+        top, _ = _earliest(causes, "failure")
+        if top.kind == "slurm":  # Slurm cancelled the step, and nothing had failed before: it was stopped from outside
+            top.cls, top.strong = PRIMARY, True
+            top.message += ": no task had failed before it (scancel, or the scheduler)"
+            strong = [top]
     failed_ranks = {c.who.rank for c in causes if c.who.rank is not None}
     missing = sorted(set(range(world_size or 0)) - failed_ranks)
     silent = compress(missing) if missing and len(missing) < (world_size or 0) else None
@@ -262,7 +269,7 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     if about is not None:
         first, basis = about
     unplaced = first
-    if first.who.rank is None and len(missing) == 1 and failed_ranks:
+    if first.who.rank is None and len(missing) == 1 and failed_ranks and first.kind not in JOB_KINDS:
         # a failure without its rank (CUDA's unprefixed out-of-memory, DeepSpeed's return code) is put on the
         # one rank that reported nothing else (the others' watchdog and connection errors name themselves)
         first = dataclasses.replace(first, who=Who(missing[0], first.who.node, first.who.local_rank),
@@ -329,8 +336,9 @@ def _confidence(first: Event, basis: str, tie: list[Event]) -> tuple[str, str]:
         return "low", "a tie: another rank failed in the same second"
     why = [text for said, text in (
         (not first.strong, "only an exit code or a kill says it (no message of its own)"),
-        (first.who.rank is None, "its global rank is not in the logs" if first.who.local_rank is not None
-         or first.who.node else "the logs do not say which rank"),
+        (first.who.rank is None and first.kind not in JOB_KINDS,
+         "its global rank is not in the logs" if first.who.local_rank is not None or first.who.node
+         else "the logs do not say which rank"),
         (bool(first.detail.get("rank_from")), f"rank from the {first.detail.get('rank_from')}"),
         (bool(first.detail.get("logged")), f"its traceback came {first.detail.get('logged')}"),
         (first.message == CUT_SHORT, "its traceback ends before its exception: what failed is not in the logs")) if said]

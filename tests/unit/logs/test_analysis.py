@@ -54,6 +54,7 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
     ("[rank3]:[E0517 04:12:31.116 ProcessGroupNCCL.cpp:616] y", Who(3, None, None),
      "[E0517 04:12:31.116 ProcessGroupNCCL.cpp:616] y"),
     ("1: [rank1]: RuntimeError: z", Who(1, None, None), "RuntimeError: z"),
+    ("[rank0]:[rank0]: Traceback (most recent call last):", Who(0, None, None), "Traceback (most recent call last):"),
     ("[1]:", Who(), "[1]:"),  # torchrun's failure summary numbering, not a label
     ("[2024-05-01 03:14:07] INFO x", Who(), "[2024-05-01 03:14:07] INFO x"),
     ("03:14:07 x", Who(), "03:14:07 x"),
@@ -508,3 +509,20 @@ def test_a_rank_that_raised_and_then_aborted_while_exiting_failed_once() -> None
         primary = [e for e in report.events if e.cls == PRIMARY and e.strong]
         assert [e.who.rank for e in primary] == [2], [(e.who, e.message) for e in primary]
     assert v.primary.detail["exit_code"] == -6  # torchrun's summary, kept with the exception
+
+
+def test_lines_that_say_an_error_went_away_are_no_suspects(tmp_path: Path) -> None:
+    """Lines of jobs that went on, as users posted them: huggingface_hub's retried request, wandb's network error
+    resolved, a C++ exception's stack frame, the source code in a rich traceback's box. A line that only looks like
+    a failure still is a suspect."""
+    ok = ["'(ProtocolError('Connection aborted.', RemoteDisconnected('Remote end closed connection without "
+          "response'))' thrown while requesting GET https://huggingface.co/api/models/x", "Retrying in 1s [Retry 1/5].",
+          "wandb: Network error resolved after 0:01:10.030828, resuming normal operation.",
+          "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f5e2fb6c446 in libc10.so)",
+          "│   242 │   │   │   # if the error files for the failed children exist          │", "{'loss': 0.52}"]
+    path = tmp_path / "ok.log"
+    path.write_text("\n".join(ok) + "\n")
+    assert triage([str(path)]).verdict.status == "none"
+    path.write_text("\n".join([*ok, "2026-11-28 04:18:40,186 ERROR trainer: step 12 failed"]) + "\n")
+    v = triage([str(path)]).verdict
+    assert v.status == "suspect" and v.primary is not None and "step 12 failed" in v.primary.message, v.summary

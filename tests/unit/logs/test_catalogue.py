@@ -45,6 +45,7 @@ LINES: dict[tuple[str, str], Sample] = {
                        "to avoid zombies 🧟",
     ("srun", "srun-task"): ("logs_corpus/srun-nolabel.log", "srun: error:"),
     # Slurm src/srun/srun_job.c / step_launch.c: "Node failure on %s"
+    ("srun", "srun-no-program"): ("logs/catalogue/execve.txt", "execve(): "),
     ("srun", "srun-node-fail"): "srun: error: Node failure on node17",
     ("srun", "slurm-cancel"): "slurmstepd: error: *** JOB 8 ON node1 CANCELLED AT 2025-03-02T03:14:09 DUE TO TIME LIMIT ***",
     # Slurm src/plugins/task/cgroup (task_cgroup_memory.c): "Detected %"PRIu64" oom_kill event%s in %ps."
@@ -235,3 +236,23 @@ def test_rays_re_raised_exception_is_a_failure(tmp_path: Path) -> None:
                     "ray::_RayTrainWorker__execute.get_next() (pid=192, ip=10.0.0.19, actor_id=a3e4eb7bfa5c10d4)\n")
     v = triage([str(path)]).verdict
     assert v.status == "failure" and v.primary is not None and "RayTaskError(DistBackendError)" in v.primary.message
+
+
+@pytest.mark.parametrize("line", [
+    # c10d ProcessGroupNCCL.cpp's heartbeat monitor (torch 2.4+): a rank hung in a collective, then killed
+    "[rank6]:[E429 13:55:49.123456 ProcessGroupNCCL.cpp:1425] [PG ID 0 PG GUID 0(default_pg) Rank 6] ProcessGroupNCCL's "
+    "watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives.",
+    "[rank6]:[F429 14:03:49.123456 ProcessGroupNCCL.cpp:1224] [PG ID 0 PG GUID 0(default_pg) Rank 6] Terminating the "
+    "process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang.",
+    # c10's location of an exception the watchdog thread raised
+    "Exception raised from ncclCommWatchdog at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1601 (most recent "
+    "call first):",
+])
+def test_the_watchdogs_own_end_of_a_hung_rank_is_a_failure(tmp_path: Path, line: str) -> None:
+    assert _passes_prefilter(line), line
+    cls, label, kind = classify(split_label(line).rest)
+    assert (label, kind) == ("watchdog stopped the process", "watchdog"), (cls, label, kind)
+    path = tmp_path / "hung.log"
+    path.write_text(line + "\n")
+    v = triage([str(path)]).verdict
+    assert v.status == "secondary-only", v.summary

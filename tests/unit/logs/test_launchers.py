@@ -422,6 +422,19 @@ def test_torchruns_own_traceback_cut_short_after_its_failure_line_is_the_launche
     assert not v.independent and "(" not in v.summary.split("kill -9")[1], v.summary
 
 
+def test_a_slurm_cancel_with_no_failure_before_it_is_a_stop_from_outside(tmp_path: Path) -> None:
+    """slurmstepd's "CANCELLED" without "DUE TO" follows a failed task when srun stops the step (a consequence), or
+    comes first when someone ran scancel or the scheduler stopped it: then it is the job's end, not a peer's echo."""
+    cancel = "slurmstepd: error: *** STEP 6053.0 ON node7 CANCELLED AT 2024-04-23T12:18:08 ***\n"
+    text = cancel + "srun: error: node7: task 0: Terminated\nsrun: Force Terminated StepId=6053.0\n"
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.kind == "slurm", v.summary
+    assert "no task had failed before it" in v.summary and v.primary.who.rank is None, v.summary
+    failed = "srun: error: node7: task 1: Exited with exit code 1\n" + cancel
+    v = triage([_write(tmp_path, failed, "failed.log")]).verdict
+    assert v.primary is not None and v.primary.who.rank == 1 and "no task had failed" not in v.summary, v.summary
+
+
 def test_an_agent_stopped_from_outside_is_the_failure() -> None:
     """SIGTERM to torchrun (a scheduler's time limit, preemption, scancel): its agent says it got a death signal and
     stops its ranks. The job did not end by itself: not 'no failure', not only its own SignalException."""
