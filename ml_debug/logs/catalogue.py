@@ -134,14 +134,14 @@ LAUNCHERS: tuple[Launcher, ...] = (
                  says=Says("launcher", INFO, "torchrun sends {signal} to pid {pid}",
                            "torchrun stops the other ranks ({signal})", who="source", strong=False,
                            detail=("pid", "signal"))),
-            # rule 6: an agent's rendezvous result says which global ranks its workers are
-            # (torch 2.x prints its fields on lines of their own; a flattened paste holds them on one)
             # the agent itself stopped (api.py: "Received %s death signal, shutting down workers"): a scheduler's
             # time limit or preemption, scancel, kill; its workers' SIGTERM tracebacks follow
             Line("agent-stopped", r"Received (?P<sig>15|1|3) death signal, shutting down workers", ("death signal",),
                  says=Says("launcher", PRIMARY, "torchrun's agent received signal {sig} and stopped its workers: the job "
                            "was stopped from outside (a scheduler's time limit or preemption, scancel, kill)",
                            "stopped from outside (signal {sig})", who="source", detail=("sig",))),
+            # rule 6: an agent's rendezvous result says which global ranks its workers are
+            # (torch 2.x prints its fields on lines of their own; a flattened paste holds them on one)
             Line("agent-ranks", r"(?:group_rank=(?P<group>\d+)[^\n]{0,400}?)?\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]",
                  ("global_ranks=",)),
         )),
