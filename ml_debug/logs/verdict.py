@@ -283,7 +283,8 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     independent = sorted((c for c in others if c.cls == PRIMARY and c.strong and c not in tie),
                          key=lambda e: e.order_key())
     after = [c for c in others if (c.cls != PRIMARY or not c.strong) and c not in tie]
-    summary = f"first failure: {first.who.label()}{_at(first)}: {brief(first.message)}"
+    who = first.who.label() if first.who.known or first.kind not in JOB_KINDS else "the job"
+    summary = f"first failure: {who}{_at(first)}: {brief(first.message)}"
     if tie:
         tied = sorted([first, *tie], key=lambda e: (e.who.rank is None, e.who.rank or 0, e.order_key()))
         root = next((e.who.label() for e in tied if _identity_key(e.who) in roots), None)

@@ -442,6 +442,7 @@ def test_an_agent_stopped_from_outside_is_the_failure() -> None:
     v = r.verdict
     assert v.status == "failure" and v.primary is not None and v.primary.detail["sig"] == 15, v.summary
     assert "the job was stopped from outside" in v.primary.message and r.launchers == ["torchrun"], v.summary
+    assert v.summary.startswith("first failure: the job at "), v.summary  # the job's end, no rank's
 
 
 @pytest.mark.parametrize(("text", "summary", "node"), [
