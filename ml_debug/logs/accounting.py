@@ -20,6 +20,9 @@ to the healthy siblings, and its failure summary names the ``Root Cause`` with i
 6. An agent's ``group_rank=G ... global_ranks=[...]`` says which global ranks its local ranks are (actions.py
    records it; :class:`Identities` resolves with it).
 7. NCCL's slow-path lines stay findings when quoted or flattened (repair.py, nccl.py).
+
+And a SIGABRT exit torchrun reports after the NCCL watchdog said it takes the process down is that abort: a
+consequence of the collective that timed out, not a crash of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +31,16 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from ml_debug.logs.events import Collector
-from ml_debug.logs.result import JOB_KINDS, PRIMARY, TIME_LAUNCHER, TIME_NEARBY, TIME_ORDER, Event, Who
+from ml_debug.logs.result import (
+    JOB_KINDS,
+    PRIMARY,
+    SECONDARY,
+    TIME_LAUNCHER,
+    TIME_NEARBY,
+    TIME_ORDER,
+    Event,
+    Who,
+)
 
 _OWNED_KINDS = ("traceback", "exception", "cuda-error", "oom", "nccl-error", "shm", "gpu-fault", "signal",
                 "error-line")
@@ -99,6 +111,7 @@ def apply(events: list[Event], ranks_seen: Iterable[int]) -> None:
     for ev in events:
         by_source[ev.source_index].append(ev)
     for evs in by_source.values():
+        _watchdog_aborts(evs)
         owned = [e for e in evs if _owned(e)]
         if owned and not _by_torchrun(evs, owned):
             _by_same_error(evs, owned)
@@ -107,6 +120,15 @@ def apply(events: list[Event], ranks_seen: Iterable[int]) -> None:
         for e in events:
             if e.who.rank is None and e.kind not in JOB_KINDS:
                 _give(e, Who(0, e.who.node, e.who.local_rank), "world of one process (rank 0 only)", "rank_from")
+
+
+def _watchdog_aborts(evs: list[Event]) -> None:
+    """torchrun's SIGABRT exits after the watchdog's lines of the same source: the watchdog's abort, a consequence."""
+    dog = min((e.offset for e in evs if e.kind == "watchdog"), default=None)
+    for e in evs:
+        if dog is not None and e.offset > dog and e.detail.get("exit_code") == -6 and _accounted(e):
+            e.cls, e.strong = SECONDARY, False
+            e.detail["abort_by"] = "the NCCL watchdog, which took the process down after a collective timed out"
 
 
 def _give(ev: Event, who: Who, why: str, key: str = "rank_by") -> None:

@@ -186,3 +186,24 @@ def test_a_pods_console_is_its_node_and_its_agent_names_the_ranks(tmp_path: Path
     path.write_text(text[:text.index("\n", text.index("failed (exitcode: 1)")) + 1])
     v = triage([str(path)]).verdict
     assert v.primary is not None and v.primary.who.rank == 3 and v.primary.who.node == "trainjob-worker-0", v.summary
+
+
+def test_a_sigabrt_after_the_watchdog_took_the_process_down_is_its_abort(tmp_path: Path) -> None:
+    """c10d's watchdog (ProcessGroupNCCL.cpp) says it takes the process down and aborts it; torchrun then reports
+    exit code -6: the abort of a rank whose collective timed out, a consequence, not a crash of its own. A SIGABRT
+    with no watchdog before it stays a crash."""
+    dog = ("[E ProcessGroupNCCL.cpp:828] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4, "
+           "OpType=ALLGATHER, Timeout(ms)=1800000) ran for 1800081 milliseconds before timing out.\n"
+           "[E ProcessGroupNCCL.cpp:460] To avoid data inconsistency, we are taking the entire process down.\n"
+           "terminate called after throwing an instance of 'std::runtime_error'\n")
+    failed = ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 0 (pid: 95313) of "
+              "binary: /usr/bin/python3\n")
+    path = tmp_path / "agent.log"
+    path.write_text(dog + failed)
+    report = triage([str(path)])
+    assert report.verdict.status == "secondary-only", report.verdict.summary
+    (abort,) = [e for e in report.events if e.detail.get("exit_code") == -6]
+    assert "watchdog" in abort.detail["abort_by"] and not abort.strong, abort
+    path.write_text(failed)
+    v = triage([str(path)]).verdict
+    assert v.status == "failure" and v.primary is not None and "SIGABRT" in v.primary.message, v.summary
