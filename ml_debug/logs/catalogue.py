@@ -190,7 +190,12 @@ LAUNCHERS: tuple[Launcher, ...] = (
                       ("exited with code",)),)),
     # rule 6: the console of one pod (kubectl logs POD > POD.log): the pod's name says which node it is
     # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label
-    Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False),
+    Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False, lines=(
+        # kubectl get pods (NAME READY STATUS RESTARTS AGE): a pod whose container keeps failing, or was killed
+        Line("pod-status", r"(?P<node>[a-z0-9][\w.\-]{0,252})\s+\d+/\d+\s+(?P<what>(?:Init:)?(?:CrashLoopBackOff|Error|"
+             r"OOMKilled))\s+\d+", ("CrashLoopBackOff", "OOMKilled", " Error "), anchored=True,
+             says=Says("exit", PRIMARY, "{what} (kubectl get pods)", "pod {what}", who="node",
+                       strong=False)),)),
     # Ray Train and TorchX prefix each worker's lines; Ray's is on every line of its console, so it is a label
     # (labels.py: the ip is the node) marked by events.Collector.sample, not a needle (every line would pass)
     Launcher("ray", "Ray Train 2.x (python/ray/_private/log_monitor.py's prefix)",
@@ -259,6 +264,11 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "before the line in this traceback. Rerun with CUDA_LAUNCH_BLOCKING=1{dsa} (mldebug launch "
                       "--cuda-sync sets them) to raise at the failing line, or on the CPU (CUDA_VISIBLE_DEVICES=\"\") "
                       "where an out-of-range index raises at once"),
+    # a CUDA kernel's own assertion, one line per failing thread, before "CUDA error: device-side assert triggered"
+    # (aten/src/ATen/native/cuda/*.cu: "...cu:1141: indexSelectLargeIndex: block: [..], thread: [..] Assertion ...")
+    FailureClass("cuda-error", PRIMARY, "CUDA kernel assertion failed ({what})",
+                 r"\.cu:\d+: \w{1,200}: block: \[[\d,]{1,40}\], thread: \[[\d,]{1,40}\] Assertion `?(?P<what>[^`\n]{1,300}?)`? "
+                 r"failed", ("] Assertion ",)),
     FailureClass("oom", PRIMARY, "out of memory",
                  r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY|oom[-_]kill|Out Of Memory",
                  ("out of memory", "OutOfMemory", "Out of memory", "OUT_OF_MEMORY", "oom-kill", "oom_kill",

@@ -51,6 +51,8 @@ LINES: dict[tuple[str, str], Sample] = {
     # Slurm src/plugins/task/cgroup (task_cgroup_memory.c): "Detected %"PRIu64" oom_kill event%s in %ps."
     ("srun", "oom-kill"): "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step tasks have been OOM "
                 "Killed.",
+    # kubectl get pods' table (NAME READY STATUS RESTARTS AGE)
+    ("kubectl", "pod-status"): "pytorchjob-example-82cjcqdz-master-0         0/2     CrashLoopBackOff   8          2m32s",
     # Kubeflow training-operator pkg/controller.v1/common/pod.go: logger.Infof("Pod: %v.%v exited with code %v", ...)
     ("training-operator", "exit"): "1.7085078566441019e+09\tDEBUG\tevents\tPod: kubeflow.pytorch-simple-worker-0 exited "
                                    "with code 1",
@@ -89,6 +91,9 @@ CLASSES: dict[str, Sample] = {
     # c10d ProcessGroupNCCL.cpp's watchdog, torch 2.4-2.13 (C10_CUDA_CHECK's message)
     "CUDA error: {what}": "[E1128 03:14:07.123456 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0(default_pg) Rank 3] "
     "Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered",
+    # ATen's CUDA kernels (aten/src/ATen/native/cuda/Indexing.cu's CUDA_KERNEL_ASSERT), one line per failing thread
+    "CUDA kernel assertion failed ({what})": "../aten/src/ATen/native/cuda/Indexing.cu:1141: indexSelectLargeIndex: "
+    "block: [615,0,0], thread: [121,0,0] Assertion `srcIndex < srcSelectDimSize` failed.",
     "out of memory": ("logs_corpus/torchrun-oom.log", "OutOfMemoryError"),
     # the NVIDIA driver's kernel log (dmesg): "NVRM: Xid (PCI:%04x:%02x:%02x): %d, ..."
     "GPU hardware error ({what})": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
@@ -256,3 +261,13 @@ def test_the_watchdogs_own_end_of_a_hung_rank_is_a_failure(tmp_path: Path, line:
     path.write_text(line + "\n")
     v = triage([str(path)]).verdict
     assert v.status == "secondary-only", v.summary
+
+
+def test_a_cuda_kernels_assertion_is_the_failure_and_gets_cudas_next_step(tmp_path: Path) -> None:
+    """A paste that ends in the kernel's assertion lines, before "CUDA error: device-side assert triggered"."""
+    path = tmp_path / "assert.log"
+    path.write_text("".join(f"../aten/src/ATen/native/cuda/Indexing.cu:1141: indexSelectLargeIndex: block: [615,0,0], "
+                            f"thread: [{t},0,0] Assertion `srcIndex < srcSelectDimSize` failed.\n" for t in range(3)))
+    v = triage([str(path)]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.kind == "cuda-error", v.summary
+    assert v.hint is not None and "CUDA_LAUNCH_BLOCKING=1" in v.hint, v.hint

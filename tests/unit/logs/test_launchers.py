@@ -450,6 +450,11 @@ def test_an_agent_stopped_from_outside_is_the_failure() -> None:
     ("[c4140-02:236649] *** Process received signal ***\n[c4140-02:236649] Signal: Segmentation fault (11)\n"
      "[c4140-02:236649] Signal code: Address not mapped (1)\n", "first failure: c4140-02: crashed with SIGSEGV",
      "c4140-02"),
+    # kubectl get pods: a pod whose container keeps failing
+    ("NAME                                 READY   STATUS             RESTARTS   AGE\n"
+     "pytorchjob-example-82cjcqdz-master-0   0/2     CrashLoopBackOff   8          2m32s\n",
+     "first failure: pytorchjob-example-82cjcqdz-master-0: CrashLoopBackOff (kubectl get pods)",
+     "pytorchjob-example-82cjcqdz-master-0"),
     # Kubeflow training-operator's log (pkg/controller.v1/common/pod.go): the pod is the node
     ("1.7085078566441019e+09\tDEBUG\tevents\tPod: kubeflow.pytorch-simple-worker-0 exited with code 1\n",
      "first failure: pytorch-simple-worker-0: exited with code 1", "pytorch-simple-worker-0"),
