@@ -50,7 +50,8 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
             rank = who.rank if who.rank is not None else (int(r.group(1)) if r else None)
             if rank is not None:
                 c.last_work[rank] = (int(m.group(1)), int(m.group(2)))
-            return
+            if "detected by watchdog" not in rest:  # c10d's "Exception ... detected by watchdog at work: 1580, ..."
+                return
     present = engine.needles_in(rest)
     if engine.says_nothing(present):
         return  # none of the words of anything below (engine.DETECT_WORDS), or a warning's: not even a suspect

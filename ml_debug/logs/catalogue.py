@@ -290,8 +290,8 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                   "ncclInvalid", "invalid usage", "Got completion from peer")),
     # the consequences of another rank's failure
     FailureClass("watchdog", SECONDARY, "NCCL watchdog timeout",
-                 r"Watchdog caught collective|Some NCCL operations have failed or timed out",
-                 ("Watchdog caught", "Some NCCL operations"), hint=WATCHDOG_HINT),
+                 r"Watchdog caught collective|Some NCCL operations have failed or timed out|detected by watchdog at work",
+                 ("Watchdog caught", "Some NCCL operations", "detected by watchdog"), hint=WATCHDOG_HINT),
     FailureClass("comm", SECONDARY, "Connection reset by peer", r"Connection reset by peer|ConnectionResetError",
                  ("Connection reset by peer", "ConnectionResetError")),
     FailureClass("comm", SECONDARY, "Connection closed by peer",

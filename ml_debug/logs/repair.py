@@ -23,7 +23,8 @@ from ml_debug.logs.labels import NODE_PREFIX, find_time
 
 SNIFF_BYTES = 16 << 10
 MEND_LIMIT = 64 << 20
-_NUMBERED = re.compile(r"^\s{0,6}(\d{1,7})(?:\s*[|│:]\s?|\t| {1,2})")
+# "  12 | text", "12: text", "12<tab>text", "[12] text"
+_NUMBERED = re.compile(r"^(?:\s{0,6}(\d{1,7})(?:\s*[|│:]\s?|\t| {1,2})|\[(\d{1,7})\] )")
 _FRAME = re.compile(r'(?:^|\s|\]: ?)File "')
 _NOT_A_NODE = re.compile(r"(?:Error|Exception|Warning|Traceback|INFO|WARN|WARNING|ERROR|DEBUG|NOTE|Note|http|https)$")
 # tqdm: "Epoch 1:  12%|█▏        | 12/100 [00:01<00:08, 10.50it/s, loss=0.5]"; rich (Lightning): "Epoch 0/0 ━━━╸  2/8
@@ -63,9 +64,9 @@ def _unquote(lines: list[str]) -> list[str]:
 
 
 def _numbered(lines: list[str]) -> bool:
-    """A viewer's line numbers (``  12 | text``, ``12: text``): the lines that are not blank start with
+    """A viewer's line numbers (``  12 | text``, ``12: text``, ``[12] text``): the lines that are not blank start with
     numbers that mostly go up by one."""
-    nums = [int(m.group(1)) if (m := _NUMBERED.match(ln)) else None for ln in lines if ln.strip()]
+    nums = [int(m.group(1) or m.group(2)) if (m := _NUMBERED.match(ln)) else None for ln in lines if ln.strip()]
     if len(nums) < 5 or None in nums[:3]:
         return False
     steps = sum(1 for a, b in zip(nums, nums[1:], strict=False) if a is not None and b == a + 1)

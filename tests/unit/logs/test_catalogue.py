@@ -271,3 +271,15 @@ def test_a_cuda_kernels_assertion_is_the_failure_and_gets_cudas_next_step(tmp_pa
     v = triage([str(path)]).verdict
     assert v.status == "failure" and v.primary is not None and v.primary.kind == "cuda-error", v.summary
     assert v.hint is not None and "CUDA_LAUNCH_BLOCKING=1" in v.hint, v.hint
+
+
+def test_an_exception_the_watchdog_detected_is_its_ranks_and_keeps_its_progress(tmp_path: Path) -> None:
+    """c10d (torch 2.2+): "Exception (either an error or timeout) detected by watchdog at work: N, last enqueued NCCL
+    work: ..., last completed NCCL work: ...": a watchdog failure of that rank, and how far it got."""
+    path = tmp_path / "console.log"
+    path.write_text("[rank3]:[E321 02:07:08.465224069 ProcessGroupNCCL.cpp:1664] [PG 1 Rank 3] Exception (either an "
+                    "error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582, last completed "
+                    "NCCL work: 1579.\n")
+    report = triage([str(path)])
+    assert [(e.kind, e.who.rank) for e in report.events] == [("watchdog", 3)], report.events
+    assert report.progress["nccl_work"]["completed"] == {"3": 1579}, report.progress

@@ -29,6 +29,10 @@ def _numbered(text: str) -> str:
     return "".join(f"{i:>4} | {line}\n" for i, line in enumerate(text.splitlines(), 1))
 
 
+def _bracket_numbered(text: str) -> str:
+    return "".join(f"[{i}] {line}\n" for i, line in enumerate(text.splitlines(), 1780))
+
+
 def _wrapped(text: str, width: int = 100) -> str:
     out = []
     for line in text.splitlines():
@@ -72,6 +76,7 @@ def _quoted_numbered_wrapped(text: str) -> str:
 DAMAGE: dict[str, tuple[Callable[[str], str], str | None]] = {
     "quoted": (_quoted, "markdown quoting"),
     "numbered": (_numbered, "viewer line numbers"),
+    "bracket-numbered": (_bracket_numbered, "viewer line numbers"),
     "wrapped": (_wrapped, "hard-wrapped at 100 columns"),
     "reversed": (_reversed, "bottom-to-top"),
     "progress-bars": (_glued_bars, "progress bar cut off"),
