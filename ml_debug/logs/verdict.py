@@ -167,8 +167,11 @@ def _subject(first: Event, strong: list[Event], causes: Iterable[Event],
     if m is None or first.who.rank is None:
         return None
     subject = int(m.group(1))
-    if subject == first.who.rank or (world_size is not None and subject >= world_size):
+    if world_size is not None and subject >= world_size:
         return None
+    if subject == first.who.rank:  # its own copy came first: the others' are the same finding, not a tie
+        same = any(c is not first and c.message == first.message for c in strong)
+        return (first, f"every rank reported the same failure, about rank {subject}") if same else None
     own = next((c for c in strong if c.who.rank == subject and c.message == first.message), None)
     if own is not None:
         return own, f"every rank reported the same failure, about rank {subject}"

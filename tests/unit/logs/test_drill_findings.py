@@ -23,6 +23,20 @@ def test_the_rank_named_by_every_rank_is_the_first_failure() -> None:
     assert v.independent == []  # rank 0 did not fail "on its own"
 
 
+def test_the_rank_named_by_every_rank_is_first_whichever_copy_comes_first(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The drill's ranks race: rank 1's own copy may be the one torchrun saw first (its "Root Cause"). The others'
+    copies, in the same second, are the same finding, not a tie (found by a CI run of the drills)."""
+    text = LOG.read_text()
+    assert text.index("rank      : 1 (local_rank: 1)") < text.index("Root Cause") < text.index("rank      : 0 (")
+    swapped = (text.replace("rank      : 1 (local_rank: 1)", "RANK-A").replace("rank      : 0 (local_rank: 0)", "rank"
+               "      : 1 (local_rank: 1)").replace("RANK-A", "rank      : 0 (local_rank: 0)"))
+    log = tmp_path / "swapped.log"
+    log.write_text(swapped)
+    v = triage([str(log)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 1 and v.tie is None, v.summary
+    assert v.summary.startswith("first failure: rank 1 (") and v.summary.endswith("(rank 0 reported the same)"), v.summary
+
+
 def test_a_message_about_a_rank_that_did_not_fail_keeps_the_earliest(tmp_path) -> None:  # type: ignore[no-untyped-def]
     log = tmp_path / "about-7.log"
     log.write_text(LOG.read_text().replace("non-finite loss on rank 1", "non-finite loss on rank 7"))
