@@ -192,7 +192,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
     # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label
     Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False, lines=(
         # kubectl get pods (NAME READY STATUS RESTARTS AGE): a pod whose container keeps failing, or was killed
-        Line("pod-status", r"(?P<node>[a-z0-9][\w.\-]{0,252})\s+\d+/\d+\s+(?P<what>(?:Init:)?(?:CrashLoopBackOff|Error|"
+        Line("pod-status", r"^(?P<node>[a-z0-9][\w.\-]{0,252})\s+\d+/\d+\s+(?P<what>(?:Init:)?(?:CrashLoopBackOff|Error|"
              r"OOMKilled))\s+\d+", ("CrashLoopBackOff", "OOMKilled", " Error "), anchored=True,
              says=Says("exit", PRIMARY, "{what} (kubectl get pods)", "pod {what}", who="node",
                        strong=False)),)),
