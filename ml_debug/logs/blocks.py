@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ml_debug.logs import engine, repeats
 from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node, stamped
-from ml_debug.logs.result import INFO, PRIMARY, TIME_LAUNCHER, TIME_LINE, TIME_NEARBY, WARNING, Who
+from ml_debug.logs.result import CUT_SHORT, INFO, PRIMARY, TIME_LAUNCHER, TIME_LINE, TIME_NEARBY, WARNING, Who
 from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception, signal_event_text
 
 if TYPE_CHECKING:
@@ -26,7 +26,6 @@ MAX_TRACEBACK_LINES = 400
 TRAILING_LINES = 8  # message lines kept after an exception line (CUDA's "might be asynchronously reported" ...)
 NEARBY_BYTES = 4096  # how far back a traceback without a time stamp looks for one
 TRACEBACK = "Traceback (most recent call last):"
-CUT_SHORT = "traceback (cut short)"  # the message of one that ends before its exception
 HEADER = TRACEBACK.encode()
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")

@@ -39,6 +39,8 @@ TIME_ERROR_FILE: str = TimeSource.ERROR_FILE
 TIME_LAUNCHER: str = TimeSource.LAUNCHER
 TIME_NEARBY: str = TimeSource.NEARBY
 TIME_ORDER: str = TimeSource.ORDER
+CUT_SHORT = "traceback (cut short)"
+"""The message of a traceback that ends before its exception (what failed is not in the logs)."""
 JOB_KINDS = ("launcher", "slurm")
 """Kinds of events of the job or of a node (a launcher stopping it, Slurm cancelling it), never of one rank."""
 TIME_BOUNDS = {TIME_LAUNCHER: ("≤", "when a launcher reported it (it happened no later)"),

@@ -18,11 +18,11 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import ranks as ranks_text
-from ml_debug.logs.blocks import CUT_SHORT
 from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.result import (
+    CUT_SHORT,
     JOB_KINDS,
     PRIMARY,
     SECONDARY,
@@ -231,18 +231,17 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     causes = [_cause(evs) for evs in by_writer.values()]
     strong = [c for c in causes if c.cls == PRIMARY and c.strong]
     weak = [c for c in causes if c.cls == PRIMARY and not c.strong]
-    if not strong and not weak:
-        top, _ = _earliest(causes, "failure")
-        if top.kind == "slurm":  # Slurm cancelled the step, and nothing had failed before: it was stopped from outside
-            top.cls, top.strong = PRIMARY, True
-            top.message += ": no task had failed before it (scancel, or the scheduler)"
-            strong = [top]
     failed_ranks = {c.who.rank for c in causes if c.who.rank is not None}
     missing = sorted(set(range(world_size or 0)) - failed_ranks)
     silent = compress(missing) if missing and len(missing) < (world_size or 0) else None
     blamed_text = compress(blamed) or None
     if not strong and not weak:
-        _, basis = _earliest(causes, "failure")
+        top, basis = _earliest(causes, "failure")
+        if top.kind == "slurm":  # Slurm cancelled the step, and nothing had failed before: it was stopped from outside
+            top.cls, top.strong = PRIMARY, True
+            top.message += ": no task had failed before it (scancel, or the scheduler)"
+            strong = [top]
+    if not strong and not weak:
         ranks = compress(failed_ranks)
         who = ranks_text(ranks) if ranks else ", ".join(sorted({c.who.label() for c in causes}))
         summary = f"no primary failure found: {who} failed only as a consequence of a peer ({_tally(causes)})"
@@ -291,9 +290,9 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
     if tie:
         tied = sorted([first, *tie], key=lambda e: (e.who.rank is None, e.who.rank or 0, e.order_key()))
         root = next((e.who.label() for e in tied if _identity_key(e.who) in roots), None)
-        said = "; ".join(filter(None, [None if root == first.who.label() else f"the first in the logs: {first.who.label()}",
-                                       root and f"torchrun's 'Root Cause' picks {root}"]))
-        said = f"failed in the same second{_at(first)}; which came first is not known ({said})"
+        picks = [] if root == first.who.label() else [f"the first in the logs: {first.who.label()}"]
+        picks += [f"torchrun's 'Root Cause' picks {root}"] if root else []
+        said = f"failed in the same second{_at(first)}; which came first is not known ({'; '.join(picks)})"
         if len({_norm(e.message) for e in tied}) == 1:  # one message (an exit code, a check every rank runs)
             summary = f"tie: {_writers(tied)} {said}: {brief(first.message)}"
         else:
