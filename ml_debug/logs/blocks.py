@@ -10,6 +10,7 @@ an exit event.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +33,15 @@ CHAIN = ("The above exception was the direct cause of the following exception:",
 # (Ray re-raises a worker's exception as "ray.exceptions.RayTaskError(DistBackendError): ray::...")
 EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
                             r"Failure|Fault)\w{0,100})(?:\([\w.]{1,100}\))?: (?P<msg>.*)$")
-# accelerate launch, DeepSpeed before 0.6 and wrapper scripts re-raising a child's exit: "subprocess.CalledProcessError:
-# Command '[...]' returned non-zero exit status 1." or, killed by a signal, "... died with <Signals.SIGKILL: 9>."
-# (accelerate/commands/launch.py simple_launcher, deepspeed/launcher/launch.py sigkill_handler, Python's subprocess.py)
-_CALLED_PROCESS = re.compile(r"returned non-zero exit status (-?\d+)|died with (?:<Signals\.SIG\w+: |unknown signal )(\d+)")
+# a launcher re-raising a child's exit: subprocess's "CalledProcessError: Command '[...]' returned non-zero exit
+# status 1." or, killed by a signal, "... died with <Signals.SIGKILL: 9>." (accelerate/commands/launch.py's
+# simple_launcher, deepspeed/launcher/launch.py before 0.6, wrapper scripts); torch.multiprocessing.spawn's "process 3
+# terminated with signal SIGSEGV" (or "with exit code 1"), its process index a local rank
+_CHILD_EXIT = re.compile(r"returned non-zero exit status (?P<code>-?\d+)|died with (?:<Signals\.SIG\w+: |unknown signal )"
+                         r"(?P<sig>\d+)|process (?P<local>\d+) terminated with (?:exit code (?P<exit>-?\d+)|signal "
+                         r"(?P<name>SIG[A-Z\d]+))")
+# mp.spawn's line before a process's own traceback (the message of its ProcessRaisedException)
+_SPAWNED = re.compile(r"-- Process (\d+) terminated with the following error:")
 _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
@@ -47,12 +53,13 @@ _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 # before a rank's traceback
 _LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
                      r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
-_LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"')
+_LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"'
+                             r'|torch/multiprocessing/spawn\.py", line \d+, in (?:join|start_processes|spawn)\b')
 # the agent reading a failed worker's error file (ProcessFailure): an exception there is the launcher failing to
 # report it (torch's race: a worker stopped by SIGTERM while writing it leaves it empty, the agent dies of
 # "JSONDecodeError: Expecting value"), a consequence, never a rank's own failure
 _REPORTING_FRAME = re.compile(r'elastic/multiprocessing/errors/__init__\.py", line \d+, in __post_init__$')
-_FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun")
+_FRAME_LAUNCHERS = ("deepspeed", "accelerate", "lightning", "torchrun", "mp.spawn")
 
 
 @dataclass
@@ -115,7 +122,11 @@ def open_block(c: Collector, lab: Label, who: Who, line: int, offset: int) -> No
     if not lab.key and not lab.stamp and not lab.who.known:
         block.origin = repeats.rememberable(c)
     block.logged = logged_level(c, lab.key)
-    block.after_report = "failed (exitcode:" in lines_before(c, 1)
+    before = lines_before(c, 1)
+    block.after_report = "failed (exitcode:" in before
+    spawned = _SPAWNED.search(before) if "terminated with the following" in before else None
+    if spawned and who.rank is None and who.local_rank is None:
+        block.who = Who(None, who.node, int(spawned.group(1)))  # mp.spawn's process N: a local rank
     block.time = find_time(lab.key + lab.stamp, c.ctx.day)
     if block.time is None:
         block.nearby = time_before(c)
@@ -254,7 +265,8 @@ class Reading:
     cause: str
     message: str
     blames: Any
-    exit_code: int | None  # a launcher's subprocess.CalledProcessError: its child's exit code
+    exit_code: int | None  # a launcher's report of its child's exit (a CalledProcessError, mp.spawn's): the code
+    exit_local: int | None  # mp.spawn's index of that child: a local rank
     length: int  # the number of text lines read
 
 
@@ -271,10 +283,22 @@ def read(block: Block) -> Reading:
     said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
     cls, label, cause = classify(said[-4000:])
     # the exception's line and the lines after it as one: a terminal may have wrapped a long command line
-    m = _CALLED_PROCESS.search("".join(block.text[-3:])) if "CalledProcessError: Command " in final else None
-    code = (int(m.group(1)) if m.group(1) else -int(m.group(2))) if m else None
+    m = (_CHILD_EXIT.search("".join(block.text[-3:]))
+         if "CalledProcessError: Command " in final or " terminated with " in final else None)
+    code, local = _child_exit(m) if m else (None, None)
     return Reading(launchers, report, cls, label, cause, short_exception(final) if final else CUT_SHORT,
-                   blamed(whole), code, len(block.text))
+                   blamed(whole), code, local, len(block.text))
+
+
+def _child_exit(m: re.Match[str]) -> tuple[int | None, int | None]:
+    """(exit code, negative for a signal; mp.spawn's process index) of a launcher's report of its child's exit."""
+    g = m.groupdict()
+    local = int(g["local"]) if g["local"] else None
+    if g["name"]:
+        sig = signal.Signals.__members__.get(g["name"])
+        return (-int(sig) if sig is not None else None), local
+    code = g["code"] or g["exit"]
+    return (int(code) if code else -int(g["sig"])), local
 
 
 def _mark_frames(c: Collector, text: list[str]) -> None:
@@ -330,12 +354,16 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
         ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"
     elif block.logged and reading.cls == PRIMARY and code is None:
         ev.detail["logged"] = f"after a line at level {block.logged} and the last in the file: it may have been caught"
-    elif code is not None:  # a launcher (accelerate, a wrapper script) reporting its child's exit
+    elif code is not None:  # a launcher (accelerate, a wrapper script, mp.spawn) reporting its child's exit
         ev.kind, ev.strong, ev.label = "exit", False, f"exit code {code}"
         if code < 0:
             ev.kind = "signal"
             ev.cls, ev.message, ev.strong, ev.label = signal_event_text(code)
-        ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"})
+        ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"
+                          if reading.exit_local is None else "torch.multiprocessing.spawn"})
+        if reading.exit_local is not None and ev.who.rank is None and ev.who.local_rank is None:
+            ev.who = Who(None, ev.who.node, reading.exit_local)
+            ev.detail["rank_by"] = f"mp.spawn's report of its process {reading.exit_local} (a local rank)"
         if ev.who.rank is None and any(t.endswith(", in simple_launcher") for t in block.text):
             ev.who = Who(0, ev.who.node, 0)  # rule 3: accelerate launch's launcher of a single process
             ev.detail["rank_by"] = "accelerate's simple_launcher (a world of one process)"
@@ -381,8 +409,9 @@ def _level(lab: Label, key: str) -> str | None:
 
 
 def _launcher_frames(text: list[str]) -> bool:
-    """Frames of torchrun's own code (run.py's main, launch.py, the launcher API): the traceback is the
-    launcher's. (A worker's own traceback may pass through elastic's ``@record`` wrapper, never these.)"""
+    """Frames of torchrun's own code (run.py's main, launch.py, the launcher API) or of mp.spawn's waiting for its
+    processes (join): the traceback is the launcher's. (A worker's own traceback may pass through elastic's
+    ``@record`` wrapper, or mp.spawn's ``_wrap``, never these.)"""
     return any(t.lstrip().startswith('File "') and _LAUNCHER_FRAME.search(t) for t in text[:MAX_TRACEBACK_LINES])
 
 

@@ -145,6 +145,17 @@ LAUNCHERS: tuple[Launcher, ...] = (
             Line("agent-ranks", r"(?:group_rank=(?P<group>\d+)[^\n]{0,400}?)?\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]",
                  ("global_ranks=",)),
         )),
+    # torch.multiprocessing.spawn (mp.spawn, start_processes: detectron2's and many scripts' launcher). Its traceback
+    # from join() reports a process's end (blocks.py): "process 3 terminated with signal SIGSEGV", or "-- Process 2
+    # terminated with the following error:" before that process's own traceback; the index is a local rank
+    Launcher(
+        "mp.spawn", "torch 1.x-2.13 (torch/multiprocessing/spawn.py)",
+        r"torch[./]multiprocessing[./]spawn|Process(?:Raised|Exited)Exception",
+        ("multiprocessing/spawn", "multiprocessing.spawn", "ProcessRaisedException", "ProcessExitedException"),
+        lines=(Line("closing", r"Terminating process (?P<pid>\d+) via signal (?P<signal>SIG\w+)", ("via signal SIG",),
+                    says=Says("launcher", INFO, "mp.spawn sends {signal} to pid {pid}",
+                              "mp.spawn stops the other processes ({signal})", who="source", strong=False,
+                              detail=("pid", "signal"))),)),
     Launcher(
         "mpirun", "Open MPI 4 (mpirun) and 5 (prterun)", r"mpirun|prterun|Primary job\s+terminated|Process name: \[",
         ("mpirun", "prterun", "Primary job", "Process name: ["), prefixes=("[1,3]<stderr>:",),

@@ -137,6 +137,25 @@ def lightning() -> None:
     _run([PY, str(HERE / "lightning_job.py")], HERE / "lightning.log", _env())
 
 
+def spawn_raise() -> None:
+    """torch.multiprocessing.spawn, 3 processes; process 2 raises: its traceback follows mp.spawn's own, after
+    "-- Process 2 terminated with the following error:". No line carries a rank."""
+    _run([PY, str(HERE / "spawn_job.py"), str(_port())], HERE / "spawn-raise.log",
+         _env(CORPUS_RANK="2", CORPUS_FAULT="raise-alone"))
+
+
+def spawn_peer() -> None:
+    """torch.multiprocessing.spawn of 3 gloo ranks; rank 1 raises, but mp.spawn saw process 0 end first (its
+    "Connection closed by peer"): mp.spawn passes on that error only, and rank 1's is not in the console."""
+    _run([PY, str(HERE / "spawn_job.py"), str(_port())], HERE / "spawn-peer.log", _env(CORPUS_RANK="1", CORPUS_FAULT="raise"))
+
+
+def spawn_segv() -> None:
+    """torch.multiprocessing.spawn, 3 processes; process 2 dies by SIGSEGV: only mp.spawn's traceback says so."""
+    _run([PY, str(HERE / "spawn_job.py"), str(_port())], HERE / "spawn-segv.log",
+         _env(CORPUS_RANK="2", CORPUS_FAULT="segv"))
+
+
 def mpirun() -> None:
     """Open MPI's mpirun --tag-output, 3 ranks; rank 2 raises."""
     if not shutil.which("mpirun"):
@@ -195,7 +214,7 @@ def srun_torchrun() -> None:
 
 
 CASES = {f.__name__: f for f in (torchrun_two_agents, torchrun_segv, torchrun_every_rank, torchrun_stopped,
-                                 torchrun_oom, torchrun_bus,
+                                 torchrun_oom, torchrun_bus, spawn_raise, spawn_peer, spawn_segv,
                                  deepspeed, accelerate, accelerate_killed, lightning, mpirun, pdsh, srun, srun_torchrun)}
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ LINES: dict[tuple[str, str], Sample] = {
     ("torchrun", "closing"): ("logs/accounting/torchrun2.log", "closing signal SIGTERM"),
     ("torchrun", "agent-ranks"): ("logs/accounting/agent1.log", "global_ranks=[2, 3]"),
     ("torchrun", "agent-stopped"): ("logs_corpus/torchrun-stopped.log", "death signal"),
+    ("mp.spawn", "closing"): ("logs_corpus/spawn-segv.log", "via signal SIGTERM"),
     ("deepspeed", "exit"): ("logs_corpus/deepspeed.log", "exits with return code"),
     ("mpirun", "mpirun-exit"): ("logs_corpus/mpirun.log", "Exit code:"),
     # Open MPI 4 orte/tools/orterun/help-orterun.txt ("mpirun noticed that process rank %d with PID %d on node %s
@@ -126,6 +127,7 @@ MARKS: dict[str, Sample] = {
     "lightning": ("logs_corpus/lightning.log", "lightning/"),
     "torchrun": ("logs/accounting/torchrun2.log", "torch/distributed/elastic/multiprocessing/api.py"),
     "mpirun": ("logs_corpus/mpirun.log", "Process name: ["),
+    "mp.spawn": ("logs_corpus/spawn-segv.log", "ProcessExitedException"),
     "pdsh": ("logs_corpus/pdsh.log", "pdsh@"),
     "srun": ("logs_corpus/srun-nolabel.log", "srun: error:"),
     # TorchX 0.7 torchx/schedulers/local_scheduler.py's traceback frames

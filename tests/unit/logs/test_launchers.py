@@ -2,7 +2,7 @@
 
 The real logs (tests/data/logs_corpus/*.log) were written by the launchers themselves on this machine by
 tests/data/logs_corpus/make_corpus.py (torch 2.13 torchrun, DeepSpeed 0.19.8's per-node launcher,
-Accelerate 1.15 (its multi-process and its one-process launcher), Lightning 2.6, Open MPI 4.1 mpirun --tag-output, pdsh 2.34 -R exec, the rig's Slurm
+Accelerate 1.15 (its multi-process and its one-process launcher), Lightning 2.6, torch.multiprocessing.spawn, Open MPI 4.1 mpirun --tag-output, pdsh 2.34 -R exec, the rig's Slurm
 srun with and without --label, srun --label over one torchrun agent per node). No job runs here.
 
 Where a launcher's older line shapes cannot be produced here, the lines are written as its source
@@ -514,3 +514,36 @@ def test_a_suspect_line_takes_the_time_stamp_before_its_labels(tmp_path: Path) -
     v = triage([str(tmp_path)]).verdict
     assert v.status == "suspect" and v.primary is not None, v.summary
     assert v.primary.who.rank == 1 and v.primary.time_source == "line", v.summary
+
+
+# (file, local rank, the first failure's message, how the local rank is known)
+SPAWNED = [
+    ("spawn-raise.log", 2, "ValueError: bad batch on process 2: shape mismatch", None),
+    ("spawn-segv.log", 2, "crashed with SIGSEGV", "mp.spawn's report of its process 2 (a local rank)"),
+]
+
+
+@pytest.mark.parametrize(("name", "local", "message", "rank_by"), SPAWNED)
+def test_mp_spawns_report_names_the_process_and_its_own_traceback_is_no_failure(
+        name: str, local: int, message: str, rank_by: str | None) -> None:
+    """torch.multiprocessing.spawn's traceback from join() is its report, like torchrun's: the process it names
+    (its index, a local rank) failed; "-- Process 2 terminated with the following error:" gives the traceback
+    after it to that process."""
+    r = triage([str(CORPUS / name)])
+    v = r.verdict
+    assert v.status == "failure" and v.primary is not None, v.summary
+    assert (v.primary.who.rank, v.primary.who.local_rank) == (None, local), v.primary.who
+    assert v.summary.startswith(f"first failure: local rank {local} on unknown node") and message in v.summary, v.summary
+    assert v.primary.detail.get("rank_by") == rank_by, v.primary.detail
+    assert r.launchers == ["mp.spawn"], r.launchers
+    assert not v.independent and "failed after it" not in v.summary, v.summary
+    said = [e for e in r.events if e.kind == "launcher"]
+    assert {e.label for e in said} >= {"mp.spawn stops the other processes (SIGTERM)"}, said
+
+
+def test_mp_spawn_passing_on_a_peers_error_is_only_a_consequence() -> None:
+    """mp.spawn saw process 0 end first and passed on its error (a connection its failed peer closed): the cause
+    is not in the console, and the answer says so rather than blame process 0."""
+    v = triage([str(CORPUS / "spawn-peer.log")]).verdict
+    assert v.status == "secondary-only" and v.confidence == "low", v.summary
+    assert "local rank 0 on unknown node failed only as a consequence of a peer" in v.summary, v.summary
