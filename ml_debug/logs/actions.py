@@ -38,7 +38,7 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
     rest = lab.rest
     if "NCCL" in rest and _nccl(c, rest, who, line, offset):
         return
-    if rest.startswith(blocks.TRACEBACK):
+    if blocks.opens(rest):
         blocks.open_block(c, lab, who, line, offset)
         return
     if "Watchdog caught" in rest and _watchdog(c, rest, who, line, offset):

@@ -28,6 +28,12 @@ TRAILING_LINES = 8  # message lines kept after an exception line (CUDA's "might 
 NEARBY_BYTES = 4096  # how far back a traceback without a time stamp looks for one
 TRACEBACK = "Traceback (most recent call last):"
 HEADER = TRACEBACK.encode()
+RICH_HEADER = "─ Traceback (most recent call last) ─"
+"""In rich's traceback (rich.traceback.install, typer's): its box's top rule; the frames are the box's lines, the
+exception follows the box."""
+_BOX = ("│", "╰")  # the lines of rich's box after its top rule
+_FRAME_LINE = re.compile(r'(?:  )?File "[^"\n]{1,4096}", line \d+, in ')  # Python's (or stripped): not a paste's
+_LOCAL_ARG = re.compile(r"'--local[_-]rank=(\d+)'")  # torch.distributed.launch's argument to its child
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
 # (Ray re-raises a worker's exception as "ray.exceptions.RayTaskError(DistBackendError): ray::...")
@@ -132,6 +138,24 @@ def open_block(c: Collector, lab: Label, who: Who, line: int, offset: int) -> No
         block.nearby = time_before(c)
 
 
+def opens(rest: str) -> bool:
+    """The line (after its labels) is a traceback's header: Python's, or the top of rich's box."""
+    return rest.startswith(TRACEBACK) or (RICH_HEADER in rest and rest.startswith("╭"))
+
+
+def cut_above(c: Collector, lines: list[Label], who: Who, line: int, offset: int) -> None:
+    """A source that starts inside a traceback (a paste cut above its header): its first lines, up to a frame's
+    (``File "...", line 12, in f``), all indented, open a block at the first one: a traceback without its header."""
+    for n, lab in enumerate(lines):
+        if _FRAME_LINE.match(lab.rest):
+            if all(earlier.key == lab.key for earlier in lines[:n]):
+                c._blocks[lab.key] = Block(who=lab.who.merged(who), start_line=line, start_offset=offset,
+                                           last_line=line, torch_rank=lab.torch_rank, srun_task=lab.srun_task)
+            return
+        if not lab.rest[:1].isspace():
+            return
+
+
 def feed_block(c: Collector, key: str, block: Block, rest: str, who: Who, line: int) -> bool:
     """Feed a line of an open block's stream; False when the line is not part of it."""
     block.last_line = line
@@ -144,7 +168,7 @@ def _take(c: Collector, key: str, block: Block, rest: str) -> bool:
     if block.stage == "summary":
         return summary_line(c, key, block, rest)
     if block.stage == "frames":
-        if rest.startswith((" ", "\t")) or not rest:
+        if rest.startswith((" ", "\t", *_BOX)) or not rest:
             block.expect_code = False
             if len(block.text) < MAX_TRACEBACK_LINES:
                 block.text.append(rest)
@@ -266,7 +290,7 @@ class Reading:
     message: str
     blames: Any
     exit_code: int | None  # a launcher's report of its child's exit (a CalledProcessError, mp.spawn's): the code
-    exit_local: int | None  # mp.spawn's index of that child: a local rank
+    exit_local: int | None  # that child's local rank: mp.spawn's index, torch.distributed.launch's --local_rank
     length: int  # the number of text lines read
 
 
@@ -280,12 +304,14 @@ def read(block: Block) -> Reading:
     report = _launcher_frames(block.text) and (not EXCEPTION_TYPE.match(final.strip())
                                                or any(_REPORTING_FRAME.search(t) for t in block.text))
     # the exceptions and their messages, not the frames (code lines say anything)
-    said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t")))
+    said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t", "╭", *_BOX)))
     cls, label, cause = classify(said[-4000:])
     # the exception's line and the lines after it as one: a terminal may have wrapped a long command line
     m = (_CHILD_EXIT.search("".join(block.text[-3:]))
          if "CalledProcessError: Command " in final or " terminated with " in final else None)
     code, local = _child_exit(m) if m else (None, None)
+    if code is not None and local is None and (arg := _LOCAL_ARG.search(final)):
+        local = int(arg.group(1))  # torch.distributed.launch's command line: --local_rank=7
     return Reading(launchers, report, cls, label, cause, short_exception(final) if final else CUT_SHORT,
                    blamed(whole), code, local, len(block.text))
 
@@ -360,10 +386,11 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
             ev.kind = "signal"
             ev.cls, ev.message, ev.strong, ev.label = signal_event_text(code)
         ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"
-                          if reading.exit_local is None else "torch.multiprocessing.spawn"})
+                          if "CalledProcessError" in reading.message else "torch.multiprocessing.spawn"})
         if reading.exit_local is not None and ev.who.rank is None and ev.who.local_rank is None:
             ev.who = Who(None, ev.who.node, reading.exit_local)
-            ev.detail["rank_by"] = f"mp.spawn's report of its process {reading.exit_local} (a local rank)"
+            ev.detail["rank_by"] = (f"its command line's --local_rank={reading.exit_local}" if "CalledProcessError"
+                                    in reading.message else f"mp.spawn's report of its process {reading.exit_local}")
         if ev.who.rank is None and any(t.endswith(", in simple_launcher") for t in block.text):
             ev.who = Who(0, ev.who.node, 0)  # rule 3: accelerate launch's launcher of a single process
             ev.detail["rank_by"] = "accelerate's simple_launcher (a world of one process)"
@@ -418,6 +445,7 @@ def _launcher_frames(text: list[str]) -> bool:
 def summary_events(c: Collector, block: Block) -> None:
     """torchrun's ChildFailedError summary: one event per failed rank (time: when torchrun saw it)."""
     assert c.ctx is not None and block.summary is not None
+    told = False
     for entry in block.summary.entries:
         m = _RANK_LOCAL.match(entry.get("rank", ""))
         rank = int(m.group(1)) if m and int(m.group(1)) >= 0 else None
@@ -438,6 +466,7 @@ def summary_events(c: Collector, block: Block) -> None:
             c.srun_hosts.setdefault(srun_task_node(block.srun_task), node)
         if not code:
             continue
+        told = True
         t = find_time(entry.get("time", ""), c.ctx.day)
         tb = (entry.get("traceback") or "").strip()
         detail: dict[str, Any] = {"torchrun_root_cause": bool(entry.get("root"))}
@@ -453,6 +482,12 @@ def summary_events(c: Collector, block: Block) -> None:
         c._add(c.event("error-file", cls, message, label or message.split(":", 1)[0], who, block.start_line,
                        block.start_offset, t=t, time_source=TIME_LAUNCHER, text=lines,
                        detail={"exit_code": code, "via": "torchrun summary", **detail}), f"summary:{rank}")
+    # cut short before any entry's exit code, and no agent line of this source said one: a worker failed, which one
+    # is not in the logs
+    if not told and not any(e.source_index == c.ctx.index and e.detail.get("via") == "torchrun" for e in c.events):
+        c._add(c.event("launcher", PRIMARY, "torchrun reports a failed worker (ChildFailedError), but its failure summary "
+                       "is cut short before it says which", "worker failed (torchrun)", block.who, block.start_line,
+                       block.start_offset, strong=False), "summary:cut")
 
 
 def lines_before(c: Collector, n: int) -> str:

@@ -307,6 +307,19 @@ class Collector:
             self.sampled[(ctx.index, who)] = None
         self._mark_labels(lab)
 
+    def starts(self, head: bytes) -> None:
+        """The first bytes of the source (whole lines): one that starts inside a traceback, cut above its header,
+        opens it (blocks.cut_above)."""
+        ctx = self.ctx
+        assert ctx is not None
+        raw = head[:4096].split(b"\n")
+        first = next((i for i, ln in enumerate(raw[:-1]) if ln.strip()), None)
+        if first is None:
+            return
+        texts = [strip_ansi(ln.decode("utf-8", "replace").rstrip("\r")) for ln in raw[first:-1] if ln.strip()][:4]
+        labs = [split_label(t, ctx.node_prefix) if ctx.labelled else Label(_NOBODY, "", t) for t in texts]
+        blocks.cut_above(self, labs, ctx.who, first + 1, sum(len(ln) + 1 for ln in raw[:first]))
+
     def _mark_labels(self, lab: Label) -> None:
         """The launchers a line's labels say wrote it (a sampled line's, or a line read for what it says)."""
         ctx = self.ctx

@@ -193,6 +193,8 @@ def _scan_block(block: bytes, start: int, n: int, lines: int, base: int, collect
     already read, at file offset ``base``); (lines so far, its last line)."""
     find, count = block.find, block.count
     counted = pos = start
+    if lines == 0 and base == 0 and start == 0:
+        collector.starts(block[:n])
     # while a source's NCCL lines are still read in full, the block is taken in windows: once they are read,
     # the rest is scanned without them (catalogue.NCCL_LINES_PER_SOURCE)
     nccl = collector.nccl_lines < NCCL_LINES_PER_SOURCE

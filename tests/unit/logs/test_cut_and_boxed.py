@@ -1,0 +1,91 @@
+"""Tracebacks as users paste them: cut above their header, cut at both ends, inside rich's box, and a launcher's
+failure summary cut before it says which worker failed. Each is a failure the job had: never "no failure found".
+
+The texts are cut from real consoles in tests/data (written on this machine by the programs themselves).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ml_debug.logs.result import CUT_SHORT
+from ml_debug.logs.triage import triage
+from tests.conftest import REPO
+
+DATA = REPO / "tests" / "data"
+ACCELERATE = (DATA / "logs_corpus" / "accelerate.log").read_text().splitlines()  # rank 1's traceback: lines 3-8
+RICH = (DATA / "logs" / "rich_traceback.log").read_text().splitlines()
+
+
+def _write(tmp_path: Path, lines: list[str]) -> str:
+    path = tmp_path / "console.log"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_paste_that_starts_at_a_frame_is_its_writers_traceback(tmp_path: Path) -> None:
+    """The header is cut off: the frames still open the traceback, and its exception is rank 1's failure."""
+    v = triage([_write(tmp_path, ACCELERATE[4:8])]).verdict  # from the code line of the first frame
+    assert v.status == "failure" and v.primary is not None, v.summary
+    assert (v.primary.who.rank, v.primary.kind) == (1, "traceback"), v.primary
+    assert v.primary.message == "ValueError: bad batch on rank 1: shape mismatch", v.summary
+    assert any('File "' in t for t in v.primary.text), v.primary.text
+
+
+def test_frames_cut_at_both_ends_are_a_failure_whose_cause_is_not_in_the_logs(tmp_path: Path) -> None:
+    v = triage([_write(tmp_path, ACCELERATE[3:7])]).verdict  # frames only: no header, no exception
+    assert v.status == "failure" and v.primary is not None, v.summary
+    assert (v.primary.who.rank, v.primary.message) == (1, CUT_SHORT), v.summary
+    assert v.confidence == "medium" and "ends before its exception" in v.confidence_why, v.confidence_why
+
+
+def test_a_paste_indented_as_a_whole_is_still_read_line_by_line(tmp_path: Path) -> None:
+    """Every line two spaces in (a quote in an issue): its frames are deeper than Python's, so they open no
+    traceback; the exception line is read as it stands."""
+    v = triage([_write(tmp_path, ["  " + ln.split(": ", 1)[1] for ln in ACCELERATE[3:8]])]).verdict
+    assert v.primary is not None and v.primary.message == "ValueError: bad batch on rank 1: shape mismatch", v.summary
+
+
+def test_a_rich_traceback_is_read_whole_and_its_boxs_source_lines_are_no_failure(tmp_path: Path) -> None:
+    """rich's box holds the source around each frame ("raise RuntimeError(f"CUDA error: ...")"): that line is
+    code, not the failure; the exception after the box is."""
+    r = triage([str(DATA / "logs" / "rich_traceback.log")])
+    v = r.verdict
+    assert v.primary is not None and v.primary.kind == "traceback", v.summary
+    assert v.primary.message.startswith("RuntimeError: CUDA error: an illegal memory access"), v.summary
+    assert v.primary.text[0].startswith("╭") and v.primary.text[-1].startswith("RuntimeError"), v.primary.text
+    assert [e.kind for e in r.events] == ["traceback"], [(e.kind, e.message) for e in r.events]
+    assert v.hint is not None and "CUDA_LAUNCH_BLOCKING=1" in v.hint, v.hint
+
+
+def test_a_rich_traceback_cut_inside_its_box_is_a_failure(tmp_path: Path) -> None:
+    v = triage([_write(tmp_path, RICH[:12])]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.message == CUT_SHORT, v.summary
+
+
+def test_torchruns_summary_cut_before_its_exit_code_still_says_a_worker_failed(tmp_path: Path) -> None:
+    """torchrun's traceback and summary, cut after its first entry's first field: which worker failed is not in
+    the logs, but one did (a weak failure of the job: a rank's own line would outrank it)."""
+    lines = (DATA / "logs_corpus" / "torchrun-every-rank.log").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("Traceback"))
+    cut = next(i for i, ln in enumerate(lines) if ln.startswith("Failures:")) + 3  # "[1]:" and its time
+    text = lines[start:cut]
+    assert not any("exitcode" in ln for ln in text) and "ChildFailedError" in "\n".join(text)
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.kind == "launcher", v.summary
+    assert v.summary.startswith("first failure: the job: torchrun reports a failed worker"), v.summary
+    assert v.confidence == "medium" and "only an exit code" in v.confidence_why, v.confidence_why
+
+
+def test_torch_distributed_launchs_called_process_error_names_its_local_rank(tmp_path: Path) -> None:
+    """torch.distributed.launch (torch 1.x, launch.py's main: ``raise subprocess.CalledProcessError(returncode=
+    process.returncode, cmd=cmd)``) names its child by the ``--local_rank=7`` of the command it ran."""
+    text = ['Traceback (most recent call last):',
+            '  File "/opt/conda/lib/python3.8/site-packages/torch/distributed/launch.py", line 259, in main',
+            '    cmd=cmd)',
+            "subprocess.CalledProcessError: Command '['/opt/conda/bin/python3', '-u', 'train.py', '--local_rank=7', "
+            "'--epochs', '90']' died with <Signals.SIGSEGV: 11>."]
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.primary is not None and v.summary.startswith("first failure: local rank 7 on unknown node: crashed with "
+                                                          "SIGSEGV"), v.summary
+    assert v.primary.detail["rank_by"] == "its command line's --local_rank=7", v.primary.detail
