@@ -33,7 +33,6 @@ RICH_HEADER = "─ Traceback (most recent call last) ─"
 exception follows the box."""
 _BOX = ("│", "╰")  # the lines of rich's box after its top rule
 _FRAME_LINE = re.compile(r'(?:  )?File "[^"\n]{1,4096}", line \d+, in ')  # Python's (or stripped): not a paste's
-_LOCAL_ARG = re.compile(r"'--local[_-]rank=(\d+)'")  # torch.distributed.launch's argument to its child
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
 # (Ray re-raises a worker's exception as "ray.exceptions.RayTaskError(DistBackendError): ray::...")
@@ -290,7 +289,8 @@ class Reading:
     message: str
     blames: Any
     exit_code: int | None  # a launcher's report of its child's exit (a CalledProcessError, mp.spawn's): the code
-    exit_local: int | None  # that child's local rank: mp.spawn's index, torch.distributed.launch's --local_rank
+    exit_local: int | None  # mp.spawn's index of that child: a local rank (a CalledProcessError's command line
+    # is the last one its launcher started, whichever failed: torch.distributed.launch 1.x, DeepSpeed)
     length: int  # the number of text lines read
 
 
@@ -310,8 +310,6 @@ def read(block: Block) -> Reading:
     m = (_CHILD_EXIT.search("".join(block.text[-3:]))
          if "CalledProcessError: Command " in final or " terminated with " in final else None)
     code, local = _child_exit(m) if m else (None, None)
-    if code is not None and local is None and (arg := _LOCAL_ARG.search(final)):
-        local = int(arg.group(1))  # torch.distributed.launch's command line: --local_rank=7
     return Reading(launchers, report, cls, label, cause, short_exception(final) if final else CUT_SHORT,
                    blamed(whole), code, local, len(block.text))
 
@@ -389,8 +387,7 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
                           if "CalledProcessError" in reading.message else "torch.multiprocessing.spawn"})
         if reading.exit_local is not None and ev.who.rank is None and ev.who.local_rank is None:
             ev.who = Who(None, ev.who.node, reading.exit_local)
-            ev.detail["rank_by"] = (f"its command line's --local_rank={reading.exit_local}" if "CalledProcessError"
-                                    in reading.message else f"mp.spawn's report of its process {reading.exit_local}")
+            ev.detail["rank_by"] = f"mp.spawn's report of its process {reading.exit_local}"
         if ev.who.rank is None and any(t.endswith(", in simple_launcher") for t in block.text):
             ev.who = Who(0, ev.who.node, 0)  # rule 3: accelerate launch's launcher of a single process
             ev.detail["rank_by"] = "accelerate's simple_launcher (a world of one process)"

@@ -110,7 +110,11 @@ LAUNCHERS: tuple[Launcher, ...] = (
         r"deepspeed[/.]launcher|\[launch\.py:\d+:(?:main|sigkill_handler)\]", ("deepspeed", "[launch.py:"),
         lines=(Line("exit", r"exits with return code = (?P<code>-?\d+)", ("exits with return code",),
                     who="agent", time="launcher", note="DeepSpeed's launcher prints the command line of the last rank it started, not of the one "
-                         "that failed: the return code is the fact"),)),
+                         "that failed: the return code is the fact"),
+               # the same line cut before its return code (a long command line, a paste): a process failed all the same
+               Line("cut-exit", r"\[ERROR\] \[launch\.py:\d+:sigkill_handler\] \[", ("sigkill_handler] [",),
+                    says=Says("exit", PRIMARY, "DeepSpeed's launcher reports a failed process (its line is cut before the "
+                              "return code)", "process failed (DeepSpeed)", who="source", strong=False)),)),
     Launcher("accelerate", "0.20-1.15 (accelerate/commands/launch.py)", r"accelerate/commands/launch\.py|accelerate launch",
              ("accelerate",)),
     Launcher(
@@ -328,6 +332,9 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  r"attempting to dump debug info|Exception raised from ncclCommWatchdog",
                  ("watchdog thread terminated", "Heartbeat monitor", "entire process down", "watchdog got stuck",
                   "Terminating the process after", "from ncclCommWatchdog"), hint=WATCHDOG_HINT),
+    # horovod/common/operations.cc (SHUT_DOWN_ERROR): every rank's op fails after one rank raised (or finished early)
+    FailureClass("comm", SECONDARY, "Horovod shut down after a rank failed", r"Horovod has been shut down",
+                 ("Horovod has been shut down",)),
     FailureClass("comm", SECONDARY, "stopped by a signal", r"SignalException|KeyboardInterrupt",
                  ("SignalException", "KeyboardInterrupt")),
     FailureClass("signal", PRIMARY, "crash (signal)",

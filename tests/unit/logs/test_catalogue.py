@@ -35,6 +35,9 @@ LINES: dict[tuple[str, str], Sample] = {
     ("torchrun", "agent-stopped"): ("logs_corpus/torchrun-stopped.log", "death signal"),
     ("mp.spawn", "closing"): ("logs_corpus/spawn-segv.log", "via signal SIGTERM"),
     ("deepspeed", "exit"): ("logs_corpus/deepspeed.log", "exits with return code"),
+    # deepspeed.log's own line, cut before its return code (as a long command line gets cut in posted consoles)
+    ("deepspeed", "cut-exit"): "[2026-11-27 04:22:32,383] [ERROR] [launch.py:259:sigkill_handler] ['/work/wt/logs/.venv/bin/"
+                               "python', '-u', '/work/wt/logs/tests/data/logs_corpus/worker.py'",
     ("mpirun", "mpirun-exit"): ("logs_corpus/mpirun.log", "Exit code:"),
     # Open MPI 4 orte/tools/orterun/help-orterun.txt ("mpirun noticed that process rank %d with PID %d on node %s
     # exited on signal %d (%s).")
@@ -116,6 +119,10 @@ CLASSES: dict[str, Sample] = {
     # c10d ProcessGroupNCCL.cpp (heartbeat monitor, torch 2.3+)
     "watchdog stopped the process": "[E1128 03:14:07.123456 ProcessGroupNCCL.cpp:1404] [PG ID 0 PG GUID 0(default_pg) "
     "Rank 2] Heartbeat monitor timed out! Process will be terminated after dumping debug info.",
+    # Horovod horovod/common/operations.cc's SHUT_DOWN_ERROR, as TensorFlow's op kernel logs it
+    "Horovod shut down after a rank failed": "2018-07-30 06:41:52.525932: W tensorflow/core/framework/op_kernel.cc:1318] "
+    "OP_REQUIRES failed at mpi_ops.cc:422 : Aborted: Horovod has been shut down. This was caused by an exception on one "
+    "of the ranks or an attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished execution.",
     "stopped by a signal": ("logs/launch_timeout/vm/console.log", "SignalException: Process"),
     "crash (signal)": ("logs_corpus/torchrun-segv.log", "(SIGSEGV)"),
 }
