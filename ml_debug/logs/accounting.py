@@ -43,7 +43,7 @@ from ml_debug.logs.result import (
 )
 
 _OWNED_KINDS = ("traceback", "exception", "cuda-error", "oom", "nccl-error", "shm", "gpu-fault", "signal",
-                "error-line")
+                "error-line", "init")
 _HARDWARE = ("cuda-error", "gpu-fault", "nccl-error")
 
 

@@ -105,6 +105,8 @@ def _watchdog(c: Collector, rest: str, who: Who, line: int, offset: int) -> bool
 
 def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, present: frozenset[str]) -> None:
     """An exception or failure line of no launcher; a suspect when it only looks like one."""
+    if rest.startswith("frame #"):
+        return  # a C++ stack frame (c10::Error's "frame #2: c10::DistNetworkError::DistNetworkError(...)"): code
     stripped = rest.strip()
     m = blocks.EXCEPTION_TYPE.match(stripped) if ("rror" in rest or "xception" in rest or "Exit" in rest
                                                   or "Interrupt" in rest or "Fail" in rest or "Fault" in rest) \

@@ -38,6 +38,8 @@ CHAIN = ("The above exception was the direct cause of the following exception:",
 # (Ray re-raises a worker's exception as "ray.exceptions.RayTaskError(DistBackendError): ray::...")
 EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
                             r"Failure|Fault)\w{0,100})(?:\([\w.]{1,100}\))?: (?P<msg>.*)$")
+# an exception raised without a message (torchrun's agent: "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError")
+_BARE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}\w{0,100}(?:Error|Exception|Exit|Interrupt|Failure|Fault)$")
 # a launcher re-raising a child's exit: subprocess's "CalledProcessError: Command '[...]' returned non-zero exit
 # status 1." or, killed by a signal, "... died with <Signals.SIGKILL: 9>." (accelerate/commands/launch.py's
 # simple_launcher, deepspeed/launcher/launch.py before 0.6, wrapper scripts); torch.multiprocessing.spawn's "process 3
@@ -243,8 +245,10 @@ def time_before(c: Collector) -> float | None:
 
 def closes(rest: str) -> bool:
     """The line (not blank, not a chain's) ends a traceback after its exception: the program's next line."""
-    return (rest.startswith(TRACEBACK) or rest.startswith(("[", "srun:", "slurmstepd:")) or " NCCL " in rest
-            or stamped(rest[:40]))
+    # NCCL's lines (not a message's "invalid usage of NCCL library"), Python logging's default "ERROR:name:..." (torch
+    # 1.x's agent: "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) ...")
+    return (rest.startswith((TRACEBACK, "[", "srun:", "slurmstepd:", "ERROR:", "WARNING:", "INFO:", "CRITICAL:"))
+            or " NCCL INFO" in rest or " NCCL WARN" in rest or stamped(rest[:40]))
 
 
 def summary_line(c: Collector, key: str, block: Block, rest: str) -> bool:
@@ -301,7 +305,7 @@ def read(block: Block) -> Reading:
     # rule 1: a launcher's own traceback reports its workers' failure, as does one damaged, cut short or raised
     # while it read a failed worker's error file; its own exception otherwise (a rendezvous error, a signal) is
     # the agent's failure, read as any other
-    report = _launcher_frames(block.text) and (not EXCEPTION_TYPE.match(final.strip())
+    report = _launcher_frames(block.text) and (not (EXCEPTION_TYPE.match(final.strip()) or _BARE.match(final.strip()))
                                                or any(_REPORTING_FRAME.search(t) for t in block.text))
     # the exceptions and their messages, not the frames (code lines say anything)
     said = "\n".join(t for t in block.text if t and not t.startswith((" ", "\t", "╭", *_BOX)))

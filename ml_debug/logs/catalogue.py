@@ -273,8 +273,30 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  ("shared memory", "/dev/shm/nccl-"),
                  hint="NCCL could not create its shared-memory segment: /dev/shm is too small (a container's default "
                       "64 MB). docker run --shm-size=1g (or --ipc=host), or NCCL_SHM_DISABLE=1 (slower)"),
+    # a process that cannot start its part: no GPU to use, its rendezvous port taken, the rendezvous out of reach
+    FailureClass("init", PRIMARY, "no usable GPU",
+                 r"invalid device ordinal|No CUDA GPUs are available|Found no NVIDIA driver|Torch not compiled with CUDA",
+                 ("invalid device ordinal", "No CUDA GPUs", "Found no NVIDIA driver", "not compiled with CUDA"),
+                 hint="{who} found no GPU it could use: more ranks per node than visible GPUs (--nproc-per-node against "
+                      "nvidia-smi -L and CUDA_VISIBLE_DEVICES), a device index taken from the global rank instead of "
+                      "LOCAL_RANK, no driver in the container (docker run --gpus all), or a CPU-only torch build"),
+    # c10d's TCPStore (torch/csrc/distributed/c10d/socket.cpp): "The server socket has failed to listen on any local
+    # network address. port: 29500, ..., name: EADDRINUSE, ..." (before torch 2.2: "Address already in use")
+    FailureClass("init", PRIMARY, "rendezvous port in use", r"EADDRINUSE|[Aa]ddress already in use",
+                 ("EADDRINUSE", "ddress already in use"),
+                 hint="{who} could not listen on the rendezvous port: another process holds it on that host (a previous "
+                      "run's, or another job's). Pick another port (torchrun --master-port or --rdzv-endpoint HOST:PORT, "
+                      "MASTER_PORT) or find the holder: ss -ltnp 'sport = :PORT'"),
+    # "The client socket has timed out after 1800000ms while trying to connect to (10.0.0.1, 29500)." (torch 2.x: or
+    # "has failed to connect to any network address of (...)")
+    FailureClass("init", PRIMARY, "rendezvous out of reach", r"client socket has (?:timed out after|failed to connect to)",
+                 ("client socket has",),
+                 hint="{who} could not reach the rendezvous (MASTER_ADDR:MASTER_PORT, --rdzv-endpoint): is the first "
+                      "node's job started and listening there, is that address one every node can reach (not "
+                      "localhost), and is the port open between the nodes (a firewall)?"),
     FailureClass("cuda-error", PRIMARY, "CUDA error: {what}",
-                 r"CUDA error: (?P<what>[^\n]+?)(?:\s*$|\nCUDA kernel)|CUDA error: (?P<what2>.+)", ("CUDA error",),
+                 r"CUDA error: (?!out of memory)(?P<what>[^\n]+?)(?:\s*$|\nCUDA kernel)|CUDA error: (?!out of memory)"
+                 r"(?P<what2>.+)", ("CUDA error",),
                  hint="{who}: CUDA reports a kernel's error asynchronously, at a later call: the kernel that failed ran "
                       "before the line in this traceback. Rerun with CUDA_LAUNCH_BLOCKING=1{dsa} (mldebug launch "
                       "--cuda-sync sets them) to raise at the failing line, or on the CPU (CUDA_VISIBLE_DEVICES=\"\") "
@@ -290,6 +312,12 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                   "Out Of Memory"),
                  hint="{who}{gpu} ran out of memory: lower its batch or sequence length, use activation "
                       "checkpointing, or see what else holds memory on that GPU (mldebug top, nvidia-smi)"),
+    # torch/utils/data/_utils/signal_handling.py: a worker the kernel killed (SIGKILL, "Killed")
+    FailureClass("oom", PRIMARY, "DataLoader worker killed (SIGKILL)",
+                 r"DataLoader worker \(pid[^)]{0,40}\) is killed by signal: Killed", ("is killed by signal: Killed",),
+                 hint="a DataLoader worker of {who} was killed by SIGKILL, most often by the kernel's OOM killer: the "
+                      "host ran out of memory (dmesg there: 'Out of memory: Killed process'). Lower num_workers or "
+                      "prefetch_factor, or what each worker holds (a dataset copied into every worker)"),
     # a hardware fault: the GPU's memory or the link failed, not the program (rule 5 gives it to its rank)
     FailureClass("gpu-fault", PRIMARY, "GPU hardware error ({what})",
                  r"(?P<what>uncorrectable ECC error|ECC error encountered|NVRM: Xid|Xid \(PCI:[^)]{0,40}\): \d+|"
@@ -297,13 +325,29 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  ("ECC error", "Xid", "fallen off the bus", "unrecoverable error"),
                  hint="{who}: the GPU reported a hardware fault: drain the node, read its kernel log (dmesg: NVRM "
                       "Xid) and run `mldebug health` there before it takes another job"),
+    # NCCL src/init.cc: "Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx"
+    FailureClass("nccl-error", PRIMARY, "two ranks on one GPU", r"Duplicate GPU detected", ("Duplicate GPU detected",),
+                 hint="two ranks use one GPU: each rank must call torch.cuda.set_device(LOCAL_RANK) (or pass "
+                      "device_id) before init_process_group, with no more ranks per node than GPUs"),
     FailureClass("nccl-error", PRIMARY, "NCCL error",
-                 r"unhandled cuda error|ncclUnhandledCudaError|Cuda failure|ncclInternalError|ncclInvalidUsage|"
-                 r"ncclInvalidArgument|invalid usage|NET/IB ?: Got completion from peer [^\n]{0,400}? with "
+                 r"unhandled (?:cuda|system) error|ncclUnhandledCudaError|ncclSystemError|Cuda failure|ncclInternalError|"
+                 r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|NET/IB ?: Got completion from peer [^\n]{0,400}? with "
                  r"(?:error|status)",
-                 ("unhandled cuda error", "ncclUnhandledCudaError", "Cuda failure", "ncclInternalError",
-                  "ncclInvalid", "invalid usage", "Got completion from peer")),
+                 ("unhandled cuda error", "unhandled system error", "ncclUnhandledCudaError", "ncclSystemError",
+                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage", "Got completion from peer"),
+                 hint="{who}: an NCCL call failed (not a timeout). Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) "
+                      "to see which: 'unhandled system error' is most often the network (NCCL_SOCKET_IFNAME, "
+                      "InfiniBand) or /dev/shm; 'unhandled cuda error', a CUDA failure on that GPU; 'invalid usage', "
+                      "ranks that disagree (devices, the order of collectives)"),
     # the consequences of another rank's failure
+    # a rank (or node) that never came: c10d's TCPStore server "Timed out after 901 seconds waiting for clients. 7/8
+    # clients joined.", its store-based barrier, torchrun's RendezvousTimeoutError (elastic/rendezvous/api.py)
+    FailureClass("init", SECONDARY, "not every rank joined",
+                 r"waiting for clients\. \d+/\d+ clients joined|RendezvousTimeoutError|store based barrier on rank",
+                 ("clients joined", "RendezvousTimeoutError", "store based barrier"),
+                 hint="not every rank (or node) joined within the timeout: start the job on every node with the same "
+                      "--nnodes and rendezvous endpoint, and check that each can reach it (MASTER_ADDR:MASTER_PORT); "
+                      "the missing ones' own logs say why"),
     FailureClass("watchdog", SECONDARY, "NCCL watchdog timeout",
                  r"Watchdog caught collective|Some NCCL operations have failed or timed out|detected by watchdog at work",
                  ("Watchdog caught", "Some NCCL operations", "detected by watchdog"), hint=WATCHDOG_HINT),

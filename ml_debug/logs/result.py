@@ -81,7 +81,8 @@ class Who:
 @dataclass
 class Event:
     """One failure (or warning) found in the logs, of a ``kind``: traceback, error-file, cuda-error, oom,
-    signal, exit, comm, watchdog, nccl-warn, nccl-error, slurm, error-line, exception, launcher."""
+    signal, exit, comm, watchdog, nccl-warn, nccl-error, init (a process that could not start its part), slurm,
+    error-line, exception, launcher."""
 
     kind: str
     cls: str  # primary, secondary, warning or info

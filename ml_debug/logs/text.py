@@ -18,7 +18,9 @@ _GLOG_HEADER = re.compile(r"^\[?[IWEF]\d{4} [\d:.]+(?: +\d+)? [^\]]*\]\s*")
 _PG_TAG = re.compile(r"^\[(?:PG [^\]]*?)?Rank \d+\]\s*")
 _BOILERPLATE = re.compile(r"\s*(?:This is typically caused by .*|GLHF.*|Exception raised from .*)$")
 EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w{0,100}\.){0,20}[A-Za-z_]\w{0,100})(?::(?: (?P<msg>.*))?)?$")
-_BLAMED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+# gloo's monitored barrier naming the ranks that did not come; a rank waiting for another's NCCL id (c10d: "[1] is
+# setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store ...")
+_BLAMED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier|retrieving ncclUniqueId from \[(\d+)\]")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _NUM = re.compile(r"\d+")
 
@@ -81,6 +83,6 @@ def signal_event_text(code: int) -> tuple[str, str, bool, str]:
 
 
 def blamed(text: str) -> list[int]:
-    """The ranks gloo's monitored barrier names as missing."""
-    m = _BLAMED.search(text) if "monitoredBarrier" in text else None  # the test first: most lines are not it
-    return [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
+    """The ranks a line names as missing: gloo's monitored barrier's, the rank whose NCCL id another waited for."""
+    m = _BLAMED.search(text) if "monitoredBarrier" in text or "ncclUniqueId" in text else None  # most lines are not it
+    return [int(x) for x in re.findall(r"\d+", m.group(1) or m.group(2))] if m else []

@@ -18,7 +18,7 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import ranks as ranks_text
-from ml_debug.logs.catalogue import FAILURE_CLASSES, WATCHDOG_HINT
+from ml_debug.logs.catalogue import FAILURE_CLASSES
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.result import (
@@ -46,7 +46,7 @@ _BASIS = {TIME_LINE: "line time stamps", TIME_ERROR_FILE: "error file time stamp
           TIME_LAUNCHER: "the launcher's report of the exit", TIME_ORDER: "file order",
           TIME_NEARBY: "the time stamps of the lines just before (a lower bound)"}
 # Richer evidence first when the same failure is reported twice (a traceback and its error file ...).
-_RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "shm": 2, "signal": 3,
+_RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "shm": 2, "init": 2, "signal": 3,
              "exception": 4, "error-line": 5, "watchdog": 6, "comm": 6, "slurm": 7, "exit": 8, "launcher": 9,
              "nccl-warn": 9}
 
@@ -250,8 +250,8 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
             summary += f"; {ranks_text(silent)} left no failure in the logs"
             hints.append(f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` "
                          "while the job runs, the Flight Recorder, or the node's kernel log (OOM killer)")
-        if any(c.kind == "watchdog" for c in causes):  # NCCL's: asynchronous, raised far from the cause
-            hints.append(WATCHDOG_HINT)
+        hints += dict.fromkeys(h for c in causes if (h := next_step(c)))  # each class's (NCCL's watchdog: raised far
+        # from the cause, a rank that never joined)
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
         return Verdict(status="secondary-only", summary=summary, basis=basis, hint="; ".join(hints) or None,
@@ -367,6 +367,7 @@ def _tie(first: Event, cands: list[Event]) -> list[Event]:
 
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
+_FALLBACK_KINDS = ("signal", "watchdog", "cuda-error", "oom", "gpu-fault", "shm")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
 
 
@@ -382,8 +383,11 @@ def next_step(ev: Event) -> str | None:
     elif kind == "signal":
         return None  # another signal (SIGKILL, SIGABRT): its cause is elsewhere (the OOM killer, an abort's message)
     entries = [c for c in FAILURE_CLASSES if c.kind == kind and c.hint]
-    entry = next((c for c in entries if c.label == ev.label or ("DataLoader" in c.label) == ("DataLoader" in text)),
-                 entries[0] if entries else None)
+    # its own class (a label with {what} is said with the text in its place); else, for a crash, a memory, CUDA or
+    # hardware error or a watchdog named in other words, its kind's first
+    entry = next((c for c in entries if c.label == ev.label or ("{what}" in c.label
+                                                                 and ev.label.startswith(c.label.split("{what}")[0]))),
+                 entries[0] if entries and kind in _FALLBACK_KINDS else None)
     if entry is None or entry.hint is None:
         return None
     gpu = _GPU.search(ev.message)

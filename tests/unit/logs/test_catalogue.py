@@ -98,12 +98,20 @@ CLASSES: dict[str, Sample] = {
     # ATen's CUDA kernels (aten/src/ATen/native/cuda/Indexing.cu's CUDA_KERNEL_ASSERT), one line per failing thread
     "CUDA kernel assertion failed ({what})": "../aten/src/ATen/native/cuda/Indexing.cu:1141: indexSelectLargeIndex: "
     "block: [615,0,0], thread: [121,0,0] Assertion `srcIndex < srcSelectDimSize` failed.",
+    "no usable GPU": ("logs/catalogue/no-cuda.log", "AssertionError: Torch not compiled"),
+    "rendezvous port in use": ("logs/catalogue/port-in-use.log", "DistNetworkError"),
+    "rendezvous out of reach": ("logs/catalogue/store-unreachable.log", "torch.distributed.DistNetworkError: The client"),
     "out of memory": ("logs_corpus/torchrun-oom.log", "OutOfMemoryError"),
+    "DataLoader worker killed (SIGKILL)": ("logs/catalogue/dataloader-killed.log", "is killed by signal: Killed"),
     # the NVIDIA driver's kernel log (dmesg): "NVRM: Xid (PCI:%04x:%02x:%02x): %d, ..."
     "GPU hardware error ({what})": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
     # NCCL src/include/checks.h (CUDACHECK): "Cuda failure '%s'"; the error names ncclUnhandledCudaError
     "NCCL error": "node1:1234:1234 [0] enqueue.cc:1234 NCCL WARN Cuda failure 'an illegal memory access was "
                   "encountered'",
+    # NCCL src/init.cc ("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx"), after torch's
+    # "Last error:" in its DistBackendError's message
+    "two ranks on one GPU": "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
+    "not every rank joined": ("logs/catalogue/store-waiting.log", "clients joined"),
     "NCCL watchdog timeout": ("logs/watchdog_one_rank_silent.log", "Watchdog caught"),
     "Connection reset by peer": ("logs/raise_then_sigabrt_at_exit/console.log", "Connection reset by peer"),
     "Connection closed by peer": ("logs/raise_then_sigabrt_at_exit/console.log", "closed by"),

@@ -1,0 +1,85 @@
+"""Processes that could not start their part, and the next step each needs: real consoles made on this machine
+(tests/data/logs/catalogue/init.py says how), and the lines of NCCL and torch that cannot be made here, as their
+source writes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ml_debug.logs.triage import triage
+from tests.conftest import REPO
+
+CATALOGUE = REPO / "tests" / "data" / "logs" / "catalogue"
+
+# console: (status, the first line's start, a piece of the next step)
+REAL = {
+    "port-in-use.log": ("failure", "first failure: unknown rank: DistNetworkError: The server socket has failed to "
+                        "listen", "another process holds it on that host"),
+    "store-unreachable.log": ("failure", "first failure: unknown rank at ", "could not reach the rendezvous"),
+    "no-cuda.log": ("failure", "first failure: unknown rank: AssertionError: Torch not compiled with CUDA enabled",
+                    "found no GPU it could use"),
+    "dataloader-killed.log": ("failure", "first failure: unknown rank: RuntimeError: DataLoader worker (pid(s) ",
+                              "the kernel's OOM killer"),
+    # the other side of a rendezvous that never completed: the cause is elsewhere (a node or rank that never came)
+    "store-waiting.log": ("secondary-only", "no primary failure found: unknown rank failed only as a consequence of a "
+                          "peer (1 x \"not every rank joined\")", "start the job on every node"),
+    "rendezvous-timeout.log": ("secondary-only", "no primary failure found: unknown rank failed only as a consequence "
+                               "of a peer (1 x \"not every rank joined\")", "start the job on every node"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_a_process_that_could_not_start_its_part_gets_its_next_step(name: str) -> None:
+    status, summary, hint = REAL[name]
+    v = triage([str(CATALOGUE / name)]).verdict
+    assert (v.status, v.summary[:len(summary)]) == (status, summary), v.summary
+    assert v.hint is not None and hint in v.hint, v.hint
+
+
+def test_torchruns_rendezvous_timeout_is_its_agents_failure_not_its_report() -> None:
+    """The agent's own traceback ends in an exception without a message (``RendezvousTimeoutError``): not a cut
+    traceback that reports a worker's failure, and not 'no failure found'."""
+    r = triage([str(CATALOGUE / "rendezvous-timeout.log")])
+    assert [(e.kind, e.message) for e in r.events] == [("traceback", "RendezvousTimeoutError")], r.events
+
+
+def _console(tmp_path: Path, exception: str) -> str:
+    path = tmp_path / "console.log"
+    path.write_text(f'Traceback (most recent call last):\n  File "/job/train.py", line 12, in <module>\n    main()\n'
+                    f"{exception}\n")
+    return str(path)
+
+
+# torch's c10d ProcessGroupNCCL / NCCLUtils messages: "NCCL error in: FILE:LINE, " + ncclGetErrorWithVersion +
+# "\n" + the error's detail ("ncclInvalidUsage: ...", "Last error:", NCCL's last WARN)
+@pytest.mark.parametrize(("exception", "summary", "hint"), [
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, invalid "
+     "usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.20.5\nncclInvalidUsage: This usually reflects "
+     "invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
+     "first failure: unknown rank: DistBackendError: NCCL error in:", "torch.cuda.set_device(LOCAL_RANK)"),
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+     "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3",
+     "first failure: unknown rank: DistBackendError: NCCL error in:", "'unhandled system error' is most often the "
+     "network"),
+    ("RuntimeError: CUDA error: out of memory", "first failure: unknown rank: RuntimeError: CUDA error: out of memory",
+     "ran out of memory"),
+    ("RuntimeError: CUDA error: invalid device ordinal", "first failure: unknown rank: RuntimeError: CUDA error: "
+     "invalid device ordinal", "more ranks per node than visible GPUs"),
+])
+def test_an_nccl_or_cuda_error_gets_the_next_step_of_its_own_kind(tmp_path: Path, exception: str, summary: str,
+                                                                   hint: str) -> None:
+    v = triage([_console(tmp_path, exception)]).verdict
+    assert v.summary.startswith(summary), v.summary
+    assert v.hint is not None and hint in v.hint, v.hint
+
+
+def test_a_rank_waiting_for_another_ranks_nccl_id_names_it(tmp_path: Path) -> None:
+    """c10d's ``[1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] ... Socket Timeout``: rank 0
+    never reached the collective; the waiting rank's error is a consequence that names it."""
+    v = triage([_console(tmp_path, "torch.distributed.DistBackendError: [1] is setting up NCCL communicator and "
+                         "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got "
+                         "error: Socket Timeout")]).verdict
+    assert v.status == "secondary-only" and v.blamed_ranks == "0", v.summary
+    assert v.summary.endswith("peers name rank(s) 0"), v.summary
