@@ -294,6 +294,17 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  hint="{who} could not reach the rendezvous (MASTER_ADDR:MASTER_PORT, --rdzv-endpoint): is the first "
                       "node's job started and listening there, is that address one every node can reach (not "
                       "localhost), and is the port open between the nodes (a firewall)?"),
+    # CUDA's errors that are no kernel's: the torch build, the driver and the GPU do not fit (cudaGetErrorString's
+    # words: cudaErrorNoKernelImageForDevice, cudaErrorInsufficientDriver, cudaErrorCompatNotSupportedOnDevice,
+    # cudaErrorDevicesUnavailable)
+    FailureClass("init", PRIMARY, "CUDA setup",
+                 r"no kernel image is available for execution|CUDA driver version is insufficient|forward "
+                 r"compatibility was attempted on non supported HW|CUDA-capable devices? (?:is|are) busy or unavailable",
+                 ("no kernel image is available", "driver version is insufficient", "forward compatibility was",
+                  "busy or unavailable"),
+                 hint="{who}: this torch build does not fit the node's GPU or driver: its CUDA version against the "
+                      "driver's (nvidia-smi), the GPU's architecture against torch.cuda.get_arch_list() (a new GPU needs "
+                      "a newer wheel), or GPUs set to exclusive mode (nvidia-smi -q | grep 'Compute Mode')"),
     FailureClass("cuda-error", PRIMARY, "CUDA error: {what}",
                  r"CUDA error: (?!out of memory)(?P<what>[^\n]+?)(?:\s*$|\nCUDA kernel)|CUDA error: (?!out of memory)"
                  r"(?P<what2>.+)", ("CUDA error",),
@@ -339,6 +350,22 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "to see which: 'unhandled system error' is most often the network (NCCL_SOCKET_IFNAME, "
                       "InfiniBand) or /dev/shm; 'unhandled cuda error', a CUDA failure on that GPU; 'invalid usage', "
                       "ranks that disagree (devices, the order of collectives)"),
+    # the program's own use of torch.distributed (torch/nn/parallel/distributed.py, c10d's collective fingerprints
+    # under TORCH_DISTRIBUTED_DEBUG=DETAIL, distributed_c10d.py)
+    FailureClass("exception", PRIMARY, "DDP: parameters without a gradient",
+                 r"Expected to have finished reduction in the prior iteration", ("Expected to have finished reduction",),
+                 hint="{who}: some of the model's parameters took no part in the loss, so DDP waited for their "
+                      "gradients: pass find_unused_parameters=True to DistributedDataParallel, or make every parameter "
+                      "count (TORCH_DISTRIBUTED_DEBUG=DETAIL names the ones without a gradient)"),
+    FailureClass("exception", PRIMARY, "ranks ran different collectives",
+                 r"Detected mismatch between collectives on ranks", ("mismatch between collectives",),
+                 hint="the ranks called different collectives (or the same with other shapes) at the same point: a "
+                      "branch that depends on the rank or on its data (an early exit, a skipped batch), or a collective "
+                      "only some ranks reach; the message names each rank's call"),
+    FailureClass("exception", PRIMARY, "no process group",
+                 r"Default process group has not been initialized", ("process group has not been initialized",),
+                 hint="{who} called a collective before torch.distributed.init_process_group, or ran without a "
+                      "launcher that sets RANK and WORLD_SIZE (torchrun, mldebug launch)"),
     # the consequences of another rank's failure
     # a rank (or node) that never came: c10d's TCPStore server "Timed out after 901 seconds waiting for clients. 7/8
     # clients joined.", its store-based barrier, torchrun's RendezvousTimeoutError (elastic/rendezvous/api.py)

@@ -202,7 +202,11 @@ def test_pairwise_names_a_link_only_when_measuring_it_again_confirms_it(spec: st
     assert proc.returncode == (1 if named else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert result["mode"] == "pairwise" and result["test_faults"] == spec
     assert (pairs["units"], pairs["rounds"], pairs["passes"], pairs["remeasures"]) == ("rank", 3, 3, 3)
-    assert pairs["slow_units"] == []
+    # No rank is slow as a whole. In a world of 4 a rank's score is its middle link of three, so a rank with a
+    # named link and a second one that contention dragged down may be named (CI saw rank 1, of the 50x link 1<->3):
+    # only a rank of a named link may be
+    touching = {pairs["names"][u] for pair in named for u in pair}
+    assert set(pairs["slow_units"]) <= touching, (pairs["slow_units"], named, pairs["matrix"])
     again = {(r["a"], r["b"]): r for r in pairs["remeasured"]}
     # the transient was below the floor in the first measurement (20x slow in every pass), measured again
     # until a re-measurement no longer saw it (the first, unless the node's noise took that one too), and
