@@ -99,6 +99,11 @@ CLASSES: dict[str, Sample] = {
     "CUDA kernel assertion failed ({what})": "../aten/src/ATen/native/cuda/Indexing.cu:1141: indexSelectLargeIndex: "
     "block: [615,0,0], thread: [121,0,0] Assertion `srcIndex < srcSelectDimSize` failed.",
     "no usable GPU": ("logs/catalogue/no-cuda.log", "AssertionError: Torch not compiled"),
+    # CUDA's cudaErrorNoKernelImageForDevice as c10's CUDA check raises it (a wheel without this GPU's architecture)
+    "CUDA setup": "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+    "DDP: parameters without a gradient": ("logs/catalogue/ddp-unused.log", "[rank1]: RuntimeError: Expected"),
+    "ranks ran different collectives": ("logs/catalogue/mismatch.log", "[rank0]: RuntimeError: Detected mismatch"),
+    "no process group": ("logs/catalogue/no-group.log", "ValueError: Default process group"),
     "rendezvous port in use": ("logs/catalogue/port-in-use.log", "DistNetworkError"),
     "rendezvous out of reach": ("logs/catalogue/store-unreachable.log", "torch.distributed.DistNetworkError: The client"),
     "out of memory": ("logs_corpus/torchrun-oom.log", "OutOfMemoryError"),

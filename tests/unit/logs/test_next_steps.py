@@ -1,6 +1,7 @@
-"""Processes that could not start their part, and the next step each needs: real consoles made on this machine
-(tests/data/logs/catalogue/init.py says how), and the lines of NCCL and torch that cannot be made here, as their
-source writes them."""
+"""Failure classes and the next step each needs: processes that could not start their part, programs that misuse
+torch.distributed, NCCL's and CUDA's errors. Real consoles made on this machine (tests/data/logs/catalogue/init.py
+and program.py say how), and the lines of NCCL, CUDA and torch that cannot be made here, as their source writes
+them."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ REAL = {
                     "found no GPU it could use"),
     "dataloader-killed.log": ("failure", "first failure: unknown rank: RuntimeError: DataLoader worker (pid(s) ",
                               "the kernel's OOM killer"),
+    "ddp-unused.log": ("failure", "tie: ranks 0-1 failed in the same second", "find_unused_parameters=True"),
+    "mismatch.log": ("failure", "tie: rank 0, rank 1 failed in the same second", "the ranks called different "
+                     "collectives"),
+    "no-group.log": ("failure", "first failure: unknown rank: ValueError: Default process group has not been "
+                     "initialized", "before torch.distributed.init_process_group"),
     # the other side of a rendezvous that never completed: the cause is elsewhere (a node or rank that never came)
     "store-waiting.log": ("secondary-only", "no primary failure found: unknown rank failed only as a consequence of a "
                           "peer (1 x \"not every rank joined\")", "start the job on every node"),
@@ -67,6 +73,10 @@ def _console(tmp_path: Path, exception: str) -> str:
      "ran out of memory"),
     ("RuntimeError: CUDA error: invalid device ordinal", "first failure: unknown rank: RuntimeError: CUDA error: "
      "invalid device ordinal", "more ranks per node than visible GPUs"),
+    # CUDA's cudaErrorNoKernelImageForDevice, as c10's CUDA check raises it: a wheel without this GPU's architecture
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device\nCUDA kernel errors might be "
+     "asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
+     "first failure: unknown rank: RuntimeError: CUDA error: no kernel image", "torch.cuda.get_arch_list()"),
 ])
 def test_an_nccl_or_cuda_error_gets_the_next_step_of_its_own_kind(tmp_path: Path, exception: str, summary: str,
                                                                    hint: str) -> None:
