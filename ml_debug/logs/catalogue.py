@@ -340,12 +340,18 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
     FailureClass("nccl-error", PRIMARY, "two ranks on one GPU", r"Duplicate GPU detected", ("Duplicate GPU detected",),
                  hint="two ranks use one GPU: each rank must call torch.cuda.set_device(LOCAL_RANK) (or pass "
                       "device_id) before init_process_group, with no more ranks per node than GPUs"),
+    # NCCL src/transport/net_ib.cc: "NET/IB : Got completion from peer %s with status=%d opcode=%d len=%d vendor
+    # err %d" (older: "with error %d, opcode ..."): an InfiniBand work request that failed (12: retries exhausted)
+    FailureClass("nccl-error", PRIMARY, "InfiniBand transfer failed",
+                 r"NET/IB ?: Got completion from peer [^\n]{0,400}? with (?:error|status)", ("Got completion from peer",),
+                 hint="{who}: an InfiniBand transfer to the peer it names failed (status 12: retries exhausted: the link, "
+                      "a port of either host, or the peer's process gone). Read both hosts' ports (ibstat, ibv_devinfo, "
+                      "the switch's counters) and the peer's own log"),
     FailureClass("nccl-error", PRIMARY, "NCCL error",
                  r"unhandled (?:cuda|system) error|ncclUnhandledCudaError|ncclSystemError|Cuda failure|ncclInternalError|"
-                 r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|NET/IB ?: Got completion from peer [^\n]{0,400}? with "
-                 r"(?:error|status)",
+                 r"ncclInvalidUsage|ncclInvalidArgument|invalid usage",
                  ("unhandled cuda error", "unhandled system error", "ncclUnhandledCudaError", "ncclSystemError",
-                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage", "Got completion from peer"),
+                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage"),
                  hint="{who}: an NCCL call failed (not a timeout). Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) "
                       "to see which: 'unhandled system error' is most often the network (NCCL_SOCKET_IFNAME, "
                       "InfiniBand) or /dev/shm; 'unhandled cuda error', a CUDA failure on that GPU; 'invalid usage', "

@@ -110,6 +110,11 @@ CLASSES: dict[str, Sample] = {
     "DataLoader worker killed (SIGKILL)": ("logs/catalogue/dataloader-killed.log", "is killed by signal: Killed"),
     # the NVIDIA driver's kernel log (dmesg): "NVRM: Xid (PCI:%04x:%02x:%02x): %d, ..."
     "GPU hardware error ({what})": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+    # NCCL 2.19+ src/transport/net_ib.cc ("NET/IB : Got completion from peer %s with status=%d opcode=%d len=%d vendor
+    # err %d (%s)%s%s%s%s")
+    "InfiniBand transfer failed": "node1:1234:1300 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from "
+    "peer 10.0.0.2<57306> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1 remoteGids::ffff:"
+    "10.0.0.2",
     # NCCL src/include/checks.h (CUDACHECK): "Cuda failure '%s'"; the error names ncclUnhandledCudaError
     "NCCL error": "node1:1234:1234 [0] enqueue.cc:1234 NCCL WARN Cuda failure 'an illegal memory access was "
                   "encountered'",
