@@ -50,7 +50,8 @@ def detect(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
             rank = who.rank if who.rank is not None else (int(r.group(1)) if r else None)
             if rank is not None:
                 c.last_work[rank] = (int(m.group(1)), int(m.group(2)))
-            if "detected by watchdog" not in rest:  # c10d's "Exception ... detected by watchdog at work: 1580, ..."
+            # c10d's "Exception ... detected by watchdog at work: 1580, ...", "Timeout at NCCL work: 254, ...": timeouts
+            if "detected by watchdog" not in rest and "Timeout at NCCL work" not in rest:
                 return
     present = engine.needles_in(rest)
     if engine.says_nothing(present):

@@ -381,9 +381,13 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  hint="not every rank (or node) joined within the timeout: start the job on every node with the same "
                       "--nnodes and rendezvous endpoint, and check that each can reach it (MASTER_ADDR:MASTER_PORT); "
                       "the missing ones' own logs say why"),
+    # (torch 2.2+ also logs "[PG 0 Rank 3] Timeout at NCCL work: 254, last enqueued NCCL work: 254, last completed NCCL
+    # work: 253." after its watchdog line)
     FailureClass("watchdog", SECONDARY, "NCCL watchdog timeout",
-                 r"Watchdog caught collective|Some NCCL operations have failed or timed out|detected by watchdog at work",
-                 ("Watchdog caught", "Some NCCL operations", "detected by watchdog"), hint=WATCHDOG_HINT),
+                 r"Watchdog caught collective|Some NCCL operations have failed or timed out|detected by watchdog at work|"
+                 r"Timeout at NCCL work: \d",
+                 ("Watchdog caught", "Some NCCL operations", "detected by watchdog", "Timeout at NCCL work"),
+                 hint=WATCHDOG_HINT),
     FailureClass("comm", SECONDARY, "Connection reset by peer", r"Connection reset by peer|ConnectionResetError",
                  ("Connection reset by peer", "ConnectionResetError")),
     FailureClass("comm", SECONDARY, "Connection closed by peer",

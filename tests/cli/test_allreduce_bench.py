@@ -149,10 +149,11 @@ def test_torchrun_three_ranks_every_collective_after_double_dash() -> None:
 
 def test_faults_corrupt_and_straggler_are_named_in_every_collective(tmp_path: Path) -> None:
     # Root 1 so that reduce (checked on its root only) sees the corrupted rank too.
-    # A 10x straggler: far above what a descheduled rank on a loaded 2-core machine looks like.
+    # A 100x straggler: its sizes take ~100 us, and a descheduled rank on a loaded 2-core machine was seen at
+    # several ms (a 10x straggler went unnamed in one size of two, once in CI).
     # --plot keeps rank 0 busy after rank 1 has its (failing) verdict: torchrun stops every rank as
     # soon as one exits non-zero, so rank 1 must not leave before rank 0 printed the verdict.
-    spec = "allreduce-bench.corrupt:rank=1,count=4;allreduce-bench.slow:rank=1,factor=10"
+    spec = "allreduce-bench.corrupt:rank=1,count=4;allreduce-bench.slow:rank=1,factor=100"
     env = faults.env(spec)
     png = tmp_path / "busbw.png"
     proc = _run_torchrun(2, ["allreduce-bench", "-C", "all", "-r", "1", *SMALL, "--expect-busbw", "1e6", "--json",

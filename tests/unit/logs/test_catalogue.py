@@ -310,3 +310,14 @@ def test_an_exception_the_watchdog_detected_is_its_ranks_and_keeps_its_progress(
     report = triage([str(path)])
     assert [(e.kind, e.who.rank) for e in report.events] == [("watchdog", 3)], report.events
     assert report.progress["nccl_work"]["completed"] == {"3": 1579}, report.progress
+
+
+def test_a_timeout_at_nccl_work_is_the_watchdogs_and_keeps_its_progress(tmp_path: Path) -> None:
+    """c10d (torch 2.2+, ProcessGroupNCCL.cpp's watchdog): "Timeout at NCCL work: N, last enqueued NCCL work: ..., last
+    completed NCCL work: ..." after its watchdog line; grepped out of a log alone, it still says the timeout."""
+    path = tmp_path / "console.log"
+    path.write_text("[rank3]:[E1128 10:00:00.000 ProcessGroupNCCL.cpp:1537] [PG 0 Rank 3] Timeout at NCCL work: 254, "
+                    "last enqueued NCCL work: 254, last completed NCCL work: 253.\n")
+    report = triage([str(path)])
+    assert [(e.kind, e.label, e.who.rank) for e in report.events] == [("watchdog", "NCCL watchdog timeout", 3)]
+    assert report.progress["nccl_work"]["completed"] == {"3": 253}, report.progress
