@@ -29,6 +29,7 @@ _MPI_PROCESS = re.compile(r"Process name: \[(?:\[\d+,\d+\],|[^\]]{0,200}@\d+,)(\
 # a line that starts with an exception (anchored), or names one in its middle (a logger reporting it)
 _INLINE_EXCEPTION = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w{0,100}\.){0,10}\w{0,100}(?:Error|Exception): \S")
 _KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
+_WARNED = re.compile(r"\[?[WI]\d{4} \d\d:\d\d:\d\d")  # glog's warning or info line (c10d's C++ lines)
 LINE_CLASSES = ("cuda-error", "oom", "shm", "gpu-fault")
 """Failure classes that are a failure on a line of their own (no exception named): a CUDA error in c10d's log,
 the kernel's Xid, an out-of-memory message."""
@@ -124,7 +125,11 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, pre
         c._one(kind, cls, message, label or message.split(":", 1)[0], who, line, offset, rest,
                strong=m is not None or kind != "exception")
         return
-    got = engine.failure_class(rest, SECONDARY, present)
+    # a peer's consequence said by a warning is no failure (c10d's "[W1128 ... socket.cpp:755] [c10d] The client socket
+    # has failed to connect to [node1]:29500 (errno: 111 - Connection refused)." while the first node starts: it
+    # retries; a logger's "WARNING ... Connection reset by peer, retrying")
+    warned = _WARNED.match(rest) or blocks.LOGGED.match(rest)
+    got = None if warned else engine.failure_class(rest, SECONDARY, present)
     if got is not None:
         c._one(got[0].kind, SECONDARY, clean_message(rest), got[0].label, who, line, offset, rest)
         return

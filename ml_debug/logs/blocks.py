@@ -58,7 +58,7 @@ _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 # "W0302 01:00:00.000 123 train.py:88] ..."); not NCCL's "host:pid:tid [0] NCCL INFO", nor c10's C++ glog line
 # ("[W1128 04:18:40.186 socket.cpp:207] [c10d] ..."): another thread's warning that happens to come just
 # before a rank's traceback
-_LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
+LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
                      r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"'
                              r'|torch/multiprocessing/spawn\.py", line \d+, in (?:join|start_processes|spawn)\b')
@@ -429,7 +429,7 @@ _UNLABELLED_LEVEL = engine.ByShape(lambda record: _level_of(record, ""))
 def _level(lab: Label, key: str) -> str | None:
     if lab.key != key:
         return None
-    m = _LOGGED.match(lab.rest)
+    m = LOGGED.match(lab.rest)
     if not m or next(engine.marks(lab.rest), None) is not None:
         return None  # a launcher's own line (DeepSpeed's "[INFO] [launch.py:102:main] ..."): not the program's call
     level = m.group("level") or {"W": "WARNING", "I": "INFO", "D": "DEBUG"}[m.group("glog")]

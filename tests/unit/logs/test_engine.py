@@ -135,7 +135,7 @@ def test_what_is_judged_by_shape_names_no_digit_but_0() -> None:
     from ml_debug.logs import labels
     needles = engine.Needles()
     patterns = [w for w in needles.words if w not in engine.SHAPES] + [p for p, _ in engine.SHAPES.values()]
-    patterns += [blocks._LOGGED.pattern] + [v.pattern for v in vars(labels).values() if isinstance(v, re.Pattern)]
+    patterns += [blocks.LOGGED.pattern] + [v.pattern for v in vars(labels).values() if isinstance(v, re.Pattern)]
     patterns += [rx.pattern for _, rx, _ in engine.MARKS]  # blocks._FRAME_MARKS
     named = [p for p in patterns if re.search(r"[1-9]", re.sub(r"\{\d+(?:,\d*)?\}|\\x[0-9a-f]{2}", "", p))]
     assert not named

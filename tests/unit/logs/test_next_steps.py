@@ -93,3 +93,17 @@ def test_a_rank_waiting_for_another_ranks_nccl_id_names_it(tmp_path: Path) -> No
                          "error: Socket Timeout")]).verdict
     assert v.status == "secondary-only" and v.blamed_ranks == "0", v.summary
     assert v.summary.endswith("peers name rank(s) 0"), v.summary
+
+
+@pytest.mark.parametrize("line", [
+    # torch 2.x c10d while the first node is not listening yet: it retries, and the job goes on
+    "[W1128 10:00:00.123456789 socket.cpp:755] [c10d] The client socket has failed to connect to [node1]:29500 (errno: "
+    "111 - Connection refused).",
+    # a program's logger reporting a retry
+    "2026-11-28 10:00:01,000 [WARNING] data: Connection reset by peer while fetching shard 3, retrying",
+])
+def test_a_peers_consequence_said_by_a_warning_is_no_failure(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "console.log"
+    path.write_text(f"{line}\nstep 1 loss 2.3\nstep 2 loss 2.1\ntraining done\n")
+    v = triage([str(path)]).verdict
+    assert v.status == "none" and v.summary == "no failure found", v.summary
