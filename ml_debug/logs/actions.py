@@ -117,18 +117,22 @@ def _failure_line(c: Collector, rest: str, who: Who, line: int, offset: int, pre
     if m is None and ("Error: " in rest or "Exception: " in rest):
         inline = _INLINE_EXCEPTION.search(rest)
     got = None if m or inline else engine.failure_class(rest, PRIMARY, present)
+    # a line at a level below ERROR: glog's W or I (c10d's C++ lines), a logger's WARNING, INFO or DEBUG record
+    warned = _WARNED.match(rest) or blocks.LOGGED.match(rest)
     if m or inline or (got is not None and got[0].kind in LINE_CLASSES):
         text = rest[inline.start():].strip() if inline else stripped
         cls, label, kind = classify(text)
         message = short_exception(text) if (m or inline) else clean_message(text)
-        # an exception named in the middle of a line (a logger reporting one) may have been handled
-        c._one(kind, cls, message, label or message.split(":", 1)[0], who, line, offset, rest,
-               strong=m is not None or kind != "exception")
+        # an exception named in the middle of a line (a logger reporting one) may have been handled; below ERROR
+        # ("[WARNING] loader: got OSError: ..., retrying") it was, as a traceback a logging call prints is
+        handled = inline is not None and warned is not None and kind == "exception"
+        c._one(kind, WARNING if handled else cls, message, label or message.split(":", 1)[0], who, line, offset, rest,
+               strong=m is not None or kind != "exception",
+               detail={"handled": "named by a log line below ERROR: the program caught it and went on"} if handled else None)
         return
     # a peer's consequence said by a warning is no failure (c10d's "[W1128 ... socket.cpp:755] [c10d] The client socket
     # has failed to connect to [node1]:29500 (errno: 111 - Connection refused)." while the first node starts: it
     # retries; a logger's "WARNING ... Connection reset by peer, retrying")
-    warned = _WARNED.match(rest) or blocks.LOGGED.match(rest)
     got = None if warned else engine.failure_class(rest, SECONDARY, present)
     if got is not None:
         c._one(got[0].kind, SECONDARY, clean_message(rest), got[0].label, who, line, offset, rest)

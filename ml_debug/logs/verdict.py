@@ -338,7 +338,8 @@ def _confidence(first: Event, basis: str, tie: list[Event]) -> tuple[str, str]:
     if tie:
         return "low", "a tie: another rank failed in the same second"
     why = [text for said, text in (
-        (not first.strong, "only an exit code or a kill says it (no message of its own)"),
+        (not first.strong, "only a log line names it, in passing (the program may have caught it)"
+         if first.kind == "exception" else "only an exit code or a kill says it (no message of its own)"),
         (first.who.rank is None and first.kind not in JOB_KINDS,
          "its global rank is not in the logs" if first.who.local_rank is not None or first.who.node
          else "the logs do not say which rank"),

@@ -112,3 +112,20 @@ def test_records_of_one_shape_are_judged_alike_and_another_level_is_not(tmp_path
                         + "[rank1]:2026-11-28 04:00:04,000 [INFO] step 13\n")
     v = triage([str(labelled)]).verdict
     assert v.primary is not None and v.primary.who.rank == 3 and v.primary.line == 9, v.summary
+
+
+@pytest.mark.parametrize(("line", "failed"), [
+    # a logger below ERROR naming an exception in passing: the program caught it (a retry)
+    ("2026-11-28 10:00:00,000 [WARNING] loader: got OSError: [Errno 5] Input/output error on shard 3, retrying", False),
+    ("W1128 10:00:00.000000 123 torch/distributed/elastic/agent.py:12] got RuntimeError: boom", False),
+    # at ERROR it may not have been: weak evidence, named only when nothing stronger is there, and said so
+    ("2026-11-28 10:00:00,000 [ERROR] loader: got OSError: [Errno 5] Input/output error on shard 3", True),
+])
+def test_an_exception_a_log_line_names_in_passing(tmp_path: Path, line: str, failed: bool) -> None:
+    path = tmp_path / "console.log"
+    path.write_text(f"{line}\nstep 1 loss 2.3\ntraining done\n")
+    v = triage([str(path)]).verdict
+    if failed:
+        assert v.status == "failure" and "only a log line names it" in v.confidence_why, (v.summary, v.confidence_why)
+    else:
+        assert v.summary == "no failure found (1 warning(s))", v.summary
