@@ -60,6 +60,8 @@ _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 # before a rank's traceback
 LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
                      r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
+IGNORED = "Exception ignored in"
+"""Python's line before a traceback it printed and went on from (sys.unraisablehook: a destructor's, a callback's)."""
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"'
                              r'|torch/multiprocessing/spawn\.py", line \d+, in (?:join|start_processes|spawn)\b')
 # the agent reading a failed worker's error file (ProcessFailure): an exception there is the launcher failing to
@@ -377,7 +379,10 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
     # handled: a logging call printed it and the program went on. Not the last thing in the source (a crash right
     # after an INFO line), nor a launcher's report of its child's exit (the line before it is the child's last)
     last = last and not _after_exception(block)
-    if block.logged and reading.cls == PRIMARY and not last and not (code is not None and reading.launchers):
+    if block.logged == IGNORED and reading.cls == PRIMARY:
+        ev.cls, ev.strong = WARNING, False
+        ev.detail["handled"] = "Python ignored it (raised in a destructor or a callback, at exit too): the program went on"
+    elif block.logged and reading.cls == PRIMARY and not last and not (code is not None and reading.launchers):
         ev.cls, ev.strong = WARNING, False
         ev.detail["handled"] = f"printed by a logging call at level {block.logged}: the program caught it and went on"
     elif block.logged and reading.cls == PRIMARY and code is None:
@@ -418,7 +423,8 @@ def logged_level(c: Collector, key: str) -> str | None:
 
 def _level_of(raw: bytes, key: str) -> str | None:
     prev = raw.decode("utf-8", "replace").rstrip("\n").rstrip("\r")
-    if not prev or ("WARN" not in prev and "INFO" not in prev and "DEBUG" not in prev and prev[:1] not in "[WID"):
+    if not prev or ("WARN" not in prev and "INFO" not in prev and "DEBUG" not in prev and prev[:1] not in "[WID"
+                    and IGNORED not in prev):
         return None
     return _level(split_label(prev), key)
 
@@ -429,6 +435,8 @@ _UNLABELLED_LEVEL = engine.ByShape(lambda record: _level_of(record, ""))
 def _level(lab: Label, key: str) -> str | None:
     if lab.key != key:
         return None
+    if lab.rest.startswith(IGNORED):
+        return IGNORED
     m = LOGGED.match(lab.rest)
     if not m or next(engine.marks(lab.rest), None) is not None:
         return None  # a launcher's own line (DeepSpeed's "[INFO] [launch.py:102:main] ..."): not the program's call

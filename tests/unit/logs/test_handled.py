@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ml_debug.logs.triage import triage
+from tests.conftest import REPO
 
 TRACEBACK = """Traceback (most recent call last):
   File "/job/train.py", line 47, in <module>
@@ -129,3 +130,16 @@ def test_an_exception_a_log_line_names_in_passing(tmp_path: Path, line: str, fai
         assert v.status == "failure" and "only a log line names it" in v.confidence_why, (v.summary, v.confidence_why)
     else:
         assert v.summary == "no failure found (1 warning(s))", v.summary
+
+
+def test_an_exception_python_ignored_is_no_failure(tmp_path: Path) -> None:
+    """Python's "Exception ignored in: <function Loader.__del__ ...>" before a traceback: raised in a destructor (here at
+    exit, as DataLoader iterators do) and ignored; the job exited 0 (tests/data/logs/catalogue/ignored.py made it). A
+    failure after it is still the first failure."""
+    ignored = REPO / "tests" / "data" / "logs" / "catalogue" / "exception-ignored.log"
+    v = triage([str(ignored)]).verdict
+    assert v.summary == "no failure found (1 warning(s))", v.summary
+    path = tmp_path / "console.log"
+    path.write_text(ignored.read_text() + TRACEBACK)
+    v = triage([str(path)]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.message == "ValueError: bad batch on rank 2"
