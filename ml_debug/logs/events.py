@@ -312,11 +312,14 @@ class Collector:
         opens it (blocks.cut_above)."""
         ctx = self.ctx
         assert ctx is not None
-        raw = head[:4096].split(b"\n")
+        head = head[:4096]
+        if b'File "' not in head:  # no frame near the start (most sources): nothing to open
+            return
+        raw = head.split(b"\n")
         first = next((i for i, ln in enumerate(raw[:-1]) if ln.strip()), None)
         if first is None:
             return
-        texts = [strip_ansi(ln.decode("utf-8", "replace").rstrip("\r")) for ln in raw[first:-1] if ln.strip()][:4]
+        texts = [strip_ansi(ln.decode("utf-8", "replace").rstrip("\r")) for ln in raw[first:-1][:8] if ln.strip()][:4]
         labs = [split_label(t, ctx.node_prefix) if ctx.labelled else Label(_NOBODY, "", t) for t in texts]
         blocks.cut_above(self, labs, ctx.who, first + 1, sum(len(ln) + 1 for ln in raw[:first]))
 
