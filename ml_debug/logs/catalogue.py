@@ -240,6 +240,12 @@ LAUNCHERS: tuple[Launcher, ...] = (
              says=Says("signal", PRIMARY, "{match!c}", "crash ({msg!c})")),
         Line("segfault", r"Segmentation fault", ("Segmentation fault",),
              says=Says("signal", PRIMARY, "{line!c}", "crash (Segmentation fault)")),
+        # a shell's report of its child's death by another signal (bash's jobs.c: a script's "train.sh: line 12: 4567
+        # Bus error               python train.py", an interactive shell's "Aborted (core dumped)" on its own line)
+        Line("shell-crash", r"(?::| line \d+:) +\d+ (?P<what>Bus error|Aborted|Illegal instruction|Floating point "
+             r"exception)|^(?P<alone>Bus error|Aborted|Illegal instruction|Floating point exception)(?: \(core "
+             r"dumped\))?$", ("Bus error", "Aborted", "Illegal instruction", "Floating point exception"),
+             says=Says("signal", PRIMARY, "crashed: {line!c} (the shell's report)", "crash (the shell's report)")),
     )),
 )
 

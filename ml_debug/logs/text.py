@@ -40,6 +40,8 @@ def clean_message(text: str) -> str:
     """One readable line: C++ source locations and boilerplate advice dropped, shortened."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     line = _PG_TAG.sub("", _GLOG_HEADER.sub("", line))
+    if line.startswith("what():"):  # libstdc++'s line after "terminate called after throwing an instance of ..."
+        line = line[7:].lstrip()
     if "This is typically" in line or "GLHF" in line or "Exception raised from" in line:
         line = _BOILERPLATE.sub("", line)
     if "." in line and ":" in line:

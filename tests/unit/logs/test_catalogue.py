@@ -71,6 +71,7 @@ LINES: dict[tuple[str, str], Sample] = {
     ("python", "python-start"): ("logs/catalogue/start.txt", "can't open file"),
     ("python", "fatal"): ("logs/catalogue/fatal.txt", "Fatal Python error"),
     ("python", "segfault"): ("logs/catalogue/segv.txt", "Segmentation fault"),
+    ("python", "shell-crash"): ("logs/catalogue/shell-bus-error.log", "Bus error"),
 }
 
 # more lines of an entry already above: each line of the catalogue reads one of its samples
@@ -83,6 +84,9 @@ MORE: list[tuple[tuple[str, str], Sample]] = [
      "local_rank: 0 (process ID: 71)"),
     (("torchrun", "closing"), "[dlc1mtq58q0821ib-master-0] [2026-03-30 19:24:35,966] torch.distributed.elastic."
      "multiprocessing.api: [WARNING] Sending process 73 the closing signal SIGTERM"),
+    # an interactive bash's report of its foreground job (jobs.c: the signal's name, " (core dumped)", own line)
+    (("python", "shell-crash"), "Aborted (core dumped)"),
+    (("python", "shell-crash"), ("logs/catalogue/shell-fpe.log", "Floating point exception")),
     # the orterun line with its pid and node redacted, as users post it
     (("mpirun", "exit"), "mpirun noticed that process rank 1 with PID xxxxxx on node xxxxxxxx exited on signal 9 (Killed)."),
 ]
@@ -321,3 +325,15 @@ def test_a_timeout_at_nccl_work_is_the_watchdogs_and_keeps_its_progress(tmp_path
     report = triage([str(path)])
     assert [(e.kind, e.label, e.who.rank) for e in report.events] == [("watchdog", "NCCL watchdog timeout", 3)]
     assert report.progress["nccl_work"]["completed"] == {"3": 253}, report.progress
+
+
+def test_a_shells_report_of_a_crash_is_the_failure_and_a_cpp_terminates_what_is_read() -> None:
+    """bash's "line 1: PID Bus error  COMMAND" is the crash. After libstdc++'s "terminate called after throwing ...",
+    its "what():  CUDA error: ..." line names the failure (its class and next step). The terminate line itself says
+    nothing more: c10d's watchdog ends a hung rank so too, a consequence (its what() says so)."""
+    v = triage([str(DATA / "logs" / "catalogue" / "shell-bus-error.log")]).verdict
+    assert v.summary.startswith("first failure: unknown rank: crashed: job_BUS.sh: line 1: "), v.summary
+    assert v.primary is not None and v.primary.strong and v.primary.label == "crash (the shell's report)", v.primary
+    v = triage([str(DATA / "logs" / "catalogue" / "cpp-terminate.log")]).verdict
+    assert v.summary == "first failure: unknown rank: CUDA error: an illegal memory access was encountered", v.summary
+    assert v.hint is not None and "CUDA_LAUNCH_BLOCKING=1" in v.hint, v.hint
