@@ -59,7 +59,7 @@ _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 # ("[W1128 04:18:40.186 socket.cpp:207] [c10d] ..."): another thread's warning that happens to come just
 # before a rank's traceback
 LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
-                     r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
+                    r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
 IGNORED = "Exception ignored in"
 """Python's line before a traceback it printed and went on from (sys.unraisablehook: a destructor's, a callback's)."""
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"'

@@ -46,9 +46,9 @@ _BASIS = {TIME_LINE: "line time stamps", TIME_ERROR_FILE: "error file time stamp
           TIME_LAUNCHER: "the launcher's report of the exit", TIME_ORDER: "file order",
           TIME_NEARBY: "the time stamps of the lines just before (a lower bound)"}
 # Richer evidence first when the same failure is reported twice (a traceback and its error file ...).
-_RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "shm": 2, "init": 2, "signal": 3,
-             "exception": 4, "error-line": 5, "watchdog": 6, "comm": 6, "slurm": 7, "exit": 8, "launcher": 9,
-             "nccl-warn": 9}
+_RICHNESS = {"traceback": 0, "error-file": 1, "cuda-error": 2, "oom": 2, "nccl-error": 2, "shm": 2, "init": 2,
+             "signal": 3, "exception": 4, "error-line": 5, "watchdog": 6, "comm": 6, "slurm": 7, "exit": 8,
+             "launcher": 9, "nccl-warn": 9}
 
 
 def _identity_key(who: Who) -> tuple[Any, ...]:
@@ -250,8 +250,8 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
             summary += f"; {ranks_text(silent)} left no failure in the logs"
             hints.append(f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` "
                          "while the job runs, the Flight Recorder, or the node's kernel log (OOM killer)")
-        hints += dict.fromkeys(h for c in causes if (h := next_step(c)))  # each class's (NCCL's watchdog: raised far
-        # from the cause, a rank that never joined)
+        # each consequence's own next step (NCCL's watchdog: raised far from the cause; a rank that never joined)
+        hints += dict.fromkeys(h for c in causes if (h := next_step(c)))
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
         return Verdict(status="secondary-only", summary=summary, basis=basis, hint="; ".join(hints) or None,
@@ -368,8 +368,10 @@ def _tie(first: Event, cands: list[Event]) -> list[Event]:
 
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
-_FALLBACK_KINDS = ("signal", "watchdog", "cuda-error", "oom", "gpu-fault", "shm")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
+_FALLBACK_KINDS = ("signal", "watchdog", "cuda-error", "oom", "gpu-fault", "shm")
+"""Kinds whose events may be told in words of no class of theirs (a crash by exit code, srun's out of memory): they
+take their kind's first next step."""
 
 
 def next_step(ev: Event) -> str | None:
