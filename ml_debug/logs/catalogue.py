@@ -243,7 +243,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
         # a shell's report of its child's death by another signal (bash's jobs.c: a script's "train.sh: line 12: 4567
         # Bus error               python train.py", an interactive shell's "Aborted (core dumped)" on its own line)
         Line("shell-crash", r"(?::| line \d+:) +\d+ (?P<what>Bus error|Aborted|Illegal instruction|Floating point "
-             r"exception)|^(?P<alone>Bus error|Aborted|Illegal instruction|Floating point exception)(?: \(core "
+             r"exception)|^(?:Bus error|Aborted|Illegal instruction|Floating point exception)(?: \(core "
              r"dumped\))?$", ("Bus error", "Aborted", "Illegal instruction", "Floating point exception"),
              says=Says("signal", PRIMARY, "crashed: {line!c} (the shell's report)", "crash (the shell's report)")),
     )),
