@@ -1,4 +1,5 @@
-"""How the consoles of processes that could not start their part were made (torch 2.13, CPU, this machine):
+"""How the consoles of processes that could not start their part were made (torch 2.13, CPU, this machine; the same
+code first ran as /tmp/lines/real.py, the path their frames show):
 
     python init.py inuse  > port-in-use.log 2>&1        # the store's port held by another socket
     python init.py client > store-unreachable.log 2>&1  # a client store, nothing listening on its port
