@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ml_debug.logs.result import INFO, PRIMARY, SECONDARY
+from ml_debug.logs.result import INFO, PRIMARY, SECONDARY, WARNING
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,22 @@ LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("torchx", "TorchX 0.5-0.7", r"torchx[./](?:schedulers|runner|specs)|^\w[\w\-]*/\d+ \[\d+\]:", ("torchx",),
              prefixes=("trainer/0 [1]:",)),
     # not launchers: the writers of other one-line failures, in the order they are tried
+    # ranks that wait for others (a hang, when the job never goes on): findings, not failures, since a healthy job
+    # prints them when a rank is late. Horovod's stall inspector (horovod/common/stall_inspector.cc: "One or more
+    # tensors were submitted ... waiting for remainder of ranks for more than 60 seconds. ... Stalled ops: NAME
+    # [ready ranks: 0, 1, 3]"); torch 1.x's store-based barrier at process group init (distributed_c10d.py, INFO)
+    Launcher("horovod", "Horovod 0.16-0.28 (horovod/common/stall_inspector.cc)", reported=False, lines=(
+        Line("stall", r"waiting for remainder of ranks for more than (?P<secs>\d+) seconds(?:[^\n]{0,2000}?\[ready "
+             r"ranks: (?P<ready>[\d, ]{1,100000})\])?", ("waiting for remainder of ranks",),
+             says=Says("stall", WARNING, "Horovod: ranks waited over {secs} s for the others (its stall inspector)",
+                       "ranks waited for others (Horovod)", detail=("ready",))),)),
+    Launcher("torch", "torch 1.x (torch/distributed/distributed_c10d.py)", reported=False, lines=(
+        Line("barrier-wait", r"Waiting in store based barrier to initialize process group for rank: (?P<rank>\d+), "
+             r"key: \S{1,200} \(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)=(?P<joined>\d+)",
+             ("Waiting in store based barrier",),
+             says=Says("stall", WARNING, "torch: rank {rank} waits for the others to join the process group ({joined} "
+                       "of {world} joined)", "ranks waited for others (process group init)",
+                       detail=("joined", "world"))),)),
     Launcher("mldebug launch", "this tool", reported=False, lines=(
         # --run-timeout since 2026-11 (before: --timeout); it causes the ranks' SIGTERM tracebacks that follow
         Line("launch-timeout", r"mldebug launch: error: --(?:run-)?timeout (?P<s>\S+) s reached",

@@ -206,7 +206,9 @@ def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = 
            suspects: Iterable[Event] = ()) -> Verdict:
     """The verdict over deduplicated, resolved events (``suspects``: lines that only look like a failure)."""
     v = _decide(events, world_size, blamed, list(suspects))
-    v.findings = _findings(events)
+    v.findings = _findings(events) + _stalls(events, world_size)
+    if v.status == "none" and any(e.kind == "stall" for e in events):
+        v.summary += "; but ranks waited for others (below): a hang, if the job never went on"
     if v.hint is None and v.primary is not None:
         v.hint = next_step(v.primary)
     return v
@@ -409,6 +411,24 @@ def _findings(events: list[Event]) -> list[str]:
     return [f"NCCL fell back to TCP sockets on {on}: libibverbs failed to load, so the job runs, slowly, without "
             "InfiniBand/RoCE. Install libibverbs (rdma-core) in the image and expose /dev/infiniband to the "
             "container; check NCCL_IB_HCA, NCCL_IB_DISABLE and that `ibv_devinfo` lists the HCAs"]
+
+
+def _stalls(events: list[Event], world_size: int | None) -> list[str]:
+    """Lines that say ranks waited for others (Horovod's stall inspector, a store barrier at init), per kind of line:
+    findings, since a healthy job prints them when a rank is late; the ranks that were waited for, where they say."""
+    out = []
+    stalls = [e for e in events if e.kind == "stall"]
+    for label in dict.fromkeys(e.label for e in stalls):
+        mine = [e for e in stalls if e.label == label]
+        ready = [{int(x) for x in str(e.detail["ready"]).replace(",", " ").split()} for e in mine if e.detail.get("ready")]
+        world = max([world_size or 0, *(max(r) + 1 for r in ready if r)])
+        missing = compress(set(range(world)) - ready[0].intersection(*ready[1:])) if ready else ""  # not ready once
+        if missing:
+            out.append(f"{mine[0].message}; they waited for {ranks_text(missing)}: if the job hung, look there first")
+        else:
+            out.append(f"{mine[0].message}: if the job hung, the ranks that never came are the cause (their own "
+                       "logs, or their nodes', say why)")
+    return out
 
 
 def _label_counts(events: Iterable[Event]) -> list[tuple[str, int]]:

@@ -66,6 +66,15 @@ LINES: dict[tuple[str, str], Sample] = {
     " Worker ID: 88aeec634aec99cb478d00f526 Node ID: dae8173a69c4863c3a71 Worker IP address: 10.0.10.143 Worker port: "
     "10002 Worker PID: 2147 Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
     "connection error code 2. End of file.",
+    # Horovod 0.16-0.19 horovod/common/stall_inspector.cc (the message, then "Stalled ops: NAME [ready ranks: ...]")
+    ("horovod", "stall"): "WARNING: One or more tensors were submitted to be reduced, gathered or broadcasted by subset "
+    "of ranks and are waiting for remainder of ranks for more than 60 seconds. This may indicate that different ranks are "
+    "trying to submit different tensors or that only subset of ranks is submitting tensors, which will cause deadlock. "
+    "Stalled ops: allreduce.conv1.grad [ready ranks: 0, 1, 3]",
+    # torch 1.x torch/distributed/distributed_c10d.py (_store_based_barrier's INFO line)
+    ("torch", "barrier-wait"): "I0510 07:28:04.417845 139863945226048 distributed_c10d.py:337] Waiting in store based "
+    "barrier to initialize process group for rank: 2, key: store_based_barrier_key:2 (world_size=8, worker_count=7, "
+    "timeout=0:30:00)",
     ("mldebug launch", "launch-timeout"): ("logs/launch_timeout/vm/console.log", "--timeout 5 s reached"),
     ("python", "tool-error"): ("logs/launch_nan_rank1_stopped_first/vm/console.log", ": error: "),
     ("python", "python-start"): ("logs/catalogue/start.txt", "can't open file"),
@@ -337,3 +346,15 @@ def test_a_shells_report_of_a_crash_is_the_failure_and_a_cpp_terminates_what_is_
     v = triage([str(DATA / "logs" / "catalogue" / "cpp-terminate.log")]).verdict
     assert v.summary == "first failure: unknown rank: CUDA error: an illegal memory access was encountered", v.summary
     assert v.hint is not None and "CUDA_LAUNCH_BLOCKING=1" in v.hint, v.hint
+
+
+def test_ranks_that_waited_for_others_are_a_finding_not_a_failure(tmp_path: Path) -> None:
+    """A stall warning is printed by healthy jobs too (a rank late by a minute): the job is not called failed, but
+    the first line says ranks waited, and the finding names the rank they waited for (the one not ready)."""
+    path = tmp_path / "console.log"
+    path.write_text("step 100 loss 2.1\n" + _line(LINES[("horovod", "stall")]) + "\n")
+    report = triage([str(path)])
+    v = report.verdict
+    assert v.status == "none" and report.ok, v.summary
+    assert v.summary.endswith("but ranks waited for others (below): a hang, if the job never went on"), v.summary
+    assert [f for f in v.findings if "they waited for rank 2:" in f], v.findings
