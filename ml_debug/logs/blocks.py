@@ -60,8 +60,9 @@ _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 # before a rank's traceback
 LOGGED = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T_][\d:.,]{8,15}\]?[ |]{1,4}|\d\d:\d\d:\d\d[\d.,]{0,7}[ |]{1,4})?\[?"
                     r"(?P<level>WARNING|WARN|INFO|DEBUG)\b|^(?P<glog>[WID])\d{4} \d\d:[\d:.]{5,15} +(?:\d+ +)?[\w.-]+\.py:\d+\]")
-IGNORED = "Exception ignored in"
-"""Python's line before a traceback it printed and went on from (sys.unraisablehook: a destructor's, a callback's)."""
+IGNORED = "Exception ignored "
+"""Python's line before a traceback it printed and went on from (sys.unraisablehook: "Exception ignored in: <function
+X.__del__ ...>", "... on calling ctypes callback function: ...", "... in atexit callback: ...")."""
 _LAUNCHER_FRAME = re.compile(r'(?:torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/api\.py|bin/torchrun)"'
                              r'|torch/multiprocessing/spawn\.py", line \d+, in (?:join|start_processes|spawn)\b')
 # the agent reading a failed worker's error file (ProcessFailure): an exception there is the launcher failing to

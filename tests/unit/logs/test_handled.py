@@ -143,3 +143,7 @@ def test_an_exception_python_ignored_is_no_failure(tmp_path: Path) -> None:
     path.write_text(ignored.read_text() + TRACEBACK)
     v = triage([str(path)]).verdict
     assert v.status == "failure" and v.primary is not None and v.primary.message == "ValueError: bad batch on rank 2"
+    # CPython's other wordings of the same hook (Python/errors.c: "Exception ignored %s", its err_msg)
+    path.write_text("Exception ignored on calling ctypes callback function: <function cb at 0x7f>\n" + TRACEBACK
+                    + "step 2\n")
+    assert triage([str(path)]).verdict.summary == "no failure found (1 warning(s))"
