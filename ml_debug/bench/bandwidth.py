@@ -305,32 +305,50 @@ def round_robin(units: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
+Pair = tuple[int, int]
+
+
 @dataclass(frozen=True)
 class SlowFindings:
-    median: float
-    slow_links: list[tuple[int, int]]
+    median: float  # of every link
+    slow_links: list[Pair]
     slow_units: list[int]
     unit_scores: list[float]
+    others: dict[Pair, float]  # each link -> the median of the other links (its floor: less the threshold)
+
+
+def _median_without(ordered: Sequence[float], i: int) -> float:
+    """The median of the sorted values ``ordered`` without the one at index ``i``."""
+    rest = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j if j < i else j + 1]
+
+    return at(rest // 2) if rest % 2 else (at(rest // 2 - 1) + at(rest // 2)) / 2
 
 
 def find_slow(matrix: Sequence[Sequence[float | None]], threshold: float) -> SlowFindings:
-    """Links below the median link by more than `threshold`, and units whose median link is.
+    """Links below the median of the other links by more than `threshold`, and units whose median link is.
 
-    A unit (rank or node) is named when the median of its own links is low: one bad link
-    names only the link, a bad node drags all its links down and is named itself.
+    Each link is held against the others, as a straggler rank is: with few units one link that
+    contention held down would otherwise pull the median, and the floor, under a slow link. A unit
+    (rank or node) is named when the median of its own links is low: one bad link names only the
+    link, a bad node drags all its links down and is named itself.
     """
     n = len(matrix)
-    links: dict[tuple[int, int], float] = {}
+    links: dict[Pair, float] = {}
     for a in range(n):
         for b in range(a + 1, n):
             value = matrix[a][b]
             if value is not None:
                 links[(a, b)] = value
     if not links:
-        return SlowFindings(0.0, [], [], [])
-    med = statistics.median(links.values())
-    floor = med * (1 - threshold)
-    slow_links = sorted(k for k, v in links.items() if v < floor)
+        return SlowFindings(0.0, [], [], [], {})
+    ranked = sorted(links, key=links.__getitem__)
+    ordered = [links[p] for p in ranked]
+    others = ({p: _median_without(ordered, i) for i, p in enumerate(ranked)} if len(ranked) > 1
+              else {})  # one link has nothing to be held against
+    slow_links = sorted(p for p, med in others.items() if links[p] < med * (1 - threshold))
     scores = []
     for u in range(n):
         mine = [v for (a, b), v in links.items() if u in (a, b)]
@@ -340,10 +358,7 @@ def find_slow(matrix: Sequence[Sequence[float | None]], threshold: float) -> Slo
     slow_units = [u for u, s in enumerate(scores) if not math.isnan(s) and s < unit_med * (1 - threshold)]
     if n == 2:
         slow_units = []  # with two units there is nothing to compare a unit with
-    return SlowFindings(med, slow_links, slow_units, scores)
-
-
-Pair = tuple[int, int]
+    return SlowFindings(statistics.median(ordered), slow_links, slow_units, scores, others)
 
 
 @dataclass(frozen=True)
@@ -363,8 +378,8 @@ def confirm_slow(matrix: Sequence[Sequence[float | None]], threshold: float,
     Every link below the floor (``find_slow``) is measured again with ``remeasure(pairs)``, which
     returns each pair's new figure and the seconds that took; a pair keeps its best figure, so one
     re-measurement at or above the floor clears it (a transient), and a link that stays below it
-    through ``most`` re-measurements is named. The floor follows the median of the best figures, so
-    a link that falls below a floor that rose is measured again too. Once ``budget_s`` is spent,
+    through ``most`` re-measurements is named. The floors follow the best figures, so a link that
+    falls below a floor that rose is measured again too. Once ``budget_s`` is spent,
     only links never re-measured are measured again: every link named was re-measured at least once.
     Pure: the caller's ``remeasure`` does the measuring, and ranks that see the same figures (and
     the same seconds) take the same steps.

@@ -192,10 +192,11 @@ def run_pairwise(cfg: BenchConfig, world: World, device: str, backend: str) -> B
     first, matrix, found_slow = matrix, confirmed.matrix, confirmed.findings
     median = found_slow.median
 
-    def vs_median(v: float | None) -> float:
-        return (v or 0.0) / median if median else 0.0
+    def vs_others(a: int, b: int) -> float:
+        others = found_slow.others[(a, b)]
+        return (matrix[a][b] or 0.0) / others if others else 0.0
 
-    slow_links = [PairLink(a, b, names[a], names[b], matrix[a][b] or 0.0, vs_median(matrix[a][b]))
+    slow_links = [PairLink(a, b, names[a], names[b], matrix[a][b] or 0.0, vs_others(a, b))
                   for a, b in found_slow.slow_links]
     named = set(found_slow.slow_links)
     remeasured = [Remeasured(a, b, names[a], names[b], first[a][b] or 0.0, again, (a, b) in named)

@@ -122,14 +122,14 @@ def _render_pairwise(res: BenchResult, console: Console) -> None:
             cells.append(text)
         t.add_row(f"{a} {name}", *cells)
     console.print(t)
-    console.print(f"# median link {p.median:.3f} GB/s; '!' marks links below it by more than {p.threshold:.0%} "
-                  "that stayed there when measured again")
+    console.print(f"# median link {p.median:.3f} GB/s; '!' marks links more than {p.threshold:.0%} below the median of "
+                  "the other links that stayed there when measured again")
     for r in p.remeasured:
         figures = ", ".join(f"{v:.3f}" for v in r.again)
         console.print(f"# re-measured: {r.name_a} <-> {r.name_b}: {r.first:.3f} GB/s, "
                       f"then {figures}: " + ("still slow" if r.slow else "cleared (a transient)"))
     for link in p.slow_links:
         console.print(f"# slow link: {link.name_a} <-> {link.name_b}: {link.busbw:.3f} GB/s "
-                      f"({link.vs_median:.0%} of median)")
+                      f"({link.vs_others:.0%} of the other links' median)")
     for unit in p.slow_units:
         console.print(f"# slow {p.units}: {unit}")

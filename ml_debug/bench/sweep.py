@@ -101,7 +101,7 @@ class PairLink:
     name_a: str
     name_b: str
     busbw: float
-    vs_median: float  # busbw / median link
+    vs_others: float  # busbw / the median of the other links
 
 
 @dataclass
@@ -474,7 +474,7 @@ def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
         checks = {(r.a, r.b): len(r.again) for r in pairwise.remeasured}
         cleared = [r for r in pairwise.remeasured if not r.slow]
         if pairwise.slow_links:
-            links = ", ".join(f"{link.name_a}<->{link.name_b} ({link.busbw:.3g} GB/s, {link.vs_median:.0%} of median, "
+            links = ", ".join(f"{link.name_a}<->{link.name_b} ({link.busbw:.3g} GB/s, {link.vs_others:.0%} of the other links' median, "
                               f"re-measured {_times(checks.get((link.a, link.b), 0))})"
                               for link in pairwise.slow_links)
             problems.append(f"slow link(s): {links}")

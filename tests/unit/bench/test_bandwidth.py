@@ -211,6 +211,20 @@ def test_confirm_slow_after_its_budget_measures_only_links_never_measured_again(
     assert all(done.again[p] for p in done.findings.slow_links)
 
 
+def test_find_slow_holds_each_link_against_the_others() -> None:
+    # 3 nodes as CI's rig measured them: 0<->2 20x slow, 0<->1 held down by the other tests' ranks on the same
+    # CPUs. Against the median of all three (0.104) 0<->2 is at half; against the others' (0.5) at a tenth.
+    links = _links(3, {(0, 1): 0.104, (0, 2): 0.05, (1, 2): 0.9})
+    found = bw.find_slow(links, 0.7)
+    assert found.median == 0.104 and found.others == pytest.approx({(0, 1): 0.475, (0, 2): 0.502, (1, 2): 0.077})
+    assert found.slow_links == [(0, 1), (0, 2)]  # both below their floors: both are measured again
+    link = _Link({(0, 1): [0.85], (0, 2): [0.05]})
+    done = bw.confirm_slow(links, 0.7, link, most=2)
+    assert done.findings.slow_links == [(0, 2)] and link.asked == [[(0, 1), (0, 2)], [(0, 2)]]
+    assert done.findings.slow_units == []
+    assert bw.find_slow(_links(2, {(0, 1): 0.01}), 0.7).slow_links == []  # one link: nothing to hold it against
+
+
 def test_confirm_slow_a_figure_never_taken_replaces_nothing() -> None:
     done = bw.confirm_slow(_links(4, {(0, 1): 1.0}), 0.3, _Link({(0, 1): [float("nan")]}), most=1)
     assert done.findings.slow_links == [(0, 1)] and done.matrix[0][1] == 1.0

@@ -169,7 +169,7 @@ def test_pairwise_summary_and_table_say_which_pairs_were_measured_again() -> Non
     cleared = bench.Remeasured(2, 3, "rank2(vm)", "rank3(vm)", 2.4, [9.5], False)
     res = _pairwise([slow, cleared])
     assert not res.ok
-    assert res.summary.startswith("PROBLEM: slow link(s): rank1(vm)<->rank3(vm) (0.5 GB/s, 5% of median, "
+    assert res.summary.startswith("PROBLEM: slow link(s): rank1(vm)<->rank3(vm) (0.5 GB/s, 5% of the other links' median, "
                                   "re-measured twice); 1 more pair(s) below the floor at first, cleared when "
                                   "re-measured (4 ranks"), res.summary
     buf = io.StringIO()
@@ -177,7 +177,7 @@ def test_pairwise_summary_and_table_say_which_pairs_were_measured_again() -> Non
     text = buf.getvalue()
     assert "# re-measured: rank1(vm) <-> rank3(vm): 0.500 GB/s, then 0.450, 0.500: still slow" in text
     assert "# re-measured: rank2(vm) <-> rank3(vm): 2.400 GB/s, then 9.500: cleared (a transient)" in text
-    assert "# slow link: rank1(vm) <-> rank3(vm): 0.500 GB/s (5% of median)" in text
+    assert "# slow link: rank1(vm) <-> rank3(vm): 0.500 GB/s (5% of the other links' median)" in text
     # a run whose only dip was a transient is OK, and says that it measured a pair again
     transient = bench.Remeasured(0, 1, "a", "b", 2.4, [9.0], False)
     ok = bench._finish(bench.BenchConfig(iters=5, warmup=1), 3, "cpu", "gloo", [],
