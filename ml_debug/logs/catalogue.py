@@ -95,6 +95,9 @@ class FailureClass:
 
 # ----------------------------------------------------------------------------- launchers
 
+RESTARTS = "torchrun restarts the workers"
+FINISHED = "workers finished (torchrun)"
+
 _TORCHRUN_FAILED = Line(
     "exit",
     # every shape since torch 1.10: the logger's prefix varies ("ERROR:torch.distributed.elastic...:", glog's
@@ -138,6 +141,16 @@ LAUNCHERS: tuple[Launcher, ...] = (
                  says=Says("launcher", INFO, "torchrun sends {signal} to pid {pid}",
                            "torchrun stops the other ranks ({signal})", who="source", strong=False,
                            detail=("pid", "signal"))),
+            # --max-restarts, at LOGLEVEL=INFO (agent/server/api.py): the agent restarts its workers after a failure,
+            # and later says they finished; a failure before that line was survived (verdict.restarted)
+            Line("restart", r"\[(?P<role>[^\]\s]{1,100})\] Worker group (?:FAILED|UNHEALTHY)\. (?P<left>\d+)/(?P<most>\d+) "
+                 r"attempts left; will restart worker group", ("attempts left",),
+                 says=Says("launcher", INFO, "torchrun restarts the workers ({left} of {most} restarts left)",
+                           RESTARTS, who="source", strong=False, detail=("left", "most"))),
+            Line("finished", r"\] worker group successfully finished\.|Local worker group finished \(WorkerState\.SUCCEEDED\)",
+                 ("successfully finished", "WorkerState.SUCCEEDED"),
+                 says=Says("launcher", INFO, "torchrun's workers finished successfully", FINISHED, who="source",
+                           strong=False)),
             # the agent itself stopped (api.py: "Received %s death signal, shutting down workers"): a scheduler's
             # time limit or preemption, scancel, kill; its workers' SIGTERM tracebacks follow
             Line("agent-stopped", r"Received (?P<sig>15|1|3) death signal, shutting down workers", ("death signal",),

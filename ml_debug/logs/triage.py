@@ -19,7 +19,16 @@ from ml_debug.logs.result import JOB_KINDS, PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.text import few
-from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, launched, placed, progress, timeline
+from ml_debug.logs.verdict import (
+    collapse_tracebacks,
+    decide,
+    dedupe,
+    launched,
+    placed,
+    progress,
+    restarted,
+    timeline,
+)
 
 MAX_DEMUX_LINES = 200_000  # the lines a JSON document of one rank's lines holds (built in memory)
 
@@ -104,6 +113,8 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         failed = {a for e in collector.events if e.cls == PRIMARY and (a := attempt_of(e.source)) is not None}
         last = max((a for s in infos if (a := attempt_of(s.path)) is not None), default=None)
         verdict = launched(verdict, launch_exit, sorted(failed), last)
+    else:
+        verdict = restarted(verdict, collector.events)
     slow = [f for f in (nccl or {}).get("findings", ()) if f["severity"] == "warning"]
     if slow and verdict.status == "none":  # a job that runs, slowly: the first line says where to look
         verdict.summary += f"; NCCL: {len(slow)} slow-path finding(s), below"

@@ -18,7 +18,7 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import ranks as ranks_text
-from ml_debug.logs.catalogue import FAILURE_CLASSES
+from ml_debug.logs.catalogue import FAILURE_CLASSES, FINISHED, RESTARTS
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.result import (
@@ -194,12 +194,35 @@ def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: in
                     "failure of its own" + (f"; the ranks' lines: {v.summary}" if v.status != "none" else ""))
     if code == 0 and v.failed:
         if failed_attempts and last_attempt is not None and last_attempt > max(failed_attempts):
-            what = (f"the job recovered: the failure of attempt {', '.join(map(str, failed_attempts))} was followed "
-                    f"by a successful attempt {last_attempt} (mldebug launch exited with code 0)")
-        else:
-            what = "the job succeeded (mldebug launch exited with code 0): the failure in its logs did not stop it"
-        return dataclasses.replace(v, status="recovered", hint=None, summary=f"{what}; {v.summary}")
+            return _recovered(v, f"the job recovered: the failure of attempt {', '.join(map(str, failed_attempts))} "
+                                 f"was followed by a successful attempt {last_attempt} (mldebug launch exited with code 0)")
+        return _recovered(v, "the job succeeded (mldebug launch exited with code 0): the failure in its logs did not stop it")
     return v
+
+
+def restarted(v: Verdict, events: Iterable[Event]) -> Verdict:
+    """The verdict of a torchrun console whose agent said its workers finished after every failure (its
+    --max-restarts restarts, printed at LOGLEVEL=INFO): the failures were survived. A failure is before the
+    agent's line when its time is no later, or, with no time, when it is above that line in the same file."""
+    events = list(events)
+    finished = [e for e in events if e.label == FINISHED]
+    if not v.failed or not finished:
+        return v
+
+    def before(failure: Event, done: Event) -> bool:
+        if failure.source == done.source:
+            return failure.line < done.line
+        return failure.time is not None and done.time is not None and failure.time <= done.time
+
+    if not all(any(before(e, done) for done in finished) for e in events if e.cls in (PRIMARY, SECONDARY)):
+        return v
+    restarts = sum(e.label == RESTARTS for e in events)
+    how = f"restarted the workers {({1: 'once'}).get(restarts, f'{restarts} times')} and " if restarts else ""
+    return _recovered(v, f"the job recovered: torchrun {how}says they finished successfully after the failure")
+
+
+def _recovered(v: Verdict, what: str) -> Verdict:
+    return dataclasses.replace(v, status="recovered", hint=None, summary=f"{what}; {v.summary}")
 
 
 def decide(events: list[Event], world_size: int | None, blamed: Iterable[int] = (),

@@ -33,6 +33,8 @@ LINES: dict[tuple[str, str], Sample] = {
     ("torchrun", "closing"): ("logs/accounting/torchrun2.log", "closing signal SIGTERM"),
     ("torchrun", "agent-ranks"): ("logs/accounting/agent1.log", "global_ranks=[2, 3]"),
     ("torchrun", "agent-stopped"): ("logs_corpus/torchrun-stopped.log", "death signal"),
+    ("torchrun", "restart"): ("logs/catalogue/restart-recovered.log", "attempts left; will restart"),
+    ("torchrun", "finished"): ("logs/catalogue/restart-recovered.log", "worker group successfully finished"),
     ("mp.spawn", "closing"): ("logs_corpus/spawn-segv.log", "via signal SIGTERM"),
     ("deepspeed", "exit"): ("logs_corpus/deepspeed.log", "exits with return code"),
     # deepspeed.log's own line, cut before its return code (as a long command line gets cut in posted consoles)
@@ -358,3 +360,26 @@ def test_ranks_that_waited_for_others_are_a_finding_not_a_failure(tmp_path: Path
     assert v.status == "none" and report.ok, v.summary
     assert v.summary.endswith("but ranks waited for others (below): a hang, if the job never went on"), v.summary
     assert [f for f in v.findings if "they waited for rank 2:" in f], v.findings
+
+
+def test_a_failure_torchrun_restarted_the_workers_after_is_survived_once_they_finish(tmp_path: Path) -> None:
+    """--max-restarts at LOGLEVEL=INFO: the agent says it restarts the workers and, later, that they finished. The
+    failure before was survived: status recovered, exit 0, the failure still named. Without the agent's word that
+    they finished (torchrun's default level; a console cut after the restart), or with a failure after it, the job
+    failed."""
+    recovered = DATA / "logs" / "catalogue" / "restart-recovered.log"
+    report = triage([str(recovered)])
+    v = report.verdict
+    assert (v.status, report.ok) == ("recovered", True), v.summary
+    assert v.summary.startswith("the job recovered: torchrun restarted the workers once and says they finished "
+                                "successfully after the failure; first failure: rank 1, "), v.summary
+    assert v.primary is not None and v.primary.message == "RuntimeError: flaky data shard: checksum mismatch"
+    failed = triage([str(DATA / "logs" / "catalogue" / "restart-failed.log")]).verdict
+    assert failed.status == "failure" and failed.summary.startswith("first failure: rank 1, "), failed.summary
+    lines = recovered.read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.log"
+    cut.write_text("".join(line for line in lines if "finished" not in line))
+    assert triage([str(cut)]).verdict.status == "failure"
+    later = tmp_path / "later.log"
+    later.write_text("".join(lines) + "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert triage([str(later)]).verdict.status == "failure"
