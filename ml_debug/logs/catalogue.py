@@ -97,6 +97,7 @@ class FailureClass:
 
 RESTARTS = "torchrun restarts the workers"
 FINISHED = "workers finished (torchrun)"
+MPIRUN_BANNER = "process failed (mpirun)"
 
 _TORCHRUN_FAILED = Line(
     "exit",
@@ -177,6 +178,11 @@ LAUNCHERS: tuple[Launcher, ...] = (
         "mpirun", "Open MPI 4 (mpirun) and 5 (prterun)", r"mpirun|prterun|Primary job\s+terminated|Process name: \[",
         ("mpirun", "prterun", "Primary job", "Process name: ["), prefixes=("[1,3]<stderr>:",),
         lines=(
+            # its banner before it names the process (orte/tools/orterun/help-orterun.txt): alone (a paste cut short)
+            # a process failed all the same
+            Line("cut-exit", r"Primary job\s+terminated normally, but (?P<n>\d+) process(?:es)? returned", ("Primary job",),
+                 says=Says("launcher", PRIMARY, "mpirun reports {n} process(es) returned a non-zero exit code (which one: "
+                           "not in these lines)", MPIRUN_BANNER, who="source", strong=False)),
             # "The first process to do so was: Process name: [[24168,1],2]  Exit code: 1": the rank is lines above
             Line("mpirun-exit", r"\s*Exit code:\s+(?P<code>-?\d+)", ("Exit code:",), anchored=True),
             # a redacted pid or node ("PID xxxxxx on node xxxxxxxx", as users post it) still names the rank

@@ -18,7 +18,7 @@ from typing import Any
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import ranks as ranks_text
-from ml_debug.logs.catalogue import FAILURE_CLASSES, FINISHED, RESTARTS
+from ml_debug.logs.catalogue import FAILURE_CLASSES, FINISHED, MPIRUN_BANNER, RESTARTS
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.result import (
@@ -81,7 +81,8 @@ def _family(ev: Event) -> str:
 
 
 def dedupe(events: list[Event]) -> list[Event]:
-    """One event per (writer, failure): a traceback, its error file and torchrun's copy are one."""
+    """One event per (writer, failure): a traceback, its error file and torchrun's copy are one; mpirun's banner
+    (a process failed) is told by its line that names the process, when the file has it."""
     best: dict[tuple[Any, ...], Event] = {}
     for ev in events:
         key: tuple[Any, ...] = (_identity_key(ev.who), _family(ev))
@@ -102,7 +103,8 @@ def dedupe(events: list[Event]) -> list[Event]:
         keep.who = keep.who.merged(other.who)
         keep.strong = keep.strong or other.strong
         best[key] = keep
-    return _one_end_per_writer(list(best.values()))
+    told = {e.source_index for e in events if e.kind == "exit" and e.detail.get("via") == "mpirun"}
+    return _one_end_per_writer([e for e in best.values() if e.label != MPIRUN_BANNER or e.source_index not in told])
 
 
 def _one_end_per_writer(events: list[Event]) -> list[Event]:

@@ -41,6 +41,7 @@ LINES: dict[tuple[str, str], Sample] = {
     ("deepspeed", "cut-exit"): "[2026-11-27 04:22:32,383] [ERROR] [launch.py:259:sigkill_handler] ['/work/wt/logs/.venv/bin/"
                                "python', '-u', '/work/wt/logs/tests/data/logs_corpus/worker.py'",
     ("mpirun", "mpirun-exit"): ("logs_corpus/mpirun.log", "Exit code:"),
+    ("mpirun", "cut-exit"): ("logs_corpus/mpirun.log", "Primary job"),
     # Open MPI 4 orte/tools/orterun/help-orterun.txt ("mpirun noticed that process rank %d with PID %d on node %s
     # exited on signal %d (%s).")
     ("mpirun", "exit"): "mpirun noticed that process rank 5 with PID 777 on node gpu03 exited on signal 11 (Segmentation "

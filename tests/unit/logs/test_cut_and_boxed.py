@@ -77,6 +77,21 @@ def test_torchruns_summary_cut_before_its_exit_code_still_says_a_worker_failed(t
     assert v.confidence == "medium" and "only an exit code" in v.confidence_why, v.confidence_why
 
 
+def test_mpiruns_banner_cut_before_it_names_the_process_still_says_one_failed(tmp_path: Path) -> None:
+    """Open MPI's "Primary job terminated normally, but 1 process returned a non-zero exit code" without the lines
+    that name it: a weak failure of the job. With them, the process they name is the failure, and the banner is
+    no second one."""
+    lines = (DATA / "logs_corpus" / "mpirun.log").read_text().splitlines()
+    banner = next(i for i, ln in enumerate(lines) if ln.startswith("Primary job"))
+    v = triage([_write(tmp_path, ["step 10 loss 2.3", *lines[banner - 1:banner + 3]])]).verdict
+    assert v.status == "failure" and v.primary is not None and not v.primary.strong, v.summary
+    assert v.summary == ("first failure: the job: mpirun reports 1 process(es) returned a non-zero exit code (which "
+                         "one: not in these lines)"), v.summary
+    whole = triage([str(DATA / "logs_corpus" / "mpirun.log")])
+    assert not [e for e in whole.events if "mpirun reports" in e.message], whole.events
+    assert whole.verdict.summary.startswith("first failure: rank 2: ValueError: bad batch"), whole.verdict.summary
+
+
 def test_torch_distributed_launchs_called_process_error_names_no_rank(tmp_path: Path) -> None:
     """torch.distributed.launch (torch 1.x, launch.py's main) waits for its children in order and raises
     ``subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)`` with the ``cmd`` of the *last* child it
