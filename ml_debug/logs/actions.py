@@ -227,6 +227,14 @@ def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who
     return r is not None and _exit(c, rule, m, lab, Who(int(r.group(1)), None, None), line, offset)
 
 
+def _summary_opens(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                   offset: int) -> bool:
+    if lab.key in c._blocks:
+        return False
+    blocks.summary_opens(c, lab, who, line, offset)
+    return True
+
+
 def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                    offset: int) -> bool:
     if lab.key in c._blocks:
@@ -292,7 +300,7 @@ def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who:
 
 
 ACTIONS: dict[str, Action] = {
-    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _summary_alone, "agent-ranks": _agent_ranks,
+    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _summary_alone, "summary-opens": _summary_opens, "agent-ranks": _agent_ranks,
     "srun-task": _srun_task, "slurm-cancel": _slurm_cancel, "tool-error": _tool_error,
 }
 """The catalogue's actions: what a launcher line's match means (each returns False to let the next rule try); a line

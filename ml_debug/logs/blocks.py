@@ -53,6 +53,7 @@ _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
+_SIGNAL_PID = re.compile(r"(?i)signal (\d+) \(SIG\w+\) received by PID (\d+)")
 # a logging call's record just before a traceback (logger.warning(..., exc_info=True)): a level below ERROR at
 # its start, after its time stamp ("2025-03-02 01:00:00,000 [WARNING] ...", "WARNING:root:...", absl's
 # "W0302 01:00:00.000 123 train.py:88] ..."); not NCCL's "host:pid:tid [0] NCCL INFO", nor c10's C++ glog line
@@ -456,13 +457,15 @@ def summary_events(c: Collector, block: Block) -> None:
     """torchrun's ChildFailedError summary: one event per failed rank (time: when torchrun saw it)."""
     assert c.ctx is not None and block.summary is not None
     told = False
+    cut_root: Who | None = None  # the root cause's entry, cut short before its exit code
     for entry in block.summary.entries:
         m = _RANK_LOCAL.match(entry.get("rank", ""))
         rank = int(m.group(1)) if m and int(m.group(1)) >= 0 else None
         local = int(m.group(2)) if m and m.group(2) is not None else None
         m = _EXIT_PID.match(entry.get("exitcode", ""))
-        code = int(m.group(1)) if m else None
-        pid = int(m.group(2)) if m and m.group(2) else None
+        sig = None if m else _SIGNAL_PID.match(entry.get("traceback", ""))  # "Signal 9 (SIGKILL) received by PID 7"
+        code = int(m.group(1)) if m else -int(sig.group(1)) if sig else None
+        pid = int(m.group(2)) if m and m.group(2) else int(sig.group(2)) if sig else None
         host = entry.get("host") or None
         node = host.split(".")[0] if host and host not in ("localhost", "<N/A>") else None
         who = Who(rank, node, local).merged(block.who) if block.who.rank is None else Who(rank, node, local)
@@ -475,6 +478,7 @@ def summary_events(c: Collector, block: Block) -> None:
         if node and block.srun_task is not None:
             c.srun_hosts.setdefault(srun_task_node(block.srun_task), node)
         if not code:
+            cut_root = who if entry.get("root") and rank is not None else cut_root
             continue
         told = True
         t = find_time(entry.get("time", ""), c.ctx.day)
@@ -492,11 +496,14 @@ def summary_events(c: Collector, block: Block) -> None:
         c._add(c.event("error-file", cls, message, label or message.split(":", 1)[0], who, block.start_line,
                        block.start_offset, t=t, time_source=TIME_LAUNCHER, text=lines,
                        detail={"exit_code": code, "via": "torchrun summary", **detail}), f"summary:{rank}")
-    # cut short before any entry's exit code, and no agent line of this source said one: a worker failed, which one
-    # is not in the logs
-    if not told and not any(e.source_index == c.ctx.index and e.detail.get("via") == "torchrun" for e in c.events):
-        c._add(c.event("launcher", PRIMARY, "torchrun reports a failed worker (ChildFailedError), but its failure summary "
-                       "is cut short before it says which", "worker failed (torchrun)", block.who, block.start_line,
+    # cut short before any entry's exit code (or before its root cause's), and no agent line of this source said one:
+    # a worker failed (the root cause, when the summary named it), which one is not in the logs
+    if (cut_root or not told) and not any(e.source_index == c.ctx.index and e.detail.get("via") == "torchrun"
+                                          for e in c.events):
+        said = ("torchrun's failure summary (ChildFailedError) names it the root cause, but is cut short before its "
+                "exit code") if cut_root else ("torchrun reports a failed worker (ChildFailedError), but its failure "
+                                               "summary is cut short before it says which")
+        c._add(c.event("launcher", PRIMARY, said, "worker failed (torchrun)", cut_root or block.who, block.start_line,
                        block.start_offset, strong=False), "summary:cut")
 
 
@@ -509,6 +516,13 @@ def lines_before(c: Collector, n: int) -> str:
             break
         start = block.rfind(b"\n", 0, start - 1) + 1
     return block[start:pos].decode("utf-8", "replace")
+
+def summary_opens(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
+    """torchrun's ``ChildFailedError:`` line outside a traceback (the traceback cut off above it, or drawn in
+    rich's box): its failure summary follows."""
+    c._blocks[lab.key] = Block(who=who, start_line=line, start_offset=offset, last_line=line, text=[lab.rest],
+                               stage="summary", summary=Summary())
+
 
 def summary_alone(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
     """torchrun's failure summary pasted without its traceback (or with its header cut): an entry's exitcode

@@ -136,6 +136,9 @@ LAUNCHERS: tuple[Launcher, ...] = (
         prefixes=("[default0]:", "[<role>0]:", "[node12:5]:"),
         lines=(
             _TORCHRUN_FAILED,
+            # its failure summary's header outside a traceback (the traceback cut off above it, or drawn in rich's box)
+            Line("summary-opens", r"(?:torch\.distributed\.elastic\.multiprocessing\.errors\.)?ChildFailedError:\s*$",
+                 ("ChildFailedError",), anchored=True),
             # the failure summary pasted without its traceback: an entry's "exitcode  : 1 (pid: 42)" line
             Line("summary-alone", r"\s*exitcode\s*: -?\d", ("exitcode",), anchored=True),
             Line("closing", r"Sending process (?P<pid>\d+) (?:the )?closing signal (?P<signal>SIG\w+)", ("closing signal",),

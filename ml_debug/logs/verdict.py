@@ -103,7 +103,7 @@ def dedupe(events: list[Event]) -> list[Event]:
         keep.who = keep.who.merged(other.who)
         keep.strong = keep.strong or other.strong
         best[key] = keep
-    told = {e.source_index for e in events if e.kind == "exit" and e.detail.get("via") == "mpirun"}
+    told = {e.source_index for e in events if e.detail.get("via") == "mpirun"}
     return _one_end_per_writer([e for e in best.values() if e.label != MPIRUN_BANNER or e.source_index not in told])
 
 

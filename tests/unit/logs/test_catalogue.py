@@ -30,6 +30,7 @@ Sample = tuple[str, str] | str
 LINES: dict[tuple[str, str], Sample] = {
     ("torchrun", "exit"): ("logs/accounting/torchrun2.log", "failed (exitcode: 1) local_rank: 1"),
     ("torchrun", "summary-alone"): ("logs/accounting/torchrun2.log", "  exitcode  : 1 (pid:"),
+    ("torchrun", "summary-opens"): ("logs/catalogue/restart-failed.log", "errors.ChildFailedError:"),
     ("torchrun", "closing"): ("logs/accounting/torchrun2.log", "closing signal SIGTERM"),
     ("torchrun", "agent-ranks"): ("logs/accounting/agent1.log", "global_ranks=[2, 3]"),
     ("torchrun", "agent-stopped"): ("logs_corpus/torchrun-stopped.log", "death signal"),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ml_debug.logs.result import CUT_SHORT
 from ml_debug.logs.triage import triage
 from tests.conftest import REPO
@@ -75,6 +77,32 @@ def test_torchruns_summary_cut_before_its_exit_code_still_says_a_worker_failed(t
     assert v.status == "failure" and v.primary is not None and v.primary.kind == "launcher", v.summary
     assert v.summary.startswith("first failure: the job: torchrun reports a failed worker"), v.summary
     assert v.confidence == "medium" and "only an exit code" in v.confidence_why, v.confidence_why
+
+
+RESTART = (DATA / "logs" / "catalogue" / "restart-failed.log").read_text().splitlines()
+SUMMARY = RESTART[next(i for i, ln in enumerate(RESTART) if ln.startswith("torch.distributed.elastic")):]
+
+
+@pytest.mark.parametrize("header", ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "ChildFailedError:"])
+def test_torchruns_summary_without_its_traceback_cut_at_the_root_cause_names_that_rank(tmp_path: Path, header: str) -> None:
+    """The summary's header line alone, its traceback cut off above (or drawn in rich's box, which writes the bare
+    name), and the summary cut after its root cause's rank: that rank, a weak failure. Rank 0's entry, told whole
+    (SIGTERM), is a consequence."""
+    box = ["│ ❱ 383 │   │   │   raise ChildFailedError(                                 │", "╰" + "─" * 60 + "╯"]
+    cut = next(i for i, ln in enumerate(SUMMARY) if ln.strip().startswith("rank      : 1"))
+    v = triage([_write(tmp_path, [*box, header, *SUMMARY[1:cut + 1]])]).verdict
+    assert v.status == "failure" and v.primary is not None and not v.primary.strong, v.summary
+    assert v.summary.startswith("first failure: rank 1: torchrun's failure summary (ChildFailedError) names it the root "
+                                "cause, but is cut short before its exit code"), v.summary
+
+
+def test_a_summary_entrys_signal_stands_for_its_missing_exit_code(tmp_path: Path) -> None:
+    """An entry whose exitcode line is lost (a garbled paste) still says its signal: "traceback : Signal 15 (SIGTERM)
+    received by PID 4363" is that pid's exit by SIGTERM."""
+    lines = [ln for ln in SUMMARY if "exitcode" not in ln]
+    report = triage([_write(tmp_path, lines)])
+    (ev,) = [e for e in report.events if e.who.rank == 0]
+    assert (ev.detail.get("exit_code"), ev.detail.get("pid")) == (-15, 4363), ev
 
 
 def test_mpiruns_banner_cut_before_it_names_the_process_still_says_one_failed(tmp_path: Path) -> None:
