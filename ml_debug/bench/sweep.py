@@ -437,10 +437,6 @@ def _summarise(coll: str, cfg: BenchConfig, n: int, rows: list[SizeResult], drop
         expect_ok=None if cfg.expect_busbw is None else avg_large >= cfg.expect_busbw, error=error)
 
 
-def _times(n: int) -> str:
-    return {1: "once", 2: "twice"}.get(n, f"{n} times")
-
-
 def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
             results: list[CollectiveResult], pairwise: PairwiseResult | None, ranks: list[RankInfo],
             notes: list[str], started: float, test_faults: str | None = None) -> BenchResult:
@@ -475,7 +471,7 @@ def _finish(cfg: BenchConfig, n: int, device: str, backend: str,
         cleared = [r for r in pairwise.remeasured if not r.slow]
         if pairwise.slow_links:
             links = ", ".join(f"{link.name_a}<->{link.name_b} ({link.busbw:.3g} GB/s, {link.vs_others:.0%} of the other links' median, "
-                              f"re-measured {_times(checks.get((link.a, link.b), 0))})"
+                              f"re-measured {output.times(checks.get((link.a, link.b), 0))})"
                               for link in pairwise.slow_links)
             problems.append(f"slow link(s): {links}")
         if pairwise.slow_units:

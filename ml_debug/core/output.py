@@ -267,6 +267,11 @@ def stderr_console() -> Console:
     return _consoles["err"]
 
 
+def times(n: int) -> str:
+    """How often, in words: 'once', 'twice', '3 times'."""
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
 def log(message: str) -> None:
     """One line for the person at the terminal: always stderr, never mixed into data. Control characters
     and newlines are made visible: a message may quote a job's path or string, and a name with a newline

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ml_debug.core.output import times
 from ml_debug.history.store import History
 
 
@@ -36,8 +37,7 @@ class Recurring:
 
     @property
     def line(self) -> str:
-        times = {1: "once", 2: "twice"}.get(self.first, f"{self.first} times")
-        tail = f", {times} as the first failure" if self.first else ""
+        tail = f", {times(self.first)} as the first failure" if self.first else ""
         return f"{self.node}: in {self.jobs} of the last {self.window} failed jobs{tail}"
 
 

@@ -29,6 +29,7 @@ _MPI_PROCESS = re.compile(r"Process name: \[(?:\[\d+,\d+\],|[^\]]{0,200}@\d+,)(\
 # a line that starts with an exception (anchored), or names one in its middle (a logger reporting it)
 _INLINE_EXCEPTION = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w{0,100}\.){0,10}\w{0,100}(?:Error|Exception): \S")
 _KILLED = re.compile(r"(?:^|\s)Killed(?:\s|$)")
+_GLOG_PID = re.compile(r"[EWIF]\d{4} \d\d:\d\d:\d\d\.\d{1,9} +(\d+) ")  # glog's prefix: its pid after the time
 _WARNED = re.compile(r"\[?[WI]\d{4} \d\d:\d\d:\d\d")  # glog's warning or info line (c10d's C++ lines)
 LINE_CLASSES = ("cuda-error", "oom", "shm", "gpu-fault")
 """Failure classes that are a failure on a line of their own (no exception named): a CUDA error in c10d's log,
@@ -202,16 +203,18 @@ def _exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, 
             c.rank_node.setdefault(rank, node)
     t = find_time(lab.rest, c.ctx.day) if rule.line.time != "order" else None
     source = TIME_LAUNCHER if rule.line.time == "launcher" else TIME_LINE
-    _ended(c, rule, code, Who(rank, node, local), line, offset, t, source, pid, cut="local" in g and local is None)
+    agent = _GLOG_PID.match(lab.rest)  # the process that printed it (an agent reports one failure per attempt)
+    _ended(c, rule, code, Who(rank, node, local), line, offset, t, source, pid, cut="local" in g and local is None,
+           agent=int(agent.group(1)) if agent else None)
     return True
 
 
 def _ended(c: Collector, rule: LineRule, code: int, who: Who, line: int, offset: int, t: float | None = None,
-           time_source: str = TIME_ORDER, pid: int | None = None, cut: bool = False) -> None:
+           time_source: str = TIME_ORDER, pid: int | None = None, cut: bool = False, agent: int | None = None) -> None:
     """``who`` ended with ``code`` (nothing when 0), as ``rule``'s launcher says, with its entry's note;
-    ``cut``: the line is cut short before the local rank it would say."""
+    ``cut``: the line is cut short before the local rank it would say; ``agent``: the pid of the launcher's process."""
     name = rule.launcher.name
-    detail = {"via": name}
+    detail: dict[str, object] = {"via": name, **({"agent_pid": agent} if agent else {})}
     if rule.line.note:
         detail["note"] = rule.line.note
     if cut:

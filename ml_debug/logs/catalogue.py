@@ -446,6 +446,14 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  r"NCCL communicator was aborted|[Cc]ommunicator was aborted", ("ommunicator was aborted",)),
     FailureClass("comm", SECONDARY, "a peer did not reach the barrier", r"failed to pass monitoredBarrier",
                  ("monitoredBarrier",)),
+    # gloo (ProcessGroupGloo.cpp, tcp/pair.cc): "Gloo connectFullMesh failed with [.../pair.cc:152] timed out connecting:
+    # SO_ERROR: Connection refused, remote=[10.0.0.2]:31337": at init, a rank could not reach a peer's own address
+    FailureClass("init", SECONDARY, "gloo could not connect to a peer", r"connectFullMesh failed|timed out connecting: SO_ERROR|failed to connect, willRetry=",
+                 ("connectFullMesh failed", "timed out connecting", "willRetry="),
+                 hint="a rank could not connect to a peer's gloo address while its process group started: the peer ended "
+                      "first (its own log says why; the ranks of a restarted attempt may still find the last attempt's "
+                      "address), or the address the peer published is not one this node reaches: set GLOO_SOCKET_IFNAME "
+                      "to the interface the nodes reach each other by"),
     FailureClass("comm", SECONDARY, "store lost its server",
                  r"recvValue failed|Failed to recv, got 0 bytes|DistStoreError|Socket Timeout|Connection refused|"
                  r"DistNetworkError",

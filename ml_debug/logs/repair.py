@@ -89,13 +89,14 @@ def _wrap_width(lines: list[str], complete: bool) -> int | None:
     if width < 40 or at < 3 or at < 0.05 * len(body) or Counter(body).most_common(1)[0][1] >= 0.9 * len(body):
         return None  # too few of that width, or a table of equal-width lines (not wrapped)
     # a wrapped line goes on in the next, which does not start like the source's lines start (a label, a
-    # time stamp): lines of a fixed format that happen to be the longest are not wrapped
+    # time stamp), nor like the line itself: lines of a fixed format that happen to be the longest are not wrapped
+    # (gloo's "[.../debug_logger.cc:9] ERROR failed to connect, willRetry=1, retry=1, ..." lines, one per retry)
     starts = Counter(ln[:4] for ln in usable if ln.strip())
     common = {s for s, n in starts.items() if n >= 0.2 * len(body)}
     full = [i for i, ln in enumerate(usable) if len(ln) == width and i + 1 < len(usable)]
     if len({usable[i] for i in full if not _TABLE_LINE.match(usable[i])}) < 3:
         return None  # a table at its widest (torchrun's summary: its rules, each entry's traceback hint), no wrap
-    goes_on = sum(1 for i in full if usable[i + 1][:4] not in common)
+    goes_on = sum(1 for i in full if usable[i + 1][:4] not in common and usable[i + 1][:8] != usable[i][:8])
     return width if goes_on >= 0.7 * len(full) else None
 
 

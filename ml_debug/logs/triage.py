@@ -20,6 +20,7 @@ from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.text import few
 from ml_debug.logs.verdict import (
+    attempts,
     collapse_tracebacks,
     decide,
     dedupe,
@@ -115,6 +116,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         verdict = launched(verdict, launch_exit, sorted(failed), last)
     else:
         verdict = restarted(verdict, collector.events)
+    verdict.findings += attempts(collector.events)
     slow = [f for f in (nccl or {}).get("findings", ()) if f["severity"] == "warning"]
     if slow and verdict.status == "none":  # a job that runs, slowly: the first line says where to look
         verdict.summary += f"; NCCL: {len(slow)} slow-path finding(s), below"

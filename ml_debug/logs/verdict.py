@@ -16,6 +16,7 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 from ml_debug.core.errors import ExitCode
+from ml_debug.core.output import times
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import ranks as ranks_text
 from ml_debug.logs.catalogue import FAILURE_CLASSES, FINISHED, MPIRUN_BANNER, RESTARTS
@@ -219,8 +220,30 @@ def restarted(v: Verdict, events: Iterable[Event]) -> Verdict:
     if not all(any(before(e, done) for done in finished) for e in events if e.cls in (PRIMARY, SECONDARY)):
         return v
     restarts = sum(e.label == RESTARTS for e in events)
-    how = f"restarted the workers {({1: 'once'}).get(restarts, f'{restarts} times')} and " if restarts else ""
+    how = f"restarted the workers {times(restarts)} and " if restarts else ""
     return _recovered(v, f"the job recovered: torchrun {how}says they finished successfully after the failure")
+
+
+def attempts(events: Iterable[Event]) -> list[str]:
+    """torchrun's agent reports one failed worker per failed attempt (elastic/multiprocessing/api.py): an agent that
+    reported several restarted its workers between them (--max-restarts). A finding per such agent: how many attempts
+    failed, and what the later ones failed with (a restart can fail otherwise than the first attempt)."""
+    events = list(events)
+    reports: dict[tuple[int, int], list[Event]] = defaultdict(list)
+    for e in events:
+        if e.detail.get("via") == "torchrun" and "agent_pid" in e.detail:
+            reports[(e.source_index, e.detail["agent_pid"])].append(e)
+    out = []
+    for (source, agent), mine in reports.items():
+        if len(mine) < 2:
+            continue
+        first = min(e.line for e in mine)
+        later = dict.fromkeys(e.label for e in events if e.source_index == source and e.line > first
+                              and e.cls in (PRIMARY, SECONDARY) and e.kind not in ("exit", "signal", "launcher"))
+        out.append(f"torchrun's agent (pid {agent}) restarted its workers {times(len(mine) - 1)} (--max-restarts) and "
+                   f"all {len(mine)} attempts failed; the first failure named is the first attempt's"
+                   + ("; the later ones failed with: " + ", ".join(f'"{label}"' for label in later) if later else ""))
+    return out
 
 
 def _recovered(v: Verdict, what: str) -> Verdict:

@@ -150,6 +150,7 @@ CLASSES: dict[str, Sample] = {
     # torch c10d ProcessGroupNCCL.cpp (abort): "NCCL communicator was aborted on rank %d."
     "NCCL communicator aborted": "RuntimeError: NCCL communicator was aborted on rank 1.",
     "a peer did not reach the barrier": ("logs/catalogue/gloo_barrier.log", "RuntimeError: [Rank 0]"),
+    "gloo could not connect to a peer": ("logs/catalogue/restart-failed.log", "RuntimeError: Gloo connectFullMesh failed"),
     "store lost its server": ("logs/accounting/agent0.log", "DistNetworkError: Failed to recv"),
     # c10d ProcessGroupNCCL.cpp (heartbeat monitor, torch 2.3+)
     "watchdog stopped the process": "[E1128 03:14:07.123456 ProcessGroupNCCL.cpp:1404] [PG ID 0 PG GUID 0(default_pg) "
@@ -378,6 +379,12 @@ def test_a_failure_torchrun_restarted_the_workers_after_is_survived_once_they_fi
     assert v.primary is not None and v.primary.message == "RuntimeError: flaky data shard: checksum mismatch"
     failed = triage([str(DATA / "logs" / "catalogue" / "restart-failed.log")]).verdict
     assert failed.status == "failure" and failed.summary.startswith("first failure: rank 1, "), failed.summary
+    # at torchrun's default level its agent reports one failed worker per attempt: three reports, two restarts, and
+    # the restarted ranks failed otherwise (they found the first attempt's gloo address)
+    assert ("torchrun's agent (pid 4288) restarted its workers twice (--max-restarts) and all 3 attempts failed; the "
+            "first failure named is the first attempt's; the later ones failed with: \"gloo could not connect to a "
+            "peer\"") in failed.findings, failed.findings
+    assert not [f for f in v.findings if "restarted its workers" in f], v.findings  # one report: no restart told
     lines = recovered.read_text().splitlines(keepends=True)
     cut = tmp_path / "cut.log"
     cut.write_text("".join(line for line in lines if "finished" not in line))

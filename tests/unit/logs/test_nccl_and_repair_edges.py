@@ -8,6 +8,7 @@ import pytest
 
 from ml_debug.logs.nccl import NcclCollector, transport_family
 from ml_debug.logs.repair import mend, mend_line, sniff
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize(("via", "family"), [
@@ -52,3 +53,11 @@ def test_numbers_outside_markdown_quoting_are_both_removed() -> None:
 def test_a_bar_redrawn_in_place_is_no_damage_but_two_lines_are() -> None:
     assert mend_line("step 1\rstep 2") == (["step 1", "step 2"], "carriage return")
     assert sniff(b"\n\n  \n").whole is False
+
+
+def test_lines_of_one_format_at_the_widest_are_not_hard_wrapped() -> None:
+    """gloo's retry lines ("[.../debug_logger.cc:9] ERROR failed to connect, willRetry=1, retry=1, ...") come out at one
+    width, the log's widest, one after another: each next line starts as the line itself did, so none is a wrapped
+    line's rest. (tests/data/logs/catalogue/restart-failed.log: before, its traceback took in a rank's next line.)"""
+    text = (REPO / "tests" / "data" / "logs" / "catalogue" / "restart-failed.log").read_bytes()
+    assert sniff(text).wrap_width is None
