@@ -457,7 +457,8 @@ def summary_events(c: Collector, block: Block) -> None:
     """torchrun's ChildFailedError summary: one event per failed rank (time: when torchrun saw it)."""
     assert c.ctx is not None and block.summary is not None
     told = False
-    cut_root: Who | None = None  # the root cause's entry, cut short before its exit code
+    cut_root: Who | None = None  # the root cause's entry, cut short before its exit code (and its time)
+    root_time: float | None = None
     for entry in block.summary.entries:
         m = _RANK_LOCAL.match(entry.get("rank", ""))
         rank = int(m.group(1)) if m and int(m.group(1)) >= 0 else None
@@ -478,7 +479,8 @@ def summary_events(c: Collector, block: Block) -> None:
         if node and block.srun_task is not None:
             c.srun_hosts.setdefault(srun_task_node(block.srun_task), node)
         if not code:
-            cut_root = who if entry.get("root") and rank is not None else cut_root
+            if entry.get("root") and rank is not None:
+                cut_root, root_time = who, find_time(entry.get("time", ""), c.ctx.day)
             continue
         told = True
         t = find_time(entry.get("time", ""), c.ctx.day)
@@ -504,7 +506,8 @@ def summary_events(c: Collector, block: Block) -> None:
                 "exit code") if cut_root else ("torchrun reports a failed worker (ChildFailedError), but its failure "
                                                "summary is cut short before it says which")
         c._add(c.event("launcher", PRIMARY, said, "worker failed (torchrun)", cut_root or block.who, block.start_line,
-                       block.start_offset, strong=False), "summary:cut")
+                       block.start_offset, t=root_time, time_source=TIME_LAUNCHER, strong=False,
+                       detail={"torchrun_root_cause": cut_root is not None}), "summary:cut")
 
 
 def lines_before(c: Collector, n: int) -> str:

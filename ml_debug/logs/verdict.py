@@ -315,7 +315,9 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
         # of its own 30 s later) came first: its time bounds it from above, theirs from below. (Not a logger's
         # mention of an exception: the program may have gone on.)
         start = min(e.time for e in strong if e.time is not None)
-        cands = strong + [e for e in weak if "exit_code" in e.detail and e.time is not None and e.time <= start - 1]
+        # (torchrun's root cause, its entry cut before its exit code, is such an exit)
+        cands = strong + [e for e in weak if ("exit_code" in e.detail or e.detail.get("torchrun_root_cause"))
+                          and e.time is not None and e.time <= start - 1]
     first, basis = _earliest(cands, roots=roots)
     about = _subject(first, strong, causes, world_size)
     if about is not None:

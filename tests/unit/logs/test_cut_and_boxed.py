@@ -92,8 +92,20 @@ def test_torchruns_summary_without_its_traceback_cut_at_the_root_cause_names_tha
     cut = next(i for i, ln in enumerate(SUMMARY) if ln.strip().startswith("rank      : 1"))
     v = triage([_write(tmp_path, [*box, header, *SUMMARY[1:cut + 1]])]).verdict
     assert v.status == "failure" and v.primary is not None and not v.primary.strong, v.summary
-    assert v.summary.startswith("first failure: rank 1: torchrun's failure summary (ChildFailedError) names it the root "
+    assert v.summary.startswith("first failure: rank 1, reported at 19:50:37: torchrun's failure summary (ChildFailedError) names it the root "
                                 "cause, but is cut short before its exit code"), v.summary
+
+
+def test_a_root_cause_cut_before_its_exit_code_ties_with_an_entry_of_its_second(tmp_path: Path) -> None:
+    """Rank 1's entry says exit code 1 at 08:16:22; the Root Cause entry, rank 0 at the same second, is cut before
+    its exit code: it is such an exit all the same, so the two tie, and torchrun's Root Cause picks rank 0."""
+    lines = (DATA / "logs" / "accounting" / "same_error_both_ranks.log").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("torch.distributed.elastic"))
+    cut = next(i for i, ln in enumerate(lines) if ln.strip().startswith("rank      : 0"))
+    v = triage([_write(tmp_path, lines[start:cut + 1])]).verdict
+    assert v.primary is not None and v.primary.who.rank == 0 and v.tie, v.summary
+    assert v.summary.startswith("tie: rank 0, rank 1 failed in the same second"), v.summary
+    assert "(torchrun's 'Root Cause' picks rank 0)" in v.summary, v.summary
 
 
 def test_a_summary_entrys_signal_stands_for_its_missing_exit_code(tmp_path: Path) -> None:
