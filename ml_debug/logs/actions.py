@@ -230,20 +230,15 @@ def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who
     return r is not None and _exit(c, rule, m, lab, Who(int(r.group(1)), None, None), line, offset)
 
 
-def _summary_opens(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                   offset: int) -> bool:
-    if lab.key in c._blocks:
-        return False
-    blocks.summary_opens(c, lab, who, line, offset)
-    return True
-
-
-def _summary_alone(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
-                   offset: int) -> bool:
-    if lab.key in c._blocks:
-        return False
-    blocks.summary_alone(c, lab, who, line, offset)
-    return True
+def _summary(opens: Callable[[Collector, Label, Who, int, int], None]) -> Action:
+    """The action of a line that opens torchrun's failure summary with ``opens`` (its header alone, an entry's
+    exitcode line), unless a block of its stream is open: a traceback that holds it reads it."""
+    def action(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
+        if lab.key in c._blocks:
+            return False
+        opens(c, lab, who, line, offset)
+        return True
+    return action
 
 
 def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
@@ -303,7 +298,8 @@ def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who:
 
 
 ACTIONS: dict[str, Action] = {
-    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _summary_alone, "summary-opens": _summary_opens, "agent-ranks": _agent_ranks,
+    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _summary(blocks.summary_alone),
+    "summary-opens": _summary(blocks.summary_opens), "agent-ranks": _agent_ranks,
     "srun-task": _srun_task, "slurm-cancel": _slurm_cancel, "tool-error": _tool_error,
 }
 """The catalogue's actions: what a launcher line's match means (each returns False to let the next rule try); a line
