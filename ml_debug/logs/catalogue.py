@@ -367,6 +367,16 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                   "Out Of Memory"),
                  hint="{who}{gpu} ran out of memory: lower its batch or sequence length, use activation "
                       "checkpointing, or see what else holds memory on that GPU (mldebug top, nvidia-smi)"),
+    # the CUDA driver API's errors by their CUresult names (cuda.h), as libraries that call it raise them: CuPy's
+    # "CUDADriverError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered", Numba's, JAX's; or
+    # with the bare code ("[torch_memory_saver.cpp] CUresult error  result=1 ..."). After the out-of-memory class
+    FailureClass("cuda-error", PRIMARY, "CUDA driver error ({what})",
+                 r"\b(?P<what>CUDA_ERROR_[A-Z_]{2,60})\b|CUresult error {1,4}(?P<what2>result=\d{1,5})",
+                 ("CUDA_ERROR_", "CUresult error"),
+                 hint="{who}: a call to the CUDA driver failed. After a kernel's fault (ILLEGAL_ADDRESS, LAUNCH_FAILED, "
+                      "ASSERT) rerun with CUDA_LAUNCH_BLOCKING=1 to raise at the failing kernel; otherwise "
+                      "(INVALID_VALUE, NOT_INITIALIZED, INVALID_CONTEXT) look at the library that made the call: its "
+                      "CUDA version against the driver's (nvidia-smi), or a CUDA context used in a forked process"),
     # torch/utils/data/_utils/signal_handling.py: a worker the kernel killed (SIGKILL, "Killed")
     FailureClass("oom", PRIMARY, "DataLoader worker killed (SIGKILL)",
                  r"DataLoader worker \(pid[^)]{0,40}\) is killed by signal: Killed", ("is killed by signal: Killed",),

@@ -115,6 +115,10 @@ CLASSES: dict[str, Sample] = {
     # ATen's CUDA kernels (aten/src/ATen/native/cuda/Indexing.cu's CUDA_KERNEL_ASSERT), one line per failing thread
     "CUDA kernel assertion failed ({what})": "../aten/src/ATen/native/cuda/Indexing.cu:1141: indexSelectLargeIndex: "
     "block: [615,0,0], thread: [121,0,0] Assertion `srcIndex < srcSelectDimSize` failed.",
+    # CuPy's cupy_backends/cuda/api/driver.pyx (check_status: CUDADriverError(f"{name}: {message}"), cuGetErrorName's
+    # and cuGetErrorString's words)
+    "CUDA driver error ({what})": "cupy_backends.cuda.api.driver.CUDADriverError: CUDA_ERROR_ILLEGAL_ADDRESS: an "
+    "illegal memory access was encountered",
     "no usable GPU": ("logs/catalogue/no-cuda.log", "AssertionError: Torch not compiled"),
     # CUDA's cudaErrorNoKernelImageForDevice as c10's CUDA check raises it (a wheel without this GPU's architecture)
     "CUDA setup": "RuntimeError: CUDA error: no kernel image is available for execution on the device",
