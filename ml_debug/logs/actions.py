@@ -230,7 +230,7 @@ def _mpirun_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who
     return r is not None and _exit(c, rule, m, lab, Who(int(r.group(1)), None, None), line, offset)
 
 
-def _summary(opens: Callable[[Collector, Label, Who, int, int], None]) -> Action:
+def _opens(opens: Callable[[Collector, Label, Who, int, int], None]) -> Action:
     """The action of a line that opens torchrun's failure summary with ``opens`` (its header alone, an entry's
     exitcode line), unless a block of its stream is open: a traceback that holds it reads it."""
     def action(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int, offset: int) -> bool:
@@ -239,6 +239,12 @@ def _summary(opens: Callable[[Collector, Label, Who, int, int], None]) -> Action
         opens(c, lab, who, line, offset)
         return True
     return action
+
+
+def _missing_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                   offset: int) -> bool:
+    blocks.missing_ranks(c, lab, who, line, offset)
+    return True
 
 
 def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
@@ -298,8 +304,9 @@ def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who:
 
 
 ACTIONS: dict[str, Action] = {
-    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _summary(blocks.summary_alone),
-    "summary-opens": _summary(blocks.summary_opens), "agent-ranks": _agent_ranks,
+    "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _opens(blocks.summary_alone),
+    "summary-opens": _opens(blocks.summary_opens), "stall-missing": _missing_ranks,
+    "agent-ranks": _agent_ranks,
     "srun-task": _srun_task, "slurm-cancel": _slurm_cancel, "tool-error": _tool_error,
 }
 """The catalogue's actions: what a launcher line's match means (each returns False to let the next rule try); a line

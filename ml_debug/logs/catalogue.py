@@ -253,7 +253,9 @@ LAUNCHERS: tuple[Launcher, ...] = (
         Line("stall", r"waiting for remainder of ranks for more than (?P<secs>\d+) seconds(?:[^\n]{0,2000}?\[ready "
              r"ranks: (?P<ready>[\d, ]{1,100000})\])?", ("waiting for remainder of ranks",),
              says=Says("stall", WARNING, "Horovod: ranks waited over {secs} s for the others (its stall inspector)",
-                       "ranks waited for others (Horovod)", detail=("ready",))),)),
+                       "ranks waited for others (Horovod)", detail=("ready",))),
+        # 0.21+: the ranks the others wait for on lines of their own after it (blocks.missing_opens)
+        Line("stall-missing", r"Missing ranks:\s*$", ("Missing ranks:",)),)),
     Launcher("torch", "torch 1.x (torch/distributed/distributed_c10d.py)", reported=False, lines=(
         Line("barrier-wait", r"Waiting in store based barrier to initialize process group for rank: (?P<rank>\d+), "
              r"key: \S{1,200} \(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)=(?P<joined>\d+)",

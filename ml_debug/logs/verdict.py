@@ -467,12 +467,13 @@ def _stalls(events: list[Event], world_size: int | None) -> list[str]:
     """Lines that say ranks waited for others (Horovod's stall inspector, a store barrier at init), per kind of line:
     findings, since a healthy job prints them when a rank is late; the ranks that were waited for, where they say."""
     out = []
-    stalls = [e for e in events if e.kind == "stall"]
+    stalls = [e for e in events if e.kind == "stall" and e.cls == WARNING]  # (a rank Horovod shut down for: a failure)
     for label in dict.fromkeys(e.label for e in stalls):
         mine = [e for e in stalls if e.label == label]
         ready = [{int(x) for x in str(e.detail["ready"]).replace(",", " ").split()} for e in mine if e.detail.get("ready")]
         world = max([world_size or 0, *(max(r) + 1 for r in ready if r)])
-        missing = compress(set(range(world)) - ready[0].intersection(*ready[1:])) if ready else ""  # not ready once
+        said = {int(x) for e in mine for x in str(e.detail.get("missing", "")).split(",") if x}  # Horovod 0.21+
+        missing = compress(said | (set(range(world)) - ready[0].intersection(*ready[1:]) if ready else set()))
         if missing:
             out.append(f"{mine[0].message}; they waited for {ranks_text(missing)}: if the job hung, look there first")
         else:

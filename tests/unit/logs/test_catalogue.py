@@ -75,6 +75,9 @@ LINES: dict[tuple[str, str], Sample] = {
     "of ranks and are waiting for remainder of ranks for more than 60 seconds. This may indicate that different ranks are "
     "trying to submit different tensors or that only subset of ranks is submitting tensors, which will cause deadlock. "
     "Stalled ops: allreduce.conv1.grad [ready ranks: 0, 1, 3]",
+    # Horovod 0.21+ horovod/common/stall_inspector.cc: the message (LOG(WARNING), glog-like prefix), "Missing ranks:",
+    # then one line per rank: "3: [tensor, ...]" ("3!: [...]" past the shutdown time)
+    ("horovod", "stall-missing"): "Missing ranks:",
     # torch 1.x torch/distributed/distributed_c10d.py (_store_based_barrier's INFO line)
     ("torch", "barrier-wait"): "I0510 07:28:04.417845 139863945226048 distributed_c10d.py:337] Waiting in store based "
     "barrier to initialize process group for rank: 2, key: store_based_barrier_key:2 (world_size=8, worker_count=7, "
@@ -396,3 +399,28 @@ def test_a_failure_torchrun_restarted_the_workers_after_is_survived_once_they_fi
     later = tmp_path / "later.log"
     later.write_text("".join(lines) + "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n")
     assert triage([str(later)]).verdict.status == "failure"
+
+
+HOROVOD_STALL = ("[2026-11-28 10:00:00.123456: W /tmp/pip-req-build/horovod/common/stall_inspector.cc:107] One or more "
+                 "tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for "
+                 "remainder of ranks for more than 60 seconds. This may indicate that different ranks are trying to "
+                 "submit different tensors or that only subset of ranks is submitting tensors, which will cause deadlock. ")
+
+
+def test_horovods_missing_ranks_are_the_ranks_waited_for_and_a_shutdown_names_its_stalled_rank(tmp_path: Path) -> None:
+    """Horovod 0.21+ lists the ranks the others waited for on lines of their own after "Missing ranks:" (unlabelled,
+    "3: [...]" reads like srun --label's task 3); past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS it marks them "!" and
+    shuts the job down: each marked rank is a failure."""
+    ranks = ["3: [DistributedAdamOptimizer_Allreduce/cond_10/HorovodAllreduce_grads_10_0, grads_11_0]",
+             "5: [DistributedAdamOptimizer_Allreduce/cond_10/HorovodAllreduce_grads_10_0]"]
+    path = tmp_path / "console.log"
+    path.write_text("\n".join(["Epoch 1/90", HOROVOD_STALL, "Missing ranks:", *ranks, "Epoch 1/90 step 229"]) + "\n")
+    v = triage([str(path)]).verdict
+    assert v.status == "none", v.summary
+    assert [f for f in v.findings if "they waited for ranks 3,5:" in f], v.findings
+    shut = 'One or more rank (marked by "!") is stalled for longer than 120 seconds. Will shutdown.'
+    path.write_text("\n".join([HOROVOD_STALL, "Missing ranks:", "3!: " + ranks[0][3:], ranks[1], shut]) + "\n")
+    v = triage([str(path)]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.who.rank == 3, v.summary
+    assert v.summary.startswith("first failure: rank 3: Horovod shut the job down: rank 3 stalled"), v.summary
+    assert [f for f in v.findings if "they waited for ranks 3,5:" in f], v.findings
