@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs import blocks, engine
 from ml_debug.logs.engine import LineRule
-from ml_debug.logs.labels import Label, find_time, srun_task_node
+from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node
 from ml_debug.logs.result import PRIMARY, SECONDARY, TIME_LAUNCHER, TIME_LINE, TIME_ORDER, WARNING, Who
 from ml_debug.logs.text import classify, clean_message, short_exception
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 _WATCHDOG = re.compile(engine.WATCHDOG)
 _WATCHDOG_RANK = re.compile(engine.WATCHDOG_RANK)
 _LAST_WORK = re.compile(engine.LAST_WORK)
+_MISSING_RANK = re.compile(r"(\d{1,7})(!?): \[")  # Horovod's "3: [tensor, ...]", "3!: [...]"
 _MPI_PROCESS = re.compile(r"Process name: \[(?:\[\d+,\d+\],|[^\]]{0,200}@\d+,)(\d+)\]")
 # a line that starts with an exception (anchored), or names one in its middle (a logger reporting it)
 _INLINE_EXCEPTION = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w{0,100}\.){0,10}\w{0,100}(?:Error|Exception): \S")
@@ -243,7 +244,31 @@ def _opens(opens: Callable[[Collector, Label, Who, int, int], None]) -> Action:
 
 def _missing_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                    offset: int) -> bool:
-    blocks.missing_ranks(c, lab, who, line, offset)
+    """Horovod's stall inspector (horovod/common/stall_inspector.cc, 0.21+): after its warning, ``Missing ranks:``,
+    then a line per rank that had not submitted the tensors the others wait for (``3: [allreduce.grad_a, ...]``: read
+    here, ahead, since unlabelled they look like srun --label's task 3), a ``!`` after those stalled past
+    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS and ``... Will shutdown.`` for them. The ranks waited for: a finding (a
+    warning); those it shut the job down for: each a failure of its own."""
+    block, pos = c.here
+    ranks: list[str] = []
+    shut = False
+    for raw in block[block.find(b"\n", pos) + 1:].split(b"\n", 1000)[:1000]:
+        text = raw.decode("utf-8", "replace").strip()
+        got = _MISSING_RANK.match(split_label(text).rest) or _MISSING_RANK.match(text)
+        if got is None:
+            shut = "Will shutdown" in text
+            break
+        ranks.append(got.group(1) + got.group(2))
+    if not ranks:
+        return True
+    names = ",".join(r.rstrip("!") for r in ranks)
+    c._add(c.event("stall", WARNING, f"Horovod: ranks waited for rank(s) {names}, which had not submitted the same "
+                   "tensors (its stall inspector)", "ranks waited for others (Horovod)", who, line, offset, strong=False,
+                   detail={"missing": names}), f"missing:{line}")
+    for rank in (int(r[:-1]) for r in ranks if shut and r.endswith("!")):
+        c._add(c.event("stall", PRIMARY, f"Horovod shut the job down: rank {rank} stalled (it had not submitted the "
+                       "tensors the others waited for, past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)", "stalled rank (Horovod)",
+                       Who(rank, who.node, None), line, offset), f"missing:{line}:{rank}")
     return True
 
 

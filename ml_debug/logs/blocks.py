@@ -510,37 +510,6 @@ def summary_events(c: Collector, block: Block) -> None:
                        detail={"torchrun_root_cause": cut_root is not None}), "summary:cut")
 
 
-_MISSING_RANK = re.compile(r"(\d{1,7})(!?): \[")
-
-
-def missing_ranks(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
-    """Horovod's stall inspector (horovod/common/stall_inspector.cc, 0.21+): after its warning, ``Missing ranks:``,
-    then a line per rank that had not submitted the tensors the others wait for (``3: [allreduce.grad_a, ...]``: read
-    here, ahead, since unlabelled they look like srun --label's task 3), a ``!`` after those stalled past
-    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS and ``... Will shutdown.`` for them. The ranks waited for: a finding (a
-    warning); those it shut the job down for: each a failure of its own."""
-    block, pos = c.here
-    ranks: list[str] = []
-    shut = False
-    for raw in block[block.find(b"\n", pos) + 1:].split(b"\n", 1000)[:1000]:
-        text = raw.decode("utf-8", "replace").strip()
-        m = _MISSING_RANK.match(split_label(text).rest) or _MISSING_RANK.match(text)
-        if m is None:
-            shut = "Will shutdown" in text
-            break
-        ranks.append(m.group(1) + m.group(2))
-    if not ranks:
-        return
-    names = ",".join(r.rstrip("!") for r in ranks)
-    c._add(c.event("stall", WARNING, f"Horovod: ranks waited for rank(s) {names}, which had not submitted the same "
-                   "tensors (its stall inspector)", "ranks waited for others (Horovod)", who, line, offset, strong=False,
-                   detail={"missing": names}), f"missing:{line}")
-    for r in (int(r[:-1]) for r in ranks if shut and r.endswith("!")):
-        c._add(c.event("stall", PRIMARY, f"Horovod shut the job down: rank {r} stalled (it had not submitted the "
-                       "tensors the others waited for, past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)", "stalled rank (Horovod)",
-                       Who(r, who.node, None), line, offset), f"missing:{line}:{r}")
-
-
 def lines_before(c: Collector, n: int) -> str:
     """The ``n`` lines before the current one (within the block being scanned)."""
     block, pos = c.here
@@ -550,6 +519,7 @@ def lines_before(c: Collector, n: int) -> str:
             break
         start = block.rfind(b"\n", 0, start - 1) + 1
     return block[start:pos].decode("utf-8", "replace")
+
 
 def summary_opens(c: Collector, lab: Label, who: Who, line: int, offset: int) -> None:
     """torchrun's ``ChildFailedError:`` line outside a traceback (the traceback cut off above it, or drawn in

@@ -254,7 +254,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
              r"ranks: (?P<ready>[\d, ]{1,100000})\])?", ("waiting for remainder of ranks",),
              says=Says("stall", WARNING, "Horovod: ranks waited over {secs} s for the others (its stall inspector)",
                        "ranks waited for others (Horovod)", detail=("ready",))),
-        # 0.21+: the ranks the others wait for on lines of their own after it (blocks.missing_opens)
+        # 0.21+: the ranks the others wait for on lines of their own after it (actions._missing_ranks)
         Line("stall-missing", r"Missing ranks:\s*$", ("Missing ranks:",)),)),
     Launcher("torch", "torch 1.x (torch/distributed/distributed_c10d.py)", reported=False, lines=(
         Line("barrier-wait", r"Waiting in store based barrier to initialize process group for rank: (?P<rank>\d+), "
