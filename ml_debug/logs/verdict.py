@@ -206,16 +206,21 @@ def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: in
 def restarted(v: Verdict, events: Iterable[Event]) -> Verdict:
     """The verdict of a torchrun console whose agent said its workers finished after every failure (its
     --max-restarts restarts, printed at LOGLEVEL=INFO): the failures were survived. A failure is before the
-    agent's line when its time is no later, or, with no time, when it is above that line in the same file."""
+    agent's line when it is above that line in the same file, or, in a file of no agent (a rank's own), when its
+    time is no later."""
     events = list(events)
     finished = [e for e in events if e.label == FINISHED]
     if not v.failed or not finished:
         return v
 
+    agents = {e.source for e in events if e.detail.get("via") == "torchrun" or e.label in (RESTARTS, FINISHED)}
+
     def before(failure: Event, done: Event) -> bool:
         if failure.source == done.source:
             return failure.line < done.line
-        return failure.time is not None and done.time is not None and failure.time <= done.time
+        # another agent's console speaks for itself (its node may have failed while this one finished)
+        return failure.source not in agents and failure.time is not None and done.time is not None \
+            and failure.time <= done.time
 
     if not all(any(before(e, done) for done in finished) for e in events if e.cls in (PRIMARY, SECONDARY)):
         return v

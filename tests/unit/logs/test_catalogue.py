@@ -399,6 +399,12 @@ def test_a_failure_torchrun_restarted_the_workers_after_is_survived_once_they_fi
     later = tmp_path / "later.log"
     later.write_text("".join(lines) + "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n")
     assert triage([str(later)]).verdict.status == "failure"
+    # another node's agent console, whose worker failed before this one's finished: that node did not recover
+    other = tmp_path / "node2.log"
+    first_attempt = (DATA / "logs" / "catalogue" / "restart-failed.log").read_text().splitlines(keepends=True)[:8]
+    other.write_text("".join(first_attempt).replace("19:50:3", "19:50:0"))  # its worker's exit at 19:50:01
+    assert "failed (exitcode: 1)" in first_attempt[-1]
+    assert triage([str(recovered), str(other)]).verdict.status == "failure"
 
 
 HOROVOD_STALL = ("[2026-11-28 10:00:00.123456: W /tmp/pip-req-build/horovod/common/stall_inspector.cc:107] One or more "
