@@ -379,6 +379,13 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "ASSERT) rerun with CUDA_LAUNCH_BLOCKING=1 to raise at the failing kernel; otherwise "
                       "(INVALID_VALUE, NOT_INITIALIZED, INVALID_CONTEXT) look at the library that made the call: its "
                       "CUDA version against the driver's (nvidia-smi), or a CUDA context used in a forked process"),
+    # ATen's cuDNN check (aten/src/ATen/cudnn/Exceptions.h: "cuDNN error: " and cudnnGetErrorString's name)
+    FailureClass("cuda-error", PRIMARY, "cuDNN error ({what})", r"cuDNN error: (?P<what>CUDNN_STATUS_[A-Z_]{2,40})",
+                 ("cuDNN error",),
+                 hint="{who}: cuDNN failed. NOT_INITIALIZED and ALLOC_FAILED most often mean the GPU's memory ran out "
+                      "(or a cuDNN that does not fit the driver); EXECUTION_FAILED and MAPPING_ERROR, an earlier "
+                      "kernel's fault: rerun with CUDA_LAUNCH_BLOCKING=1. torch.backends.cudnn.enabled = False tells "
+                      "whether cuDNN itself is at fault"),
     # torch/utils/data/_utils/signal_handling.py: a worker the kernel killed (SIGKILL, "Killed")
     FailureClass("oom", PRIMARY, "DataLoader worker killed (SIGKILL)",
                  r"DataLoader worker \(pid[^)]{0,40}\) is killed by signal: Killed", ("is killed by signal: Killed",),
@@ -405,9 +412,9 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "the switch's counters) and the peer's own log"),
     FailureClass("nccl-error", PRIMARY, "NCCL error",
                  r"unhandled (?:cuda|system) error|ncclUnhandledCudaError|ncclSystemError|Cuda failure|ncclInternalError|"
-                 r"ncclInvalidUsage|ncclInvalidArgument|invalid usage",
+                 r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|NCCL Error \d+: ",
                  ("unhandled cuda error", "unhandled system error", "ncclUnhandledCudaError", "ncclSystemError",
-                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage"),
+                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage", "NCCL Error "),
                  hint="{who}: an NCCL call failed (not a timeout). Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) "
                       "to see which: 'unhandled system error' is most often the network (NCCL_SOCKET_IFNAME, "
                       "InfiniBand) or /dev/shm; 'unhandled cuda error', a CUDA failure on that GPU; 'invalid usage', "
@@ -431,6 +438,12 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
     # the consequences of another rank's failure
     # a rank (or node) that never came: c10d's TCPStore server "Timed out after 901 seconds waiting for clients. 7/8
     # clients joined.", its store-based barrier, torchrun's RendezvousTimeoutError (elastic/rendezvous/api.py)
+    # torchrun's agent, when it meets a rendezvous another node's agent closed (it failed with no restart left, or
+    # ended): dynamic_rendezvous.py "raise RendezvousClosedError"
+    FailureClass("init", SECONDARY, "rendezvous closed by another node", r"RendezvousClosedError",
+                 ("RendezvousClosedError",),
+                 hint="another node's torchrun agent closed the rendezvous: its workers failed with no restart left (or "
+                      "it ended): that node's console says why"),
     FailureClass("init", SECONDARY, "not every rank joined",
                  r"waiting for clients\. \d+/\d+ clients joined|RendezvousTimeoutError|store based barrier on rank",
                  ("clients joined", "RendezvousTimeoutError", "store based barrier"),
@@ -441,8 +454,9 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
     # work: 253." after its watchdog line)
     FailureClass("watchdog", SECONDARY, "NCCL watchdog timeout",
                  r"Watchdog caught collective|Some NCCL operations have failed or timed out|detected by watchdog at work|"
-                 r"Timeout at NCCL work: \d",
-                 ("Watchdog caught", "Some NCCL operations", "detected by watchdog", "Timeout at NCCL work"),
+                 r"Timeout at NCCL work: \d|Received a dump signal due to a collective timeout",
+                 ("Watchdog caught", "Some NCCL operations", "detected by watchdog", "Timeout at NCCL work",
+                  "Received a dump signal"),
                  hint=WATCHDOG_HINT),
     FailureClass("comm", SECONDARY, "Connection reset by peer", r"Connection reset by peer|ConnectionResetError",
                  ("Connection reset by peer", "ConnectionResetError")),

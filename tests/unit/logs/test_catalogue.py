@@ -122,6 +122,10 @@ CLASSES: dict[str, Sample] = {
     # and cuGetErrorString's words)
     "CUDA driver error ({what})": "cupy_backends.cuda.api.driver.CUDADriverError: CUDA_ERROR_ILLEGAL_ADDRESS: an "
     "illegal memory access was encountered",
+    # ATen's aten/src/ATen/cudnn/Exceptions.h (AT_ERROR("cuDNN error: ", cudnnGetErrorString(status)))
+    "cuDNN error ({what})": "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INITIALIZED",
+    # torch/distributed/elastic/rendezvous/dynamic_rendezvous.py ("raise RendezvousClosedError"), its traceback's end
+    "rendezvous closed by another node": "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
     "no usable GPU": ("logs/catalogue/no-cuda.log", "AssertionError: Torch not compiled"),
     # CUDA's cudaErrorNoKernelImageForDevice as c10's CUDA check raises it (a wheel without this GPU's architecture)
     "CUDA setup": "RuntimeError: CUDA error: no kernel image is available for execution on the device",
@@ -430,3 +434,17 @@ def test_horovods_missing_ranks_are_the_ranks_waited_for_and_a_shutdown_names_it
     assert v.status == "failure" and v.primary is not None and v.primary.who.rank == 3, v.summary
     assert v.summary.startswith("first failure: rank 3: Horovod shut the job down: rank 3 stalled"), v.summary
     assert [f for f in v.findings if "they waited for ranks 3,5:" in f], v.findings
+
+
+@pytest.mark.parametrize(("line", "label"), [
+    # torch 1.0-1.3 torch/lib/c10d/NCCLUtils.hpp ("NCCL Error " + std::to_string(error) + ": " + ncclGetErrorString)
+    ("RuntimeError: NCCL Error 2: unhandled system error", "NCCL error"),
+    ("RuntimeError: NCCL Error 3: internal error", "NCCL error"),
+    # torch 2.4+ ProcessGroupNCCL.cpp: a rank's watchdog after a collective timeout (its own, or a peer's)
+    ("[rank0]:[E1128 10:00:00.000000 123 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 0] Received a "
+     "dump signal due to a collective timeout from this local rank and we will try our best to dump the debug info. "
+     "Last enqueued NCCL work: 5, last completed NCCL work: 4.", "NCCL watchdog timeout"),
+])
+def test_more_wordings_of_a_class(line: str, label: str) -> None:
+    assert _passes_prefilter(line), line
+    assert classify(split_label(line).rest)[1] == label, classify(split_label(line).rest)
