@@ -307,11 +307,19 @@ WATCHDOG_HINT = ("an NCCL collective timed out: the rank that stopped issuing it
 FAILURE_CLASSES: tuple[FailureClass, ...] = (
     # a DataLoader worker killed by SIGBUS: its shared memory (/dev/shm) ran out
     FailureClass("shm", PRIMARY, "DataLoader worker killed by a bus error (shared memory)",
-                 r"DataLoader worker \(pid[^)]{0,40}\) is killed by signal: Bus error|out of shared memory",
-                 ("Bus error", "out of shared memory"),
+                 r"DataLoader worker \(pid[^)]{0,40}\) is killed by signal: Bus error|out of shared memory|"
+                 r"Unexpected bus error encountered in worker",
+                 ("Bus error", "out of shared memory", "Unexpected bus error"),
                  hint="a DataLoader worker died of a bus error: /dev/shm is too small for its batches. Give the "
                       "container more (docker run --shm-size=16g, or --ipc=host; Kubernetes: an emptyDir with medium: "
                       "Memory on /dev/shm), or lower num_workers"),
+    # torch's shared memory for tensors passed between processes (/dev/shm): "unable to write to file </torch_...>"
+    FailureClass("shm", PRIMARY, "shared memory full (/dev/shm)",
+                 r"unable to (?:write to file|open shared memory object|mmap \d+ bytes from file) </torch_",
+                 ("</torch_",),
+                 hint="{who} could not put a tensor in shared memory: /dev/shm is full or too small (a container's "
+                      "64 MB). docker run --shm-size=16g or --ipc=host (Kubernetes: an emptyDir with medium: Memory on "
+                      "/dev/shm), fewer DataLoader workers, or torch.multiprocessing.set_sharing_strategy('file_system')"),
     # NCCL's shared-memory transport could not make its segment (/dev/shm too small in a container)
     FailureClass("shm", PRIMARY, "NCCL shared-memory segment failed (/dev/shm)",
                  r"(?:Error while creating|unable to allocate|failed to (?:create|open|extend)) shared memory "
@@ -392,6 +400,21 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  hint="a DataLoader worker of {who} was killed by SIGKILL, most often by the kernel's OOM killer: the "
                       "host ran out of memory (dmesg there: 'Out of memory: Killed process'). Lower num_workers or "
                       "prefetch_factor, or what each worker holds (a dataset copied into every worker)"),
+    # a DataLoader worker that died otherwise (after the classes of its bus error and its SIGKILL;
+    # torch/utils/data/dataloader.py: its own error is lost to multiprocessing)
+    FailureClass("exception", PRIMARY, "DataLoader worker died",
+                 r"DataLoader worker \(pid(?:\(s\))? [\d, ]{1,200}\) (?:exited unexpectedly|is killed by signal: "
+                 r"(?:Segmentation fault|Floating point exception|Aborted))|Unexpected (?:segmentation fault|"
+                 r"floating-point exception) encountered in worker", ("DataLoader worker (pid", "encountered in worker"),
+                 hint="a DataLoader worker of {who} died and its own error is lost to multiprocessing: rerun with "
+                      "num_workers=0 to get it in the main process (a crash in native code: a dataset's C library, an "
+                      "image or video decoder)"),
+    # the disk (or its quota) is full: Python's ENOSPC, torch.save's writer
+    FailureClass("exception", PRIMARY, "disk full",
+                 r"No space left on device|PytorchStreamWriter failed writing file",
+                 ("No space left on device", "PytorchStreamWriter failed"),
+                 hint="{who} could not write a file: its disk or quota is full. df -h (and the quota) of the directory it "
+                      "writes to on that node: checkpoints, logs, caches in /tmp or ~/.cache"),
     # a hardware fault: the GPU's memory or the link failed, not the program (rule 5 gives it to its rank)
     FailureClass("gpu-fault", PRIMARY, "GPU hardware error ({what})",
                  r"(?P<what>uncorrectable ECC error|ECC error encountered|NVRM: Xid|Xid \(PCI:[^)]{0,40}\): \d+|"

@@ -179,6 +179,8 @@ class Collector:
         whole = True  # the line read as it is (as blocks.logged_level reads it)
         if "\x1b" in text:
             text, quiet, whole = strip_ansi(text), False, False  # a word may be whole only without the escapes
+        if "\x00" in text:  # torch's DataLoader writes one before the traceback a worker's signal handler ends with
+            text = text.replace("\x00", "")
         if _mendable(text):
             parts, what = mend_line(text)
             if what is not None:

@@ -126,6 +126,11 @@ CLASSES: dict[str, Sample] = {
     "cuDNN error ({what})": "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INITIALIZED",
     # torch/distributed/elastic/rendezvous/dynamic_rendezvous.py ("raise RendezvousClosedError"), its traceback's end
     "rendezvous closed by another node": "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
+    # torch's shared-memory allocator (aten/src/ATen/MapAllocator.cpp: "unable to write to file <%s>: %s (%d)")
+    "shared memory full (/dev/shm)": "RuntimeError: unable to write to file </torch_4012_1841309476_0>: No space left on "
+                                     "device (28)",
+    "DataLoader worker died": ("logs/catalogue/dataloader-exit.log", "exited unexpectedly with exit code 3"),
+    "disk full": ("logs/catalogue/disk-full.log", "No space left on device"),
     "no usable GPU": ("logs/catalogue/no-cuda.log", "AssertionError: Torch not compiled"),
     # CUDA's cudaErrorNoKernelImageForDevice as c10's CUDA check raises it (a wheel without this GPU's architecture)
     "CUDA setup": "RuntimeError: CUDA error: no kernel image is available for execution on the device",
@@ -444,7 +449,23 @@ def test_horovods_missing_ranks_are_the_ranks_waited_for_and_a_shutdown_names_it
     ("[rank0]:[E1128 10:00:00.000000 123 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 0] Received a "
      "dump signal due to a collective timeout from this local rank and we will try our best to dump the debug info. "
      "Last enqueued NCCL work: 5, last completed NCCL work: 4.", "NCCL watchdog timeout"),
+    # torch's DataLoader worker signal handler (torch/csrc/DataLoader.cpp), before the main process's traceback
+    (("logs/catalogue/dataloader-bus.log", "Unexpected bus error"), "DataLoader worker killed by a bus error (shared memory)"),
+    (("logs/catalogue/dataloader-segv.log", "Unexpected segmentation fault"), "DataLoader worker died"),
 ])
-def test_more_wordings_of_a_class(line: str, label: str) -> None:
+def test_more_wordings_of_a_class(line: Sample, label: str) -> None:
+    line = _line(line)
     assert _passes_prefilter(line), line
     assert classify(split_label(line).rest)[1] == label, classify(split_label(line).rest)
+
+
+def test_a_dataloader_workers_death_is_the_failure_with_the_step_its_signal_calls_for() -> None:
+    """A worker's SIGBUS (a full /dev/shm) and SIGSEGV end in the main process's chained traceback, which torch's
+    worker handler starts with a NUL byte: read all the same, with the next step for the bus error (/dev/shm) or for
+    a crash whose own error is lost (num_workers=0)."""
+    bus = triage([str(DATA / "logs" / "catalogue" / "dataloader-bus.log")]).verdict
+    assert bus.primary is not None and bus.primary.label == "DataLoader worker killed by a bus error (shared memory)"
+    assert bus.hint is not None and "--shm-size" in bus.hint, bus.hint
+    segv = triage([str(DATA / "logs" / "catalogue" / "dataloader-segv.log")]).verdict
+    assert segv.primary is not None and segv.primary.kind == "traceback", segv.summary
+    assert segv.hint is not None and "num_workers=0" in segv.hint, segv.hint
