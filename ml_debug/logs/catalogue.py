@@ -409,6 +409,15 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  hint="a DataLoader worker of {who} died and its own error is lost to multiprocessing: rerun with "
                       "num_workers=0 to get it in the main process (a crash in native code: a dataset's C library, an "
                       "image or video decoder)"),
+    # the numbers became NaN or Inf: autograd's anomaly mode ("Function 'SqrtBackward0' returned nan values in its 0th
+    # output"), clip_grad_norm_(error_if_nonfinite=True), a job's own check ("non-finite loss", "loss is nan")
+    FailureClass("exception", PRIMARY, "non-finite values (NaN/Inf)",
+                 r"returned (?:nan|inf) values in its|is non-finite, so it cannot be clipped|non-finite (?:loss|grad)|"
+                 r"\bloss (?:is|became|was) (?:nan|NaN|inf)\b", ("values in its", "non-finite", "loss is ",
+                                                                   "loss became ", "loss was "),
+                 hint="{who}'s numbers became NaN or Inf. torch.autograd.set_detect_anomaly(True) names the operation "
+                      "that made them; then a lower learning rate, gradient clipping, fp16's loss scale (or bf16), or "
+                      "the batch it happened on"),
     # the disk (or its quota) is full: Python's ENOSPC, torch.save's writer
     FailureClass("exception", PRIMARY, "disk full",
                  r"No space left on device|PytorchStreamWriter failed writing file",

@@ -131,6 +131,7 @@ CLASSES: dict[str, Sample] = {
                                      "device (28)",
     "DataLoader worker died": ("logs/catalogue/dataloader-exit.log", "exited unexpectedly with exit code 3"),
     "disk full": ("logs/catalogue/disk-full.log", "No space left on device"),
+    "non-finite values (NaN/Inf)": ("logs/catalogue/nan-anomaly.log", "returned nan values"),
     "no usable GPU": ("logs/catalogue/no-cuda.log", "AssertionError: Torch not compiled"),
     # CUDA's cudaErrorNoKernelImageForDevice as c10's CUDA check raises it (a wheel without this GPU's architecture)
     "CUDA setup": "RuntimeError: CUDA error: no kernel image is available for execution on the device",
@@ -452,6 +453,8 @@ def test_horovods_missing_ranks_are_the_ranks_waited_for_and_a_shutdown_names_it
     # torch's DataLoader worker signal handler (torch/csrc/DataLoader.cpp), before the main process's traceback
     (("logs/catalogue/dataloader-bus.log", "Unexpected bus error"), "DataLoader worker killed by a bus error (shared memory)"),
     (("logs/catalogue/dataloader-segv.log", "Unexpected segmentation fault"), "DataLoader worker died"),
+    (("logs/catalogue/nan-clip.log", "RuntimeError: The total norm"), "non-finite values (NaN/Inf)"),
+    (("logs/nan_every_rank_names_rank1.log", "non-finite loss on rank 1"), "non-finite values (NaN/Inf)"),
 ])
 def test_more_wordings_of_a_class(line: Sample, label: str) -> None:
     line = _line(line)
