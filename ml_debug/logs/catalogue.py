@@ -533,6 +533,12 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  ("Segmentation fault", "SIG", "Fatal Python error", "core dumped"),
                  hint="{who} crashed in native code (SIGSEGV): its core file (mldebug core-bt) or a run with "
                       "python -X faulthandler says where"),
+    # a process killed by SIGKILL (an exit code -9, accelerate's "died with <Signals.SIGKILL: 9>", a shell's "Killed"):
+    # its cause is not in its own lines. Also the class of such exits' events (text.signal_event_text's label)
+    FailureClass("signal", PRIMARY, "killed (SIGKILL)", r"\bSIGKILL\b", ("SIGKILL",),
+                 hint="{who} was killed by SIGKILL, and its own lines cannot say by whom: most often the kernel's OOM "
+                      "killer (on that node: dmesg -T | grep -i 'killed process'; mldebug logs --slurm-job reads it), "
+                      "else the job's memory or time limit (sacct -j ID -o State,MaxRSS,ReqMem) or a kill -9"),
 )
 
 SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "rror")

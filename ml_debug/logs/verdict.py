@@ -440,8 +440,8 @@ def next_step(ev: Event) -> str | None:
         kind = "watchdog"
     if ev.detail.get("exit_code") == -11 or "SIGSEGV" in text:
         kind = "signal"
-    elif kind == "signal":
-        return None  # another signal (SIGKILL, SIGABRT): its cause is elsewhere (the OOM killer, an abort's message)
+    elif kind == "signal" and ev.label != "killed (SIGKILL)":
+        return None  # another signal (SIGABRT, SIGTERM): its cause is elsewhere (an abort's message, the launcher)
     entries = [c for c in FAILURE_CLASSES if c.kind == kind and c.hint]
     # its own class (a label with {what} is said with the text in its place); else, for a crash, a memory, CUDA or
     # hardware error or a watchdog named in other words, its kind's first

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -144,10 +145,27 @@ def _logs(rig: SlurmRig, cwd: Path, *args: str, env: dict[str, str] | None = Non
     return proc, doc["result"]
 
 
+def _logs_reading_kernels(rig: SlurmRig, cwd: Path, job: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str],
+                                                                                         dict]:
+    """`mldebug logs --slurm-job` whose new step on the job's nodes reads their kernel logs. The rig's nodes are
+    shared by the tests: while another test's job holds one, the step cannot start (srun --immediate) and that node's
+    log says so. Then, once the nodes are idle again, once more (at most three runs)."""
+    def idle(nodes: str) -> bool:
+        return set(rig.run(["sinfo", "-h", "-N", "-n", nodes, "-o", "%T"]).stdout.split()) <= {"idle"}
+
+    for _ in range(3):
+        proc, result = _logs(rig, cwd, "--slurm-job", job, env=env)
+        held = ",".join(k["node"] for k in result["postmortem"]["kernel"] if "did not run there" in (k.get("reason") or ""))
+        if not held:
+            break
+        wait_until(functools.partial(idle, held), 180, f"{held} idle, for the kernel-log step")
+    return proc, result
+
+
 def _a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
         rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
     history = tmp_path / "history.db"
-    proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.raise_job, env={"MLDEBUG_HISTORY": str(history)})
+    proc, result = _logs_reading_kernels(rig_slurm, tmp_path, jobs.raise_job, env={"MLDEBUG_HISTORY": str(history)})
     assert proc.returncode == 1, proc.stderr
     pm = result["postmortem"]
     v = pm["verdict"]
@@ -165,7 +183,8 @@ def _a_rank_that_raised_is_named_with_its_node_exception_and_step_state(
     # the kernel log of each node, read by a new step on the job's nodes (the job has ended)
     kernel = {k["node"]: k for k in pm["kernel"]}
     assert sorted(kernel) == sorted(main["nodes"]), pm["kernel"]
-    assert all(k["readable"] and k["source"] in ("journalctl", "dmesg") and k["lines"] > 0 for k in kernel.values())
+    assert all(k["readable"] and k["source"] in ("journalctl", "dmesg") and k["lines"] > 0
+               for k in kernel.values()), pm["kernel"]
     # recorded in the node history as a `mldebug logs` run, under the job's id
     with sqlite3.connect(history) as db:
         rows = db.execute("SELECT source, job, node, first FROM incidents ORDER BY node").fetchall()
@@ -198,7 +217,7 @@ def _a_task_over_its_memory_limit_is_named_out_of_memory_without_a_traceback(
 
 
 def _a_job_whose_node_went_down_is_named_node_fail(rig_slurm: SlurmRig, jobs: Jobs, tmp_path: Path) -> None:
-    proc, result = _logs(rig_slurm, tmp_path, "--slurm-job", jobs.nodefail_job)
+    proc, result = _logs_reading_kernels(rig_slurm, tmp_path, jobs.nodefail_job, env={})
     assert proc.returncode == 1, proc.stderr
     v = result["postmortem"]["verdict"]
     assert (v["rank"], v["node"], v["cause"]) == (0, "spare1", "node-fail")

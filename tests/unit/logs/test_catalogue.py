@@ -132,6 +132,7 @@ CLASSES: dict[str, Sample] = {
     "DataLoader worker died": ("logs/catalogue/dataloader-exit.log", "exited unexpectedly with exit code 3"),
     "disk full": ("logs/catalogue/disk-full.log", "No space left on device"),
     "non-finite values (NaN/Inf)": ("logs/catalogue/nan-anomaly.log", "returned nan values"),
+    "killed (SIGKILL)": ("logs_corpus/accelerate-killed.log", "died with <Signals.SIGKILL: 9>"),
     "no usable GPU": ("logs/catalogue/no-cuda.log", "AssertionError: Torch not compiled"),
     # CUDA's cudaErrorNoKernelImageForDevice as c10's CUDA check raises it (a wheel without this GPU's architecture)
     "CUDA setup": "RuntimeError: CUDA error: no kernel image is available for execution on the device",

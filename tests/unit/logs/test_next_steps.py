@@ -107,3 +107,11 @@ def test_a_peers_consequence_said_by_a_warning_is_no_failure(tmp_path: Path, lin
     path.write_text(f"{line}\nstep 1 loss 2.3\nstep 2 loss 2.1\ntraining done\n")
     v = triage([str(path)]).verdict
     assert v.status == "none" and v.summary == "no failure found", v.summary
+
+
+@pytest.mark.parametrize("path", ["logs_corpus/accelerate-killed.log", "logs/catalogue/dataloader-killed.log"])
+def test_a_process_killed_by_sigkill_gets_where_to_look_for_who_killed_it(path: str) -> None:
+    """SIGKILL leaves nothing in the process's own lines: the next step says where the killer is told (the node's
+    kernel log for the OOM killer, the job's limits). A DataLoader worker's SIGKILL keeps its own class's step."""
+    v = triage([str(REPO / "tests" / "data" / path)]).verdict
+    assert v.hint is not None and "OOM killer" in v.hint and "dmesg" in v.hint, v.hint
