@@ -249,13 +249,17 @@ LAUNCHERS: tuple[Launcher, ...] = (
     # prints them when a rank is late. Horovod's stall inspector (horovod/common/stall_inspector.cc: "One or more
     # tensors were submitted ... waiting for remainder of ranks for more than 60 seconds. ... Stalled ops: NAME
     # [ready ranks: 0, 1, 3]"); torch 1.x's store-based barrier at process group init (distributed_c10d.py, INFO)
-    Launcher("horovod", "Horovod 0.16-0.28 (horovod/common/stall_inspector.cc)", reported=False, lines=(
+    Launcher("horovod", "Horovod 0.16-0.28 (horovod/common/stall_inspector.cc, horovod/runner/gloo_run.py)",
+             reported=False, lines=(
         Line("stall", r"waiting for remainder of ranks for more than (?P<secs>\d+) seconds(?:[^\n]{0,2000}?\[ready "
              r"ranks: (?P<ready>[\d, ]{1,100000})\])?", ("waiting for remainder of ranks",),
              says=Says("stall", WARNING, "Horovod: ranks waited over {secs} s for the others (its stall inspector)",
                        "ranks waited for others (Horovod)", detail=("ready",))),
         # 0.21+: the ranks the others wait for on lines of their own after it (actions._missing_ranks)
-        Line("stall-missing", r"Missing ranks:\s*$", ("Missing ranks:",)),)),
+        Line("stall-missing", r"Missing ranks:\s*$", ("Missing ranks:",)),
+        # horovodrun's gloo runner (horovod/runner/gloo_run.py: "Process {idx} exit with status code {ec}."), idx the rank
+        Line("exit", r"Process (?P<rank>\d{1,7}) exit with status code (?P<code>-?\d+)\.", ("exit with status code",),
+             anchored=True),)),
     Launcher("torch", "torch 1.x (torch/distributed/distributed_c10d.py)", reported=False, lines=(
         Line("barrier-wait", r"Waiting in store based barrier to initialize process group for rank: (?P<rank>\d+), "
              r"key: \S{1,200} \(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)=(?P<joined>\d+)",

@@ -78,6 +78,8 @@ LINES: dict[tuple[str, str], Sample] = {
     # Horovod 0.21+ horovod/common/stall_inspector.cc: the message (LOG(WARNING), glog-like prefix), "Missing ranks:",
     # then one line per rank: "3: [tensor, ...]" ("3!: [...]" past the shutdown time)
     ("horovod", "stall-missing"): "Missing ranks:",
+    # horovodrun's gloo runner, horovod/runner/gloo_run.py ("Process {idx} exit with status code {ec}.")
+    ("horovod", "exit"): "Process 3 exit with status code 1.",
     # torch 1.x torch/distributed/distributed_c10d.py (_store_based_barrier's INFO line)
     ("torch", "barrier-wait"): "I0510 07:28:04.417845 139863945226048 distributed_c10d.py:337] Waiting in store based "
     "barrier to initialize process group for rank: 2, key: store_based_barrier_key:2 (world_size=8, worker_count=7, "
@@ -473,3 +475,11 @@ def test_a_dataloader_workers_death_is_the_failure_with_the_step_its_signal_call
     segv = triage([str(DATA / "logs" / "catalogue" / "dataloader-segv.log")]).verdict
     assert segv.primary is not None and segv.primary.kind == "traceback", segv.summary
     assert segv.hint is not None and "num_workers=0" in segv.hint, segv.hint
+
+
+def test_horovodruns_gloo_runner_names_the_rank_that_exited(tmp_path: Path) -> None:
+    path = tmp_path / "console.log"
+    path.write_text("epoch 1\nProcess 3 exit with status code 1.\nTerminating remaining workers after failure of "
+                    "Process 3.\n")
+    v = triage([str(path)]).verdict
+    assert v.summary.startswith("first failure: rank 3: exited with code 1"), v.summary
