@@ -452,8 +452,8 @@ def next_step(ev: Event) -> str | None:
         return None
     gpu = _GPU.search(ev.message)
     dsa = " and TORCH_USE_CUDA_DSA=1, which names the failing assert" if _DEVICE_ASSERT.search(text) else ""
-    who = ev.who.label() if ev.who.label() != "unknown rank" else "the failing process"  # (whose, the logs do not say)
-    return entry.hint.format(who=who, gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa)
+    who = ev.who.label()
+    return entry.hint.format(who="the failing process" if who == "unknown rank" else who, gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa)
 
 
 def _findings(events: list[Event]) -> list[str]:
