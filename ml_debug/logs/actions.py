@@ -272,6 +272,21 @@ def _missing_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, w
     return True
 
 
+def _first_exit(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
+                offset: int) -> bool:
+    """horovodrun's exception naming the first process to exit non-zero, outside a traceback (a paste cut above its
+    header, a log shipper's prefix on each line): the process name (its rank) and exit code on the lines after it."""
+    block, pos = c.here
+    code, first = blocks.runner_first([raw.decode("utf-8", "replace")
+                                       for raw in block[block.find(b"\n", pos) + 1:].split(b"\n", 2)[:2]])
+    if code is None or first is None:
+        return False
+    c.exited(code, Who(first.rank, who.node, None), line, offset, f"horovodrun:{first.rank}", t=c.line_time(lab.rest),
+             time_source=TIME_LAUNCHER, detail={"via": "horovodrun", "rank_by": "horovodrun's report of the first "
+                                                f"process to exit non-zero ({first.rank})"})
+    return True
+
+
 def _agent_ranks(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: Who, line: int,
                  offset: int) -> bool:
     """torchrun's rendezvous result: ``group_rank=G ... global_ranks=[8, 9, 10, 11]``, local rank i is the i-th."""
@@ -299,7 +314,7 @@ def _srun_task(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who: 
         if code:
             _ended(c, rule, int(code.group(1)), twho, line, offset)
         elif "Out Of Memory" in what:
-            c._one("oom", PRIMARY, "out of memory (Slurm)", "out of memory", twho, line, offset, lab.rest)
+            c._one("oom", PRIMARY, "out of memory (Slurm)", "out of host memory", twho, line, offset, lab.rest)
         elif what.startswith(("Killed", "Terminated")):
             c._one("signal", SECONDARY, f"{what.lower()} by srun after another task failed",
                    f"{what.lower()} by srun", twho, line, offset, lab.rest, strong=False)
@@ -330,7 +345,7 @@ def _tool_error(c: Collector, rule: LineRule, m: re.Match[str], lab: Label, who:
 
 ACTIONS: dict[str, Action] = {
     "exit": _exit, "mpirun-exit": _mpirun_exit, "summary-alone": _opens(blocks.summary_alone),
-    "summary-opens": _opens(blocks.summary_opens), "stall-missing": _missing_ranks,
+    "summary-opens": _opens(blocks.summary_opens), "stall-missing": _missing_ranks, "first-exit": _first_exit,
     "agent-ranks": _agent_ranks,
     "srun-task": _srun_task, "slurm-cancel": _slurm_cancel, "tool-error": _tool_error,
 }

@@ -47,6 +47,11 @@ _BARE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}\w{0,100}(?:Error|Exception|E
 _CHILD_EXIT = re.compile(r"returned non-zero exit status (?P<code>-?\d+)|died with (?:<Signals\.SIG\w+: |unknown signal )"
                          r"(?P<sig>\d+)|process (?P<local>\d+) terminated with (?:exit code (?P<exit>-?\d+)|signal "
                          r"(?P<name>SIG[A-Z\d]+))")
+# horovodrun's report of the first process to exit non-zero (horovod/runner/gloo_run.py: "RuntimeError: Horovod
+# detected that one or more processes exited with non-zero status, thus causing the job to be terminated. The first
+# process to do so was:\nProcess name: 1\nExit code: 1"; before 0.20 "Gloo job detected ..."): the name is the rank
+_RUNNER_FIRST = "detected that one or more processes exited with non-zero status"
+_RUNNER_FIELD = re.compile(r"(?:^|\s)(?:Process name: (?P<rank>\d+)|Exit code: (?P<code>-?\d+))\s*$")
 # mp.spawn's line before a process's own traceback (the message of its ProcessRaisedException)
 _SPAWNED = re.compile(r"-- Process (\d+) terminated with the following error:")
 _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
@@ -296,9 +301,10 @@ class Reading:
     cause: str
     message: str
     blames: Any
-    exit_code: int | None  # a launcher's report of its child's exit (a CalledProcessError, mp.spawn's): the code
-    exit_local: int | None  # mp.spawn's index of that child: a local rank (a CalledProcessError's command line
-    # is the last one its launcher started, whichever failed: torch.distributed.launch 1.x, DeepSpeed)
+    exit_code: int | None  # a launcher's report of its child's exit (a CalledProcessError, mp.spawn's, horovodrun's)
+    exit_who: Who | None  # whose, where the report says: mp.spawn's process index (a local rank), horovodrun's
+    # process name (a rank); a CalledProcessError's command line is the last one its launcher started, whichever
+    # failed (torch.distributed.launch 1.x, DeepSpeed)
     length: int  # the number of text lines read
 
 
@@ -317,20 +323,27 @@ def read(block: Block) -> Reading:
     # the exception's line and the lines after it as one: a terminal may have wrapped a long command line
     m = (_CHILD_EXIT.search("".join(block.text[-3:]))
          if "CalledProcessError: Command " in final or " terminated with " in final else None)
-    code, local = _child_exit(m) if m else (None, None)
+    code, who = _child_exit(m) if m else runner_first(block.text[-4:]) if _RUNNER_FIRST in final else (None, None)
     return Reading(launchers, report, cls, label, cause, short_exception(final) if final else CUT_SHORT,
-                   blamed(whole), code, local, len(block.text))
+                   blamed(whole), code, who, len(block.text))
 
 
-def _child_exit(m: re.Match[str]) -> tuple[int | None, int | None]:
+def _child_exit(m: re.Match[str]) -> tuple[int | None, Who | None]:
     """(exit code, negative for a signal; mp.spawn's process index) of a launcher's report of its child's exit."""
     g = m.groupdict()
-    local = int(g["local"]) if g["local"] else None
+    local = Who(None, None, int(g["local"])) if g["local"] else None
     if g["name"]:
         sig = signal.Signals.__members__.get(g["name"])
         return (-int(sig) if sig is not None else None), local
     code = g["code"] or g["exit"]
     return (int(code) if code else -int(g["sig"])), local
+
+
+def runner_first(text: list[str]) -> tuple[int | None, Who | None]:
+    """horovodrun's exit code and rank of the first process to exit non-zero: the lines after its exception's (in
+    either order: a log shipper that sorts the lines of one second may swap them)."""
+    said = {k: int(v) for t in text if (m := _RUNNER_FIELD.search(t)) for k, v in m.groupdict().items() if v}
+    return said.get("code"), (Who(said["rank"], None, None) if "rank" in said else None)
 
 
 def _mark_frames(c: Collector, text: list[str]) -> None:
@@ -394,11 +407,16 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
         if code < 0:
             ev.kind = "signal"
             ev.cls, ev.message, ev.strong, ev.label = signal_event_text(code)
-        ev.detail.update({"exit_code": code, "via": "a launcher's subprocess.CalledProcessError"
-                          if "CalledProcessError" in reading.message else "torch.multiprocessing.spawn"})
-        if reading.exit_local is not None and ev.who.rank is None and ev.who.local_rank is None:
-            ev.who = Who(None, ev.who.node, reading.exit_local)
-            ev.detail["rank_by"] = f"mp.spawn's report of its process {reading.exit_local}"
+        via = ("a launcher's subprocess.CalledProcessError" if "CalledProcessError" in reading.message
+               else "horovodrun" if _RUNNER_FIRST in reading.message else "torch.multiprocessing.spawn")
+        ev.detail.update({"exit_code": code, "via": via})
+        if via == "horovodrun" and code > 0:
+            ev.message = f"exited with code {code}"
+        exit_who = reading.exit_who
+        if exit_who is not None and ev.who.rank is None and ev.who.local_rank is None:
+            ev.who = Who(exit_who.rank, ev.who.node, exit_who.local_rank)
+            ev.detail["rank_by"] = (f"mp.spawn's report of its process {exit_who.local_rank}" if exit_who.rank is None
+                                    else f"horovodrun's report of the first process to exit non-zero ({exit_who.rank})")
         if ev.who.rank is None and any(t.endswith(", in simple_launcher") for t in block.text):
             ev.who = Who(0, ev.who.node, 0)  # rule 3: accelerate launch's launcher of a single process
             ev.detail["rank_by"] = "accelerate's simple_launcher (a world of one process)"

@@ -6,6 +6,8 @@
   *what it means* for the job, or the line ``says`` the one event it means as it stands, with no code.
 - :data:`FAILURE_CLASSES`: per class of failure text (an exception, an error line), its pattern, whether it
   is a cause (primary) or a peer's consequence (secondary), its kind, and the user's next step.
+- :data:`STEPS`: the next step for what no class names: a crash by its signal, an exit code alone, a traceback cut
+  short, a stop by the scheduler or a launcher (tests/unit/logs/test_steps.py gives each its console).
 
 Each entry's ``needles`` are literal words every match holds one of: the prefilter (engine.py) runs a
 pattern only on the lines that hold one of its needles, so most lines cost one literal scan. Every pattern
@@ -217,7 +219,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
             # says whose (weak: the first failure only when no line says whose)
             Line("oom-kill", r"Detected (?P<n>\d+) oom[-_]kill event", ("oom-kill", "oom_kill"),
                  says=Says("oom", PRIMARY, "out of host memory: {n} process(es) killed by the cgroup OOM killer",
-                           "out of memory", who="node", strong=False)),
+                           "out of host memory", who="node", strong=False)),
         )),
     # the controller of PyTorchJobs (pkg/controller.v1/common/pod.go: "Pod: %s.%s exited with code %v"): the pod is
     # the node
@@ -259,7 +261,12 @@ LAUNCHERS: tuple[Launcher, ...] = (
         Line("stall-missing", r"Missing ranks:\s*$", ("Missing ranks:",)),
         # horovodrun's gloo runner (horovod/runner/gloo_run.py: "Process {idx} exit with status code {ec}."), idx the rank
         Line("exit", r"Process (?P<rank>\d{1,7}) exit with status code (?P<code>-?\d+)\.", ("exit with status code",),
-             anchored=True),)),
+             anchored=True),
+        # its exception after them ("Horovod detected that one or more processes exited with non-zero status, ... The
+        # first process to do so was:", then "Process name: 1" and "Exit code: 1"), outside its traceback (blocks.py
+        # reads it in one): that rank was the first to fail
+        Line("first-exit", r"(?:Horovod|Gloo job) detected that one or more processes exited with non-zero status",
+             ("processes exited with non-zero status",)),)),
     Launcher("torch", "torch 1.x (torch/distributed/distributed_c10d.py)", reported=False, lines=(
         Line("barrier-wait", r"Waiting in store based barrier to initialize process group for rank: (?P<rank>\d+), "
              r"key: \S{1,200} \(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)=(?P<joined>\d+)",
@@ -352,6 +359,16 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  hint="{who} could not reach the rendezvous (MASTER_ADDR:MASTER_PORT, --rdzv-endpoint): is the first "
                       "node's job started and listening there, is that address one every node can reach (not "
                       "localhost), and is the port open between the nodes (a firewall)?"),
+    # a host name that does not resolve (glibc's gai_strerror: EAI_NONAME "Name or service not known", EAI_AGAIN
+    # "Temporary failure in name resolution"), as Python's socket.gaierror or c10d's "(gai error: -2 - ...)" say it
+    FailureClass("init", PRIMARY, "host name not resolved",
+                 r"Name or service not known|Temporary failure in name resolution|nodename nor servname provided|"
+                 r"No address associated with hostname",
+                 ("Name or service not known", "Temporary failure in name resolution", "nodename nor servname",
+                  "No address associated with hostname"),
+                 hint="{who} could not resolve a host name (MASTER_ADDR, --rdzv-endpoint, a pod's service name, a "
+                      "download's server): getent hosts NAME on that node says whether it resolves there; in Kubernetes "
+                      "the job's headless service must exist before its pods look it up"),
     # CUDA's errors that are no kernel's: the torch build, the driver and the GPU do not fit (cudaGetErrorString's
     # words: cudaErrorNoKernelImageForDevice, cudaErrorInsufficientDriver, cudaErrorCompatNotSupportedOnDevice,
     # cudaErrorDevicesUnavailable)
@@ -375,6 +392,19 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
     FailureClass("cuda-error", PRIMARY, "CUDA kernel assertion failed ({what})",
                  r"\.cu:\d+: \w{1,200}: block: \[[\d,]{1,40}\], thread: \[[\d,]{1,40}\] Assertion `?(?P<what>[^`\n]{1,300}?)`? "
                  r"failed", ("] Assertion ",)),
+    # the host's memory (RAM), not the GPU's: Slurm's cgroup (srun's "task 5: Out Of Memory", slurmstepd's "Detected 1
+    # oom_kill event"), Ray's memory monitor (src/ray/raylet/node_manager.cc: "1 Workers (tasks / actors) killed due to
+    # memory pressure (OOM)", then its ray-oom-prevention advice), torch's CPU allocator (c10/core/impl/alloc_cpu.cpp),
+    # Python's MemoryError, C++'s std::bad_alloc (not torch's OutOfMemoryError: the GPU's)
+    FailureClass("oom", PRIMARY, "out of host memory",
+                 r"oom[-_]kill|Out Of Memory|killed due to memory pressure|ray-oom-prevention|DefaultCPUAllocator: can't "
+                 r"allocate memory|\bMemoryError\b|std::bad_alloc",
+                 ("oom-kill", "oom_kill", "Out Of Memory", "memory pressure", "ray-oom-prevention", "DefaultCPUAllocator",
+                  "MemoryError", "std::bad_alloc"),
+                 hint="{who} ran out of the host's memory (RAM, not the GPU's), and an OOM killer ended it: the kernel's, "
+                      "the job's cgroup or Ray's memory monitor (on that node: dmesg -T | grep -i 'killed process'; under "
+                      "Slurm: sacct -j ID -o JobID,MaxRSS,ReqMem). Fewer DataLoader workers or a smaller prefetch_factor, a dataset not copied "
+                      "into every process, or more memory for the job (sbatch --mem)"),
     FailureClass("oom", PRIMARY, "out of memory",
                  r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY|oom[-_]kill|Out Of Memory",
                  ("out of memory", "OutOfMemory", "Out of memory", "OUT_OF_MEMORY", "oom-kill", "oom_kill",
@@ -448,9 +478,9 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "the switch's counters) and the peer's own log"),
     FailureClass("nccl-error", PRIMARY, "NCCL error",
                  r"unhandled (?:cuda|system) error|ncclUnhandledCudaError|ncclSystemError|Cuda failure|ncclInternalError|"
-                 r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|NCCL Error \d+: ",
+                 r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|NCCL Error \d+: |invalid argument, NCCL version",
                  ("unhandled cuda error", "unhandled system error", "ncclUnhandledCudaError", "ncclSystemError",
-                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage", "NCCL Error "),
+                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage", "NCCL Error ", "invalid argument, NCCL"),
                  hint="{who}: an NCCL call failed (not a timeout). Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) "
                       "to see which: 'unhandled system error' is most often the network (NCCL_SOCKET_IFNAME, "
                       "InfiniBand) or /dev/shm; 'unhandled cuda error', a CUDA failure on that GPU; 'invalid usage', "
@@ -532,17 +562,108 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  ("Horovod has been shut down",)),
     FailureClass("comm", SECONDARY, "stopped by a signal", r"SignalException|KeyboardInterrupt",
                  ("SignalException", "KeyboardInterrupt")),
+    # (a crash's next step is its signal's: STEPS)
     FailureClass("signal", PRIMARY, "crash (signal)",
                  r"Segmentation fault|SIGSEGV|SIGBUS|SIGABRT|SIGFPE|SIGILL|Fatal Python error|core dumped",
-                 ("Segmentation fault", "SIG", "Fatal Python error", "core dumped"),
-                 hint="{who} crashed in native code (SIGSEGV): its core file (mldebug core-bt) or a run with "
-                      "python -X faulthandler says where"),
+                 ("Segmentation fault", "SIG", "Fatal Python error", "core dumped")),
     # a process killed by SIGKILL (an exit code -9, accelerate's "died with <Signals.SIGKILL: 9>", a shell's "Killed"):
     # its cause is not in its own lines. Also the class of such exits' events (text.signal_event_text's label)
-    FailureClass("signal", PRIMARY, "killed (SIGKILL)", r"\bSIGKILL\b", ("SIGKILL",),
-                 hint="{who} was killed by SIGKILL, and its own lines cannot say by whom: most often the kernel's OOM "
-                      "killer (on that node: dmesg -T | grep -i 'killed process'; mldebug logs --slurm-job reads it), "
-                      "else the job's memory or time limit (sacct -j ID -o State,MaxRSS,ReqMem) or a kill -9"),
+    FailureClass("signal", PRIMARY, "killed (SIGKILL)", r"\bSIGKILL\b", ("SIGKILL",)),
+)
+
+
+# ----------------------------------------------------------------------------- next steps of what no class names
+
+
+@dataclass(frozen=True)
+class Step:
+    """The next step for a failure no failure class gives one: a crash (by its signal's name), an exit code alone, a
+    traceback cut short, a stop by the scheduler or a launcher. The first entry whose ``kinds`` hold the event's kind
+    and whose ``pattern`` is found in its label or message gives it."""
+
+    kinds: tuple[str, ...]
+    pattern: str
+    hint: str
+
+
+_OWN_OUTPUT = ("the whole console, not a paste of its end; or its own file: torchrun --log-dir DIR --redirects 3 --tee 3 "
+               "and srun --output=job-%j-%t.out keep one per rank, and mldebug launch does by default")
+
+STEPS: tuple[Step, ...] = (
+    # src/ray/raylet/node_manager.cc writes why it killed a worker (its memory monitor: a host OOM) in its own log
+    Step(("signal", "traceback", "exception", "error-line"), r"worker died \(Ray\)|ActorDiedError|actor died unexpectedly",
+         "{who}: a Ray worker process died under its task (killed or crashed): the raylet's log on that node says why "
+         "(/tmp/ray/session_latest/logs/raylet.out; 'killed due to memory pressure' is its memory monitor: the host ran "
+         "out of memory), and the worker's own log beside it (python-core-worker-*.log) holds its last words"),
+    Step(("signal",), r"SIGSEGV|Segmentation fault",
+         "{who} crashed in native code (SIGSEGV): its core file (mldebug core-bt) or a run with python -X faulthandler "
+         "says where"),
+    Step(("signal",), r"\bSIGKILL\b|\bKilled\b",
+         "{who} was killed by SIGKILL, and its own lines cannot say by whom: most often the kernel's OOM killer (on that "
+         "node: dmesg -T | grep -i 'killed process'; mldebug logs --slurm-job reads it), else the job's memory or time "
+         "limit (sacct -j ID -o State,MaxRSS,ReqMem) or a kill -9"),
+    Step(("signal",), r"SIGABRT|\bAbort",
+         "{who} aborted (SIGABRT): native code gave up: a C++ exception nobody caught ('terminate called after throwing "
+         "an instance of ...'), a failed check or assert, or c10d aborting its communicators after an error. The reason "
+         "is in the lines just before the abort in its own output; its core file (mldebug core-bt) says where"),
+    Step(("signal",), r"SIGBUS|Bus error",
+         "{who} crashed with a bus error (SIGBUS): most often shared memory (/dev/shm) ran out under it (docker run "
+         "--shm-size=16g or --ipc=host), else a file it had memory-mapped (a dataset, a checkpoint) was cut short or "
+         "rewritten on disk"),
+    Step(("signal",), r"SIGILL|Illegal instruction",
+         "{who} ran an instruction its processor does not have (SIGILL): a binary or wheel built for a newer CPU than "
+         "this node's (AVX-512, AVX2: compare lscpu's flags there with what the build assumes)"),
+    Step(("signal",), r"SIGFPE|Floating point exception",
+         "{who} crashed with SIGFPE: an integer division by zero in native code, most often a size or count of zero "
+         "reaching a kernel or a library; its core file (mldebug core-bt) says where"),
+    Step(("signal",), r"Fatal Python error",
+         "{who}: the interpreter itself failed (Fatal Python error): the lines after it hold each thread's stack "
+         "(faulthandler); most often a C extension's crash, or a thread touching Python at exit"),
+    # an exit code, and no error of the process's own in these lines
+    Step(("exit",), r"^pod ",
+         "{who}: the pod's container failed: kubectl logs POD --previous shows the output of its last run, and kubectl "
+         "describe pod POD its Last State (the reason and exit code; OOMKilled: the container's memory limit)"),
+    Step(("exit",), r"\bexit code 137\b",
+         "{who} exited with code 137, which is 128+9: it was killed by SIGKILL, most often by an OOM killer (the "
+         "kernel's: dmesg -T on that node; a container's memory limit: OOMKilled), else a kill -9"),
+    Step(("exit",), r"",
+         "{who} exited with an error, and these lines hold none of its own: look for it in that process's own output "
+         f"({_OWN_OUTPUT}), then run mldebug logs over all of it"),
+    Step(("traceback", "exception"), r"traceback \(cut short\)",
+         "{who}'s traceback is cut before its exception, so what failed is not in these lines: it is in that process's "
+         f"own output ({_OWN_OUTPUT})"),
+    Step(("launcher",), r"worker failed \(torchrun\)",
+         "torchrun's failure summary is cut short before it names the failure: the failed rank's own error is in its "
+         f"own output ({_OWN_OUTPUT})"),
+    # the scheduler or a signal from outside stopped the job: its accounting says why
+    Step(("slurm",), r"time limit",
+         "the job ran out of its time limit: sacct -j ID -o JobID,Elapsed,Timelimit,State shows it. Ask for more "
+         "(sbatch --time), or save checkpoints often enough to resume (sbatch --signal=USR1@120 warns the job 2 "
+         "minutes before the end)"),
+    Step(("slurm",), r"task failure",
+         "one of the step's tasks failed, and Slurm stopped the others (srun --kill-on-bad-exit): the failed task is "
+         "the one srun does not report stopped ('Terminated', 'Killed'). Its own output says why (srun "
+         "--output=job-%j-%t.out keeps one file per task)"),
+    Step(("slurm",), r"preempt",
+         "a job of higher priority preempted it (sacct -j ID -o JobID,State: PREEMPTED): resume from its last "
+         "checkpoint, and let Slurm requeue it (sbatch --requeue)"),
+    Step(("slurm",), r"node fail",
+         "Slurm lost the node ({who}): sinfo -R gives the reason it is down, and its kernel log (dmesg, journalctl -k) "
+         "what happened there; resume from the last checkpoint on other nodes (sbatch --exclude=NODE)"),
+    Step(("slurm", "launcher"), r"cancelled|stopped from outside",
+         "the job was stopped from outside: sacct -j ID -o JobID,State,Reason,Elapsed,Timelimit says by what (TIMEOUT: "
+         "its time limit; PREEMPTED; CANCELLED by: a user's or an admin's scancel); mldebug logs --slurm-job ID reads "
+         "it with the logs"),
+    Step(("launcher",), r"run-timeout",
+         "the job ran past mldebug launch --run-timeout: a rank that hung (mldebug dump-stacks, or mldebug watch while "
+         "it runs, says where each rank waits) or a limit too short for the job"),
+    Step(("exception",), r"^program not found\b",
+         "{who}: install the program on every node, or give srun the PATH it is on: activate the job's environment in "
+         "the batch script before srun, or name the program by its full path"),
+    # a consequence alone (a peer's failure seen from this side): the peer's own output names the cause
+    Step(("comm",), r"",
+         "{who} only saw a peer fail: the cause is in the output of the rank that failed first (its own file, or the "
+         "whole console): read every rank's logs together with mldebug logs DIR (or --slurm-job ID)"),
 )
 
 SCAN_WORDS: tuple[str, ...] = ("Traceback", "NCCL", "Killed", "rror")

@@ -8,6 +8,7 @@ Labels, outermost first, as they nest in practice::
     [node12:5 rank37]: ...     mldebug launch (node, local rank and global rank)
     [rank37]: ...              torch itself, in front of every line of an uncaught exception
     [1,3]<stderr>: ...         Open MPI's mpirun --tag-output (job 1, rank 3)
+    [3]<stderr>: ...           horovodrun's gloo runner (rank 3)
     (RayTrainWorker pid=81234, ip=10.0.0.12) ...   Ray's log monitor (a worker process on a node)
     job7.node12 [stderr] ...   a harness's or log shipper's source and stream (the node: the name's last part)
     node12: ...                pdsh, and DeepSpeed's multi-node runner through pdsh (only where the source's
@@ -39,7 +40,8 @@ _TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
 _STREAM_TAG = re.compile(r"(?:(?P<src>[\w.\-]+) )?\[(?:stdout|stderr)\] ")
 # Ray's log monitor (worker.py print_worker_logs): "(RayTrainWorker pid=81234, ip=10.0.0.12) ", name optional
 _RAY = re.compile(r"\((?:(?P<actor>[\w.]{1,100}) )?pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\w.:\-]{1,100}))?\) ")
-_MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
+# Open MPI's "[1,3]<stderr>:" (job 1, rank 3); horovodrun's gloo runner's "[3]<stderr>:" (safe_shell_exec.py: the rank)
+_MPI_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
 NODE_PREFIX = re.compile(r"([A-Za-z][\w.\-]*): ")
 
 

@@ -19,7 +19,7 @@ from ml_debug.core.errors import ExitCode
 from ml_debug.core.output import times
 from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import ranks as ranks_text
-from ml_debug.logs.catalogue import FAILURE_CLASSES, FINISHED, MPIRUN_BANNER, RESTARTS
+from ml_debug.logs.catalogue import FAILURE_CLASSES, FINISHED, MPIRUN_BANNER, RESTARTS, STEPS
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import brief, clock
 from ml_debug.logs.result import (
@@ -426,34 +426,36 @@ def _tie(first: Event, cands: list[Event]) -> list[Event]:
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
-_FALLBACK_KINDS = ("signal", "watchdog", "cuda-error", "oom", "gpu-fault", "shm")
-"""Kinds whose events may be told in words of no class of theirs (a crash by exit code, srun's out of memory): they
-take their kind's first next step."""
+_FALLBACK_KINDS = ("watchdog", "cuda-error", "oom", "gpu-fault", "shm")
+"""Kinds whose events may be told in words of no class of theirs (srun's out of memory, a CUDA error in c10d's line):
+they take their kind's first next step."""
+_STEPS = tuple((step.kinds, re.compile(step.pattern), step.hint) for step in STEPS)
 
 
 def next_step(ev: Event) -> str | None:
-    """What to do about the cause ``ev`` names: its failure class's next step (catalogue.py)."""
-    text = ev.message + " " + ev.label
+    """What to do about the cause ``ev`` names: its failure class's next step, else the step for what no class names
+    (a crash by its signal, an exit code alone, a stop by the scheduler: catalogue.py)."""
+    text = ev.label + " " + ev.message
     own = ev.kind in ("oom", "shm", "cuda-error", "watchdog", "gpu-fault")
     kind = ev.kind if own else ev.detail.get("cause", ev.kind)
     if "NCCL operations have failed or timed out" in text:
         kind = "watchdog"
     if ev.detail.get("exit_code") == -11 or "SIGSEGV" in text:
         kind = "signal"
-    elif kind == "signal" and ev.label != "killed (SIGKILL)":
-        return None  # another signal (SIGABRT, SIGTERM): its cause is elsewhere (an abort's message, the launcher)
     entries = [c for c in FAILURE_CLASSES if c.kind == kind and c.hint]
-    # its own class (a label with {what} is said with the text in its place); else, for a crash, a memory, CUDA or
-    # hardware error or a watchdog named in other words, its kind's first
+    # its own class (a label with {what} is said with the text in its place); else, for a memory, CUDA or hardware
+    # error or a watchdog named in other words, its kind's first
     entry = next((c for c in entries if c.label == ev.label or ("{what}" in c.label
                                                                  and ev.label.startswith(c.label.split("{what}")[0]))),
                  entries[0] if entries and kind in _FALLBACK_KINDS else None)
-    if entry is None or entry.hint is None:
+    hint = entry.hint if entry is not None else next(
+        (hint for kinds, rx, hint in _STEPS if kind in kinds and rx.search(text)), None)
+    if hint is None:
         return None
     gpu = _GPU.search(ev.message)
     dsa = " and TORCH_USE_CUDA_DSA=1, which names the failing assert" if _DEVICE_ASSERT.search(text) else ""
     who = ev.who.label()
-    return entry.hint.format(who="the failing process" if who == "unknown rank" else who, gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa)
+    return hint.format(who="the failing process" if who == "unknown rank" else who, gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa)
 
 
 def _findings(events: list[Event]) -> list[str]:

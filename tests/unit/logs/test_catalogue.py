@@ -80,6 +80,10 @@ LINES: dict[tuple[str, str], Sample] = {
     ("horovod", "stall-missing"): "Missing ranks:",
     # horovodrun's gloo runner, horovod/runner/gloo_run.py ("Process {idx} exit with status code {ec}.")
     ("horovod", "exit"): "Process 3 exit with status code 1.",
+    # its RuntimeError after them (gloo_run.py: "Horovod detected that one or more processes exited with non-zero "
+    # "status, thus causing the job to be terminated. The first process to do so was:\nProcess name: {name}\n...")
+    ("horovod", "first-exit"): "RuntimeError: Horovod detected that one or more processes exited with non-zero status, "
+                               "thus causing the job to be terminated. The first process to do so was:",
     # torch 1.x torch/distributed/distributed_c10d.py (_store_based_barrier's INFO line)
     ("torch", "barrier-wait"): "I0510 07:28:04.417845 139863945226048 distributed_c10d.py:337] Waiting in store based "
     "barrier to initialize process group for rank: 2, key: store_based_barrier_key:2 (world_size=8, worker_count=7, "
@@ -143,7 +147,13 @@ CLASSES: dict[str, Sample] = {
     "no process group": ("logs/catalogue/no-group.log", "ValueError: Default process group"),
     "rendezvous port in use": ("logs/catalogue/port-in-use.log", "DistNetworkError"),
     "rendezvous out of reach": ("logs/catalogue/store-unreachable.log", "torch.distributed.DistNetworkError: The client"),
+    # Ray 2.x src/ray/raylet/node_manager.cc (its memory monitor's report, after the raylet's glog-like prefix)
+    "out of host memory": "(raylet) [2025-04-02 15:02:00,117 E 135782 135782] (raylet) node_manager.cc:3069: 1 Workers "
+                          "(tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at "
+                          "node (ID: 351e406b, IP: 10.95.143.76) over the last time period.",
     "out of memory": ("logs_corpus/torchrun-oom.log", "OutOfMemoryError"),
+    # CPython's socket.gaierror, with glibc's gai_strerror(EAI_NONAME)
+    "host name not resolved": "socket.gaierror: [Errno -2] Name or service not known",
     "DataLoader worker killed (SIGKILL)": ("logs/catalogue/dataloader-killed.log", "is killed by signal: Killed"),
     # the NVIDIA driver's kernel log (dmesg): "NVRM: Xid (PCI:%04x:%02x:%02x): %d, ..."
     "GPU hardware error ({what})": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",

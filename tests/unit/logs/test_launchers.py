@@ -239,6 +239,36 @@ def test_open_mpi_5_and_signal_messages(tmp_path: Path) -> None:
     assert v.primary is not None and v.primary.who.rank == 5 and v.primary.who.node == "gpu03", v.summary
 
 
+# horovodrun's gloo runner (horovod/runner/gloo_run.py): each worker's lines after "[rank]<stream>:"
+# (common/util/safe_shell_exec.py), "Process 1 exit with status code 1." per process, then its own traceback whose
+# RuntimeError names the first process to exit non-zero ("Process name: 1": its rank) and its exit code.
+_HOROVOD_FIRST = ("RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing "
+                  "the job to be terminated. The first process to do so was:")
+_HOROVOD_TRACEBACK = ('Traceback (most recent call last):\n  File "/usr/local/bin/horovodrun", line 8, in <module>\n'
+                      "    sys.exit(run_commandline())\n"
+                      '  File "/usr/lib/python3/dist-packages/horovod/runner/gloo_run.py", line 284, in launch_gloo\n'
+                      "    raise RuntimeError('Horovod detected that one or more processes exited with non-zero '\n"
+                      f"{_HOROVOD_FIRST}\nProcess name: 2\nExit code: 1\n")
+
+
+@pytest.mark.parametrize("text, summary", [
+    # the worker's own traceback under its label, then horovodrun's accounting: the worker's error is the failure
+    ("[0]<stdout>:step 10 loss 2.31\n[2]<stderr>:Traceback (most recent call last):\n"
+     '[2]<stderr>:  File "train.py", line 40, in <module>\n[2]<stderr>:ValueError: bad batch 17\n'
+     "Process 2 exit with status code 1.\nProcess 0 exit with status code 1.\n" + _HOROVOD_TRACEBACK,
+     "first failure: rank 2: ValueError: bad batch 17"),
+    # horovodrun's traceback alone: its RuntimeError names the rank
+    (_HOROVOD_TRACEBACK, "first failure: rank 2: exited with code 1"),
+    # its exception pasted without its traceback, under a log shipper's prefix that sorted its two lines
+    (f"[10:43:01] 087c || {_HOROVOD_FIRST}\n[10:43:01] 087c || Exit code: 1\n[10:43:01] 087c || Process name: 2\n",
+     "first failure: rank 2, reported at 10:43:01: exited with code 1"),
+])
+def test_horovodruns_accounting_names_the_rank(tmp_path: Path, text: str, summary: str) -> None:
+    v = triage([_write(tmp_path, text)]).verdict
+    assert v.status == "failure" and v.summary.startswith(summary), v.summary
+    assert v.primary is not None and v.primary.who.rank == 2
+
+
 # NCCL src/misc/shmutils.cc (2.12-2.21): "Error while creating shared memory segment %s (size %zu)" after
 # "failed to extend"; src/misc/ibvwrap.cc: "Failed to open libibverbs.so[.1]" (WARN before 2.12, INFO after).
 def test_nccl_shared_memory_segment_failure_is_the_cause(tmp_path: Path) -> None:

@@ -69,8 +69,15 @@ def _console(tmp_path: Path, exception: str) -> str:
      "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3",
      "first failure: unknown rank: DistBackendError: NCCL error in:", "'unhandled system error' is most often the "
      "network"),
+    # torch 1.x NCCLUtils.hpp (C10D_NCCL_CHECK): ncclGetErrorString's "invalid argument" and the version after it
+    ("RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/../c10d/NCCLUtils.hpp:82, invalid argument, NCCL version "
+     "2.4.8", "first failure: unknown rank: RuntimeError: NCCL error in:", "an NCCL call failed"),
     ("RuntimeError: CUDA error: out of memory", "first failure: unknown rank: RuntimeError: CUDA error: out of memory",
      "ran out of memory"),
+    # Python's own, and C++'s through a binding (torch's elastic error file keeps its message)
+    ("MemoryError: std::bad_alloc", "first failure: unknown rank: MemoryError: std::bad_alloc", "the host's memory"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "first failure: unknown rank: "
+     "OutOfMemoryError: CUDA out of memory", "ran out of memory: lower its batch"),
     ("RuntimeError: CUDA error: invalid device ordinal", "first failure: unknown rank: RuntimeError: CUDA error: "
      "invalid device ordinal", "more ranks per node than visible GPUs"),
     # CUDA's cudaErrorNoKernelImageForDevice, as c10's CUDA check raises it: a wheel without this GPU's architecture

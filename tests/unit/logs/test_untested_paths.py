@@ -102,7 +102,7 @@ def test_srun_out_of_memory_is_the_failure_and_the_tasks_it_killed_follow(tmp_pa
                for e in killed), killed
     assert 'ranks 0-4 failed after it: 5 x "killed by srun"' in v.summary, v.summary
     assert not v.independent
-    assert v.hint is not None and v.hint.startswith("rank 5 (node3) ran out of memory"), v.hint
+    assert v.hint is not None and v.hint.startswith("rank 5 (node3) ran out of the host's memory (RAM, not the GPU's)"), v.hint
     assert report.launchers == ["srun"]
 
 
