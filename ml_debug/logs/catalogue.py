@@ -428,6 +428,13 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "(or a cuDNN that does not fit the driver); EXECUTION_FAILED and MAPPING_ERROR, an earlier "
                       "kernel's fault: rerun with CUDA_LAUNCH_BLOCKING=1. torch.backends.cudnn.enabled = False tells "
                       "whether cuDNN itself is at fault"),
+    # torch/csrc/cuda/CUDABlas (TORCH_CUDABLAS_CHECK: "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling ...")
+    FailureClass("cuda-error", PRIMARY, "cuBLAS error ({what})", r"(?P<what>CUBLAS_STATUS_[A-Z_]{2,40})",
+                 ("CUBLAS_STATUS_",),
+                 hint="{who}: cuBLAS failed. ALLOC_FAILED and NOT_INITIALIZED most often mean the GPU's memory ran out; "
+                      "EXECUTION_FAILED, an earlier kernel's fault (an index out of range): rerun with "
+                      "CUDA_LAUNCH_BLOCKING=1; INVALID_VALUE, shapes or dtypes it refuses (a dimension of 0, a batch "
+                      "too large for one call)"),
     # torch/utils/data/_utils/signal_handling.py: a worker the kernel killed (SIGKILL, "Killed")
     FailureClass("oom", PRIMARY, "DataLoader worker killed (SIGKILL)",
                  r"DataLoader worker \(pid[^)]{0,40}\) is killed by signal: Killed", ("is killed by signal: Killed",),
@@ -485,6 +492,34 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "to see which: 'unhandled system error' is most often the network (NCCL_SOCKET_IFNAME, "
                       "InfiniBand) or /dev/shm; 'unhandled cuda error', a CUDA failure on that GPU; 'invalid usage', "
                       "ranks that disagree (devices, the order of collectives)"),
+    # the job's environment: a module one node's Python lacks (a node's venv or image differs from the others'), a
+    # compiled extension built for another torch or CUDA (the dynamic loader's "undefined symbol: _ZN3c10...")
+    FailureClass("exception", PRIMARY, "module not installed", r"No module named |cannot import name ",
+                 ("No module named ", "cannot import name "),
+                 hint="{who} could not import a module: install it in the environment the job runs with, on every node "
+                      "(a node's venv or image may differ: python -c 'import NAME' there), or put its directory on "
+                      "PYTHONPATH where the ranks start; 'cannot import name' is a version of the package without it"),
+    FailureClass("exception", PRIMARY, "extension built for another torch", r"\.so[.\d]*: undefined symbol: ",
+                 (": undefined symbol: ",),
+                 hint="{who} loaded a compiled extension (flash-attn, apex, a custom op) built against another torch, "
+                      "CUDA or Python than it runs with: reinstall it for this torch (its wheel for this torch and "
+                      "CUDA, or pip install --no-build-isolation to build it here)"),
+    # the program's own mistakes that distributed jobs make often: a tensor left on another device (ATen's "Expected
+    # all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!", the meta device's "Tensor
+    # on device meta is not on the expected device cpu!"); a checkpoint saved from a wrapped model
+    # (torch/nn/modules/module.py load_state_dict: "Error(s) in loading state_dict for Linear:")
+    FailureClass("exception", PRIMARY, "tensors on different devices",
+                 r"Expected all tensors to be on the same device|is not on the expected device",
+                 ("Expected all tensors to be on the same device", "is not on the expected device"),
+                 hint="{who} used tensors on different devices in one operation: one made or loaded on the CPU (or on "
+                      "another rank's GPU) met the model's. Move it with .to(device), device being this rank's own "
+                      "(torch.device('cuda', LOCAL_RANK)); a tensor made inside forward wants device=x.device"),
+    FailureClass("exception", PRIMARY, "checkpoint does not fit the model", r"Error\(s\) in loading state_dict for ",
+                 ("in loading state_dict for ",),
+                 hint="{who}: the checkpoint's keys or shapes do not fit the model: saved from a wrapped model (DDP's "
+                      "'module.', torch.compile's '_orig_mod.', FSDP's '_fsdp_wrapped_module.') or with another "
+                      "configuration. Save the unwrapped model's state_dict (model.module), or strip the prefix when "
+                      "loading; strict=False only hides the difference"),
     # the program's own use of torch.distributed (torch/nn/parallel/distributed.py, c10d's collective fingerprints
     # under TORCH_DISTRIBUTED_DEBUG=DETAIL, distributed_c10d.py)
     FailureClass("exception", PRIMARY, "DDP: parameters without a gradient",

@@ -130,6 +130,15 @@ CLASSES: dict[str, Sample] = {
     "illegal memory access was encountered",
     # ATen's aten/src/ATen/cudnn/Exceptions.h (AT_ERROR("cuDNN error: ", cudnnGetErrorString(status)))
     "cuDNN error ({what})": "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INITIALIZED",
+    # torch's aten/src/ATen/cuda/CUDABlas.cpp (TORCH_CUDABLAS_CHECK: "CUDA error: ", the status's name, " when calling ")
+    "cuBLAS error ({what})": "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, "
+                             "opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`",
+    "module not installed": ("logs/catalogue/import-missing.log", "ModuleNotFoundError"),
+    # CPython's dlopen error (Python/dynload_shlib.c: the loader's dlerror()) for an extension built for another torch
+    "extension built for another torch": "ImportError: /opt/venv/lib/python3.11/site-packages/flash_attn_2_cuda.cpython-311-"
+                                         "x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+    "tensors on different devices": ("logs/catalogue/device-mismatch.log", "is not on the expected device"),
+    "checkpoint does not fit the model": ("logs/catalogue/checkpoint-keys.log", "in loading state_dict for"),
     # torch/distributed/elastic/rendezvous/dynamic_rendezvous.py ("raise RendezvousClosedError"), its traceback's end
     "rendezvous closed by another node": "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
     # torch's shared-memory allocator (aten/src/ATen/MapAllocator.cpp: "unable to write to file <%s>: %s (%d)")

@@ -31,6 +31,10 @@ REAL = {
     # the other side of a rendezvous that never completed: the cause is elsewhere (a node or rank that never came)
     "store-waiting.log": ("secondary-only", "no primary failure found: unknown rank failed only as a consequence of a "
                           "peer (1 x \"not every rank joined\")", "start the job on every node"),
+    # mistakes.py: a module one rank's Python lacks, a tensor on another device, a checkpoint of the wrapped model
+    "import-missing.log": ("failure", "first failure: rank 1, reported at ", "on every node"),
+    "device-mismatch.log": ("failure", "first failure: rank 1, reported at ", "this rank's own"),
+    "checkpoint-keys.log": ("failure", "first failure: rank 0, reported at ", "'module.'"),
     "rendezvous-timeout.log": ("secondary-only", "no primary failure found: unknown rank failed only as a consequence "
                                "of a peer (1 x \"not every rank joined\")", "start the job on every node"),
 }
