@@ -362,8 +362,10 @@ _FRAME_MARKS = engine.ByShape(lambda data: tuple(name for name in engine.marks(d
 def close_block(c: Collector, key: str, closer: bool = False, last: bool = False) -> None:
     """The block of ``key`` ends (``closer``: at a line of its stream that is not its own; ``last``: at the end of
     the source, nothing after it)."""
+    assert c.ctx is not None
     block = c._blocks.pop(key)
     if block.summary is not None:
+        c.reported.add(c.ctx.index)
         _mark_frames(c, block.text)
         summary_events(c, block)
         return
@@ -381,6 +383,7 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
     if full:
         return
     if reading.report or (block.after_report and reading.message == CUT_SHORT):
+        c.reported.add(c.ctx.index)
         c._add(c.event("launcher", INFO, "the launcher's own traceback (it reports a worker's failure)",
                        "launcher traceback", block.who, block.start_line, block.start_offset, strong=False,
                        text=block.text[:MAX_TRACEBACK_LINES]), stream)

@@ -101,6 +101,7 @@ class Collector:
         self.suspects: list[Event] = []  # lines that look like a failure and say no more (the last resort)
         self.nccl_lines = 0  # NCCL lines of the source being read (catalogue.NCCL_LINES_PER_SOURCE)
         self.agent_groups: dict[int, int] = {}  # source index -> its torchrun agent's group rank (node rank)
+        self.reported: set[int] = set()  # sources that hold torchrun's own report of a failure (its traceback, summary)
         self.here: tuple[bytes, int] = (b"", 0)  # the scanned block, where the current line starts in it
         self.repeats: list[Frames] = []  # the tracebacks this source printed, read once (repeats.py)
         # the last line read whole, where it starts in the scanned block, and its labels (blocks.logged_level)
@@ -151,6 +152,7 @@ class Collector:
         self.launchers.update(later.launchers)
         self.node_prefixed |= later.node_prefixed
         self.agent_groups.update(later.agent_groups)
+        self.reported |= later.reported
         self.notes.update(later.notes)
         self.suspects.extend(later.suspects[:max(0, MAX_SUSPECTS - len(self.suspects))])
         self.nccl.absorb(later.nccl)

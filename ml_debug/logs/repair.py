@@ -1,9 +1,10 @@
-"""Logs as people paste them: quoted, numbered, wrapped, reversed, glued to progress bars; mended before reading.
+"""Logs as people paste them: quoted, indented, numbered, wrapped, reversed, glued to progress bars; mended before
+reading.
 
 - Damage of the whole text, found by :func:`sniff` in a source's first ``SNIFF_BYTES`` and undone by
-  :func:`mend` (a pasted log is small; a source over ``MEND_LIMIT`` is read as it is): markdown quoting, a
-  viewer's line numbers, lines hard-wrapped by a terminal at a fixed width, a log pasted bottom-to-top; and
-  pdsh's node names in front of every line (read as labels).
+  :func:`mend` (a pasted log is small; a source over ``MEND_LIMIT`` is read as it is): markdown quoting, an
+  indentation in front of every line, a viewer's line numbers, lines hard-wrapped by a terminal at a fixed
+  width, a log pasted bottom-to-top; and pdsh's node names in front of every line (read as labels).
 - Damage of one line, undone by :func:`mend_line` on the lines the scanner hands over: a tqdm or rich progress
   bar a log line was glued onto (no newline after the bar, or a carriage return), tmux's scrollback counter
   (``[12/3456]``) glued onto the end.
@@ -41,6 +42,8 @@ class Damage:
     """What :func:`sniff` found in a source's first bytes."""
 
     quoted: bool = False
+    indent: int = 0
+    """Spaces in front of every line (a paste indented as a markdown code block)."""
     numbered: bool = False
     wrap_width: int | None = None
     reversed: bool = False
@@ -50,7 +53,15 @@ class Damage:
     @property
     def whole(self) -> bool:
         """The whole text must be mended before it is read."""
-        return self.quoted or self.numbered or self.wrap_width is not None or self.reversed
+        return self.quoted or bool(self.indent) or self.numbered or self.wrap_width is not None or self.reversed
+
+
+def _indent(lines: list[str]) -> int:
+    """The spaces in front of every line that is not blank, when there are 2 or more (a paste indented as a markdown
+    code block, or inside a quoted reply): no program writes every line so."""
+    body = [ln for ln in lines if ln.strip()]
+    least = min((len(ln) - len(ln.lstrip(" ")) for ln in body), default=0)
+    return least if least >= 2 else 0
 
 
 def _quoted(lines: list[str]) -> bool:
@@ -188,6 +199,8 @@ def sniff(head: bytes) -> Damage:
         if _quoted(lines):
             d.quoted = True  # numbers outside the quoting
             lines = _unquote(lines)
+    d.indent = _indent(lines)
+    lines = [ln[d.indent:] for ln in lines]
     # only a line ending in "]" can end in a tmux counter: the others skip the regular expression
     lines = [_TMUX.sub("", ln) if ln.rstrip().endswith("]") else ln for ln in lines]
     d.wrap_width = _wrap_width(lines, whole)
@@ -210,6 +223,9 @@ def mend(data: bytes, d: Damage) -> bytes:
         d.notes.append("viewer line numbers removed")
         if d.quoted and any(ln.startswith(">") for ln in lines[:5]):
             lines = _unquote(lines)
+    if d.indent:
+        lines = [ln[d.indent:] if ln[:d.indent].isspace() else ln for ln in lines]
+        d.notes.append(f"an indentation of {d.indent} spaces on every line removed")
     if d.wrap_width:
         lines = [_TMUX.sub("", ln) for ln in lines]
         joined = sum(len(ln) == d.wrap_width for ln in lines)

@@ -29,6 +29,7 @@ from ml_debug.logs.verdict import (
     progress,
     restarted,
     timeline,
+    went_on,
 )
 
 MAX_DEMUX_LINES = 200_000  # the lines a JSON document of one rank's lines holds (built in memory)
@@ -115,7 +116,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         last = max((a for s in infos if (a := attempt_of(s.path)) is not None), default=None)
         verdict = launched(verdict, launch_exit, sorted(failed), last)
     else:
-        verdict = restarted(verdict, collector.events)
+        verdict = went_on(restarted(verdict, collector.events), collector.events, infos, collector.reported)
     verdict.findings += attempts(collector.events)
     slow = [f for f in (nccl or {}).get("findings", ()) if f["severity"] == "warning"]
     if slow and verdict.status == "none":  # a job that runs, slowly: the first line says where to look

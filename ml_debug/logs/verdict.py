@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import re
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ml_debug.core.errors import ExitCode
@@ -34,6 +34,7 @@ from ml_debug.logs.result import (
     TIME_ORDER,
     WARNING,
     Event,
+    SourceInfo,
     TimelineRow,
     TracebackGroup,
     Verdict,
@@ -249,6 +250,32 @@ def attempts(events: Iterable[Event]) -> list[str]:
                    f"all {len(mine)} attempts failed; the first failure named is the first attempt's"
                    + ("; the later ones failed with: " + ", ".join(f'"{label}"' for label in later) if later else ""))
     return out
+
+
+def went_on(v: Verdict, events: Iterable[Event], infos: Sequence[SourceInfo], reported: Collection[int]) -> Verdict:
+    """torchrun prints its traceback and failure summary (ChildFailedError) when the job fails; at its default log
+    level it says nothing of a restart (--max-restarts), nor of the workers that finished after one. A console whose
+    agent reported a failure and that goes on past it, with no report of torchrun's (``reported``: those sources) and
+    no failure after it: the job may have recovered (a finding; the first line says it, since the job's status cannot
+    be told from these lines)."""
+    events = list(events)
+    said = []
+    for source, info in enumerate(infos):
+        mine = [e for e in events if e.source_index == source]
+        if source in reported or any(e.label in (RESTARTS, FINISHED) for e in mine):
+            continue
+        failed = [e for e in mine if e.detail.get("via") == "torchrun" and e.kind in ("exit", "signal")]
+        last = max(failed, key=lambda e: e.line, default=None)
+        if last is not None and info.lines - last.line >= 2 and not any(
+                e.line > last.line and e.cls in (PRIMARY, SECONDARY) for e in mine):
+            said.append(f"torchrun's agent reported {last.who.label()}'s failure at line {last.line} of {info.path}, yet "
+                        f"{info.lines - last.line} lines follow it and no failure summary (ChildFailedError), which "
+                        "torchrun prints when the job fails: it restarted the workers (--max-restarts) and, if this "
+                        "console is whole, the job went on; LOGLEVEL=INFO makes torchrun say whether they finished")
+    if not said or not v.failed:
+        return v
+    return dataclasses.replace(v, summary=v.summary + "; but torchrun went on after it (below): the job may have "
+                               "recovered", findings=v.findings + said)
 
 
 def _recovered(v: Verdict, what: str) -> Verdict:

@@ -439,6 +439,24 @@ def test_a_failure_torchrun_restarted_the_workers_after_is_survived_once_they_fi
     assert triage([str(recovered), str(other)]).verdict.status == "failure"
 
 
+def test_a_console_torchrun_went_on_after_without_its_failure_summary_may_have_recovered(tmp_path: Path) -> None:
+    """At torchrun's default level its agent reports the failed worker and says nothing of the restart, nor of the
+    workers finishing: the console goes on past the failure and ends without the failure summary torchrun prints when
+    the job fails. Still a failure (the job's end is not in these lines), and its first line says it may have
+    recovered. A console that ends at the failure, or with torchrun's summary, says nothing of it."""
+    default = DATA / "logs" / "catalogue" / "restart-recovered-default.log"
+    v = triage([str(default)]).verdict
+    assert v.status == "failure" and v.summary.endswith("; but torchrun went on after it (below): the job may have "
+                                                        "recovered"), v.summary
+    assert [f for f in v.findings if f.startswith("torchrun's agent reported local rank 1 on unknown node's failure at "
+                                                  "line 8 of ") and "4 lines follow it" in f], v.findings
+    failed = triage([str(DATA / "logs" / "catalogue" / "restart-failed.log")]).verdict
+    assert "went on" not in failed.summary and not [f for f in failed.findings if "lines follow it" in f]
+    cut = tmp_path / "cut.log"
+    cut.write_text("".join(default.read_text().splitlines(keepends=True)[:9]))
+    assert "went on" not in triage([str(cut)]).verdict.summary
+
+
 HOROVOD_STALL = ("[2026-11-28 10:00:00.123456: W /tmp/pip-req-build/horovod/common/stall_inspector.cc:107] One or more "
                  "tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for "
                  "remainder of ranks for more than 60 seconds. This may indicate that different ranks are trying to "

@@ -41,11 +41,14 @@ def test_frames_cut_at_both_ends_are_a_failure_whose_cause_is_not_in_the_logs(tm
     assert v.confidence == "medium" and "ends before its exception" in v.confidence_why, v.confidence_why
 
 
-def test_a_paste_indented_as_a_whole_is_still_read_line_by_line(tmp_path: Path) -> None:
-    """Every line two spaces in (a quote in an issue): its frames are deeper than Python's, so they open no
-    traceback; the exception line is read as it stands."""
-    v = triage([_write(tmp_path, ["  " + ln.split(": ", 1)[1] for ln in ACCELERATE[3:8]])]).verdict
+def test_a_paste_indented_as_a_whole_is_read_as_it_was_written(tmp_path: Path) -> None:
+    """Every line two spaces in (a quote in an issue): the indentation comes off first (repair.py), and the frames
+    open the traceback its paste cut above the header."""
+    r = triage([_write(tmp_path, ["  " + ln.split(": ", 1)[1] for ln in ACCELERATE[3:8]])])
+    v = r.verdict
     assert v.primary is not None and v.primary.message == "ValueError: bad batch on rank 1: shape mismatch", v.summary
+    assert v.primary.kind == "traceback", v.primary
+    assert r.sources[0].repairs == ["an indentation of 2 spaces on every line removed"], r.sources[0].repairs
 
 
 def test_a_rich_traceback_is_read_whole_and_its_boxs_source_lines_are_no_failure(tmp_path: Path) -> None:

@@ -64,6 +64,11 @@ def _tmux(text: str) -> str:
                    for i, line in enumerate(text.splitlines()))
 
 
+def _indented(text: str) -> str:
+    """Pasted as a markdown code block by indentation (4 spaces in front of every line)."""
+    return "".join(f"    {line}\n" if line.strip() else "\n" for line in text.splitlines())
+
+
 def _dedented(text: str) -> str:
     return "".join(line.strip() + "\n" for line in text.splitlines())
 
@@ -81,6 +86,7 @@ DAMAGE: dict[str, tuple[Callable[[str], str], str | None]] = {
     "reversed": (_reversed, "bottom-to-top"),
     "progress-bars": (_glued_bars, "progress bar cut off"),
     "tmux": (_tmux, "tmux counter cut off"),
+    "indented": (_indented, "an indentation of 4 spaces on every line removed"),
     "dedented": (_dedented, None),
     "quoted+numbered+wrapped": (_quoted_numbered_wrapped, "markdown quoting"),
 }

@@ -4,6 +4,9 @@ ran as /tmp/restart/job2.py, the path their frames show):
     LOGLEVEL=INFO torchrun --standalone --nproc-per-node 2 --max-restarts 2 restart.py > restart-recovered.log 2>&1
     torchrun --standalone --nproc-per-node 2 --max-restarts 2 restart.py > restart-failed.log 2>&1
 
+restart-recovered-default.log is restart-recovered.log without the agent's INFO lines (glog's "I1128 ..."), which
+torchrun's default level does not print: the console of the same job at that level.
+
 Rank 1 fails in the first attempt only. At LOGLEVEL=INFO the agent says it restarts the workers and, later, that
 they finished: the job recovered (exit code 0). At torchrun's default level it says neither; in that run the
 restarted ranks could not connect (gloo's connectFullMesh found the first attempt's address), so every attempt
