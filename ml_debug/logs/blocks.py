@@ -56,6 +56,9 @@ _RUNNER_FIELD = re.compile(r"(?:^|\s)(?:Process name: (?P<rank>\d+)|Exit code: (
 _SPAWNED = re.compile(r"-- Process (\d+) terminated with the following error:")
 _SUMMARY_FIELD = re.compile(r"\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 _SUMMARY_ENTRY = re.compile(r"\[(\d+)\]:\s*$")
+# an entry copied from a rendered table, its fields run together: "rank2 (local rank: 2)exitcode: -9 (pid: 36071)"
+_SUMMARY_GLUED = re.compile(r"rank\s*:?\s*(?P<rank>\d+) \(local[_ ]rank: (?P<local>\d+)\)\s*exitcode\s*:\s*(?P<code>-?\d+)"
+                            r"(?: \(pid: (?P<pid>\d+)\))?")
 _RANK_LOCAL = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT_PID = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 _SIGNAL_PID = re.compile(r"(?i)signal (\d+) \(SIG\w+\) received by PID (\d+)")
@@ -284,6 +287,12 @@ def summary_line(c: Collector, key: str, block: Block, rest: str) -> bool:
     if f and s.entries:
         s.field_name = f.group(1)
         s.entries[-1][f.group(1)] = f.group(2).strip()
+        return True
+    g = _SUMMARY_GLUED.match(stripped) if s.entries else None
+    if g:
+        s.field_name = "exitcode"
+        s.entries[-1].update(rank=f"{g['rank']} (local_rank: {g['local']})",
+                             exitcode=g["code"] + (f" (pid: {g['pid']})" if g["pid"] else ""))
         return True
     if s.field_name == "traceback" and s.entries and rest.startswith("  "):
         s.entries[-1]["traceback"] = s.entries[-1].get("traceback", "") + "\n" + rest[2:]

@@ -147,3 +147,16 @@ def test_torch_distributed_launchs_called_process_error_names_no_rank(tmp_path: 
     v = triage([_write(tmp_path, text)]).verdict
     assert v.primary is not None and v.summary == "first failure: unknown rank: crashed with SIGSEGV", v.summary
     assert "rank_by" not in v.primary.detail, v.primary.detail
+
+
+def test_a_summary_copied_from_a_rendered_table_with_its_fields_run_together_names_its_rank(tmp_path: Path) -> None:
+    """A summary pasted from a page that drew it as a table: the field names on lines of their own, their values
+    after them, and the rank's and exit code's fields run together on one line. The rank and its exit code (a
+    signal: SIGKILL) are still read."""
+    lines = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "train.py FAILED", "Failures:",
+             "<NO_OTHER_FAILURES>", "Root Cause (first observed failure) :", "[0]:", "time", "host",
+             "2023-09-14 01:45:50", "node7", "rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>",
+             "traceback : Signal 9 (SIGKILL) received by PID 36071"]
+    v = triage([_write(tmp_path, lines)]).verdict
+    assert v.primary is not None and v.primary.who.rank == 2 and v.primary.detail.get("exit_code") == -9, v.summary
+    assert v.summary.startswith("first failure: rank 2: killed by SIGKILL"), v.summary
