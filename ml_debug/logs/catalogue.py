@@ -359,6 +359,16 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  hint="{who} could not reach the rendezvous (MASTER_ADDR:MASTER_PORT, --rdzv-endpoint): is the first "
                       "node's job started and listening there, is that address one every node can reach (not "
                       "localhost), and is the port open between the nodes (a firewall)?"),
+    # the Hugging Face Hub out of reach (compute nodes often have no internet): transformers/utils/hub.py's "We couldn't
+    # connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached files.",
+    # huggingface_hub's LocalEntryNotFoundError under HF_HUB_OFFLINE=1 without the files. Before the host names' class:
+    # its causes ("Temporary failure in name resolution") come with it
+    FailureClass("init", PRIMARY, "model hub out of reach",
+                 r"We couldn't connect to '[^'\n]{1,200}' to load|LocalEntryNotFoundError|outgoing traffic has been "
+                 r"disabled", ("We couldn't connect to", "LocalEntryNotFoundError", "outgoing traffic has been disabled"),
+                 hint="{who} could not download from the Hugging Face Hub (compute nodes often have no internet): "
+                      "download once where it is reachable (huggingface-cli download REPO) into a cache every node "
+                      "reads (HF_HOME), then run with HF_HUB_OFFLINE=1; or set HF_ENDPOINT to a mirror they reach"),
     # a host name that does not resolve (glibc's gai_strerror: EAI_NONAME "Name or service not known", EAI_AGAIN
     # "Temporary failure in name resolution"), as Python's socket.gaierror or c10d's "(gai error: -2 - ...)" say it
     FailureClass("init", PRIMARY, "host name not resolved",
@@ -533,7 +543,9 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                       "branch that depends on the rank or on its data (an early exit, a skipped batch), or a collective "
                       "only some ranks reach; the message names each rank's call"),
     FailureClass("exception", PRIMARY, "no process group",
-                 r"Default process group has not been initialized", ("process group has not been initialized",),
+                 r"Default process group has not been initialized|environment variable (?:RANK|WORLD_SIZE|MASTER_ADDR|"
+                 r"MASTER_PORT) expected, but not set",
+                 ("process group has not been initialized", "expected, but not set"),
                  hint="{who} called a collective before torch.distributed.init_process_group, or ran without a "
                       "launcher that sets RANK and WORLD_SIZE (torchrun, mldebug launch)"),
     # the consequences of another rank's failure

@@ -161,6 +161,9 @@ CLASSES: dict[str, Sample] = {
                           "(tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at "
                           "node (ID: 351e406b, IP: 10.95.143.76) over the last time period.",
     "out of memory": ("logs_corpus/torchrun-oom.log", "OutOfMemoryError"),
+    # transformers/utils/hub.py (cached_files): the Hub out of reach and the files not in the cache
+    "model hub out of reach": "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't "
+                              "find them in the cached files.",
     # CPython's socket.gaierror, with glibc's gai_strerror(EAI_NONAME)
     "host name not resolved": "socket.gaierror: [Errno -2] Name or service not known",
     "DataLoader worker killed (SIGKILL)": ("logs/catalogue/dataloader-killed.log", "is killed by signal: Killed"),

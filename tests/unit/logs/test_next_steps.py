@@ -31,6 +31,8 @@ REAL = {
     # the other side of a rendezvous that never completed: the cause is elsewhere (a node or rank that never came)
     "store-waiting.log": ("secondary-only", "no primary failure found: unknown rank failed only as a consequence of a "
                           "peer (1 x \"not every rank joined\")", "start the job on every node"),
+    "no-launcher.log": ("failure", "first failure: unknown rank: ValueError: Error initializing torch.distributed using "
+                        "env:// rendezvous: environment variable RANK expected", "without a launcher"),
     # mistakes.py: a module one rank's Python lacks, a tensor on another device, a checkpoint of the wrapped model
     "import-missing.log": ("failure", "first failure: rank 1, reported at ", "on every node"),
     "device-mismatch.log": ("failure", "first failure: rank 1, reported at ", "this rank's own"),
@@ -126,3 +128,18 @@ def test_a_process_killed_by_sigkill_gets_where_to_look_for_who_killed_it(path: 
     kernel log for the OOM killer, the job's limits). A DataLoader worker's SIGKILL keeps its own class's step."""
     v = triage([str(REPO / "tests" / "data" / path)]).verdict
     assert v.hint is not None and "OOM killer" in v.hint and "dmesg" in v.hint, v.hint
+
+
+def test_the_hub_out_of_reach_is_said_over_the_name_lookup_that_caused_it(tmp_path: Path) -> None:
+    """transformers raises its own OSError from the connection's failure (a node without internet): the chain holds
+    glibc's "Temporary failure in name resolution" too, and the Hub's class, earlier in the catalogue, names it."""
+    path = tmp_path / "console.log"
+    path.write_text('Traceback (most recent call last):\n  File "/venv/urllib3/connection.py", line 198, in _new_conn\n'
+                    "socket.gaierror: [Errno -3] Temporary failure in name resolution\n\n"
+                    "The above exception was the direct cause of the following exception:\n\n"
+                    'Traceback (most recent call last):\n  File "/job/train.py", line 12, in <module>\n'
+                    "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them "
+                    "in the cached files.\n")
+    v = triage([str(path)]).verdict
+    assert v.summary.startswith("first failure: unknown rank: OSError: We couldn't connect to"), v.summary
+    assert v.hint is not None and "HF_HUB_OFFLINE=1" in v.hint, v.hint

@@ -3,9 +3,10 @@
     torchrun --standalone --nproc-per-node 2 program.py unused   > ddp-unused.log 2>&1
     TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node 2 program.py mismatch > mismatch.log 2>&1
     python program.py nogroup > no-group.log 2>&1
+    python program.py nolauncher > no-launcher.log 2>&1
 
 unused: DDP over a model with a parameter that takes no part in the loss (the second step raises); mismatch: rank 1
-calls all_gather where rank 0 calls all_reduce; nogroup: a collective without init_process_group.
+calls all_gather where rank 0 calls all_reduce; nogroup: a collective without init_process_group; nolauncher: init_process_group without a launcher (no RANK).
 """
 
 import sys
