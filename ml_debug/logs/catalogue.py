@@ -411,14 +411,13 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  r"allocate memory|\bMemoryError\b|std::bad_alloc",
                  ("oom-kill", "oom_kill", "Out Of Memory", "memory pressure", "ray-oom-prevention", "DefaultCPUAllocator",
                   "MemoryError", "std::bad_alloc"),
-                 hint="{who} ran out of the host's memory (RAM, not the GPU's), and an OOM killer ended it: the kernel's, "
-                      "the job's cgroup or Ray's memory monitor (on that node: dmesg -T | grep -i 'killed process'; under "
-                      "Slurm: sacct -j ID -o JobID,MaxRSS,ReqMem). Fewer DataLoader workers or a smaller prefetch_factor, a dataset not copied "
-                      "into every process, or more memory for the job (sbatch --mem)"),
+                 hint="{who} ran out of the host's memory (RAM, not the GPU's), and an OOM killer ended it: the "
+                      "kernel's, the job's cgroup or Ray's memory monitor (on that node: dmesg -T | grep -i 'killed "
+                      "process'; under Slurm: sacct -j ID -o JobID,MaxRSS,ReqMem). Fewer DataLoader workers or a smaller "
+                      "prefetch_factor, a dataset not copied into every process, or more memory for the job (sbatch --mem)"),
     FailureClass("oom", PRIMARY, "out of memory",
-                 r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY|oom[-_]kill|Out Of Memory",
-                 ("out of memory", "OutOfMemory", "Out of memory", "OUT_OF_MEMORY", "oom-kill", "oom_kill",
-                  "Out Of Memory"),
+                 r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY",
+                 ("out of memory", "OutOfMemory", "Out of memory", "OUT_OF_MEMORY"),
                  hint="{who}{gpu} ran out of memory: lower its batch or sequence length, use activation "
                       "checkpointing, or see what else holds memory on that GPU (mldebug top, nvidia-smi)"),
     # the CUDA driver API's errors by their CUresult names (cuda.h), as libraries that call it raise them: CuPy's
@@ -497,7 +496,8 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  r"unhandled (?:cuda|system) error|ncclUnhandledCudaError|ncclSystemError|Cuda failure|ncclInternalError|"
                  r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|NCCL Error \d+: |invalid argument, NCCL version",
                  ("unhandled cuda error", "unhandled system error", "ncclUnhandledCudaError", "ncclSystemError",
-                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage", "NCCL Error ", "invalid argument, NCCL"),
+                  "Cuda failure", "ncclInternalError", "ncclInvalid", "invalid usage", "NCCL Error ",
+                  "invalid argument, NCCL"),
                  hint="{who}: an NCCL call failed (not a timeout). Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) "
                       "to see which: 'unhandled system error' is most often the network (NCCL_SOCKET_IFNAME, "
                       "InfiniBand) or /dev/shm; 'unhandled cuda error', a CUDA failure on that GPU; 'invalid usage', "

@@ -482,7 +482,8 @@ def next_step(ev: Event) -> str | None:
     gpu = _GPU.search(ev.message)
     dsa = " and TORCH_USE_CUDA_DSA=1, which names the failing assert" if _DEVICE_ASSERT.search(text) else ""
     who = ev.who.label()
-    return hint.format(who="the failing process" if who == "unknown rank" else who, gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa)
+    return hint.format(who="the failing process" if who == "unknown rank" else who,
+                       gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa)
 
 
 def _findings(events: list[Event]) -> list[str]:

@@ -6,7 +6,8 @@
     python program.py nolauncher > no-launcher.log 2>&1
 
 unused: DDP over a model with a parameter that takes no part in the loss (the second step raises); mismatch: rank 1
-calls all_gather where rank 0 calls all_reduce; nogroup: a collective without init_process_group; nolauncher: init_process_group without a launcher (no RANK).
+calls all_gather where rank 0 calls all_reduce; nogroup: a collective without init_process_group; nolauncher:
+init_process_group without a launcher (no RANK).
 """
 
 import sys
