@@ -453,9 +453,9 @@ def _tie(first: Event, cands: list[Event]) -> list[Event]:
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
-_FALLBACK_KINDS = ("watchdog", "cuda-error", "oom", "gpu-fault", "shm")
-"""Kinds whose events may be told in words of no class of theirs (srun's out of memory, a CUDA error in c10d's line):
-they take their kind's first next step."""
+_OWN_KINDS = ("watchdog", "cuda-error", "oom", "gpu-fault", "shm")
+"""Kinds that are their events' own cause, which may be told in words of no class of theirs (srun's out of memory, a
+CUDA error in c10d's line): they take their kind's first next step."""
 _STEPS = tuple((step.kinds, re.compile(step.pattern), step.hint) for step in STEPS)
 
 
@@ -463,8 +463,7 @@ def next_step(ev: Event) -> str | None:
     """What to do about the cause ``ev`` names: its failure class's next step, else the step for what no class names
     (a crash by its signal, an exit code alone, a stop by the scheduler: catalogue.py)."""
     text = ev.label + " " + ev.message
-    own = ev.kind in ("oom", "shm", "cuda-error", "watchdog", "gpu-fault")
-    kind = ev.kind if own else ev.detail.get("cause", ev.kind)
+    kind = ev.kind if ev.kind in _OWN_KINDS else ev.detail.get("cause", ev.kind)
     if "NCCL operations have failed or timed out" in text:
         kind = "watchdog"
     if ev.detail.get("exit_code") == -11 or "SIGSEGV" in text:
@@ -474,7 +473,7 @@ def next_step(ev: Event) -> str | None:
     # error or a watchdog named in other words, its kind's first
     entry = next((c for c in entries if c.label == ev.label or ("{what}" in c.label
                                                                  and ev.label.startswith(c.label.split("{what}")[0]))),
-                 entries[0] if entries and kind in _FALLBACK_KINDS else None)
+                 entries[0] if entries and kind in _OWN_KINDS else None)
     hint = entry.hint if entry is not None else next(
         (hint for kinds, rx, hint in _STEPS if kind in kinds and rx.search(text)), None)
     if hint is None:
