@@ -12,6 +12,7 @@ from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs import accounting
 from ml_debug.logs.catalogue import LAUNCHERS
+from ml_debug.logs.ending import attempts, launched, restarted, went_on
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import split_label, strip_ansi
 from ml_debug.logs.readers import read_all
@@ -19,18 +20,7 @@ from ml_debug.logs.result import JOB_KINDS, PRIMARY, LogsReport, SourceInfo, Who
 from ml_debug.logs.scan import BLOCK, MAX_LINE, opened
 from ml_debug.logs.sources import Expanded, Source, attempt_of, expand
 from ml_debug.logs.text import few
-from ml_debug.logs.verdict import (
-    attempts,
-    collapse_tracebacks,
-    decide,
-    dedupe,
-    launched,
-    placed,
-    progress,
-    restarted,
-    timeline,
-    went_on,
-)
+from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, placed, progress, timeline
 
 MAX_DEMUX_LINES = 200_000  # the lines a JSON document of one rank's lines holds (built in memory)
 
