@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ml_debug.logs import engine, repeats
 from ml_debug.logs.labels import Label, find_time, split_label, srun_task_node, stamped
 from ml_debug.logs.result import CUT_SHORT, INFO, PRIMARY, TIME_LAUNCHER, TIME_LINE, TIME_NEARBY, WARNING, Who
-from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, short_exception, signal_event_text
+from ml_debug.logs.text import EXCEPTION_LINE, blamed, classify, raised_in, short_exception, signal_event_text
 
 if TYPE_CHECKING:
     from ml_debug.logs.events import Collector
@@ -315,6 +315,7 @@ class Reading:
     # process name (a rank); a CalledProcessError's command line is the last one its launcher started, whichever
     # failed (torch.distributed.launch 1.x, DeepSpeed)
     length: int  # the number of text lines read
+    where: str | None  # the job's own code where it was raised (text.raised_in)
 
 
 def read(block: Block) -> Reading:
@@ -334,7 +335,7 @@ def read(block: Block) -> Reading:
          if "CalledProcessError: Command " in final or " terminated with " in final else None)
     code, who = _child_exit(m) if m else runner_first(block.text[-4:]) if _RUNNER_FIRST in final else (None, None)
     return Reading(launchers, report, cls, label, cause, short_exception(final) if final else CUT_SHORT,
-                   blamed(whole), code, who, len(block.text))
+                   blamed(whole), code, who, len(block.text), raised_in(block.text))
 
 
 def _child_exit(m: re.Match[str]) -> tuple[int | None, Who | None]:
@@ -401,7 +402,7 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
     ev = c.event("traceback", reading.cls, reading.message, reading.label or reading.message.split(":", 1)[0],
                  block.who, block.start_line, block.start_offset, t=t, time_source=time_source,
                  text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames,
-                 detail={"cause": reading.cause})
+                 detail={"cause": reading.cause, **({"raised_in": reading.where} if reading.where else {})})
     code = reading.exit_code
     # handled: a logging call printed it and the program went on. Not the last thing in the source (a crash right
     # after an INFO line), nor a launcher's report of its child's exit (the line before it is the child's last)

@@ -54,7 +54,8 @@ def render(r: LogsReport, console: Console, *, full: bool = False, tracebacks: i
     got = p.detail if p is not None else {}
     how = [f"chosen by {v.basis}", f"seen in {visible(p.source)}:{p.line}"] if p is not None else (
         [f"order: {v.basis}"] if v.basis else [])
-    how += [text for said, text in ((got.get("rank_from"), f"rank taken from the {got.get('rank_from')}"),
+    how += [text for said, text in ((got.get("raised_in"), f"raised in {got.get('raised_in')}"),
+                                    (got.get("rank_from"), f"rank taken from the {got.get('rank_from')}"),
                                     (got.get("rank_by"), f"rank named by {got.get('rank_by')}"),
                                     (got.get("torchrun_root_cause") is False and got.get("via"),
                                      "torchrun's own 'Root Cause' names another rank")) if said]

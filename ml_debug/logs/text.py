@@ -21,6 +21,10 @@ EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w{0,100}\.){0,20}[A-Za-z_]\w
 # gloo's monitored barrier naming the ranks that did not come; a rank waiting for another's NCCL id (c10d: "[1] is
 # setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store ...")
 _BLAMED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier|retrieving ncclUniqueId from \[(\d+)\]")
+# a Python frame ("  File "/job/train.py", line 40, in step"); a library's is under site-packages or the standard
+# library's directory, or frozen
+_FRAME = re.compile(r'\s*File "(?P<path>[^"\n]{1,1000})", line (?P<line>\d+), in (?P<func>\S{1,200})')
+_LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<frozen ")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _NUM = re.compile(r"\d+")
 
@@ -88,3 +92,12 @@ def blamed(text: str) -> list[int]:
     """The ranks a line names as missing: gloo's monitored barrier's, the rank whose NCCL id another waited for."""
     m = _BLAMED.search(text) if "monitoredBarrier" in text or "ncclUniqueId" in text else None  # most lines are not it
     return [int(x) for x in re.findall(r"\d+", m.group(1) or m.group(2))] if m else []
+
+
+def raised_in(text: list[str]) -> str | None:
+    """Where the job's own code was when a traceback's exception was raised: its last frame that is not a library's
+    (``/job/train.py:40, in step``), or None (no such frame: the failure is all in libraries, or the frames are cut)."""
+    for t in reversed(text):
+        if 'File "' in t and (m := _FRAME.match(t)) and not _LIBRARY.search(m["path"]):
+            return f"{m['path']}:{m['line']}, in {m['func']}"
+    return None

@@ -60,6 +60,22 @@ def test_each_launchers_real_console_names_the_failing_rank(name: str) -> None:
     assert v.confidence in ("high", "medium") and v.confidence_why
 
 
+def test_the_first_failure_says_where_the_jobs_own_code_raised_it(tmp_path: Path) -> None:
+    """The last frame of the job's own code (not under site-packages, nor the standard library's): where to look
+    first. A traceback all in libraries says none."""
+    r = triage([str(CORPUS / "mpirun.log")])
+    assert r.verdict.primary is not None
+    assert r.verdict.primary.detail["raised_in"].endswith("logs_corpus/worker.py:58, in main"), r.verdict.primary.detail
+    out = io.StringIO()
+    render(r, Console(file=out, width=300))
+    assert "; raised in " in out.getvalue() and "worker.py:58, in main" in out.getvalue(), out.getvalue()
+    libraries = ('Traceback (most recent call last):\n  File "/usr/lib/python3.10/runpy.py", line 196, in _run_module_as_main\n'
+                 '  File "/opt/venv/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1518, in _call_impl\n'
+                 "RuntimeError: boom\n")
+    v = triage([_write(tmp_path, libraries)]).verdict
+    assert v.primary is not None and "raised_in" not in v.primary.detail, v.primary.detail
+
+
 def test_deepspeed_return_code_is_the_fact_not_its_command_line() -> None:
     """DeepSpeed's sigkill_handler line names the command of the last rank it started; the rank that died is
     the one that left nothing else (the others say their peer closed the connection)."""
