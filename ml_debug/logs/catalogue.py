@@ -419,7 +419,7 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = (
                  r"CUDA out of memory|OutOfMemoryError|[Oo]ut of memory|OUT_OF_MEMORY",
                  ("out of memory", "OutOfMemory", "Out of memory", "OUT_OF_MEMORY"),
                  hint="{who}{gpu} ran out of memory: lower its batch or sequence length, use activation "
-                      "checkpointing, or see what else holds memory on that GPU (mldebug top, nvidia-smi)"),
+                      "checkpointing, or see what else holds memory on that GPU (mldebug top, nvidia-smi){others}"),
     # the CUDA driver API's errors by their CUresult names (cuda.h), as libraries that call it raise them: CuPy's
     # "CUDADriverError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered", Numba's, JAX's; or
     # with the bare code ("[torch_memory_saver.cpp] CUresult error  result=1 ..."). After the out-of-memory class

@@ -352,6 +352,9 @@ def _tie(first: Event, cands: list[Event]) -> list[Event]:
 
 _GPU = re.compile(r"\bGPU (\d+)\b")
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
+# the processes a CUDA out-of-memory error lists on its GPU (c10's CUDACachingAllocator, from NVML: "Process 6680 has
+# 1.81 GiB memory in use. Including non-PyTorch memory, this process has 11.21 GiB memory in use.")
+_GPU_PROCESS = re.compile(r"Process (\d+) has ([\d.]+ [KMGT]?i?B) memory in use")
 _OWN_KINDS = ("watchdog", "cuda-error", "oom", "gpu-fault", "shm")
 """Kinds that are their events' own cause, which may be told in words of no class of theirs (srun's out of memory, a
 CUDA error in c10d's line): they take their kind's first next step."""
@@ -381,7 +384,18 @@ def next_step(ev: Event) -> str | None:
     dsa = " and TORCH_USE_CUDA_DSA=1, which names the failing assert" if _DEVICE_ASSERT.search(text) else ""
     who = ev.who.label()
     return hint.format(who="the failing process" if who == "unknown rank" else who,
-                       gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa)
+                       gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa, others=_others_on_gpu(ev.message))
+
+
+def _others_on_gpu(message: str) -> str:
+    """The other processes a CUDA out-of-memory error says held memory on its GPU, and what that most often means.
+    One process listed without "this process" is the failing one itself, seen from a container (another pid)."""
+    procs = _GPU_PROCESS.findall(message)
+    if not procs or (len(procs) == 1 and "this process has" not in message):
+        return ""
+    return (f". Other processes held memory on that GPU too ({few((f'pid {pid}: {size}' for pid, size in procs), 3)}): "
+            "another rank on the same GPU (each rank must call torch.cuda.set_device(LOCAL_RANK) before it "
+            "allocates), another job, or a process left from an earlier run (nvidia-smi on that node)")
 
 
 def _findings(events: list[Event]) -> list[str]:

@@ -143,3 +143,24 @@ def test_the_hub_out_of_reach_is_said_over_the_name_lookup_that_caused_it(tmp_pa
     v = triage([str(path)]).verdict
     assert v.summary.startswith("first failure: unknown rank: OSError: We couldn't connect to"), v.summary
     assert v.hint is not None and "HF_HUB_OFFLINE=1" in v.hint, v.hint
+
+
+# c10/cuda/CUDACachingAllocator.cpp's out-of-memory message lists the processes NVML sees on the GPU
+_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB "
+        "of which 1.06 GiB is free. {procs}Of the allocated memory 37.90 GiB is allocated by PyTorch, and 1.11 GiB is "
+        "reserved by PyTorch but unallocated.")
+
+
+@pytest.mark.parametrize(("procs", "others"), [
+    # another process beside this one: most often another rank on the same GPU (no set_device)
+    ("Process 4242 has 38.50 GiB memory in use. Including non-PyTorch memory, this process has 39.52 GiB memory in use. ",
+     True),
+    # one process and no "this process": the failing one itself, seen from a container's other pid namespace
+    ("Process 387746 has 78.89 GiB memory in use. ", False),
+    ("Including non-PyTorch memory, this process has 78.52 GiB memory in use. ", False),
+])
+def test_an_out_of_memory_says_when_other_processes_held_its_gpu(tmp_path: Path, procs: str, others: bool) -> None:
+    v = triage([_console(tmp_path, _OOM.format(procs=procs))]).verdict
+    assert v.hint is not None and v.hint.startswith("the failing process (GPU 0) ran out of memory"), v.hint
+    assert ("another rank on the same GPU" in v.hint) == others, v.hint
+    assert ("pid 4242: 38.50 GiB" in v.hint) == others, v.hint
