@@ -528,7 +528,8 @@ def summary_events(c: Collector, block: Block) -> None:
         cls, label, kind = classify(tb)
         c._add(c.event("error-file", cls, message, label or message.split(":", 1)[0], who, block.start_line,
                        block.start_offset, t=t, time_source=TIME_LAUNCHER, text=lines,
-                       detail={"exit_code": code, "via": "torchrun summary", **detail}), f"summary:{rank}")
+                       detail={"exit_code": code, "via": "torchrun summary", **detail,
+                               **({"raised_in": where} if (where := raised_in(lines)) else {})}), f"summary:{rank}")
     # cut short before any entry's exit code (or before its root cause's), and no agent line of this source said one:
     # a worker failed (the root cause, when the summary named it), which one is not in the logs
     if (cut_root or not told) and not any(e.source_index == c.ctx.index and e.detail.get("via") == "torchrun"

@@ -28,7 +28,7 @@ from ml_debug.logs.nccl import NcclCollector
 from ml_debug.logs.repair import mend_line
 from ml_debug.logs.repeats import Frames
 from ml_debug.logs.result import PRIMARY, TIME_ERROR_FILE, TIME_LINE, TIME_ORDER, Event, Who
-from ml_debug.logs.text import blamed, classify, clean_message, short_exception, signal_event_text
+from ml_debug.logs.text import blamed, classify, clean_message, raised_in, short_exception, signal_event_text
 
 __all__ = ["Collector", "SourceContext", "classify", "clean_message", "short_exception"]
 
@@ -462,9 +462,11 @@ class Collector:
         text = str(msg)
         cls, label, kind = classify(text + "\n" + callstack[-2000:])
         message = short_exception(text.strip().splitlines()[-1] if "\n" in text.strip() else text)
+        lines = callstack.splitlines()[:MAX_TRACEBACK_LINES]
+        where = raised_in(lines)
         self._add(self.event("error-file", cls, message, label or message.split(":", 1)[0], self.ctx.who,
-                             1, 0, t=ts, time_source=TIME_ERROR_FILE, detail={"cause": kind},
-                             text=callstack.splitlines()[:MAX_TRACEBACK_LINES]), "error-file")
+                             1, 0, t=ts, time_source=TIME_ERROR_FILE,
+                             detail={"cause": kind, **({"raised_in": where} if where else {})}, text=lines), "error-file")
 
     def metrics_line(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """The progress an mldebug train metrics record says (rank, step, time), or None."""

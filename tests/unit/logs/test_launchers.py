@@ -74,6 +74,11 @@ def test_the_first_failure_says_where_the_jobs_own_code_raised_it(tmp_path: Path
                  "RuntimeError: boom\n")
     v = triage([_write(tmp_path, libraries)]).verdict
     assert v.primary is not None and "raised_in" not in v.primary.detail, v.primary.detail
+    # torchelastic's error file alone (its traceback in the message's extraInfo)
+    error_file = next((REPO / "tests" / "data" / "logs" / "launch_nan_rank1_stopped_first").rglob("error.json"))
+    v = triage([str(error_file)]).verdict
+    assert v.primary is not None and v.primary.kind == "error-file", v.primary
+    assert v.primary.detail["raised_in"].endswith("ml_debug/train/trainer.py:253, in _fail_if_not_finite"), v.primary.detail
 
 
 def test_deepspeed_return_code_is_the_fact_not_its_command_line() -> None:
