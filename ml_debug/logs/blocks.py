@@ -38,6 +38,10 @@ CHAIN = ("The above exception was the direct cause of the following exception:",
 # (Ray re-raises a worker's exception as "ray.exceptions.RayTaskError(DistBackendError): ray::...")
 EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
                             r"Failure|Fault)\w{0,100})(?:\([\w.]{1,100}\))?: (?P<msg>.*)$")
+# Ray re-raises a worker's exception in the caller as "ray.exceptions.RayTaskError(DistBackendError): ray::f() (pid=192,
+# ip=10.0.0.19, ...)", then the worker's frames and its exception (python/ray/exceptions.py): the cause, on that node
+_RAY_WRAPPER = "RayTaskError("
+_RAY_NODE = re.compile(r"RayTaskError\(\w+\): [^\n]{0,300}?\(pid=\d+, ip=(?P<ip>[\w.:\-]{1,100})")
 # an exception raised without a message (torchrun's agent: "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError")
 _BARE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}\w{0,100}(?:Error|Exception|Exit|Interrupt|Failure|Fault)$")
 # a launcher re-raising a child's exit: subprocess's "CalledProcessError: Command '[...]' returned non-zero exit
@@ -229,6 +233,10 @@ def _take(c: Collector, key: str, block: Block, rest: str) -> bool:
         if block.stage == "chain" or closes(rest):
             close_block(c, key, closer=True)
             return False
+        if _FRAME_LINE.match(rest) and _RAY_WRAPPER in block.exceptions[-1]:
+            block.text.append(rest)  # Ray's re-raise: the worker's frames, then its own exception, follow at once
+            block.stage, block.expect_code = "frames", True
+            return True
         # the exception's message goes on (CUDA's advice, NCCL's "Last error:" ...)
         if len(block.text) < MAX_TRACEBACK_LINES:
             block.text.append(rest)
@@ -316,6 +324,7 @@ class Reading:
     # failed (torch.distributed.launch 1.x, DeepSpeed)
     length: int  # the number of text lines read
     where: str | None  # the job's own code where it was raised (text.raised_in)
+    node: str | None  # the node it was raised on, where a wrapper says (Ray's re-raise of a worker's exception)
 
 
 def read(block: Block) -> Reading:
@@ -335,7 +344,13 @@ def read(block: Block) -> Reading:
          if "CalledProcessError: Command " in final or " terminated with " in final else None)
     code, who = _child_exit(m) if m else runner_first(block.text[-4:]) if _RUNNER_FIRST in final else (None, None)
     return Reading(launchers, report, cls, label, cause, short_exception(final) if final else CUT_SHORT,
-                   blamed(whole), code, who, len(block.text), raised_in(block.text))
+                   blamed(whole), code, who, len(block.text), raised_in(block.text), _ray_node(block.exceptions))
+
+
+def _ray_node(exceptions: list[str]) -> str | None:
+    """The node of the innermost of Ray's re-raises (the worker's; the outer ones are the actors that waited on it)."""
+    ray = [m["ip"] for e in exceptions if _RAY_WRAPPER in e and (m := _RAY_NODE.search(e))]
+    return ray[-1] if ray else None
 
 
 def _child_exit(m: re.Match[str]) -> tuple[int | None, Who | None]:
@@ -403,6 +418,8 @@ def close_block(c: Collector, key: str, closer: bool = False, last: bool = False
                  block.who, block.start_line, block.start_offset, t=t, time_source=time_source,
                  text=block.text[:MAX_TRACEBACK_LINES], blames=reading.blames,
                  detail={"cause": reading.cause, **({"raised_in": reading.where} if reading.where else {})})
+    if reading.node and not ev.who.node:
+        ev.who = Who(ev.who.rank, reading.node, ev.who.local_rank)
     code = reading.exit_code
     # handled: a logging call printed it and the program went on. Not the last thing in the source (a crash right
     # after an INFO line), nor a launcher's report of its child's exit (the line before it is the child's last)

@@ -679,6 +679,11 @@ STEPS: tuple[Step, ...] = (
     Step(("traceback", "exception"), r"traceback \(cut short\)",
          "{who}'s traceback is cut before its exception, so what failed is not in these lines: it is in that process's "
          f"own output ({_OWN_OUTPUT})"),
+    # python/ray/exceptions.py: RayTaskError's text is the worker's traceback, its exception last
+    Step(("traceback", "exception"), r"RayTaskError\(\w+\): ray::",
+         "{who}: Ray re-raised a worker's exception, and these lines end before the worker's own, which says what "
+         "failed: it follows the frames after the last RayTaskError line of the driver's output, and is in that "
+         "worker's log on its node (/tmp/ray/session_latest/logs/worker-*.err)"),
     Step(("launcher",), r"worker failed \(torchrun\)",
          "torchrun's failure summary is cut short before it names the failure: the failed rank's own error is in its "
          f"own output ({_OWN_OUTPUT})"),

@@ -21,10 +21,11 @@ EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w{0,100}\.){0,20}[A-Za-z_]\w
 # gloo's monitored barrier naming the ranks that did not come; a rank waiting for another's NCCL id (c10d: "[1] is
 # setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store ...")
 _BLAMED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier|retrieving ncclUniqueId from \[(\d+)\]")
-# a Python frame ("  File "/job/train.py", line 40, in step"); a library's is under site-packages or the standard
-# library's directory, or frozen
+# a Python frame ("  File "/job/train.py", line 40, in step")
 _FRAME = re.compile(r'\s*File "(?P<path>[^"\n]{1,1000})", line (?P<line>\d+), in (?P<func>\S{1,200})')
-_LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<frozen ")
+# a library's frame: an installed package, the standard library, or the wrapper pip writes for a package's command
+# (``.../bin/accelerate``, ``bin/torchrun``: a name in bin/ without a dot)
+_LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<frozen |[/\\]bin[/\\][^/\\.]+$")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _NUM = re.compile(r"\d+")
 

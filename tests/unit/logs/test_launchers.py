@@ -23,6 +23,7 @@ from ml_debug.logs.result import PRIMARY, SECONDARY, TIME_LAUNCHER, TIME_NEARBY
 from ml_debug.logs.triage import triage
 from ml_debug.page.timeline import timeline_html
 from tests.conftest import REPO
+from tests.unit.logs.test_steps import RAY_CUT
 
 CORPUS = REPO / "tests" / "data" / "logs_corpus"
 
@@ -72,6 +73,9 @@ def test_the_first_failure_says_where_the_jobs_own_code_raised_it(tmp_path: Path
     libraries = ('Traceback (most recent call last):\n  File "/usr/lib/python3.10/runpy.py", line 196, in _run_module_as_main\n'
                  '  File "/opt/venv/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1518, in _call_impl\n'
                  "RuntimeError: boom\n")
+    # (the wrapper pip writes for a package's command is the package's: accelerate's, torchrun's)
+    libraries = libraries.replace("Traceback (most recent call last):\n", 'Traceback (most recent call last):\n  File '
+                                  '"/home/me/miniconda3/envs/x/bin/accelerate", line 8, in <module>\n    sys.exit(main())\n')
     v = triage([_write(tmp_path, libraries)]).verdict
     assert v.primary is not None and "raised_in" not in v.primary.detail, v.primary.detail
     # torchelastic's error file alone (its traceback in the message's extraInfo)
@@ -522,6 +526,26 @@ def test_a_crash_said_by_another_programs_line_names_its_node(tmp_path: Path, te
     v = triage([_write(tmp_path, text)]).verdict
     assert v.status == "failure" and v.primary is not None and v.summary.startswith(summary), v.summary
     assert v.primary.who.node == node and v.primary.who.local_rank is None, v.primary.who
+
+
+def test_rays_re_raise_of_a_workers_exception_names_the_workers_exception_and_node(tmp_path: Path) -> None:
+    """Ray re-raises a worker's exception in the driver (python/ray/exceptions.py): "RayTaskError(X): ray::f() (pid=,
+    ip=)" lines, each followed by the frames of the actor it came through, the worker's own exception last. That is
+    the failure, on the innermost wrapper's node; cut before it, the wrapper and its node are what is known."""
+    wrapper = ("ray.exceptions.RayTaskError(DistBackendError): ray::_Inner.train() (pid=249, ip=10.0.0.78, actor_id=37a2, "
+               "repr=TorchTrainer)\n  File \"/opt/ray/tune/trainable/trainable.py\", line 400, in train\n"
+               "    raise skipped from exception_cause(skipped)\n")
+    cut = wrapper + RAY_CUT.split("trainer.fit()\n", 1)[1]
+    whole = (cut + "    raise skipped from exception_cause(skipped)\n  File \"/job/train.py\", line 40, in train_func\n"
+             "    dist.all_reduce(t)\n"
+             "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error "
+             "(run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3\n")
+    v = triage([_write(tmp_path, RAY_CUT.split("ray.exceptions", 1)[0] + whole)]).verdict
+    assert v.primary is not None and v.summary.startswith("first failure: 10.0.0.19: DistBackendError: NCCL error in"), v.summary
+    assert v.primary.detail["raised_in"] == "/job/train.py:40, in train_func" and v.hint and "NCCL_DEBUG=INFO" in v.hint
+    v = triage([_write(tmp_path, RAY_CUT.split("ray.exceptions", 1)[0] + cut)]).verdict
+    assert v.primary is not None and v.primary.who.node == "10.0.0.19", v.primary.who
+    assert v.primary.message.startswith("ray.exceptions.RayTaskError(DistBackendError)") and "worker-*.err" in (v.hint or "")
 
 
 def test_a_launchers_called_process_error_is_not_the_cause(tmp_path: Path) -> None:

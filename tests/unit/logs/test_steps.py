@@ -27,6 +27,13 @@ def _slurm(why: str) -> str:
     return f"slurmstepd: error: *** STEP 8.0 ON node1 CANCELLED AT 2025-03-02T03:14:09{why} ***"
 
 
+# Ray's re-raise of a worker's exception in the driver (python/ray/exceptions.py, RayTaskError.__str__), cut before the
+# worker's own exception
+RAY_CUT = ("Traceback (most recent call last):\n  File \"/job/train.py\", line 90, in <module>\n    trainer.fit()\n"
+           "ray.exceptions.RayTaskError(DistBackendError): ray::_RayTrainWorker__execute.get_next() (pid=192, "
+           "ip=10.0.0.19, actor_id=a3e4)\n  File \"/job/ray/train/_internal/worker_group.py\", line 33, in __execute\n")
+
+
 # (a step's first kind, its pattern): (a file under tests/data, or the console's text), a piece of the step
 CASES: dict[tuple[str, str], tuple[str, str]] = {
     ("signal", r"worker died \(Ray\)|ActorDiedError|actor died unexpectedly"):
@@ -46,6 +53,7 @@ CASES: dict[tuple[str, str], tuple[str, str]] = {
     ("exit", ""): (_agent(1), "torchrun --log-dir DIR --redirects 3 --tee 3"),
     ("traceback", r"traceback \(cut short\)"):
         ('Traceback (most recent call last):\n  File "/job/train.py", line 12, in <module>\n    main()\n', "cut before"),
+    ("traceback", r"RayTaskError\(\w+\): ray::"): (RAY_CUT, "worker-*.err"),
     ("launcher", r"worker failed \(torchrun\)"):
         ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n" + "=" * 40 + "\ntrain.py FAILED\n",
          "summary is cut short"),
