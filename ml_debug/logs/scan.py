@@ -108,10 +108,10 @@ def opened(src: Source) -> Iterator[IO[bytes]]:
         return
     if src.gz:
         src.cut = None
-        with _open_regular(src.path) as raw, gzip.open(raw, "rb") as f:
+        with _open_regular(src.file or src.path) as raw, gzip.open(raw, "rb") as f:
             yield Capped(Gunzip(f, src), src)  # type: ignore[arg-type, misc]
         return
-    with _open_regular(src.path) as f:
+    with _open_regular(src.file or src.path) as f:
         yield Capped(f, src)  # type: ignore[misc]
 
 

@@ -15,7 +15,9 @@ Shapes:
 
 A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for ``*.log *.out *.err
 *.txt``, ``error*.json``, ``*.jsonl`` and their ``.gz``; what is skipped, and a subdirectory that cannot be
-listed, is reported as not read. A glob is expanded; ``-`` is standard input.
+listed, is reported as not read. An archive (``logs.tar.gz``, ``.zip``: core/archives.py) is such a directory: its
+log files are unpacked into a temporary one (removed by :meth:`Expanded.close`), each shown as ``ARCHIVE/member``.
+A glob is expanded; ``-`` is standard input.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import json
 import os
 import re
 import stat
+import tempfile
 from dataclasses import dataclass, field
 
+from ml_debug.core import archives
 from ml_debug.core.errors import UsageError
 from ml_debug.logs.result import Who
 
@@ -59,6 +63,8 @@ class Source:
     """The date to give time stamps that carry none (the file's modification day)."""
     cut: str | None = None
     """Why the source's end could not be read (a damaged gzip file): what came before it was."""
+    file: str = ""
+    """The file to open, when it is not ``path`` (an archive's member, unpacked)."""
 
     @property
     def labelled(self) -> bool:
@@ -130,6 +136,14 @@ class Expanded:
     manifests: dict[str, dict[str, object]] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     """The real paths of the sources (a file named twice, or by a link, is read once)."""
+    unpacked: list[str] = field(default_factory=list)
+    """The temporary directories archives were unpacked into."""
+
+    def close(self) -> None:
+        """The archives' unpacked files removed."""
+        for root in self.unpacked:
+            archives.remove(root)
+        self.unpacked.clear()
 
     def add(self, src: Source, st: os.stat_result | None, real: str | None = None) -> None:
         key = real or (os.path.realpath(src.path) if not src.stdin else "-")
@@ -180,13 +194,44 @@ def _add_path(out: Expanded, path: str, explicit: bool) -> None:
                              "give log files or directories (or - for standard input: `cat FIFO | mldebug logs -`)")
         out.skipped.append({"path": path, "reason": "not a regular file"})
         return
+    if archives.kind(path):
+        _unpack(out, path)
+        return
     man = out.manifest(os.path.dirname(os.path.abspath(path)))
     out.add(classify_path(path, _node_of(man), launch=man is not None), st)
 
 
-def _walk(out: Expanded, root: str) -> None:
+def _unpack(out: Expanded, path: str) -> None:
+    """An archive's log files, unpacked into a temporary directory and walked as a directory, shown under ``path``."""
+    if archives.kind(path) == "unreadable":
+        out.skipped.append({"path": path, "reason": f"an archive of a compression Python cannot read: "
+                            f"{archives.unpack_hint(path)}, then give the directory"})
+        return
+    root = tempfile.mkdtemp(prefix="mldebug-logs-")
+    out.unpacked.append(root)
+    got = archives.unpack(path, root, _wanted)
+    out.skipped += got.skipped
+    if got.files:
+        _walk(out, root, shown=path)
+    elif not got.skipped:
+        out.skipped.append({"path": path, "reason": "an archive with no log file in it (*.log *.out *.err *.txt "
+                            "error*.json *.jsonl)"})
+
+
+def _wanted(rel: str) -> bool:
+    """An archive's member that a directory's walk would read (or an `mldebug launch` manifest)."""
+    *dirs, name = rel.replace(os.sep, "/").split("/")
+    return (_is_log_name(name) or name == LAUNCH_MANIFEST) and not any(d in _SKIP_DIRS or d.startswith(".")
+                                                                        for d in dirs)
+
+
+def _walk(out: Expanded, root: str, shown: str | None = None) -> None:
+    """The log files under ``root``, in order; ``shown``: what stands for ``root`` in their paths (an archive)."""
+    def show(path: str) -> str:
+        return path if shown is None else shown + path[len(root):]
+
     def unreadable(e: OSError) -> None:  # a directory that cannot be listed may hold the failure: say so
-        out.skipped.append({"path": str(e.filename or root), "reason": e.strerror or str(e)})
+        out.skipped.append({"path": show(str(e.filename or root)), "reason": e.strerror or str(e)})
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
@@ -201,15 +246,18 @@ def _walk(out: Expanded, root: str) -> None:
             try:
                 st = os.lstat(full)
             except OSError as e:
-                out.skipped.append({"path": full, "reason": e.strerror or str(e)})
+                out.skipped.append({"path": show(full), "reason": e.strerror or str(e)})
                 continue
             if not stat.S_ISREG(st.st_mode):  # lstat: a link is not a regular file either
-                out.skipped.append({"path": full, "reason": "a symbolic link (not followed in a directory)"
+                out.skipped.append({"path": show(full), "reason": "a symbolic link (not followed in a directory)"
                                     if stat.S_ISLNK(st.st_mode) else "not a regular file"})
                 continue
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console
-            out.add(classify_path(full, node, launch=dirpath == launch_dir), st, os.path.join(real_dir, name))
+            src = classify_path(full, node, launch=dirpath == launch_dir)
+            if shown is not None:
+                src.path, src.file = show(full), full
+            out.add(src, st, os.path.join(real_dir, name))
 
 
 def _node_of(manifest: dict[str, object] | None) -> str | None:

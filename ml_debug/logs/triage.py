@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from ml_debug.core import testhooks
@@ -25,22 +26,27 @@ from ml_debug.logs.verdict import collapse_tracebacks, decide, dedupe, placed, p
 MAX_DEMUX_LINES = 200_000  # the lines a JSON document of one rank's lines holds (built in memory)
 
 
-def _expand(paths: list[str]) -> Expanded:
+@contextmanager
+def _expanded(paths: list[str]) -> Iterator[Expanded]:
+    """The sources of ``paths``, while they are read (an archive's unpacked files are removed afterwards)."""
     exp = expand(paths)
-    if not exp.sources:
-        why = "; ".join(f"{s['path']}: {s['reason']}" for s in exp.skipped[:3]) or "no log file under them"
-        raise UsageError(f"no logs to read in {' '.join(paths)} ({why})",
-                         "give log files, directories (searched for *.log *.out *.err *.txt error*.json *.jsonl, "
-                         "gzip too), globs, or - for standard input")
-    return exp
+    try:
+        if not exp.sources:
+            why = "; ".join(f"{s['path']}: {s['reason']}" for s in exp.skipped[:3]) or "no log file under them"
+            raise UsageError(f"no logs to read in {' '.join(paths)} ({why})",
+                             "give log files, directories (searched for *.log *.out *.err *.txt error*.json *.jsonl, "
+                             "gzip too), archives of them (.tar.gz, .zip), globs, or - for standard input")
+        yield exp
+    finally:
+        exp.close()
 
 
 def triage(paths: list[str], *, on_source: Callable[[int, int], None] | None = None,
            jobs: int | None = None) -> LogsReport:
     """Read every source once and name the first failure (see :mod:`ml_debug.logs`); ``jobs`` reader
     processes (None: one per CPU when the input is large, readers.py; 1: all in this process)."""
-    exp = _expand(paths)
-    return build_report(*_collect(exp, on_source, jobs), exp.manifests)
+    with _expanded(paths) as exp:
+        return build_report(*_collect(exp, on_source, jobs), exp.manifests)
 
 
 def _collect(exp: Expanded, on_source: Callable[[int, int], None] | None = None, jobs: int | None = None
@@ -155,7 +161,12 @@ def demux(paths: list[str], *, rank: int | None, node: str | None,
     them (JSON) gives a ``limit``, and ``truncated`` then says the rest was not emitted."""
     if rank is None and node is None:
         raise UsageError("demux needs a rank or a node", "--rank R or --node NAME")
-    exp = _expand(paths)
+    with _expanded(paths) as exp:
+        return _demux(exp, rank, node, emit, limit, jobs)
+
+
+def _demux(exp: Expanded, rank: int | None, node: str | None, emit: Callable[[str, int, str], None],
+           limit: int | None, jobs: int | None) -> dict[str, Any]:
     if any(src.stdin for src in exp.sources):
         raise UsageError("--rank/--node cannot read standard input (it is read twice)",
                          "save it to a file first")

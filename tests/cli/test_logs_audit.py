@@ -201,3 +201,21 @@ def test_sigterm_ends_mldebug_and_its_readers() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_an_archive_of_a_jobs_logs_on_the_command_line(tmp_path: Path) -> None:
+    """`mldebug logs job.tar.gz`: read as its directory (exit 1: a failure found, named under the archive's name); an
+    archive of a compression Python cannot read: exit 2, and how to unpack it."""
+    import tarfile
+
+    job = REPO / "tests" / "data" / "logs" / "launch_nan_rank1_stopped_first"
+    with tarfile.open(tmp_path / "job.tar.gz", "w:gz") as tar:
+        tar.add(job, arcname="logs")
+    got = _cli("--json", "logs", str(tmp_path / "job.tar.gz"))
+    assert got.returncode == 1, got.stderr
+    result = json.loads(got.stdout)["result"]
+    assert result["verdict"]["primary"]["who"]["rank"] == 1 and result["verdict"]["primary"]["source"].startswith(
+        f"{tmp_path}/job.tar.gz/logs/vm/"), result["verdict"]
+    (tmp_path / "job.tar.zst").write_bytes(b"(\xb5/\xfd")
+    got = _cli("logs", str(tmp_path / "job.tar.zst"))
+    assert got.returncode == 2 and f"tar --zstd -xf {tmp_path}/job.tar.zst, then give the directory" in got.stderr, got.stderr
