@@ -35,15 +35,17 @@ _BOX = ("│", "╰")  # the lines of rich's box after its top rule
 _FRAME_LINE = re.compile(r'(?:  )?File "[^"\n]{1,4096}", line \d+, in ')  # Python's (or stripped): not a paste's
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
-# (Ray re-raises a worker's exception as "ray.exceptions.RayTaskError(DistBackendError): ray::...")
-EXCEPTION_TYPE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?P<short>\w{0,100}(?:Error|Exception|Exit|Interrupt|"
-                            r"Failure|Fault)\w{0,100})(?:\([\w.]{1,100}\))?: (?P<msg>.*)$")
+# an exception's line: its type by its name's end, or, after a module's name, one of the standard library's in lower
+# case ("socket.gaierror: [Errno -3] Temporary failure in name resolution", "socket.timeout: timed out"); Ray's
+# "ray.exceptions.RayTaskError(DistBackendError): ray::..."
+_TYPE = r"(?:[A-Za-z_]\w{0,100}\.){0,20}(?:\w{0,100}(?:Error|Exception|Exit|Interrupt|Failure|Fault)\w{0,100}|(?<=\.)[a-z]\w{0,100}(?:error|timeout))"
+EXCEPTION_TYPE = re.compile(_TYPE + r"(?:\([\w.]{1,100}\))?: (?P<msg>.*)$")
 # Ray re-raises a worker's exception in the caller as "ray.exceptions.RayTaskError(DistBackendError): ray::f() (pid=192,
 # ip=10.0.0.19, ...)", then the worker's frames and its exception (python/ray/exceptions.py): the cause, on that node
 _RAY_WRAPPER = "RayTaskError("
 _RAY_NODE = re.compile(r"RayTaskError\(\w+\): [^\n]{0,300}?\(pid=\d+, ip=(?P<ip>[\w.:\-]{1,100})")
 # an exception raised without a message (torchrun's agent: "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError")
-_BARE = re.compile(r"(?:[A-Za-z_]\w{0,100}\.){0,20}\w{0,100}(?:Error|Exception|Exit|Interrupt|Failure|Fault)$")
+_BARE = re.compile(_TYPE + "$")
 # a launcher re-raising a child's exit: subprocess's "CalledProcessError: Command '[...]' returned non-zero exit
 # status 1." or, killed by a signal, "... died with <Signals.SIGKILL: 9>." (accelerate/commands/launch.py's
 # simple_launcher, deepspeed/launcher/launch.py before 0.6, wrapper scripts); torch.multiprocessing.spawn's "process 3

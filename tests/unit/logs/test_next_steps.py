@@ -37,6 +37,9 @@ REAL = {
     "import-missing.log": ("failure", "first failure: rank 1, reported at ", "on every node"),
     "device-mismatch.log": ("failure", "first failure: rank 1, reported at ", "this rank's own"),
     "checkpoint-keys.log": ("failure", "first failure: rank 0, reported at ", "'module.'"),
+    # torchrun's own traceback, ending in the agent's own exception, in lower case (socket.gaierror): its failure
+    "agent-hostname.log": ("failure", "first failure: unknown rank: gaierror: [Errno -2] Name or service not known",
+                           "getent hosts NAME"),
     "rendezvous-timeout.log": ("secondary-only", "no primary failure found: unknown rank failed only as a consequence "
                                "of a peer (1 x \"not every rank joined\")", "start the job on every node"),
 }

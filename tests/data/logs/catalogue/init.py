@@ -8,6 +8,9 @@ code first ran as /tmp/lines/real.py, the path their frames show):
     python init.py cuda   > no-cuda.log 2>&1            # a CUDA tensor with a CPU-only torch
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29611 \\
         --rdzv-conf join_timeout=5 hi.py > rendezvous-timeout.log 2>&1   # one node of two started
+    unshare --uts sh -c 'hostname unresolvable-node && exec torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \
+        --rdzv-endpoint 192.0.2.2:29611 --rdzv-conf join_timeout=5 hi.py' > agent-hostname.log 2>&1
+        # torchrun's agent cannot resolve its own host name (the endpoint is this machine's address, not loopback)
 """
 
 import os
