@@ -107,5 +107,17 @@ def went_on(v: Verdict, events: Iterable[Event], infos: Sequence[SourceInfo], re
                                "recovered", findings=v.findings + said)
 
 
+def stopped(v: Verdict, infos: Sequence[SourceInfo]) -> list[str]:
+    """Where only consequences were found: the files of a text that hold no failure at all, whose writers stopped
+    without a word while their peers failed (a node lost at once, a kill -9, a hang), with their last line. Files of
+    one rank are not: a rank's silence is said of the rank (``silent_ranks``), its file may repeat a console."""
+    if v.status != "secondary-only":
+        return []
+    quiet = [s for s in infos if s.events == 0 and s.lines and s.who.rank is None and s.who.local_rank is None
+             and s.shape not in ("error-file", "train-metrics")]
+    return [f"{s.path} holds no failure: its writers stopped without a word while the others failed (a node lost, a "
+            f"kill -9, a hang){'; ' + s.note if s.note else ''}" for s in quiet[:3]]
+
+
 def _recovered(v: Verdict, what: str) -> Verdict:
     return dataclasses.replace(v, status="recovered", hint=None, summary=f"{what}; {v.summary}")

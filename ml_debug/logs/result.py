@@ -163,6 +163,7 @@ class Verdict:
     independent: list[Event] = field(default_factory=list)  # other causes on other ranks (unrelated failures)
     silent_ranks: str | None = None  # ranks of a known world that left no failure (hung, killed unseen?)
     blamed_ranks: str | None = None
+    peers_lost: str | None = None  # secondary-only: the addresses the ranks' connection errors say they lost
     hint: str | None = None  # the next step for the cause (a DataLoader worker's bus error: /dev/shm's size)
     confidence: str = "high"  # high, medium or low (``confidence_why`` says why)
     confidence_why: str = ""

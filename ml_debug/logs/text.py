@@ -26,6 +26,11 @@ _FRAME = re.compile(r'\s*File "(?P<path>[^"\n]{1,1000})", line (?P<line>\d+), in
 # a library's frame: an installed package, the standard library, or the wrapper pip writes for a package's command
 # (``.../bin/accelerate``, ``bin/torchrun``: a name in bin/ without a dot)
 _LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<frozen |[/\\]bin[/\\][^/\\.]+$")
+# the peer a connection error names: gloo's (third_party/gloo/gloo/transport/tcp/pair.cc) "Read error
+# [10.0.0.2]:29883: Connection reset by peer", "Connection closed by peer [10.0.0.2]:11412"; NCCL's (misc/socket.cc)
+# "Connection closed by remote peer node4<38524>", "Call to recv from 10.0.0.3<48722> failed"
+_PEER = re.compile(r"(?:Read error|Write error|Connection closed by peer) \[([^\]\s]{1,100})\]:\d+"
+                   r"|by remote peer ([\w.:\-]{1,100})<\d+>|Call to \w+ (?:from|to) ([\w.:\-]{1,100})<\d+> failed")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _NUM = re.compile(r"\d+")
 
@@ -93,6 +98,12 @@ def blamed(text: str) -> list[int]:
     """The ranks a line names as missing: gloo's monitored barrier's, the rank whose NCCL id another waited for."""
     m = _BLAMED.search(text) if "monitoredBarrier" in text or "ncclUniqueId" in text else None  # most lines are not it
     return [int(x) for x in re.findall(r"\d+", m.group(1) or m.group(2))] if m else []
+
+
+def peer(message: str) -> str | None:
+    """The address of the peer a connection error names, or None."""
+    m = _PEER.search(message) if "peer" in message or "failed" in message else None
+    return next(g for g in m.groups() if g) if m else None
 
 
 def raised_in(text: list[str]) -> str | None:

@@ -37,7 +37,7 @@ from ml_debug.logs.result import (
     Verdict,
     Who,
 )
-from ml_debug.logs.text import few, numbers_aside
+from ml_debug.logs.text import few, numbers_aside, peer
 
 MAX_TIMELINE = 60
 _TYPE_PREFIX = re.compile(r"^\w+: ")
@@ -231,12 +231,16 @@ def _decide(events: list[Event], world_size: int | None, blamed: Iterable[int], 
             summary += f"; {ranks_text(silent)} left no failure in the logs"
             hints.append(f"rank(s) {silent} may have hung or died without a trace: `mldebug dump-stacks` "
                          "while the job runs, the Flight Recorder, or the node's kernel log (OOM killer)")
-        # each consequence's own next step (NCCL's watchdog: raised far from the cause; a rank that never joined)
-        hints += dict.fromkeys(h for c in causes if (h := next_step(c)))
+        lost = peers_lost(causes)
+        if lost:
+            summary += f"; they lost their connection to {lost}"
+            hints.append(f"the process at {lost} failed or its node went down first: that node's logs (the console of "
+                         "its ranks, its kernel log: dmesg -T, an OOM kill, a reboot) say why")
+        hints += _steps_by_writers(causes)
         if blamed_text:
             summary += f"; peers name rank(s) {blamed_text}"
         return Verdict(status="secondary-only", summary=summary, basis=basis, hint="; ".join(hints) or None,
-                       secondary=_secondary_rows(causes), silent_ranks=silent, blamed_ranks=blamed_text,
+                       secondary=_secondary_rows(causes), silent_ranks=silent, blamed_ranks=blamed_text, peers_lost=lost,
                        confidence="low", confidence_why="only consequences of a peer's failure were found: "
                                                         "the cause is not in these logs")
     roots = {_identity_key(e.who) for e in failures if e.detail.get("torchrun_root_cause")}
@@ -361,9 +365,27 @@ CUDA error in c10d's line): they take their kind's first next step."""
 _STEPS = tuple((step.kinds, re.compile(step.pattern), step.hint) for step in STEPS)
 
 
-def next_step(ev: Event) -> str | None:
+def _steps_by_writers(causes: list[Event]) -> list[str]:
+    """Each consequence's own next step (NCCL's watchdog: raised far from the cause; a rank that never joined), once
+    for all the writers it is the step of."""
+    by_step: dict[str | None, list[Event]] = {}
+    for c in causes:
+        by_step.setdefault(next_step(c, who="\0"), []).append(c)
+    return [step.replace("\0", _writers(group)) if len(group) > 1 else str(next_step(group[0]))
+            for step, group in by_step.items() if step]
+
+
+def peers_lost(events: Iterable[Event]) -> str | None:
+    """The addresses the connection errors of ``events`` say their peer had (gloo's, NCCL's), the most named first; not
+    a loopback address, which only says the peer was on the same node."""
+    said = Counter(p for e in events if (p := peer(e.message)) and not p.startswith(("127.", "::1", "localhost")))
+    return few((p for p, _ in said.most_common()), 3) if said else None
+
+
+def next_step(ev: Event, who: str | None = None) -> str | None:
     """What to do about the cause ``ev`` names: its failure class's next step, else the step for what no class names
-    (a crash by its signal, an exit code alone, a stop by the scheduler: catalogue.py)."""
+    (a crash by its signal, an exit code alone, a stop by the scheduler: catalogue.py); ``who``: its writers, when
+    not its own."""
     text = ev.label + " " + ev.message
     kind = ev.kind if ev.kind in _OWN_KINDS else ev.detail.get("cause", ev.kind)
     if "NCCL operations have failed or timed out" in text:
@@ -382,7 +404,7 @@ def next_step(ev: Event) -> str | None:
         return None
     gpu = _GPU.search(ev.message)
     dsa = " and TORCH_USE_CUDA_DSA=1, which names the failing assert" if _DEVICE_ASSERT.search(text) else ""
-    who = ev.who.label()
+    who = who or ev.who.label()
     return hint.format(who="the failing process" if who == "unknown rank" else who,
                        gpu=f" (GPU {gpu.group(1)})" if gpu else "", dsa=dsa, others=_others_on_gpu(ev.message))
 

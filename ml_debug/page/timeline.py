@@ -147,7 +147,7 @@ def verdict_html(report: LogsReport) -> str:
         parts.append(f"<p><b>then, as a consequence:</b></p><ul>{items}</ul>")
     for e in v.independent[:10]:
         parts.append(f"<p><b>another cause:</b> {esc(e.who.label())}: {esc(e.message)}</p>")
-    for label, value in (("silent ranks", v.silent_ranks), ("blamed ranks", v.blamed_ranks), ("same second", v.tie),
+    for label, value in (("silent ranks", v.silent_ranks), ("blamed ranks", v.blamed_ranks), ("peers lost", v.peers_lost), ("same second", v.tie),
                          ("next step", v.hint)):
         if value:
             parts.append(f"<p><b>{esc(label)}:</b> {esc(value)}</p>")

@@ -53,7 +53,9 @@ def test_the_last_rank_leaving_silently_is_named_from_the_launch_manifests() -> 
     assert report.world_size == 4  # 2 nodes x 2 ranks, from launch.json
     v = report.verdict
     assert v.status == "secondary-only" and v.silent_ranks == "3", v.summary
-    assert v.summary.endswith("; rank 3 left no failure in the logs")
+    # ... and the others lost their connection to its node's address
+    assert v.summary.endswith("; rank 3 left no failure in the logs; they lost their connection to 10.213.7.12")
+    assert v.peers_lost == "10.213.7.12" and not v.findings, v.findings
 
 
 STOPPED = REPO / "tests" / "data" / "logs" / "launch_nan_rank1_stopped_first"

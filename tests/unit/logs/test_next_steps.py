@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ml_debug.logs.text import peer
 from ml_debug.logs.triage import triage
 from tests.conftest import REPO
 
@@ -167,3 +168,29 @@ def test_an_out_of_memory_says_when_other_processes_held_its_gpu(tmp_path: Path,
     assert v.hint is not None and v.hint.startswith("the failing process (GPU 0) ran out of memory"), v.hint
     assert ("another rank on the same GPU" in v.hint) == others, v.hint
     assert ("pid 4242: 38.50 GiB" in v.hint) == others, v.hint
+
+
+def test_ranks_that_lost_a_node_name_its_address_and_their_step_is_said_once() -> None:
+    """A node lost at once (nodes.py): the other node's ranks each lose their connection to its address, and that
+    node's console just stops. The address is the lead; the ranks' own step, the same for both, is said once."""
+    r = triage([str(CATALOGUE / "node-lost-node1.log"), str(CATALOGUE / "node-lost-node2.log")])
+    v = r.verdict
+    assert v.status == "secondary-only" and v.peers_lost == "10.213.7.12", v.summary
+    assert v.summary.endswith("; they lost their connection to 10.213.7.12"), v.summary
+    assert v.hint is not None and v.hint.startswith("the process at 10.213.7.12 failed or its node went down first")
+    assert v.hint.count("only saw a peer fail") == 1 and "ranks 0-1 only saw a peer fail" in v.hint, v.hint
+    assert v.findings == [f"{CATALOGUE / 'node-lost-node2.log'} holds no failure: its writers stopped without a word "
+                          "while the others failed (a node lost, a kill -9, a hang); last line: rank 3: step 2010"]
+
+
+@pytest.mark.parametrize("message", [
+    # NCCL misc/socket.cc (2.19+) and its older wording, as c10d raises them in a DistBackendError's "Last error:"
+    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there "
+    "was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a network error or a "
+    "remote process exiting prematurely.\nLast error:\nsocketProgress: Connection closed by remote peer gpu-node-4<38524>",
+    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version "
+    "2.18.1\nncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.\n"
+    "Last error:\nsocketProgressOpt: Call to recv from gpu-node-4<48722> failed : Connection reset by peer",
+])
+def test_nccls_words_for_a_lost_peer_name_it(message: str) -> None:
+    assert peer(message) == "gpu-node-4"
