@@ -33,6 +33,10 @@ RICH_HEADER = "─ Traceback (most recent call last) ─"
 exception follows the box."""
 _BOX = ("│", "╰")  # the lines of rich's box after its top rule
 _FRAME_LINE = re.compile(r'(?:  )?File "[^"\n]{1,4096}", line \d+, in ')  # Python's (or stripped): not a paste's
+# torch's ExceptionWrapper re-raising another process's exception (a DataLoader worker's, nn.DataParallel's replica's):
+# "KeyError: Caught KeyError in DataLoader worker process 1.", then its own traceback under this line
+ORIGINAL = "Original Traceback (most recent call last):"
+_CAUGHT = re.compile(r"Caught \w{1,100} in (?P<where>DataLoader worker process \d+|replica \d+ on device \d+)")
 CHAIN = ("The above exception was the direct cause of the following exception:",
          "During handling of the above exception, another exception occurred:")
 # an exception's line: its type by its name's end, or, after a module's name, one of the standard library's in lower
@@ -223,6 +227,10 @@ def _take(c: Collector, key: str, block: Block, rest: str) -> bool:
             block.stage = "chain"
             block.trailing_left = TRAILING_LINES
             return True
+        if stripped == ORIGINAL:  # the exception where it was raised (a DataLoader worker, a replica) follows
+            block.text.append(rest)
+            block.stage, block.expect_code = "frames", False
+            return True
         if rest.startswith(TRACEBACK) and block.stage == "chain":
             block.text.append(rest)
             block.stage = "frames"
@@ -345,7 +353,9 @@ def read(block: Block) -> Reading:
     m = (_CHILD_EXIT.search("".join(block.text[-3:]))
          if "CalledProcessError: Command " in final or " terminated with " in final else None)
     code, who = _child_exit(m) if m else runner_first(block.text[-4:]) if _RUNNER_FIRST in final else (None, None)
-    return Reading(launchers, report, cls, label, cause, short_exception(final) if final else CUT_SHORT,
+    caught = _CAUGHT.search(block.exceptions[-2]) if len(block.exceptions) > 1 else None
+    message = (short_exception(final) + (f" (in {caught['where']})" if caught else "")) if final else CUT_SHORT
+    return Reading(launchers, report, cls, label, cause, message,
                    blamed(whole), code, who, len(block.text), raised_in(block.text), _ray_node(block.exceptions))
 
 

@@ -622,3 +622,13 @@ def test_mp_spawn_passing_on_a_peers_error_is_only_a_consequence() -> None:
     v = triage([str(CORPUS / "spawn-peer.log")]).verdict
     assert v.status == "secondary-only" and v.confidence == "low", v.summary
     assert "local rank 0 on unknown node failed only as a consequence of a peer" in v.summary, v.summary
+
+
+def test_a_dataloader_workers_exception_is_named_where_it_was_raised() -> None:
+    """torch re-raises a DataLoader worker's exception in its rank ("KeyError: Caught KeyError in DataLoader worker
+    process 1.") with the worker's "Original Traceback" under it: the worker's exception, and its frame in the job's
+    code, are the failure (a real torchrun console: tests/data/logs/catalogue/loader_raise.py)."""
+    v = triage([str(REPO / "tests" / "data" / "logs" / "catalogue" / "dataloader-raise.log")]).verdict
+    assert v.primary is not None and v.primary.who.rank == 1, v.summary
+    assert v.primary.message == "KeyError: \"sample 37: missing field 'labels'\" (in DataLoader worker process 1)"
+    assert v.primary.detail["raised_in"] == "/tmp/real2/dlerr.py:12, in __getitem__", v.primary.detail
