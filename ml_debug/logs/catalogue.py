@@ -98,6 +98,7 @@ class FailureClass:
 # ----------------------------------------------------------------------------- launchers
 
 RESTARTS = "torchrun restarts the workers"
+INTERRUPTED = "torchrun interrupted (SIGINT)"
 FINISHED = "workers finished (torchrun)"
 MPIRUN_BANNER = "process failed (mpirun)"
 
@@ -163,6 +164,10 @@ LAUNCHERS: tuple[Launcher, ...] = (
                  says=Says("launcher", PRIMARY, "torchrun's agent received signal {sig} and stopped its workers: the job "
                            "was stopped from outside (a scheduler's time limit or preemption, scancel, kill)",
                            "stopped from outside (signal {sig})", who="source", detail=("sig",))),
+            # ... by SIGINT: Ctrl-C in its terminal (or kill -INT): the user stopped the job (ending.interrupted)
+            Line("agent-interrupted", r"Received 2 death signal, shutting down workers", ("death signal",),
+                 says=Says("launcher", INFO, "torchrun's agent received SIGINT (Ctrl-C) and stopped its workers",
+                           INTERRUPTED, who="source", strong=False)),
             # rule 6: an agent's rendezvous result says which global ranks its workers are
             # (torch 2.x prints its fields on lines of their own; a flattened paste holds them on one)
             Line("agent-ranks", r"(?:group_rank=(?P<group>\d+)[^\n]{0,400}?)?\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]",

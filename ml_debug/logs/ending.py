@@ -9,7 +9,8 @@ from collections.abc import Collection, Iterable, Sequence
 
 from ml_debug.core.errors import ExitCode
 from ml_debug.core.output import times
-from ml_debug.logs.catalogue import FINISHED, RESTARTS
+from ml_debug.logs.catalogue import FINISHED, INTERRUPTED, RESTARTS
+from ml_debug.logs.labels import clock
 from ml_debug.logs.result import PRIMARY, SECONDARY, Event, SourceInfo, Verdict
 
 
@@ -57,6 +58,21 @@ def restarted(v: Verdict, events: Iterable[Event]) -> Verdict:
     restarts = sum(e.label == RESTARTS for e in events)
     how = f"restarted the workers {times(restarts)} and " if restarts else ""
     return _recovered(v, f"the job recovered: torchrun {how}says they finished successfully after the failure")
+
+
+def interrupted(v: Verdict, events: Iterable[Event]) -> Verdict:
+    """The verdict of a torchrun console whose agent received SIGINT (Ctrl-C): the ranks' KeyboardInterrupt and SIGINT
+    lines are that, not a failure of the job's own; a failure of its own before it stays the answer."""
+    stop = next((e for e in events if e.label == INTERRUPTED), None)
+    if stop is None:
+        return v
+    if v.status == "failure":
+        return dataclasses.replace(v, summary=v.summary + "; then torchrun was interrupted (SIGINT, Ctrl-C)")
+    at = f" at {clock(stop.time)}" if stop.time is not None else ""
+    return dataclasses.replace(
+        v, status="interrupted", hint=None, basis=None,
+        summary=f"the job was stopped by the user (torchrun received SIGINT{at}: Ctrl-C), not by a failure of its own"
+                + (f"; the ranks' lines: {v.summary}" if v.status != "none" else ""))
 
 
 def attempts(events: Iterable[Event]) -> list[str]:

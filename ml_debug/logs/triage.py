@@ -13,7 +13,7 @@ from ml_debug.core.ranges import compress
 from ml_debug.core.ranges import expand as expand_ranks
 from ml_debug.logs import accounting
 from ml_debug.logs.catalogue import LAUNCHERS
-from ml_debug.logs.ending import attempts, launched, restarted, stopped, went_on
+from ml_debug.logs.ending import attempts, interrupted, launched, restarted, stopped, went_on
 from ml_debug.logs.events import Collector
 from ml_debug.logs.labels import split_label, strip_ansi
 from ml_debug.logs.readers import read_all
@@ -113,6 +113,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
         verdict = launched(verdict, launch_exit, sorted(failed), last)
     else:
         verdict = went_on(restarted(verdict, collector.events), collector.events, infos, collector.reported)
+        verdict = interrupted(verdict, collector.events)
     verdict.findings += attempts(collector.events) + stopped(verdict, infos)
     slow = [f for f in (nccl or {}).get("findings", ()) if f["severity"] == "warning"]
     if slow and verdict.status == "none":  # a job that runs, slowly: the first line says where to look

@@ -34,6 +34,7 @@ LINES: dict[tuple[str, str], Sample] = {
     ("torchrun", "closing"): ("logs/accounting/torchrun2.log", "closing signal SIGTERM"),
     ("torchrun", "agent-ranks"): ("logs/accounting/agent1.log", "global_ranks=[2, 3]"),
     ("torchrun", "agent-stopped"): ("logs_corpus/torchrun-stopped.log", "death signal"),
+    ("torchrun", "agent-interrupted"): ("logs/catalogue/torchrun-ctrl-c.log", "death signal"),
     ("torchrun", "restart"): ("logs/catalogue/restart-recovered.log", "attempts left; will restart"),
     ("torchrun", "finished"): ("logs/catalogue/restart-recovered.log", "worker group successfully finished"),
     ("mp.spawn", "closing"): ("logs_corpus/spawn-segv.log", "via signal SIGTERM"),

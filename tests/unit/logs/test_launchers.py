@@ -632,3 +632,18 @@ def test_a_dataloader_workers_exception_is_named_where_it_was_raised() -> None:
     assert v.primary is not None and v.primary.who.rank == 1, v.summary
     assert v.primary.message == "KeyError: \"sample 37: missing field 'labels'\" (in DataLoader worker process 1)"
     assert v.primary.detail["raised_in"] == "/tmp/real2/dlerr.py:12, in __getitem__", v.primary.detail
+
+
+def test_torchrun_interrupted_by_ctrl_c_is_the_users_stop_not_a_failure(tmp_path: Path) -> None:
+    """SIGINT to torchrun (Ctrl-C; tests/data/logs/catalogue/interrupt.py): its ranks' KeyboardInterrupt are that, not
+    a failure of the job's own; a failure before the interrupt stays the answer."""
+    console = (REPO / "tests" / "data" / "logs" / "catalogue" / "torchrun-ctrl-c.log").read_text()
+    v = triage([_write(tmp_path, console)]).verdict
+    assert v.status == "interrupted" and not v.failed and v.hint is None, v.summary
+    assert v.summary.startswith("the job was stopped by the user (torchrun received SIGINT at 01:25:37: Ctrl-C), not by "
+                                "a failure of its own"), v.summary
+    failed = "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"/job/train.py\", line 3, in <module>\n" \
+             "[rank1]: ValueError: bad batch\n"
+    v = triage([_write(tmp_path, failed + console, "failed.log")]).verdict
+    assert v.status == "failure" and v.summary.startswith("first failure: rank 1")
+    assert v.summary.endswith("; then torchrun was interrupted (SIGINT, Ctrl-C)"), v.summary
