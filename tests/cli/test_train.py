@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -161,8 +162,17 @@ def test_save_switch_then_kill_switch(tmp_path: Path) -> None:
         assert not save.exists(), "the save switch was never consumed"
         saved = [p for p in ckpt.iterdir() if (p / "COMPLETE").is_file()]
         assert len(saved) == 1
-        seen = last_step()
-        kill.touch()
+        # the ranks held still while the last step written is read and the switch appears: on a busy machine this
+        # test's own process may lag the ranks by several steps between the two
+        ranks = _rank_pids(proc)
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            seen = last_step()
+            kill.touch()
+        finally:
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
         out, err = proc.communicate(timeout=120)
     finally:
         _stop(proc)
