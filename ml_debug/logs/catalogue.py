@@ -234,7 +234,8 @@ LAUNCHERS: tuple[Launcher, ...] = (
                       ("exited with code",)),)),
     # rule 6: the console of one pod (kubectl logs POD > POD.log): the pod's name says which node it is
     # (sources.py reads "<job>-master-0", "<job>-worker-3" off the file's name); its lines carry no label
-    Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False, lines=(
+    Launcher("kubectl", "kubectl logs of Kubeflow PyTorchJob / JobSet pods", reported=False,
+             prefixes=("[pod/job-worker-0/pytorch] ",), lines=(
         # kubectl get pods (NAME READY STATUS RESTARTS AGE): a pod whose container keeps failing, or was killed
         Line("pod-status", r"^(?P<node>[a-z0-9][\w.\-]{0,252})\s+\d+/\d+\s+(?P<what>(?:Init:)?(?:CrashLoopBackOff|Error|"
              r"OOMKilled))\s+\d+", ("CrashLoopBackOff", "OOMKilled", " Error "), anchored=True,

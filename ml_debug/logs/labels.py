@@ -10,6 +10,7 @@ Labels, outermost first, as they nest in practice::
     [1,3]<stderr>: ...         Open MPI's mpirun --tag-output (job 1, rank 3)
     [3]<stderr>: ...           horovodrun's gloo runner (rank 3)
     (RayTrainWorker pid=81234, ip=10.0.0.12) ...   Ray's log monitor (a worker process on a node)
+    [pod/job-worker-0/pytorch] ...               kubectl logs --prefix (the pod: a node)
     job7.node12 [stderr] ...   a harness's or log shipper's source and stream (the node: the name's last part)
     node12: ...                pdsh, and DeepSpeed's multi-node runner through pdsh (only where the source's
                                lines mostly start so: see repair.sniff)
@@ -40,6 +41,8 @@ _TORCH_RANK = re.compile(r"\[rank(\d+)\]: ?")
 _STREAM_TAG = re.compile(r"(?:(?P<src>[\w.\-]+) )?\[(?:stdout|stderr)\] ")
 # Ray's log monitor (worker.py print_worker_logs): "(RayTrainWorker pid=81234, ip=10.0.0.12) ", name optional
 _RAY = re.compile(r"\((?:(?P<actor>[\w.]{1,100}) )?pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\w.:\-]{1,100}))?\) ")
+# kubectl logs --prefix (staging/src/k8s.io/kubectl/pkg/cmd/logs/logs.go: "[pod/%s/%s] "): the pod is the node
+_KUBECTL = re.compile(r"\[pod/(?P<pod>[\w.\-]{1,253})/[\w.\-]{1,253}\] ")
 # Open MPI's "[1,3]<stderr>:" (job 1, rank 3); horovodrun's gloo runner's "[3]<stderr>:" (safe_shell_exec.py: the rank)
 _MPI_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
 NODE_PREFIX = re.compile(r"([A-Za-z][\w.\-]*): ")
@@ -110,18 +113,25 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
         return Label(Who(None, ray.group("ip"), None), ray.group(0), line[ray.end():])
     rank = local = task = None
     node: str | None = None
-    pos = 0
+    pos = front = 0  # front: where the labels start, after a time stamp
     stamp = ""
     if line[:1].isdigit():  # kubectl logs --timestamps, docker logs -t: a time stamp before the launcher's label
         st = _STAMP_PREFIX.match(line)
         if st and line.startswith("[", st.end()):
             stamp, pos = st.group(0), st.end()
+            front = pos
     if node_prefix:
         m0 = NODE_PREFIX.match(line, pos)
         if m0:
             node = m0.group(1)
             pos = m0.end()
     # each expression is tried only where its first characters are (the same answers, fewer calls)
+    mk = _KUBECTL.match(line, pos) if line.startswith("[pod/", pos) else None
+    if mk:
+        node, pos = mk.group("pod"), mk.end()
+        st = _STAMP_PREFIX.match(line, pos) if line[pos:pos + 1].isdigit() else None
+        if st and line.startswith("[", st.end()):  # its --timestamps: the stamp, then the launcher's labels
+            stamp, line = st.group(0), line[:pos] + line[st.end():]
     ms = _STREAM_TAG.match(line, pos) if "[std" in line else None
     if ms:
         if ms.group("src") and node is None:
@@ -162,11 +172,11 @@ def split_label(line: str, node_prefix: bool = False) -> Label:
             pos = again.end()  # "[rank0]:[rank0]: ...": two layers each added the prefix
     if task is not None and local is None and rank is None and not m2:
         rank = task  # srun started the ranks themselves: the task id is the rank
-    if stamp and pos == len(stamp):
+    if stamp and pos == front:
         return Label(_NOBODY, "", line)  # a time stamp, then no label ("... [INFO] ..."): a line of its own
-    key = line[len(stamp):pos]
+    key = line[front:pos]
     if m2 and local is not None:
-        key = line[len(stamp):m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line
+        key = line[front:m2.start()]  # the stream is the launcher's label; torch's [rankN] is not on every line
     who = _NOBODY if rank is None and node is None and local is None else Who(rank, node, local)
     return Label(who, key, line[pos:], task, m2 is not None, stamp)
 

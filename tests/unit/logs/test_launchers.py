@@ -647,3 +647,22 @@ def test_torchrun_interrupted_by_ctrl_c_is_the_users_stop_not_a_failure(tmp_path
     v = triage([_write(tmp_path, failed + console, "failed.log")]).verdict
     assert v.status == "failure" and v.summary.startswith("first failure: rank 1")
     assert v.summary.endswith("; then torchrun was interrupted (SIGINT, Ctrl-C)"), v.summary
+
+
+def test_kubectl_logs_prefix_names_each_lines_pod(tmp_path: Path) -> None:
+    """`kubectl logs -l training.kubeflow.org/job-name=job --prefix --timestamps`: every line behind its pod's and
+    container's label ("[pod/%s/%s] ", staging/src/k8s.io/kubectl/pkg/cmd/logs/logs.go), the pod a node; torch's
+    own [rankN] after it."""
+    worker = "[pod/job-worker-0/pytorch] 2025-03-02T03:14:0{s}.120000000Z "
+    master = "[pod/job-master-0/pytorch] 2025-03-02T03:14:0{s}.500000000Z "
+    text = (master.format(s=5) + "[rank0]: step 100\n" + worker.format(s=6) + "[rank1]: step 100\n"
+            + worker.format(s=7) + "[rank1]: Traceback (most recent call last):\n"
+            + worker.format(s=7) + "[rank1]:   File \"/workspace/train.py\", line 40, in <module>\n"
+            + worker.format(s=7) + "[rank1]: ValueError: bad batch\n"
+            + master.format(s=8) + "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+            "Connection closed by peer [10.4.2.7]:23456\n")
+    r = triage([_write(tmp_path, text)])
+    v = r.verdict
+    assert v.primary is not None and (v.primary.who.rank, v.primary.who.node) == (1, "job-worker-0"), v.summary
+    assert v.summary.startswith("first failure: rank 1 (job-worker-0) at 03:14:07: ValueError: bad batch"), v.summary
+    assert r.nodes == ["job-master-0", "job-worker-0"], r.nodes
