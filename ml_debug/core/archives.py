@@ -152,7 +152,8 @@ def _extracted(tar: tarfile.TarFile, info: tarfile.TarInfo) -> IO[bytes]:
 def _why(e: BaseException, files: int) -> str:
     kept = f" ({files} file(s) before it were read)" if files else ""
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        return f"no space left to unpack it into the temporary directory{kept}: unpack it yourself and give the directory"
+        return (f"no space left to unpack it into the temporary directory{kept}: set TMPDIR to a disk with room, or "
+                "unpack it yourself and give the directory")
     if isinstance(e, OSError) and not isinstance(e, (tarfile.TarError, zipfile.BadZipFile)):
         return f"cannot read it: {e.strerror or e}{kept}"
     return f"a damaged or truncated archive: {e or type(e).__name__}{kept}"
