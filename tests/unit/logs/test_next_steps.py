@@ -194,3 +194,13 @@ def test_ranks_that_lost_a_node_name_its_address_and_their_step_is_said_once() -
 ])
 def test_nccls_words_for_a_lost_peer_name_it(message: str) -> None:
     assert peer(message) == "gpu-node-4"
+
+
+def test_the_head_nodes_console_alone_points_at_the_node_that_failed() -> None:
+    """Rank 3 on node2 raises (node_raise.py): node1's console alone holds only its ranks' lost connections, whose
+    address is node2's; with node2's console, rank 3's exception is the first failure."""
+    v = triage([str(CATALOGUE / "node-raise-node1.log")]).verdict
+    assert v.status == "secondary-only" and v.peers_lost == "10.213.7.12", v.summary
+    v = triage([str(CATALOGUE / f"node-raise-node{n}.log") for n in (1, 2)]).verdict
+    assert v.primary is not None and v.summary.startswith("first failure: rank 3 (node2) at "), v.summary
+    assert v.peers_lost is None and "loss spiked at step 40" in v.summary
