@@ -111,19 +111,23 @@ def classify_path(path: str, node: str | None = None, launch: bool = False) -> S
 
 
 def expand(paths: list[str]) -> Expanded:
-    """Every source the PATH arguments name, in order; what could not be read, and why."""
+    """Every source the PATH arguments name, in order; what could not be read, and why (the caller closes it)."""
     out = Expanded()
-    for arg in paths:
-        if arg == "-":
-            out.add(Source("-", "console", stdin=True), None)
-        elif not os.path.lexists(arg) and glob.has_magic(arg):
-            matches = sorted(glob.glob(arg, recursive=True))
-            if not matches:
-                out.skipped.append({"path": arg, "reason": "no file matches this pattern"})
-            for m in matches:
-                _add_path(out, m, explicit=False)
-        else:
-            _add_path(out, arg, explicit=True)
+    try:
+        for arg in paths:
+            if arg == "-":
+                out.add(Source("-", "console", stdin=True), None)
+            elif not os.path.lexists(arg) and glob.has_magic(arg):
+                matches = sorted(glob.glob(arg, recursive=True))
+                if not matches:
+                    out.skipped.append({"path": arg, "reason": "no file matches this pattern"})
+                for m in matches:
+                    _add_path(out, m, explicit=False)
+            else:
+                _add_path(out, arg, explicit=True)
+    except BaseException:  # a FIFO refused after an archive was unpacked, Ctrl-C: its files go too
+        out.close()
+        raise
     return out
 
 

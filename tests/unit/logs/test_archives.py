@@ -4,6 +4,7 @@ shown under the archive's name, and nothing left behind in the temporary directo
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import tarfile
 import tempfile
@@ -94,3 +95,11 @@ def test_an_archive_python_cannot_unpack_is_a_usage_error_that_says_how(tmp_path
         triage([str(empty)])
     assert "an archive with no log file in it" in str(e.value) and list(scratch.iterdir()) == []
     shutil.rmtree(scratch)
+
+
+def test_a_refused_path_after_an_archive_leaves_nothing_behind(tmp_path: Path, scratch: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError):
+        triage([str(_archives(tmp_path)[0]), str(fifo)])
+    assert list(scratch.iterdir()) == []
