@@ -20,12 +20,7 @@ def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: in
     a failure of the job's own. 0: the job succeeded, so a failure in the logs was survived: torchrun
     restarted the ranks (--max-restarts) and a later attempt finished."""
     if code == ExitCode.INTERRUPTED:
-        if v.status == "failure":  # a failure of its own came first; then the user stopped what was left
-            return dataclasses.replace(v, summary=v.summary + "; then the job was stopped by the user (Ctrl-C)")
-        return dataclasses.replace(
-            v, status="interrupted", hint=None, basis=None,
-            summary="the job was stopped by the user (Ctrl-C: mldebug launch exited with code 130), not by a "
-                    "failure of its own" + (f"; the ranks' lines: {v.summary}" if v.status != "none" else ""))
+        return _by_user(v, "Ctrl-C: mldebug launch exited with code 130", "the job was stopped by the user (Ctrl-C)")
     if code == 0 and v.failed:
         if failed_attempts and last_attempt is not None and last_attempt > max(failed_attempts):
             return _recovered(v, f"the job recovered: the failure of attempt {', '.join(map(str, failed_attempts))} "
@@ -66,12 +61,18 @@ def interrupted(v: Verdict, events: Iterable[Event]) -> Verdict:
     stop = next((e for e in events if e.label == INTERRUPTED), None)
     if stop is None:
         return v
-    if v.status == "failure":
-        return dataclasses.replace(v, summary=v.summary + "; then torchrun was interrupted (SIGINT, Ctrl-C)")
     at = f" at {clock(stop.time)}" if stop.time is not None else ""
+    return _by_user(v, f"torchrun received SIGINT{at}: Ctrl-C", "torchrun was interrupted (SIGINT, Ctrl-C)")
+
+
+def _by_user(v: Verdict, how: str, then: str) -> Verdict:
+    """The user stopped the job (``how``): the verdict says so, unless a failure of its own came first (``then``: what
+    followed it)."""
+    if v.status == "failure":
+        return dataclasses.replace(v, summary=f"{v.summary}; then {then}")
     return dataclasses.replace(
         v, status="interrupted", hint=None, basis=None,
-        summary=f"the job was stopped by the user (torchrun received SIGINT{at}: Ctrl-C), not by a failure of its own"
+        summary=f"the job was stopped by the user ({how}), not by a failure of its own"
                 + (f"; the ranks' lines: {v.summary}" if v.status != "none" else ""))
 
 
@@ -103,10 +104,12 @@ def went_on(v: Verdict, events: Iterable[Event], infos: Sequence[SourceInfo], re
     agent reported a failure and that goes on past it, with no report of torchrun's (``reported``: those sources) and
     no failure after it: the job may have recovered (a finding; the first line says it, since the job's status cannot
     be told from these lines)."""
-    events = list(events)
+    by_source: dict[int, list[Event]] = defaultdict(list)  # one pass: a job of 16k files has as many sources
+    for e in events:
+        by_source[e.source_index].append(e)
     said = []
     for source, info in enumerate(infos):
-        mine = [e for e in events if e.source_index == source]
+        mine = by_source.get(source, [])
         if source in reported or any(e.label in (RESTARTS, FINISHED) for e in mine):
             continue
         failed = [e for e in mine if e.detail.get("via") == "torchrun" and e.kind in ("exit", "signal")]
