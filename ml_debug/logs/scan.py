@@ -8,12 +8,15 @@ tallies.
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import io
 import json
+import lzma
 import os
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -39,12 +42,12 @@ CONTEXT_BYTES = 16 << 10
 traceback, the time before it, Open MPI's process name, a summary's entry) is found across blocks too."""
 
 
-class Gunzip:
-    """A gzip file's data up to where it is damaged (a copy cut short, a job killed while compressing);
-    ``src.cut`` says why the rest is missing. ``read1``, not ``GzipFile.read``, which drops what it
-    decompressed in a call that then meets the damage."""
+class Decompressed:
+    """A compressed file's data up to where it is damaged (a copy cut short, a job killed while compressing);
+    ``src.cut`` says why the rest is missing. ``read1``, not ``read``, which drops what it decompressed in a
+    call that then meets the damage."""
 
-    def __init__(self, f: gzip.GzipFile, src: Source) -> None:
+    def __init__(self, f: io.BufferedIOBase, src: Source) -> None:
         self._f = f
         self._src = src
         self._pos = 0
@@ -56,9 +59,9 @@ class Gunzip:
         while got < want and self._src.cut is None:
             try:
                 piece = self._f.read1(min(want - got, BLOCK))
-            except (EOFError, OSError, zlib.error) as e:
-                self._src.cut = (f"truncated or damaged gzip file: only its first {self._pos + got} B "
-                                 f"(decompressed) were read ({type(e).__name__}: {e})")
+            except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:
+                self._src.cut = (f"truncated or damaged {_NAMES[self._src.codec]} file: only its first "
+                                 f"{self._pos + got} B (decompressed) were read ({type(e).__name__}: {e})")
                 break
             if not piece:
                 break
@@ -66,6 +69,11 @@ class Gunzip:
             got += len(piece)
         self._pos += got
         return b"".join(parts)
+
+
+_OPENERS: dict[str, Callable[[IO[bytes]], io.BufferedIOBase]] = {
+    "gz": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bz2": bz2.BZ2File}
+_NAMES = {"gz": "gzip", "xz": "xz", "bz2": "bzip2"}
 
 
 class Capped:
@@ -101,15 +109,15 @@ def _open_regular(path: str) -> IO[bytes]:
 
 @contextmanager
 def opened(src: Source) -> Iterator[IO[bytes]]:
-    """The source as a binary stream (gzip decompressed, up to any damage; standard input for ``-``), at most
+    """The source as a binary stream (decompressed, up to any damage; standard input for ``-``), at most
     MAX_SOURCE_BYTES of it."""
     if src.stdin:
         yield Capped(sys.stdin.buffer, src)  # type: ignore[misc]
         return
-    if src.gz:
+    if src.codec:
         src.cut = None
-        with _open_regular(src.file or src.path) as raw, gzip.open(raw, "rb") as f:
-            yield Capped(Gunzip(f, src), src)  # type: ignore[arg-type, misc]
+        with _open_regular(src.file or src.path) as raw, _OPENERS[src.codec](raw) as f:
+            yield Capped(Decompressed(f, src), src)  # type: ignore[arg-type, misc]
         return
     with _open_regular(src.file or src.path) as f:
         yield Capped(f, src)  # type: ignore[misc]
@@ -281,7 +289,7 @@ def _sample(block: bytes, start: int, n: int, collector: Collector) -> None:
 def metrics_tail(src: Source, collector: Collector) -> tuple[int, dict[str, Any] | None]:
     """(size, the last progress record) of an mldebug train metrics file: only its end is read."""
     with opened(src) as f:
-        if not src.gz and not src.stdin:
+        if not src.codec and not src.stdin:
             size = os.fstat(f.fileno()).st_size
             f.seek(max(0, size - TAIL_BYTES))
             data = f.read()

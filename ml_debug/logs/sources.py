@@ -14,10 +14,11 @@ Shapes:
   ``--tee``), or to an unknown rank.
 
 A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for ``*.log *.out *.err
-*.txt``, ``error*.json``, ``*.jsonl`` and their ``.gz``; what is skipped, and a subdirectory that cannot be
-listed, is reported as not read. An archive (``logs.tar.gz``, ``.zip``: core/archives.py) is such a directory: its
-log files are unpacked into a temporary one (removed by :meth:`Expanded.close`), each shown as ``ARCHIVE/member``.
-A glob is expanded; ``-`` is standard input.
+*.txt``, ``error*.json``, ``*.jsonl``, compressed too (``.gz .xz .bz2``: :data:`CODECS`); what is skipped, and a
+subdirectory that cannot be listed, is reported as not read. An archive (``logs.tar.gz``, ``.zip``:
+core/archives.py) is such a directory: its log files are unpacked into a temporary one (removed by
+:meth:`Expanded.close`), each shown as ``ARCHIVE/member``; one found in a directory is too, up to
+:data:`ARCHIVE_IN_DIR_BYTES`. A glob is expanded; ``-`` is standard input.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ml_debug.logs.result import Who
 LAUNCH_MANIFEST = "launch.json"
 LAUNCH_SCHEMA = "mldebug.launch"
 # attempt, local rank, and stdout or stderr (None: the error file)
-_TREE = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/(?:(stdout|stderr)\.log(?:\.gz)?|error\.json)$")
+_TREE = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/(?:(stdout|stderr)\.log|error\.json)$")
 _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_.]?(\d+)(?![\d])", re.IGNORECASE)
 # `kubectl logs POD > POD.log`: a Kubeflow PyTorchJob's (or MPIJob's) pod, "<job>-master-0", "<job>-worker-3",
 # "<job>-launcher-0": the pod is the node its lines came from (rule 6 of logs/accounting.py)
@@ -46,6 +47,13 @@ _POD_NAME = re.compile(r"^(?P<pod>[a-z0-9](?:[a-z0-9.\-]{0,200}?)-(?:master|work
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
 _SKIP_DIRS = ("trace", "fr", "__pycache__")
 _CONSOLES = ("console.log", "console.log.gz")  # an `mldebug launch` node's console, beside its manifest
+CODECS = {".gz": "gz", ".xz": "xz", ".bz2": "bz2"}
+"""The compressions of a single log file that are read (scan.opened), by suffix."""
+UNREADABLE_CODECS = {".zst": "zstd -d {path}", ".lz4": "lz4 -d {path}"}
+"""Compressions of a single file the standard library cannot read: how to decompress it by hand."""
+ARCHIVE_IN_DIR_BYTES = 1 << 30
+"""The largest archive found in a directory that is unpacked and read (a bigger one is more likely a dataset or a
+checkpoint than logs: it is listed as not read, and read when named on the command line)."""
 
 
 @dataclass
@@ -57,12 +65,13 @@ class Source:
     shape: str
     who: Who = field(default_factory=Who)
     stdin: bool = False
-    gz: bool = False
+    codec: str = ""
+    """Its compression (a value of :data:`CODECS`), or ``""``."""
     size: int = 0
     day: _dt.date = field(default_factory=_dt.date.today)
     """The date to give time stamps that carry none (the file's modification day)."""
     cut: str | None = None
-    """Why the source's end could not be read (a damaged gzip file): what came before it was."""
+    """Why the source's end could not be read (a damaged compressed file): what came before it was."""
     file: str = ""
     """The file to open, when it is not ``path`` (an archive's member, unpacked)."""
 
@@ -74,12 +83,20 @@ class Source:
 
 def attempt_of(path: str) -> int | None:
     """The torchrun attempt (restart) a file of its --log-dir tree belongs to, or None."""
-    m = _TREE.search(path)
+    m = _TREE.search(uncompressed(path)[0])
     return int(m.group(1)) if m else None
 
 
+def uncompressed(name: str) -> tuple[str, str]:
+    """``name`` without its compression's suffix, and the suffix (``""``: none)."""
+    for suffix in (*CODECS, *UNREADABLE_CODECS):
+        if name.endswith(suffix):
+            return name[:-len(suffix)], suffix
+    return name, ""
+
+
 def _is_log_name(name: str) -> bool:
-    base = name[:-3] if name.endswith(".gz") else name
+    base = uncompressed(name)[0]
     if base.startswith((".", "trace-", "fr-")):
         return False
     if base.endswith(".json"):
@@ -91,23 +108,24 @@ def classify_path(path: str, node: str | None = None, launch: bool = False) -> S
     """The shape of the file at ``path`` from its name (and node, when a launch manifest gave one; ``launch``: its
     directory is an `mldebug launch` node's, where ``console.log`` is the node's console)."""
     norm = path.replace(os.sep, "/")
-    base = os.path.basename(norm)
-    gz = base.endswith(".gz")
-    m = _TREE.search(norm)
+    name = os.path.basename(norm)
+    base, suffix = uncompressed(name)
+    codec = CODECS.get(suffix, "")
+    m = _TREE.search(norm[:len(norm) - len(suffix)])
     if m:
         shape = "torchelastic" if m.group(3) else "error-file"
-        return Source(path, shape, Who(None, node, int(m.group(2))), gz=gz)
-    if base.startswith("error") and base.endswith((".json", ".json.gz")):
-        return Source(path, "error-file", Who(None, node, None), gz=gz)
-    r = _RANK_NAME.search(base)
-    if base.endswith((".jsonl", ".jsonl.gz")):
-        return Source(path, "train-metrics", Who(int(r.group(1)) if r else None, node, None), gz=gz)
+        return Source(path, shape, Who(None, node, int(m.group(2))), codec=codec)
+    if base.startswith("error") and base.endswith(".json"):
+        return Source(path, "error-file", Who(None, node, None), codec=codec)
+    r = _RANK_NAME.search(name)
+    if base.endswith(".jsonl"):
+        return Source(path, "train-metrics", Who(int(r.group(1)) if r else None, node, None), codec=codec)
     if r:
-        return Source(path, "rank-file", Who(int(r.group(1)), node, None), gz=gz)
-    if launch and base in _CONSOLES:
-        return Source(path, "launch", Who(None, node, None), gz=gz)
-    pod = _POD_NAME.match(base) if node is None else None
-    return Source(path, "console", Who(None, pod.group("pod") if pod else node, None), gz=gz)
+        return Source(path, "rank-file", Who(int(r.group(1)), node, None), codec=codec)
+    if launch and name in _CONSOLES:
+        return Source(path, "launch", Who(None, node, None), codec=codec)
+    pod = _POD_NAME.match(name) if node is None else None
+    return Source(path, "console", Who(None, pod.group("pod") if pod else node, None), codec=codec)
 
 
 def expand(paths: list[str]) -> Expanded:
@@ -201,8 +219,19 @@ def _add_path(out: Expanded, path: str, explicit: bool) -> None:
     if archives.kind(path):
         _unpack(out, path)
         return
+    if _undecodable(out, path, path):
+        return
     man = out.manifest(os.path.dirname(os.path.abspath(path)))
     out.add(classify_path(path, _node_of(man), launch=man is not None), st)
+
+
+def _undecodable(out: Expanded, path: str, shown: str) -> bool:
+    """A file of a compression the standard library cannot read: listed as not read, with how to decompress it."""
+    how = UNREADABLE_CODECS.get(uncompressed(path)[1])
+    if how is not None:
+        out.skipped.append({"path": shown, "reason": f"a compression Python cannot read: {how.format(path=shown)}, "
+                            "then give the file"})
+    return how is not None
 
 
 def _unpack(out: Expanded, path: str) -> None:
@@ -213,8 +242,16 @@ def _unpack(out: Expanded, path: str) -> None:
         return
     root = tempfile.mkdtemp(prefix="mldebug-logs-")
     out.unpacked.append(root)
-    got = archives.unpack(path, root, _wanted)
-    out.skipped += got.skipped
+    nested: list[str] = []
+
+    def wanted(rel: str) -> bool:
+        if archives.kind(rel):
+            nested.append(rel)
+        return _wanted(rel)
+
+    got = archives.unpack(path, root, wanted)
+    out.skipped += got.skipped + [{"path": f"{path}/{rel}", "reason": "an archive inside an archive (not opened): "
+                                   "unpack the outer one and give its directory"} for rel in nested]
     if got.files:
         _walk(out, root, shown=path)
     elif not got.skipped:
@@ -244,7 +281,8 @@ def _walk(out: Expanded, root: str, shown: str | None = None) -> None:
         node = _node_of(out.manifests[launch_dir]) if launch_dir is not None else None
         real_dir = os.path.realpath(dirpath)  # its files are no links (lstat below): their real path is this + name
         for name in sorted(filenames):
-            if not _is_log_name(name):
+            archive = shown is None and archives.kind(name) is not None  # one level: no archive in an archive
+            if not (archive or _is_log_name(name)):
                 continue
             full = os.path.join(dirpath, name)
             try:
@@ -255,6 +293,16 @@ def _walk(out: Expanded, root: str, shown: str | None = None) -> None:
             if not stat.S_ISREG(st.st_mode):  # lstat: a link is not a regular file either
                 out.skipped.append({"path": show(full), "reason": "a symbolic link (not followed in a directory)"
                                     if stat.S_ISLNK(st.st_mode) else "not a regular file"})
+                continue
+            if archive:
+                if st.st_size > ARCHIVE_IN_DIR_BYTES:
+                    out.skipped.append({"path": full, "reason": f"an archive of {st.st_size >> 20} MiB (over "
+                                        f"{ARCHIVE_IN_DIR_BYTES >> 20} MiB, more likely data than logs): name it on "
+                                        "the command line to read it"})
+                else:
+                    _unpack(out, full)
+                continue
+            if _undecodable(out, full, show(full)):
                 continue
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console

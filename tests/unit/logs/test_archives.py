@@ -103,3 +103,62 @@ def test_a_refused_path_after_an_archive_leaves_nothing_behind(tmp_path: Path, s
     with pytest.raises(UsageError):
         triage([str(_archives(tmp_path)[0]), str(fifo)])
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("codec", ["xz", "bz2"])
+def test_a_compressed_log_reads_as_the_plain_one_up_to_its_damage(tmp_path: Path, codec: str) -> None:
+    """logrotate's and `xz -r`'s copies: read as the plain file; one cut short is read up to the cut and said."""
+    import bz2
+    import lzma
+
+    compress = lzma.compress if codec == "xz" else bz2.compress
+    plain = REPO / "tests" / "data" / "logs_corpus" / "mpirun.log"
+    data = compress(plain.read_bytes() + b"".join(b"step %d\n" % i for i in range(300_000)))
+    whole, cut = tmp_path / f"job.log.{codec}", tmp_path / f"cut.log.{codec}"
+    whole.write_bytes(data)
+    cut.write_bytes(data[:len(data) // 2])
+    want = triage([str(plain)]).verdict
+    for path in (whole, cut):
+        r = triage([str(path)])
+        assert r.verdict.summary == want.summary and r.verdict.primary is not None, r.verdict.summary
+        assert r.sources[0].bytes > len(plain.read_bytes())
+    r = triage([str(tmp_path)])
+    name = "xz" if codec == "xz" else "bzip2"
+    assert [(s["path"], s["reason"].split(":")[0]) for s in r.skipped] == [
+        (str(cut), f"truncated or damaged {name} file")], r.skipped
+
+
+def test_a_zstd_log_is_listed_with_how_to_decompress_it(tmp_path: Path) -> None:
+    (tmp_path / "rank3.log.zst").write_bytes(b"(\xb5/\xfd")
+    shutil.copy(REPO / "tests" / "data" / "logs_corpus" / "mpirun.log", tmp_path / "mpirun.log")
+    r = triage([str(tmp_path)])
+    assert [s.path for s in r.sources] == [str(tmp_path / "mpirun.log")]
+    assert r.skipped == [{"path": str(tmp_path / "rank3.log.zst"), "reason": "a compression Python cannot read: "
+                          f"zstd -d {tmp_path / 'rank3.log.zst'}, then give the file"}]
+    with pytest.raises(UsageError) as e:
+        triage([str(tmp_path / "rank3.log.zst")])
+    assert f"zstd -d {tmp_path / 'rank3.log.zst'}" in str(e.value)
+
+
+def test_an_archive_in_a_directory_is_read_one_level_deep(tmp_path: Path, scratch: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory of what a user collected: the launch directory as an archive beside a console; an archive in
+    that archive, and one too big to be logs, are named as not read."""
+    from ml_debug.logs import sources
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    tgz = _archives(tmp_path)[0]
+    with tarfile.open(shared / "job.tgz", "w:gz") as tar:
+        tar.add(JOB, arcname=JOB.name)
+        tar.add(tgz, arcname=f"{JOB.name}/inner.tgz")
+    monkeypatch.setattr(sources, "ARCHIVE_IN_DIR_BYTES", (shared / "job.tgz").stat().st_size)
+    (shared / "big.tgz").write_bytes(b"\0" * (sources.ARCHIVE_IN_DIR_BYTES + 1))  # never opened
+    r = triage([str(shared)])
+    plain = triage([str(JOB)])
+    assert r.verdict.summary == plain.verdict.summary, r.verdict.summary
+    assert r.sources and all(s.path.startswith(f"{shared / 'job.tgz'}/{JOB.name}/vm/") for s in r.sources)
+    reasons = {s["path"]: s["reason"] for s in r.skipped}
+    assert reasons.pop(f"{shared / 'job.tgz'}/{JOB.name}/inner.tgz").startswith("an archive inside an archive (not opened)")
+    assert reasons.pop(str(shared / "big.tgz")).endswith("name it on the command line to read it") and not reasons
+    assert list(scratch.iterdir()) == []
