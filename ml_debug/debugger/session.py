@@ -32,6 +32,8 @@ ADAPTER = [sys.executable, "-m", "ml_debug.debugger.adapter"]  # debugpy's, its 
 # library's symbols, which for a torch process took 30 s instead of 4 s here
 # (benchmarks/attach_gdb_scan.py). A user's own PYDEVD_GDB_SCAN_SHARED_LIBRARIES wins ('.' = all).
 GDB_SCAN = "libc.so,libdl.so,libpthread.so,libpython"
+INJECTOR_FAILED = "mldebug: cannot inject:"
+"""How the injector's last line starts when it cannot inject (its FAILED: injector/__main__.py runs as a script)."""
 # debugpy's folders for functions, classes and dunders among the locals: not variables of the frame
 GROUPS = frozenset({"function variables", "class variables", "special variables", "protected variables"})
 
@@ -116,6 +118,7 @@ class Session:
         self.link: Link | None = None
         self._open_link = link
         self.alive_after: bool | None = None  # what the link said after the detach (a remote node's word)
+        self.started = False  # debugpy started in the process (the adapter said "initialized")
         self.output: list[str] = []  # what the adapter's injector said (gdb's complaints, for errors)
         self._frames: dict[int, list[tuple[int, FrameInfo]]] = {}  # thread id -> (DAP frame id, frame)
 
@@ -141,13 +144,22 @@ class Session:
                                  "supportsVariableType": True})
         seq = c.send("attach", {"processId": self.pid, "justMyCode": False, "subProcess": False,
                                 "redirectOutput": False})
-        # The adapter injects (gdb: seconds), waits for the server to connect back, then says "initialized".
-        if c.wait_event("initialized", self.attach_timeout) is None:
+        # The adapter injects (gdb: seconds), waits for the server to connect back, then says "initialized"; an
+        # injector that failed ends the wait (the adapter says "Attach to PID failed" with its output).
+        deadline = time.monotonic() + self.attach_timeout
+        while c.wait_event("initialized", max(0.0, min(1.0, deadline - time.monotonic()))) is None:
             said = [x.strip() for x in "".join(self._injector_output()).splitlines() if x.strip()]
-            raise DapError(f"debugpy did not start in pid {self.pid} within {self.attach_timeout:g} s"
-                           + (f" (the injector said: {said[-1][:200]})" if said else ""),
-                           hint="see that gdb can attach (ptrace) and that the process is a CPython 3.8+; "
-                                "raise --attach-timeout on a loaded node")
+            ours = next((x for x in said if x.startswith(INJECTOR_FAILED)), None)
+            if ours is not None:
+                raise DapError(ours[len(INJECTOR_FAILED):].strip(),
+                               hint="install what it names on the node of the process, then attach again")
+            if time.monotonic() >= deadline or "Attach to PID failed." in said:
+                raise DapError(f"debugpy did not start in pid {self.pid}"
+                               + ("" if time.monotonic() < deadline else f" within {self.attach_timeout:g} s")
+                               + (f" (the injector said: {said[-1][:200]})" if said else ""),
+                               hint="see that gdb can attach (ptrace) and that the process is a CPython 3.8+; "
+                                    "raise --attach-timeout on a loaded node")
+        self.started = True
         c.request("configurationDone")
         c.wait_response(seq, "attach", self.attach_timeout)
 
@@ -162,9 +174,10 @@ class Session:
     def close(self) -> None:
         """Detach (the process resumes and keeps running) and end the adapter and its injector."""
         if self.client is not None:
-            with contextlib.suppress(DapError, OSError):
-                self.client.request("disconnect", {"terminateDebuggee": False, "restart": False},
-                                    timeout=min(5.0, self.timeout))
+            if self.started:  # (before, there is nothing to detach from)
+                with contextlib.suppress(DapError, OSError):
+                    self.client.request("disconnect", {"terminateDebuggee": False, "restart": False},
+                                        timeout=min(5.0, self.timeout))
             self.client = None
         if self.link is not None:
             link, self.link = self.link, None

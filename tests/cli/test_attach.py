@@ -125,6 +125,28 @@ def test_attach_by_pid_reads_a_local_evaluates_and_detaches_leaving_the_loop_run
     assert _debugger_processes() == [] and _listening(looper.pid) == []
 
 
+def test_lldb_injects_where_gdb_cannot_and_the_program_keeps_its_globals(looper: Looper, tmp_path: Path) -> None:
+    """lldb's route (taken where gdb cannot call into a process: an AMX CPU with gdb 13; asked for here with
+    debugpy's PYDEVD_ATTACH_PREFER_LLDB): the gdb on PATH only leaves a mark if it runs. It leaves no name in the
+    program's globals and no thread of its own in the list."""
+    from ml_debug.debugger.injector.__main__ import find_lldb
+
+    require(find_lldb(), "lldb (apt install lldb-19: tests/rig/up.sh)")
+    bin_dir, mark = tmp_path / "bin", tmp_path / "gdb-ran"
+    bin_dir.mkdir()
+    (bin_dir / "gdb").write_text(f"#!/bin/sh\ntouch {mark}\nexit 1\n")
+    (bin_dir / "gdb").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYDEVD_ATTACH_PREFER_LLDB": "1"}
+    proc = mldebug("--json", "attach", "--pid", str(looper.pid), "--eval", "[k for k in globals() if 'mldebug' in k]",
+                   timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)["result"]
+    assert r["evaluation"]["value"] == "[]" and [t["name"] for t in r["threads"]] == ["MainThread"], r
+    assert not mark.exists(), "gdb ran"
+    looper.still_looping()
+    assert _debugger_processes() == [] and _listening(looper.pid) == []
+
+
 def _served(m: subprocess.Popen[str], until: str, out: str) -> str:
     """``out`` and the prompt's output after it, read until it holds ``until`` (the answer of the last command sent)."""
     assert m.stdout is not None and m.stderr is not None

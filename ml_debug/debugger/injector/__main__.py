@@ -11,44 +11,134 @@ That code prints on the process's stderr, the job's log:
 Here the injected line is wrapped: it fixes the main thread's id itself with debugpy's own function and
 silent callbacks (so debugpy finds threading imported and says nothing), sets
 ``PYDEVD_DISABLE_FILE_VALIDATION=1`` in the process only while debugpy loads, then restores the
-process's environment as it was. Everything else is debugpy's own injector, unchanged. Standard library
-and debugpy only: this runs as a script, outside the ml_debug package.
+process's environment as it was.
+
+And gdb's calls into the process (``dlopen``, ``DoAttach``) leave its interrupted system call as it found it.
+After a call gdb puts the thread's registers back in their numbering order; on a CPU with AMX (Sapphire Rapids
+and later: an H100 node's host) gdb 13 (Debian 12's) cannot write the extended state ("Couldn't write extended
+state status: Bad address"), which stops it before ``orig_rax``, left at the -1 gdb set for the call. The kernel
+then does not restart the system call the thread was in (a ``time.sleep``, a wait on a socket), and its
+-ERESTARTNOHAND (errno 514) reaches the program: ``OSError: [Errno 514] Unknown error 514`` killed the job. So
+``orig_rax`` is kept before the first call and written back after the last (:func:`keeping_the_system_call`),
+and the injection is done again with lldb (its Python-scripted route in debugpy), which writes that state: found
+as ``lldb-NN`` or ``lldb`` (:func:`find_lldb`). ``PYDEVD_ATTACH_PREFER_LLDB=1`` (debugpy's) has lldb do it first.
+
+Everything else is debugpy's own injector, unchanged. Standard library and debugpy only: this runs as a
+script, outside the ml_debug package.
 """
 
 from __future__ import annotations
 
 import os
+import platform
+import shlex
+import shutil
+import subprocess
 import sys
 
 # Runs inside the job's process; `code` is debugpy's own line, `attach_dir` the folder of its
 # attach_script. debugpy's line may not contain quotes: the whole call travels as bytes (below).
+# `in_thread`: debugpy starts in a thread of its own once the debugger's call has returned (lldb
+# gives up a call during which the process forks, and debugpy's start runs `uname -p`).
 _WRAPPER = '''
-def _mldebug_quiet_attach(code, attach_dir):
+def _mldebug_quiet_attach(code, attach_dir, in_thread):
     import os, sys
-    before = os.environ.get("PYDEVD_DISABLE_FILE_VALIDATION")
-    os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
-    try:
-        if "threading" not in sys.modules:
-            sys.path.insert(0, attach_dir)
-            try:
-                import attach_script
-            finally:
-                sys.path.remove(attach_dir)
-            quiet = lambda *_a, **_k: None
-            attach_script.fix_main_thread_id(on_warn=quiet, on_exception=quiet, on_critical=quiet)
-        exec(code, {"__name__": "_mldebug_attach"})
-    finally:
-        if before is None:
-            os.environ.pop("PYDEVD_DISABLE_FILE_VALIDATION", None)
-        else:
-            os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = before
-_mldebug_quiet_attach(%r, %r)
+    if "threading" not in sys.modules:
+        sys.path.insert(0, attach_dir)
+        try:
+            import attach_script
+        finally:
+            sys.path.remove(attach_dir)
+        quiet = lambda *_a, **_k: None
+        attach_script.fix_main_thread_id(on_warn=quiet, on_exception=quiet, on_critical=quiet)
+
+    def start():
+        if in_thread:  # not one of the program's threads: debugpy lists none of its own
+            import threading
+            me = threading.current_thread()
+            me.name, me.is_pydev_daemon_thread, me.pydev_do_not_trace = "mldebug-attach", True, True
+        before = os.environ.get("PYDEVD_DISABLE_FILE_VALIDATION")
+        os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+        try:
+            exec(code, {"__name__": "_mldebug_attach"})
+        finally:
+            if before is None:
+                os.environ.pop("PYDEVD_DISABLE_FILE_VALIDATION", None)
+            else:
+                os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = before
+
+    if in_thread:
+        import _thread
+        _thread.start_new_thread(start, ())  # (threading's start waits for the thread: it runs after the call)
+    else:
+        start()
+_mldebug_quiet_attach(%r, %r, %r)
 '''
 
 
-def quiet(code: str, attach_dir: str) -> str:
-    """debugpy's injected line, wrapped (one line, no quotes, as gdb's DoAttach call needs)."""
-    return f"exec(bytes({list((_WRAPPER % (code, attach_dir)).encode())}).decode())"
+def quiet(code: str, attach_dir: str, in_thread: bool = False) -> str:
+    """debugpy's injected line, wrapped (one line, no quotes, as gdb's DoAttach call needs), run in a namespace of
+    its own (DoAttach runs it in ``__main__``: the program's globals stay as they were)."""
+    return f"exec(bytes({list((_WRAPPER % (code, attach_dir, in_thread)).encode())}).decode(), dict())"
+
+
+_KEEP = "--eval-command='set $mldebug_orig_rax = $orig_rax'"
+_PUT_BACK = "--eval-command='set $orig_rax = $mldebug_orig_rax'"
+GDB_CANNOT_CALL = "Couldn't write extended state"
+"""gdb's words when it cannot write a thread's extended register state (gdb 13 and older, on a CPU with AMX)."""
+FAILED = "mldebug: cannot inject:"
+"""The start of the line this injector ends with when it cannot inject (session.py shows the rest)."""
+
+
+def keeping_the_system_call(command: str) -> str:
+    """debugpy's gdb command line (a shell string of its own making) with ``orig_rax`` kept around its calls, on
+    x86-64 (the only architecture with that register; elsewhere the command is unchanged)."""
+    first = command.find("--eval-command='call ")
+    if first < 0 or platform.machine() not in ("x86_64", "AMD64"):
+        return command
+    return f"{command[:first]}{_KEEP} {command[first:]} {_PUT_BACK}"
+
+
+def find_lldb() -> str | None:
+    """An lldb with its Python (debugpy's lldb route scripts it): the newest ``lldb-NN`` on PATH (Debian's and
+    Ubuntu's names; their plain ``lldb`` 14 lacks its Python module), else ``lldb``."""
+    versions = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        try:
+            names = os.listdir(d or ".")
+        except OSError:
+            continue
+        versions += [(int(n[5:]), os.path.join(d, n)) for n in names if n.startswith("lldb-") and n[5:].isdigit()]
+    return max(versions)[1] if versions else shutil.which("lldb")
+
+
+class GdbCannotCall(Exception):
+    """gdb could not call a function in the process (its registers cannot be written back)."""
+
+
+class Shell:
+    """The ``subprocess`` module as debugpy's injector sees it: its gdb command line keeps the system call
+    (:func:`keeping_the_system_call`) and says when gdb cannot call; its ``lldb`` is :attr:`lldb`."""
+
+    lldb: str | None = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(subprocess, name)
+
+    def check_call(self, command: str, **kwargs: object) -> int:
+        if command.startswith("lldb ") and self.lldb:
+            command = shlex.quote(self.lldb) + command[4:]
+        else:
+            command = keeping_the_system_call(command)
+        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)  # type: ignore[call-overload]
+        said = proc.stdout.decode("utf-8", "replace")
+        sys.stdout.write(said)
+        sys.stdout.flush()
+        if GDB_CANNOT_CALL in said:
+            raise GdbCannotCall(said)
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, command)
+        return 0
 
 
 def main() -> None:
@@ -57,14 +147,30 @@ def main() -> None:
     pydevd = sys.modules["pydevd"]
     attach_dir = os.path.join(os.path.dirname(str(pydevd.__file__)), "pydevd_attach_to_process")
     sys.path.append(attach_dir)
-    import add_code_to_python_process  # cli.attach_to_pid imports this same module object
+    import add_code_to_python_process as inject  # cli.attach_to_pid imports this same module object
 
-    run = add_code_to_python_process.run_python_code
+    run, shell = inject.run_python_code, Shell()
+    prefer_lldb = os.environ.get("PYDEVD_ATTACH_PREFER_LLDB", "").strip().lower() in ("1", "true", "yes")
 
     def run_quiet(pid: int, python_code: str, *args: object, **kwargs: object) -> object:
-        return run(pid, quiet(python_code, attach_dir), *args, **kwargs)
+        code = quiet(python_code, attach_dir)
+        shell.lldb = find_lldb() if sys.platform.startswith("linux") else None
+        with_lldb = quiet(python_code, attach_dir, in_thread=True)
+        if prefer_lldb and shell.lldb:  # debugpy's own choice, with Debian's lldb-NN found too
+            return inject.run_python_code_linux_lldb(pid, with_lldb, *args, **kwargs)
+        try:
+            return run(pid, code, *args, **kwargs)
+        except GdbCannotCall:
+            if not shell.lldb:
+                print(f"{FAILED} gdb cannot call a function in the process on this CPU (it cannot write back the "
+                      "AMX registers' state: gdb 13 and older), and there is no lldb to do it instead: install "
+                      "lldb (Debian 12: apt install lldb-16; Ubuntu 22.04: lldb-15) or gdb 14+", flush=True)
+                raise SystemExit(3) from None
+            print(f"gdb cannot call into the process on this CPU: injecting with {shell.lldb}", flush=True)
+            return inject.run_python_code_linux_lldb(pid, with_lldb, *args, **kwargs)
 
-    add_code_to_python_process.run_python_code = run_quiet
+    inject.run_python_code = run_quiet
+    inject.subprocess = shell
     cli.main()
 
 
