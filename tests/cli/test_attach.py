@@ -24,7 +24,8 @@ import pytest
 from tests.conftest import REPO, mldebug, require, require_module, validate_schema, wait_until
 
 # every test counts the debugger processes of the whole machine (conftest.exclusive)
-pytestmark = pytest.mark.usefixtures("debuggers_alone")
+# (and all of them run on one xdist worker, one after another: the others never wait on the lock)
+pytestmark = [pytest.mark.usefixtures("debuggers_alone"), pytest.mark.xdist_group("debuggers")]
 
 LOOPER = textwrap.dedent("""
     import os, sys, threading, time

@@ -25,7 +25,8 @@ from tests.conftest import main_thread_functions, mldebug, validate_schema, wait
 from tests.rig.fixtures import HungJob
 
 # every test counts the debugger processes of the whole machine (conftest.exclusive)
-pytestmark = pytest.mark.usefixtures("debuggers_alone")
+# (and all of them run on one xdist worker, one after another: the others never wait on the lock)
+pytestmark = [pytest.mark.usefixtures("debuggers_alone"), pytest.mark.xdist_group("debuggers")]
 
 REMOTE = ["--remote-python", sys.executable]
 
