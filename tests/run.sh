@@ -83,15 +83,14 @@ set +e
 # Three pytest-xdist workers on 2 cores: many tests wait on real jobs, sshd and Slurm, and a third worker
 # fills those waits (measured on a clean clone: 722 s against 775 s with two). Tests marked
 # `serial` judge CPU shares or rates, which a second worker's ranks would skew on 2 cores: they run
-# alone afterwards. Tests that count every process of a kind on the machine (debuggers) hold a lock
-# (conftest.exclusive) and share an xdist_group: one worker runs them in turn, the others never wait.
+# alone afterwards.
 # MLDEBUG_TEST_WORKERS=0 runs everything in one process.
 workers=${MLDEBUG_TEST_WORKERS:-3}
 if [ "$workers" = 0 ]; then
   .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
   rc=$?
 else
-  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n "$workers" --dist loadgroup --maxschedchunk 2 -m "not serial" "$@"
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n "$workers" --dist load --maxschedchunk 2 -m "not serial" "$@"
   rc=$?
   .venv/bin/python -m pytest -p no:cacheprovider --durations=10 -m serial "$@"
   rc2=$?

@@ -24,8 +24,7 @@ import pytest
 from tests.conftest import REPO, mldebug, require, require_module, validate_schema, wait_until
 
 # every test counts the debugger processes of the whole machine (conftest.exclusive)
-# (and all of them run on one xdist worker, one after another: the others never wait on the lock)
-pytestmark = [pytest.mark.usefixtures("debuggers_alone"), pytest.mark.xdist_group("debuggers")]
+pytestmark = pytest.mark.usefixtures("debuggers_alone")
 
 LOOPER = textwrap.dedent("""
     import os, sys, threading, time

@@ -25,8 +25,7 @@ from tests.conftest import main_thread_functions, mldebug, validate_schema, wait
 from tests.rig.fixtures import HungJob
 
 # every test counts the debugger processes of the whole machine (conftest.exclusive)
-# (and all of them run on one xdist worker, one after another: the others never wait on the lock)
-pytestmark = [pytest.mark.usefixtures("debuggers_alone"), pytest.mark.xdist_group("debuggers")]
+pytestmark = pytest.mark.usefixtures("debuggers_alone")
 
 REMOTE = ["--remote-python", sys.executable]
 

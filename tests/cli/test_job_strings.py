@@ -93,7 +93,6 @@ def test_dump_stacks_tree_table_and_verdict_show_the_name_as_one_string(job: Job
     assert str(job.script) in files, files  # JSON keeps the exact name
 
 
-@pytest.mark.xdist_group("debuggers")  # beside the other debugger tests (test_attach.py)
 def test_the_attach_prompt_shows_frame_lines_visibly(job: Job, debuggers_alone: None) -> None:
     require_module("debugpy", "mldebug attach injects debugpy")
     proc = mldebug("attach", "--pid", str(job.pid), input="bt\nup\ndown\nq\n", timeout=180)
@@ -103,7 +102,6 @@ def test_the_attach_prompt_shows_frame_lines_visibly(job: Job, debuggers_alone: 
     assert not found, "\n".join(found)
 
 
-@pytest.mark.xdist_group("debuggers")  # beside the other debugger tests (test_attach.py)
 def test_attaching_writes_nothing_into_the_jobs_own_stderr(tmp_path: Path, debuggers_alone: None) -> None:
     """debugpy's injected server warns about frozen modules and an unimported threading module on the
     process's stderr: the job's log. A fresh process, so that it is debugpy's first visit."""

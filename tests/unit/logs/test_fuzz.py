@@ -271,7 +271,7 @@ def _read(paths: list[str], block: int = scan.BLOCK) -> LogsReport:
         return triage(paths, jobs=1)
 
 
-FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 BLOCKS = st.integers(SNIFF_BYTES + 1, SNIFF_BYTES + (8 << 10))
 
