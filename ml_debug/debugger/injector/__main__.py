@@ -23,8 +23,8 @@ then does not restart the system call the thread was in (a ``time.sleep``, a wai
 and the injection is done again with lldb (its Python-scripted route in debugpy), which writes that state: found
 as ``lldb-NN`` or ``lldb`` (:func:`find_lldb`). ``PYDEVD_ATTACH_PREFER_LLDB=1`` (debugpy's) has lldb do it first.
 
-Everything else is debugpy's own injector, unchanged. Standard library and debugpy only: this runs as a
-script, outside the ml_debug package.
+The rest is debugpy's own injector. Standard library and debugpy only: this runs as a script, outside the
+ml_debug package.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def quiet(code: str, attach_dir: str, in_thread: bool = False) -> str:
 _KEEP = "--eval-command='set $mldebug_orig_rax = $orig_rax'"
 _PUT_BACK = "--eval-command='set $orig_rax = $mldebug_orig_rax'"
 GDB_CANNOT_CALL = "Couldn't write extended state"
-"""gdb's words when it cannot write a thread's extended register state (gdb 13 and older, on a CPU with AMX)."""
+"""gdb's words when it cannot write a thread's extended register state (Debian 12's gdb 13, on a CPU with AMX)."""
 FAILED = "mldebug: cannot inject:"
 """The start of the line this injector ends with when it cannot inject (session.py shows the rest)."""
 
@@ -163,8 +163,8 @@ def main() -> None:
         except GdbCannotCall:
             if not shell.lldb:
                 print(f"{FAILED} gdb cannot call a function in the process on this CPU (it cannot write back the "
-                      "AMX registers' state: gdb 13 and older), and there is no lldb to do it instead: install "
-                      "lldb (Debian 12: apt install lldb-16; Ubuntu 22.04: lldb-15) or gdb 14+", flush=True)
+                      "AMX registers' state: Debian 12's gdb 13 cannot), and there is no lldb to do it instead: install "
+                      "lldb (Debian 12: apt install lldb-19; Ubuntu 22.04: apt install lldb-15)", flush=True)
                 raise SystemExit(3) from None
             print(f"gdb cannot call into the process on this CPU: injecting with {shell.lldb}", flush=True)
             return inject.run_python_code_linux_lldb(pid, with_lldb, *args, **kwargs)
