@@ -83,6 +83,19 @@ def find_program(name: str) -> str | None:
     return None
 
 
+def find_lldb() -> str | None:
+    """An lldb with its Python module (debugpy's lldb route scripts it): the newest ``lldb-NN`` on PATH (Debian's
+    and Ubuntu's names; their plain ``lldb`` 14 lacks its module), else ``lldb``."""
+    versions = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        try:
+            names = os.listdir(d or ".")
+        except OSError:
+            continue
+        versions += [(int(n[5:]), os.path.join(d, n)) for n in names if n.startswith("lldb-") and n[5:].isdigit()]
+    return max(versions)[1] if versions else shutil.which("lldb")
+
+
 def is_present(part: Part) -> bool:
     if part.kind == "program":
         return find_program(part.name) is not None

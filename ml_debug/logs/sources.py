@@ -46,7 +46,7 @@ _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_.]?(\d+)(?![\d])", re.IGNORECASE)
 _POD_NAME = re.compile(r"^(?P<pod>[a-z0-9](?:[a-z0-9.\-]{0,200}?)-(?:master|worker|launcher)-\d{1,6})(?=[._]|$)")
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
 _SKIP_DIRS = ("trace", "fr", "__pycache__")
-_CONSOLES = ("console.log", "console.log.gz")  # an `mldebug launch` node's console, beside its manifest
+_CONSOLE = "console.log"  # an `mldebug launch` node's console, beside its manifest (compressed too)
 CODECS = {".gz": "gz", ".xz": "xz", ".bz2": "bz2"}
 """The compressions of a single log file that are read (scan.opened), by suffix."""
 UNREADABLE_CODECS = {".zst": "zstd -d {path}", ".lz4": "lz4 -d {path}"}
@@ -122,7 +122,7 @@ def classify_path(path: str, node: str | None = None, launch: bool = False) -> S
         return Source(path, "train-metrics", Who(int(r.group(1)) if r else None, node, None), codec=codec)
     if r:
         return Source(path, "rank-file", Who(int(r.group(1)), node, None), codec=codec)
-    if launch and name in _CONSOLES:
+    if launch and base == _CONSOLE:
         return Source(path, "launch", Who(None, node, None), codec=codec)
     pod = _POD_NAME.match(name) if node is None else None
     return Source(path, "console", Who(None, pod.group("pod") if pod else node, None), codec=codec)

@@ -129,7 +129,7 @@ def test_lldb_injects_where_gdb_cannot_and_the_program_keeps_its_globals(looper:
     """lldb's route (taken where gdb cannot call into a process: an AMX CPU with gdb 13; asked for here with
     debugpy's PYDEVD_ATTACH_PREFER_LLDB): the gdb on PATH only leaves a mark if it runs. It leaves no name in the
     program's globals and no thread of its own in the list."""
-    from ml_debug.debugger.injector.__main__ import find_lldb
+    from ml_debug.core.extras import find_lldb
 
     require(find_lldb(), "lldb (apt install lldb-19: tests/rig/up.sh)")
     bin_dir, mark = tmp_path / "bin", tmp_path / "gdb-ran"

@@ -21,10 +21,11 @@ then does not restart the system call the thread was in (a ``time.sleep``, a wai
 -ERESTARTNOHAND (errno 514) reaches the program: ``OSError: [Errno 514] Unknown error 514`` killed the job. So
 ``orig_rax`` is kept before the first call and written back after the last (:func:`keeping_the_system_call`),
 and the injection is done again with lldb (its Python-scripted route in debugpy), which writes that state: found
-as ``lldb-NN`` or ``lldb`` (:func:`find_lldb`). ``PYDEVD_ATTACH_PREFER_LLDB=1`` (debugpy's) has lldb do it first.
+as ``lldb-NN`` or ``lldb`` (core.extras.find_lldb). ``PYDEVD_ATTACH_PREFER_LLDB=1`` (debugpy's) has lldb do it
+first.
 
-The rest is debugpy's own injector. Standard library and debugpy only: this runs as a script, outside the
-ml_debug package.
+The rest is debugpy's own injector. Standard library, debugpy and ``ml_debug.core.extras`` only: this runs as a
+script, beside the ml_debug package (the adapter's Python has it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 
@@ -99,19 +99,6 @@ def keeping_the_system_call(command: str) -> str:
     return f"{command[:first]}{_KEEP} {command[first:]} {_PUT_BACK}"
 
 
-def find_lldb() -> str | None:
-    """An lldb with its Python (debugpy's lldb route scripts it): the newest ``lldb-NN`` on PATH (Debian's and
-    Ubuntu's names; their plain ``lldb`` 14 lacks its Python module), else ``lldb``."""
-    versions = []
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        try:
-            names = os.listdir(d or ".")
-        except OSError:
-            continue
-        versions += [(int(n[5:]), os.path.join(d, n)) for n in names if n.startswith("lldb-") and n[5:].isdigit()]
-    return max(versions)[1] if versions else shutil.which("lldb")
-
-
 class GdbCannotCall(Exception):
     """gdb could not call a function in the process (its registers cannot be written back)."""
 
@@ -148,6 +135,8 @@ def main() -> None:
     attach_dir = os.path.join(os.path.dirname(str(pydevd.__file__)), "pydevd_attach_to_process")
     sys.path.append(attach_dir)
     import add_code_to_python_process as inject  # cli.attach_to_pid imports this same module object
+
+    from ml_debug.core.extras import find_lldb
 
     run, shell = inject.run_python_code, Shell()
     prefer_lldb = os.environ.get("PYDEVD_ATTACH_PREFER_LLDB", "").strip().lower() in ("1", "true", "yes")

@@ -162,3 +162,19 @@ def test_an_archive_in_a_directory_is_read_one_level_deep(tmp_path: Path, scratc
     assert reasons.pop(f"{shared / 'job.tgz'}/{JOB.name}/inner.tgz").startswith("an archive inside an archive (not opened)")
     assert reasons.pop(str(shared / "big.tgz")).endswith("name it on the command line to read it") and not reasons
     assert list(scratch.iterdir()) == []
+
+
+def test_a_launch_directory_compressed_file_by_file_reads_as_it_was(tmp_path: Path) -> None:
+    """`xz -r` over an `mldebug launch` directory: its console stays the node's console, its torchrun files theirs."""
+    import lzma
+
+    job = tmp_path / JOB.name
+    shutil.copytree(JOB, job)
+    for f in sorted(job.rglob("*")):
+        if f.is_file() and f.name != "launch.json":
+            f.with_name(f.name + ".xz").write_bytes(lzma.compress(f.read_bytes()))
+            f.unlink()
+    plain, packed = triage([str(JOB)]), triage([str(job)])
+    assert packed.verdict.summary == plain.verdict.summary, packed.verdict.summary
+    assert [(s.path.replace(str(job), str(JOB)), s.shape) for s in packed.sources] == [
+        (s.path + ".xz", s.shape) for s in plain.sources]
