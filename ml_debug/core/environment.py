@@ -20,7 +20,7 @@ from typing import Any
 
 from ml_debug import __version__
 from ml_debug.core import bounded
-from ml_debug.core.extras import find_lldb, find_program
+from ml_debug.core.extras import find_program
 from ml_debug.core.rankvars import LAUNCHER_PREFIXES, TORCHRUN_VARS
 
 SETTING_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_")
@@ -156,25 +156,6 @@ def tools() -> list[Tool]:
             raise
 
 
-def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """The CPU has AMX (its ``amx_tile`` flag: Intel Sapphire Rapids and later)."""
-    try:
-        with open(cpuinfo) as f:
-            return next((" amx_tile " in f" {line.strip()} " for line in f if line.startswith("flags")), False)
-    except OSError:
-        return False
-
-
-def attach_warning(found: list[Tool], cpuinfo: str = "/proc/cpuinfo") -> str | None:
-    """What stops `mldebug attach` here before it is run: gdb may not call into a process on an AMX CPU (Debian 12's gdb
-    13 cannot: docs/commands/attach.md) and there is no lldb to do it instead."""
-    gdb = next((t for t in found if t.name == "gdb" and t.path), None)
-    if gdb is None or not cpu_has_amx(cpuinfo) or find_lldb():
-        return None
-    return (f"attach: {gdb.version or 'gdb'} may not call into a process on this CPU (AMX: Debian 12's gdb 13 cannot), "
-            "and there is no lldb to inject with instead; install lldb (Debian 12: apt install lldb-19)")
-
-
 def interfaces() -> list[Interface]:
     """Network interfaces with their addresses (`ip -br addr`)."""
     import psutil
@@ -296,9 +277,6 @@ def collect(include_torch: bool = True) -> EnvReport:
     # but fails to import is (numpy's absence is the commands' to say: they exit 3 naming it)
     if torch.error and include_torch and torch.version:
         warnings.append(f"torch: {torch.error}")
-    attach = attach_warning(found_tools)
-    if attach:
-        warnings.append(attach)
     ptrace = ptrace_permission()
     if not ptrace.can_attach_own:
         warnings.append(f"ptrace: {ptrace.explanation}; fix: {ptrace.fix}")

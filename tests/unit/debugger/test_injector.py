@@ -38,20 +38,3 @@ def test_the_newest_lldb_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PATH", str(a / "none"))
     assert find_lldb() is None
 
-
-def test_env_warns_when_attach_would_need_an_lldb_that_is_not_there(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from ml_debug.core.environment import Tool, attach_warning
-
-    amx, older = tmp_path / "amx", tmp_path / "older"
-    amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
-    older.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16x\n")
-    gdb = [Tool("gdb", "/usr/bin/gdb", "GNU gdb (Debian 13.1-3) 13.1")]
-    monkeypatch.setenv("PATH", str(tmp_path / "none"))
-    said = attach_warning(gdb, str(amx))
-    assert said is not None and said.startswith("attach: GNU gdb (Debian 13.1-3) 13.1 may not call") and "lldb-19" in said
-    assert attach_warning(gdb, str(older)) is None and attach_warning([Tool("gdb", None, None)], str(amx)) is None
-    (tmp_path / "none").mkdir()
-    (tmp_path / "none" / "lldb-19").write_text("#!/bin/sh\n")
-    (tmp_path / "none" / "lldb-19").chmod(0o755)
-    assert attach_warning(gdb, str(amx)) is None
