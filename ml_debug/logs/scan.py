@@ -60,7 +60,7 @@ class Decompressed:
             try:
                 piece = self._f.read1(min(want - got, BLOCK))
             except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:
-                self._src.cut = (f"truncated or damaged {_NAMES[self._src.codec]} file: only its first "
+                self._src.cut = (f"truncated or damaged {self._src.codec} file: only its first "
                                  f"{self._pos + got} B (decompressed) were read ({type(e).__name__}: {e})")
                 break
             if not piece:
@@ -72,8 +72,8 @@ class Decompressed:
 
 
 _OPENERS: dict[str, Callable[[IO[bytes]], io.BufferedIOBase]] = {
-    "gz": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bz2": bz2.BZ2File}
-_NAMES = {"gz": "gzip", "xz": "xz", "bz2": "bzip2"}
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bzip2": bz2.BZ2File}
+"""A reader of each compression sources.CODECS names."""
 
 
 class Capped:

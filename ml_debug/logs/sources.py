@@ -47,7 +47,7 @@ _POD_NAME = re.compile(r"^(?P<pod>[a-z0-9](?:[a-z0-9.\-]{0,200}?)-(?:master|work
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
 _SKIP_DIRS = ("trace", "fr", "__pycache__")
 _CONSOLE = "console.log"  # an `mldebug launch` node's console, beside its manifest (compressed too)
-CODECS = {".gz": "gz", ".xz": "xz", ".bz2": "bz2"}
+CODECS = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2"}
 """The compressions of a single log file that are read (scan.opened), by suffix."""
 UNREADABLE_CODECS = {".zst": "zstd -d {path}", ".lz4": "lz4 -d {path}"}
 """Compressions of a single file the standard library cannot read: how to decompress it by hand."""

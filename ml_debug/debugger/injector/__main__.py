@@ -142,13 +142,16 @@ def main() -> None:
     prefer_lldb = os.environ.get("PYDEVD_ATTACH_PREFER_LLDB", "").strip().lower() in ("1", "true", "yes")
 
     def run_quiet(pid: int, python_code: str, *args: object, **kwargs: object) -> object:
-        code = quiet(python_code, attach_dir)
         shell.lldb = find_lldb() if sys.platform.startswith("linux") else None
-        with_lldb = quiet(python_code, attach_dir, in_thread=True)
+
+        def with_lldb() -> object:  # debugpy starts in a thread of its own, once lldb's call has returned
+            return inject.run_python_code_linux_lldb(pid, quiet(python_code, attach_dir, in_thread=True), *args,
+                                                     **kwargs)
+
         if prefer_lldb and shell.lldb:  # debugpy's own choice, with Debian's lldb-NN found too
-            return inject.run_python_code_linux_lldb(pid, with_lldb, *args, **kwargs)
+            return with_lldb()
         try:
-            return run(pid, code, *args, **kwargs)
+            return run(pid, quiet(python_code, attach_dir), *args, **kwargs)
         except GdbCannotCall:
             if not shell.lldb:
                 print(f"{FAILED} gdb cannot call a function in the process on this CPU (it cannot write back the "
@@ -156,7 +159,7 @@ def main() -> None:
                       "lldb (Debian 12: apt install lldb-19; Ubuntu 22.04: apt install lldb-15)", flush=True)
                 raise SystemExit(3) from None
             print(f"gdb cannot call into the process on this CPU: injecting with {shell.lldb}", flush=True)
-            return inject.run_python_code_linux_lldb(pid, with_lldb, *args, **kwargs)
+            return with_lldb()
 
     inject.run_python_code = run_quiet
     inject.subprocess = shell

@@ -42,7 +42,7 @@ def test_the_corpus_has_many_sources_and_every_shape(corpus: list[str]) -> None:
     exp = expand(corpus)
     assert len(exp.sources) >= 30
     assert {"launch", "torchelastic", "error-file", "console"} <= {s.shape for s in exp.sources}
-    assert sum(s.codec == "gz" for s in exp.sources) == 2
+    assert sum(s.codec == "gzip" for s in exp.sources) == 2
 
 
 @pytest.mark.parametrize("caps", [False, True], ids=["as-shipped", "small-caps"])
