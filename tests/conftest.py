@@ -8,6 +8,7 @@ Golden files are compared, never written, unless MLDEBUG_UPDATE_GOLDEN=1 (outsid
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -253,10 +254,19 @@ def import_from_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: st
 
 def validate_schema(doc: dict, name: str) -> None:
     """Validate a command's JSON document against its pinned schema in ml_debug/schemas/."""
+    schema_validator(name).validate(doc)
+
+
+@functools.cache
+def schema_validator(name: str) -> Any:
+    """The validator of a pinned schema, the schema itself checked once (``jsonschema.validate`` checks it against
+    its metaschema on every call: most of the fuzz test's time)."""
     import jsonschema
 
     schema = json.loads((REPO / "ml_debug" / "schemas" / f"{name}.json").read_text())
-    jsonschema.validate(doc, schema)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
 
 
 # ----------------------------------------------------------------------------- order (pytest-xdist)

@@ -51,9 +51,12 @@ def _registered() -> dict[str, dict[str, type]]:
     return dict(CONFIGS)
 
 
+REGISTERED = _registered()  # once: building every command's options is most of a test's time
+
+
 def _cases() -> list[Case]:
     out = []
-    for name, groups in sorted(_registered().items()):
+    for name, groups in sorted(REGISTERED.items()):
         for cls in groups.values():
             for cf in cli_fields(cls):
                 if strip_optional(cf.type) is not bool:
@@ -77,11 +80,10 @@ def _filler(name: str, skip: str) -> list[str]:
 @pytest.fixture
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """`mldebug` whose commands parse their options for real and then return 0 without doing anything."""
-    registered = _registered()
-    monkeypatch.setattr(cli_app, "build_app", _stub_builder(registered))
+    monkeypatch.setattr(cli_app, "build_app", _stub_builder(REGISTERED))
     yield
     CONFIGS.clear()
-    CONFIGS.update(registered)
+    CONFIGS.update(REGISTERED)
 
 
 def _stub_builder(registered: dict[str, dict[str, type]]) -> Callable[[list[str] | None], typer.Typer]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -222,7 +223,7 @@ def _write(folder: str, files: dict[str, bytes]) -> list[str]:
 
 def _line_starts(data: bytes) -> list[int]:
     """The offset of each line of ``data`` (a last line without a newline is a line)."""
-    starts = [0] + [k + 1 for k in range(len(data)) if data[k] == 10]
+    starts = [0] + [m.end() for m in re.finditer(b"\n", data)]
     return starts[:-1] if starts[-1] == len(data) else starts
 
 
