@@ -1,4 +1,5 @@
-"""Archives users share a job's files in (``logs.tar.gz``, ``.tgz``, ``.tar``, ``.tar.bz2``, ``.tar.xz``, ``.zip``),
+"""Archives users share a job's files in (``logs.tar.gz``, ``.tgz``, ``.tar``, ``.tar.bz2``, ``.tar.xz``, ``.tar.zst``,
+``.zip``),
 unpacked into a directory to be read as any directory is.
 
 Only the members a caller wants (by name) are written, and only as regular files under the directory: a member's
@@ -24,11 +25,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import IO
 
-TAR = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+from ml_debug.core.zstd import ZstdFile
+
+ZSTD_TAR = (".tar.zst", ".tzst")
+TAR = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", *ZSTD_TAR)
 ZIP = (".zip",)
-UNREADABLE = {".tar.zst": "tar --zstd -xf {path}", ".tzst": "tar --zstd -xf {path}", ".tar.lz4": "lz4 -dc {path} | tar -x",
-              ".7z": "7z x {path}", ".rar": "unrar x {path}"}
-"""Archives of a compression the standard library cannot read: how to unpack them."""
+UNREADABLE = {".tar.lz4": "lz4 -dc {path} | tar -x", ".7z": "7z x {path}", ".rar": "unrar x {path}"}
+"""Archives of a compression that is not read: how to unpack them."""
 UNPACK_LIMIT = 32 << 30
 """Bytes unpacked at most from one archive."""
 _BLOCK = 1 << 20
@@ -129,10 +132,18 @@ def _copy(src: IO[bytes], dst: IO[bytes], left: int) -> int:
 
 
 def _tar_members(path: str) -> Iterator[_Member]:
+    if path.lower().endswith(ZSTD_TAR):  # tarfile knows no zstd before Python 3.14: a stream of the tar, read once
+        with open(path, "rb") as raw, tarfile.open(fileobj=ZstdFile(raw), mode="r|") as tar:
+            yield from _members_of(tar)
+        return
     with tarfile.open(path, "r:*") as tar:
-        for info in tar:  # read in order, once: a compressed tar cannot seek back cheaply
-            yield _Member(info.name, info.isreg(), info.issym() or info.islnk(), float(info.mtime),
-                          partial(_extracted, tar, info))
+        yield from _members_of(tar)
+
+
+def _members_of(tar: tarfile.TarFile) -> Iterator[_Member]:
+    for info in tar:  # read in order, once: a compressed tar cannot seek back cheaply
+        yield _Member(info.name, info.isreg(), info.issym() or info.islnk(), float(info.mtime),
+                      partial(_extracted, tar, info))
 
 
 def _zip_members(path: str) -> Iterator[_Member]:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 from ml_debug.core.inputs import open_regular
+from ml_debug.core.zstd import ZstdFile
 from ml_debug.logs.blocks import HEADER
 from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
 from ml_debug.logs.engine import prefilter
@@ -72,7 +73,7 @@ class Decompressed:
 
 
 _OPENERS: dict[str, Callable[[IO[bytes]], io.BufferedIOBase]] = {
-    "gzip": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bzip2": bz2.BZ2File}
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bzip2": bz2.BZ2File, "zstd": ZstdFile}
 """A reader of each compression sources.CODECS names."""
 
 

@@ -14,7 +14,7 @@ Shapes:
   ``--tee``), or to an unknown rank.
 
 A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for ``*.log *.out *.err
-*.txt``, ``error*.json``, ``*.jsonl``, compressed too (``.gz .xz .bz2``: :data:`CODECS`); what is skipped, and a
+*.txt``, ``error*.json``, ``*.jsonl``, compressed too (``.gz .xz .bz2 .zst``: :data:`CODECS`); what is skipped, and a
 subdirectory that cannot be listed, is reported as not read. An archive (``logs.tar.gz``, ``.zip``:
 core/archives.py) is such a directory: its log files are unpacked into a temporary one (removed by
 :meth:`Expanded.close`), each shown as ``ARCHIVE/member``; one found in a directory is too, up to
@@ -47,10 +47,10 @@ _POD_NAME = re.compile(r"^(?P<pod>[a-z0-9](?:[a-z0-9.\-]{0,200}?)-(?:master|work
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
 _SKIP_DIRS = ("trace", "fr", "__pycache__")
 _CONSOLE = "console.log"  # an `mldebug launch` node's console, beside its manifest (compressed too)
-CODECS = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2"}
+CODECS = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2", ".zst": "zstd"}
 """The compressions of a single log file that are read (scan.opened), by suffix."""
-UNREADABLE_CODECS = {".zst": "zstd -d {path}", ".lz4": "lz4 -d {path}"}
-"""Compressions of a single file the standard library cannot read: how to decompress it by hand."""
+UNREADABLE_CODECS = {".lz4": "lz4 -d {path}"}
+"""Compressions of a single file that are not read: how to decompress it by hand."""
 ARCHIVE_IN_DIR_BYTES = 1 << 30
 """The largest archive found in a directory that is unpacked and read (a bigger one is more likely a dataset or a
 checkpoint than logs: it is listed as not read, and read when named on the command line)."""
@@ -226,10 +226,10 @@ def _add_path(out: Expanded, path: str, explicit: bool) -> None:
 
 
 def _undecodable(out: Expanded, path: str, shown: str) -> bool:
-    """A file of a compression the standard library cannot read: listed as not read, with how to decompress it."""
+    """A file of a compression that is not read: listed as not read, with how to decompress it."""
     how = UNREADABLE_CODECS.get(uncompressed(path)[1])
     if how is not None:
-        out.skipped.append({"path": shown, "reason": f"a compression Python cannot read: {how.format(path=shown)}, "
+        out.skipped.append({"path": shown, "reason": f"a compression mldebug does not read: {how.format(path=shown)}, "
                             "then give the file"})
     return how is not None
 

@@ -216,6 +216,6 @@ def test_an_archive_of_a_jobs_logs_on_the_command_line(tmp_path: Path) -> None:
     result = json.loads(got.stdout)["result"]
     assert result["verdict"]["primary"]["who"]["rank"] == 1 and result["verdict"]["primary"]["source"].startswith(
         f"{tmp_path}/job.tar.gz/logs/vm/"), result["verdict"]
-    (tmp_path / "job.tar.zst").write_bytes(b"(\xb5/\xfd")
-    got = _cli("logs", str(tmp_path / "job.tar.zst"))
-    assert got.returncode == 2 and f"tar --zstd -xf {tmp_path}/job.tar.zst, then give the directory" in got.stderr, got.stderr
+    (tmp_path / "job.7z").write_bytes(b"7z\xbc\xaf\x27\x1c")
+    got = _cli("logs", str(tmp_path / "job.7z"))
+    assert got.returncode == 2 and f"7z x {tmp_path}/job.7z, then give the directory" in got.stderr, got.stderr

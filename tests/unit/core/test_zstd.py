@@ -1,0 +1,85 @@
+"""ZstdFile: a zstd stream read whole, frame after frame, and one cut short or damaged read up to the damage, which
+is then said (the zstandard package's own reader returns a cut frame's data as if it were all)."""
+
+from __future__ import annotations
+
+import io
+import random
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from ml_debug.core import archives
+from ml_debug.core.zstd import ZstdFile
+
+
+def _log(lines: int, seed: int = 1) -> bytes:
+    rng = random.Random(seed)  # numbers that do not repeat: the compressed stream is long
+    return b"".join(b"step %d loss %.6f lr %.3e\n" % (i, rng.random(), rng.random()) for i in range(lines))
+
+
+def _read(data: bytes, size: int = 1 << 20) -> tuple[bytes, str | None]:
+    f, got = ZstdFile(io.BytesIO(data)), []
+    try:
+        while piece := f.read1(size):
+            got.append(piece)
+    except EOFError as e:
+        return b"".join(got), str(e)
+    return b"".join(got), None
+
+
+def test_whole_frames_one_after_another_and_nothing() -> None:
+    one, two = _log(50_000), b"appended later\n"
+    zstd = zstandard.ZstdCompressor()
+    assert _read(zstd.compress(one)) == (one, None)
+    assert _read(zstd.compress(one) + zstd.compress(two)) == (one + two, None)  # `zstd -c >>`, pzstd
+    assert _read(b"") == (b"", None)
+    assert ZstdFile(io.BytesIO(zstd.compress(one))).read() == one
+    f = ZstdFile(io.BytesIO(zstd.compress(one)))
+    assert f.read(10) + f.read(7) == one[:17] and f.readable()
+
+
+def test_a_cut_stream_is_read_up_to_the_cut_and_said() -> None:
+    one = _log(200_000)
+    data = zstandard.ZstdCompressor().compress(one)
+    # what zstandard itself gives: the cut frame's data, no error
+    alone = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data[:len(data) // 2])).read()
+    assert 0 < len(alone) < len(one)
+    got, why = _read(data[:len(data) // 2])
+    assert one.startswith(got) and 0 < len(got) < len(one)
+    assert why == f"the data ends inside a zstd frame, after {len(data) // 2} compressed bytes"
+
+
+def test_damaged_data_is_said() -> None:
+    good = zstandard.ZstdCompressor().compress(b"fine\n")
+    got, why = _read(good + b"\x28\xb5\x2f\xfd" + bytes(range(200)))
+    assert got == b"fine\n" and why is not None and why.startswith("damaged zstd data near compressed byte")
+    assert _read(b"not zstd at all")[1] is not None
+
+
+def test_a_tar_zst_is_unpacked_and_one_cut_keeps_what_came_before(tmp_path: Path) -> None:
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w") as tar:
+        for name, data in (("job/rank0.log", b"step 1\n"), ("job/rank1.log", _log(100_000, 2))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    data = zstandard.ZstdCompressor().compress(plain.getvalue())
+    whole, cut = tmp_path / "job.tar.zst", tmp_path / "cut.tzst"
+    whole.write_bytes(data)
+    cut.write_bytes(data[:len(data) // 2])
+    got = archives.unpack(str(whole), str(tmp_path / "whole"), lambda rel: True)
+    assert got.files == 2 and not got.skipped
+    assert (tmp_path / "whole/job/rank1.log").read_bytes() == _log(100_000, 2)
+    got = archives.unpack(str(cut), str(tmp_path / "cut"), lambda rel: True)
+    assert got.files == 1 and (tmp_path / "cut/job/rank0.log").read_bytes() == b"step 1\n"
+    assert [s["path"] for s in got.skipped] == [str(cut)]
+    assert got.skipped[0]["reason"].startswith("a damaged or truncated archive: the data ends inside a zstd frame")
+
+
+@pytest.mark.parametrize("size", [1, 4096, 1 << 20])
+def test_any_read_size_gives_the_same_bytes(size: int) -> None:
+    one = _log(5_000)
+    assert _read(zstandard.ZstdCompressor(level=19).compress(one), size) == (one, None)
