@@ -225,12 +225,15 @@ def _add_path(out: Expanded, path: str, explicit: bool) -> None:
     out.add(classify_path(path, _node_of(man), launch=man is not None), st)
 
 
-def _undecodable(out: Expanded, path: str, shown: str) -> bool:
-    """A file of a compression that is not read: listed as not read, with how to decompress it."""
+def _undecodable(out: Expanded, path: str, shown: str, archive: str | None = None) -> bool:
+    """A file of a compression that is not read: listed as not read, with how to decompress it (a member of
+    ``archive``: once the archive is unpacked)."""
     how = UNREADABLE_CODECS.get(uncompressed(path)[1])
     if how is not None:
-        out.skipped.append({"path": shown, "reason": f"a compression mldebug does not read: {how.format(path=shown)}, "
-                            "then give the file"})
+        first = "" if archive is None else "unpack the archive, then "
+        where = shown if archive is None else shown[len(archive) + 1:]
+        out.skipped.append({"path": shown, "reason": f"a compression mldebug does not read: {first}"
+                            f"{how.format(path=where)}, then give the file"})
     return how is not None
 
 
@@ -302,7 +305,7 @@ def _walk(out: Expanded, root: str, shown: str | None = None) -> None:
                 else:
                     _unpack(out, full)
                 continue
-            if _undecodable(out, full, show(full)):
+            if _undecodable(out, full, show(full), shown):
                 continue
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console

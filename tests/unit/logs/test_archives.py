@@ -157,6 +157,9 @@ def test_an_archive_in_a_directory_is_read_one_level_deep(tmp_path: Path, scratc
     with tarfile.open(shared / "job.tgz", "w:gz") as tar:
         tar.add(JOB, arcname=JOB.name)
         tar.add(tgz, arcname=f"{JOB.name}/inner.tgz")
+        lz4 = tarfile.TarInfo(f"{JOB.name}/rank7.log.lz4")
+        lz4.size = 4
+        tar.addfile(lz4, io.BytesIO(b"\x04\x22\x4d\x18"))
     monkeypatch.setattr(sources, "ARCHIVE_IN_DIR_BYTES", (shared / "job.tgz").stat().st_size)
     (shared / "big.tgz").write_bytes(b"\0" * (sources.ARCHIVE_IN_DIR_BYTES + 1))  # never opened
     r = triage([str(shared)])
@@ -165,6 +168,8 @@ def test_an_archive_in_a_directory_is_read_one_level_deep(tmp_path: Path, scratc
     assert r.sources and all(s.path.startswith(f"{shared / 'job.tgz'}/{JOB.name}/vm/") for s in r.sources)
     reasons = {s["path"]: s["reason"] for s in r.skipped}
     assert reasons.pop(f"{shared / 'job.tgz'}/{JOB.name}/inner.tgz").startswith("an archive inside an archive (not opened)")
+    assert reasons.pop(f"{shared / 'job.tgz'}/{JOB.name}/rank7.log.lz4") == (  # a path the user has once it is unpacked
+        f"a compression mldebug does not read: unpack the archive, then lz4 -d {JOB.name}/rank7.log.lz4, then give the file")
     assert reasons.pop(str(shared / "big.tgz")).endswith("name it on the command line to read it") and not reasons
     assert list(scratch.iterdir()) == []
 
