@@ -5,8 +5,8 @@ half-way would read as a complete log. :class:`ZstdFile` raises ``EOFError`` the
 byte decompressed before it, as gzip, lzma and bz2 do; damaged data raises ``EOFError`` too. Frames written one
 after another (``cat a.zst b.zst``, pzstd, a log appended to by ``zstd -c >>``) are read in turn.
 
-Input is fed 4 KiB at a time, so that what one call returns stays bounded (a zstd block holds at most 128 KiB; a
-run of bytes compresses down to a few bytes per block)."""
+Input is fed 4 KiB at a time, so that what is held decompressed stays bounded: about 128 MiB at the very most (a zstd
+block holds 128 KiB, and a run of one byte compresses to 4 bytes per block), a few tens of KiB for a log."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class ZstdFile(io.BufferedIOBase):
         self._decompressor = zstandard.ZstdDecompressor()
         self._frame = self._decompressor.decompressobj()
         self._in_frame = False  # a frame begun and not ended
-        self._pending = b""
+        self._pending = b""  # decompressed, returned from self._at on
+        self._at = 0
         self._done = False
         self._damage: EOFError | None = None  # raised once what came before it has been returned
         self._read = 0  # compressed bytes fed
@@ -35,14 +36,14 @@ class ZstdFile(io.BufferedIOBase):
         return True
 
     def read1(self, size: int = -1) -> bytes:
-        while not self._pending and not self._done:
+        while self._at == len(self._pending) and not self._done:
             self._step()
-        if not self._pending and self._damage is not None:
+        if self._at == len(self._pending) and self._damage is not None:
             damage, self._damage = self._damage, None
             raise damage
-        n = len(self._pending) if size is None or size < 0 else size
-        out, self._pending = self._pending[:n], self._pending[n:]
-        return out
+        start = self._at
+        self._at = len(self._pending) if size is None or size < 0 else min(start + size, len(self._pending))
+        return self._pending[start:self._at]  # only what is returned is copied
 
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
@@ -73,4 +74,4 @@ class ZstdFile(io.BufferedIOBase):
                 break
             self._in_frame = not self._frame.eof
             data = self._frame.unused_data if self._frame.eof else b""
-        self._pending = b"".join(out)
+        self._pending, self._at = b"".join(out), 0
