@@ -8,27 +8,24 @@ tallies.
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import io
 import json
 import lzma
 import os
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
 from ml_debug.core.inputs import open_regular
-from ml_debug.core.zstd import ZstdFile
 from ml_debug.logs.blocks import HEADER
 from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
 from ml_debug.logs.engine import prefilter
 from ml_debug.logs.events import Collector, SourceContext
 from ml_debug.logs.repair import MEND_LIMIT, mend, sniff
 from ml_debug.logs.repeats import replay
-from ml_debug.logs.sources import Source
+from ml_debug.logs.sources import OPENERS, Source
 
 BLOCK = 1 << 20
 MAX_LINE = 1 << 20  # a "line" longer than this is cut (a binary file, a progress bar without newlines)
@@ -72,9 +69,6 @@ class Decompressed:
         return b"".join(parts)
 
 
-_OPENERS: dict[str, Callable[[IO[bytes]], io.BufferedIOBase]] = {
-    "gzip": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bzip2": bz2.BZ2File, "zstd": ZstdFile}
-"""A reader of each compression sources.CODECS names."""
 
 
 class Capped:
@@ -117,7 +111,7 @@ def opened(src: Source) -> Iterator[IO[bytes]]:
         return
     if src.codec:
         src.cut = None
-        with _open_regular(src.file or src.path) as raw, _OPENERS[src.codec](raw) as f:
+        with _open_regular(src.file or src.path) as raw, OPENERS[src.codec](raw) as f:
             yield Capped(Decompressed(f, src), src)  # type: ignore[arg-type, misc]
         return
     with _open_regular(src.file or src.path) as f:

@@ -23,17 +23,25 @@ core/archives.py) is such a directory: its log files are unpacked into a tempora
 
 from __future__ import annotations
 
+import bz2
 import datetime as _dt
 import glob
+import gzip
+import io
 import json
+import lzma
 import os
 import re
 import stat
 import tempfile
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 from ml_debug.core import archives
 from ml_debug.core.errors import UsageError
+from ml_debug.core.zstd import ZstdFile
 from ml_debug.logs.result import Who
 
 LAUNCH_MANIFEST = "launch.json"
@@ -49,6 +57,9 @@ _SKIP_DIRS = ("trace", "fr", "__pycache__")
 _CONSOLE = "console.log"  # an `mldebug launch` node's console, beside its manifest (compressed too)
 CODECS = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2", ".zst": "zstd"}
 """The compressions of a single log file that are read (scan.opened), by suffix."""
+OPENERS: dict[str, Callable[[IO[bytes]], io.BufferedIOBase]] = {
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bzip2": bz2.BZ2File, "zstd": ZstdFile}
+"""A reader of each compression CODECS names."""
 UNREADABLE_CODECS = {".lz4": "lz4 -d {path}"}
 """Compressions of a single file that are not read: how to decompress it by hand."""
 ARCHIVE_IN_DIR_BYTES = 1 << 30
@@ -178,11 +189,19 @@ class Expanded:
         self.sources.append(src)
 
     def manifest(self, dirpath: str) -> dict[str, object] | None:
-        """The `mldebug launch` manifest in ``dirpath`` (kept in ``manifests``), or None."""
-        try:
-            with open(os.path.join(dirpath, LAUNCH_MANIFEST), "rb") as f:
-                doc = json.loads(f.read(1 << 20))
-        except (OSError, ValueError):
+        """The `mldebug launch` manifest in ``dirpath``, compressed too (``gzip -r``, ``zstd -r``), kept in
+        ``manifests``; or None."""
+        for suffix in ("", *CODECS):
+            try:
+                with open(os.path.join(dirpath, LAUNCH_MANIFEST + suffix), "rb") as raw:
+                    f = OPENERS[CODECS[suffix]](raw) if suffix else raw
+                    doc = json.loads(f.read(1 << 20))
+                break
+            except FileNotFoundError:
+                continue
+            except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):
+                return None
+        else:
             return None
         if not (isinstance(doc, dict) and doc.get("schema") == LAUNCH_SCHEMA):
             return None
@@ -265,7 +284,7 @@ def _unpack(out: Expanded, path: str) -> None:
 def _wanted(rel: str) -> bool:
     """An archive's member that a directory's walk would read (or an `mldebug launch` manifest)."""
     *dirs, name = rel.replace(os.sep, "/").split("/")
-    return (_is_log_name(name) or name == LAUNCH_MANIFEST) and not any(d in _SKIP_DIRS or d.startswith(".")
+    return (_is_log_name(name) or uncompressed(name)[0] == LAUNCH_MANIFEST) and not any(d in _SKIP_DIRS or d.startswith(".")
                                                                         for d in dirs)
 
 

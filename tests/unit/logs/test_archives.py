@@ -174,17 +174,26 @@ def test_an_archive_in_a_directory_is_read_one_level_deep(tmp_path: Path, scratc
     assert list(scratch.iterdir()) == []
 
 
-def test_a_launch_directory_compressed_file_by_file_reads_as_it_was(tmp_path: Path) -> None:
-    """`xz -r` over an `mldebug launch` directory: its console stays the node's console, its torchrun files theirs."""
+@pytest.mark.parametrize("codec", ["xz", "zst"])
+def test_a_launch_directory_compressed_file_by_file_reads_as_it_was(tmp_path: Path, codec: str) -> None:
+    """`xz -r` or `zstd -r --rm` over an `mldebug launch` directory, its manifest too: the manifest still names the
+    node, its console stays the node's console, its torchrun files theirs."""
     import lzma
 
+    compress = lzma.compress if codec == "xz" else zstandard.ZstdCompressor().compress
     job = tmp_path / JOB.name
     shutil.copytree(JOB, job)
     for f in sorted(job.rglob("*")):
-        if f.is_file() and f.name != "launch.json":
-            f.with_name(f.name + ".xz").write_bytes(lzma.compress(f.read_bytes()))
+        if f.is_file():
+            f.with_name(f"{f.name}.{codec}").write_bytes(compress(f.read_bytes()))
             f.unlink()
+    assert (job / "vm" / f"launch.json.{codec}").is_file()
     plain, packed = triage([str(JOB)]), triage([str(job)])
-    assert packed.verdict.summary == plain.verdict.summary, packed.verdict.summary
+    assert packed.verdict.summary == plain.verdict.summary and "rank 1 (vm)" in plain.verdict.summary, \
+        packed.verdict.summary
     assert [(s.path.replace(str(job), str(JOB)), s.shape) for s in packed.sources] == [
-        (s.path + ".xz", s.shape) for s in plain.sources]
+        (f"{s.path}.{codec}", s.shape) for s in plain.sources]
+    # and as the archive of that directory
+    with tarfile.open(tmp_path / "job.tar.gz", "w:gz") as tar:
+        tar.add(job, arcname=JOB.name)
+    assert triage([str(tmp_path / "job.tar.gz")]).verdict.summary == plain.verdict.summary
