@@ -84,12 +84,14 @@ def logs(opts: LogsOptions, pm: PostmortemOptions | None = None) -> int:
 
 
 def _has_dumps(opts: LogsOptions, pm: PostmortemOptions) -> bool:
-    """Flight Recorder dumps among the paths (by name, prefix or content) make the run a post-mortem."""
+    """Flight Recorder dumps among the paths (by name, prefix or content, or named so in an archive) make the run a
+    post-mortem."""
     if opts.rank is not None or opts.node is not None or not opts.paths:
         return False
-    from ml_debug.postmortem.frdumps import find
+    from ml_debug.postmortem.frdumps import find, in_archives
 
-    return bool(find([p for p in opts.paths if p != "-"], prefix=pm.fr_prefix))
+    paths = [p for p in opts.paths if p != "-"]
+    return bool(find(paths, prefix=pm.fr_prefix)) or in_archives(paths, pm.fr_prefix)
 
 
 def _demux(opts: LogsOptions) -> int:

@@ -114,6 +114,12 @@ def unpack(path: str, into: str, wanted: Callable[[str], bool]) -> Unpacked:
     return out
 
 
+def names(path: str) -> Iterator[str]:
+    """The names of the archive's members, in order (a compressed tar is read through once to list them)."""
+    for m in _tar_members(path) if kind(path) == "tar" else _zip_members(path):
+        yield m.name
+
+
 def relative(name: str) -> str | None:
     """A member's name as a path under the directory it is unpacked into, or None when it would leave it."""
     parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]

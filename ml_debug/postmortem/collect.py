@@ -185,6 +185,10 @@ def run(opts: PostmortemOptions, paths: list[str], triage: Callable[[list[str]],
         logs_error = "no log file found"
     if report is not None:
         unreadable += [{"path": s.get("path", "?"), "reason": s.get("reason", "?")} for s in report.skipped]
+    # dumps inside the archives named (the logs' reading of the same archive says what in it was damaged)
+    with frdumps.unpacked(list(paths), opts.fr_prefix) as (archived, damaged):
+        in_archives = frdumps.read(archived)
+    unreadable += [d for d in damaged if d["path"] not in {u["path"] for u in unreadable}]
     # the nodes
     evidence: list[nodes.NodeEvidence] = []
     if opts.kernel_logs and (job_nodes or opts.hosts):
@@ -207,6 +211,9 @@ def run(opts: PostmortemOptions, paths: list[str], triage: Callable[[list[str]],
             notes.append(f"the nodes could not be asked: {e}")
     # Flight Recorder: local files and those the nodes sent
     fr = frdumps.read(dump_files) if dump_files else frdumps.FrSource()
+    fr.files += in_archives.files
+    fr.records += in_archives.records
+    fr.unreadable += in_archives.unreadable
     for ev in evidence:
         for path, why in ev.dump_errors.items():
             fr.unreadable.append({"path": f"{ev.node}:{path}", "reason": why})

@@ -9,6 +9,10 @@ A rank's dump is found by its name, by a prefix, or by what it holds:
 - any other file whose first bytes are a pickle or JSON with the dump's keys (``version``,
   ``pg_status``, ``entries``), the rank then taken from the last digits of its name.
 
+Inside an archive named on the command line (``dumps.tar.gz``, as users attach them to a bug report), the members
+named as dumps (the first three ways) are unpacked into a temporary directory and read from there
+(:func:`unpacked`), each shown as ``ARCHIVE/MEMBER``.
+
 The dumps are read with the restricted unpickler of :mod:`ml_debug.stacks.flight` (plain data only) and
 analysed with the cross-rank analysis dump-stacks uses (:mod:`ml_debug.stacks.fr_analysis`): a desync,
 a rank that never issued collective #N, the first collective that did not complete, a rank behind.
@@ -22,10 +26,15 @@ import os
 import pickle
 import re
 import stat
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ml_debug.core import safefs
+from ml_debug.core import archives, safefs
 from ml_debug.core.frfiles import NCCL_FILE_VARS
 from ml_debug.core.inputs import open_regular
 from ml_debug.stacks.flight import MAX_DUMP_BYTES, parse_dump, section, summarise_dump
@@ -39,6 +48,9 @@ SNIFF_BYTES = 4096
 MAX_FILES = 65536
 """The most dump files read from one place (a 64k-rank job)."""
 _KEYS = (b"pg_status", b"entries")
+ARCHIVE_SEARCH_BYTES = 256 << 20
+"""The largest archive named on the command line that is searched for dump files (a pass over it before its logs are
+read). A bigger one holds more than dumps: unpack it and give the directory."""
 
 
 @dataclass
@@ -50,6 +62,8 @@ class DumpFile:
     how: str
     """How it was found: nccl-name, mldebug-name, prefix, content."""
     host: str | None = None
+    file: str | None = None
+    """Where it is read from, when not at ``path`` (a member of an archive: ``path`` is ARCHIVE/MEMBER)."""
 
 
 @dataclass
@@ -149,6 +163,57 @@ def find(paths: list[str], prefix: str | None = None, max_depth: int = 4) -> lis
     return sorted(found.values(), key=lambda d: (d.host or "", d.rank if d.rank is not None else -1, d.path))
 
 
+def _searched(paths: list[str]) -> list[str]:
+    """The archives among ``paths`` that are searched for dump files (regular files, not too big)."""
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        if archives.kind(p) in ("tar", "zip") and stat.S_ISREG(st.st_mode) and st.st_size <= ARCHIVE_SEARCH_BYTES:
+            out.append(p)
+    return out
+
+
+def _member_is_dump(rel: str, prefix: str | None) -> bool:
+    return rank_from_name(os.path.basename(rel), os.path.basename(prefix) if prefix else None)[1] is not None
+
+
+def in_archives(paths: list[str], prefix: str | None = None) -> bool:
+    """An archive among ``paths`` holds a file named as a dump (a damaged archive: what could be listed)."""
+    for p in _searched(paths):
+        try:
+            if any(_member_is_dump(name, prefix) for name in archives.names(p)):
+                return True
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, ValueError):
+            continue
+    return False
+
+
+@contextmanager
+def unpacked(paths: list[str], prefix: str | None = None) -> Iterator[tuple[list[DumpFile], list[dict[str, str]]]]:
+    """The dump files inside the archives among ``paths``, unpacked into a temporary directory for as long as the
+    block runs (each shown as ARCHIVE/MEMBER), and what could not be unpacked (path, reason)."""
+    roots: list[str] = []
+    found: list[DumpFile] = []
+    skipped: list[dict[str, str]] = []
+    try:
+        for p in _searched(paths):
+            root = tempfile.mkdtemp(prefix="mldebug-fr-")
+            roots.append(root)
+            got = archives.unpack(p, root, lambda rel: _member_is_dump(rel, prefix))
+            skipped += got.skipped
+            for f in _walk(root, max_depth=64):
+                rank, how = rank_from_name(f, os.path.basename(prefix) if prefix else None)
+                if how is not None:
+                    found.append(DumpFile(f"{p}/{os.path.relpath(f, root)}", rank, how, file=f))
+        yield sorted(found, key=lambda d: (d.rank if d.rank is not None else -1, d.path)), skipped
+    finally:
+        for root in roots:
+            archives.remove(root)
+
+
 def _walk(top: str, max_depth: int) -> list[str]:
     out: list[str] = []
     base = top.rstrip("/").count("/")
@@ -198,7 +263,7 @@ def read(files: list[DumpFile]) -> FrSource:
     out = FrSource(files=list(files))
     for f in files:
         try:
-            fd, _ = safefs.open_found(os.path.abspath(f.path), f.path, MAX_DUMP_BYTES)
+            fd, _ = safefs.open_found(os.path.abspath(f.file or f.path), f.path, MAX_DUMP_BYTES)
             with safefs.opened(fd):
                 data = safefs.read_fd(fd, f.path, MAX_DUMP_BYTES)
         except (OSError, safefs.Refused) as e:

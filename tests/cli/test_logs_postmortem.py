@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,31 @@ def test_dumps_found_by_prefix_and_by_content_and_a_missing_dump(dumps: dict[str
     proc, result = _logs(str(renamed), "--fr-prefix", str(renamed / "trace_"))
     assert result["postmortem"]["flight_recorder"]["missing_dumps"] == [2]
     assert "no dump from rank(s) 2" in result["postmortem"]["flight_recorder"]["evidence"]
+
+
+def test_dumps_inside_an_archive_are_read_and_the_logs_beside_them(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """As users attach them to a bug report: the dumps of a job with a console of its own in one .tar.gz, the other
+    job's in a .zip. Shown as ARCHIVE/MEMBER; nothing is left in the temporary directory."""
+    console = REPO / "tests" / "data" / "logs_corpus" / "mpirun.log"
+    with tarfile.open(tmp_path / "job.tgz", "w:gz") as tar:
+        tar.add(dumps["desync"], arcname="desync")
+        tar.add(console, arcname="desync/console.log")
+    with zipfile.ZipFile(tmp_path / "dumps.zip", "w") as z:
+        for r in range(3):
+            z.write(dumps["missing"] / f"nccl_trace_rank_{r}", f"nccl_trace_rank_{r}")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = mldebug("logs", "--json", str(tmp_path / "job.tgz"), env={"TMPDIR": str(scratch)}, timeout=120)
+    result = json.loads(proc.stdout)["result"]
+    fr = result["postmortem"]["flight_recorder"]
+    assert fr["files"] == [f"{tmp_path}/job.tgz/desync/nccl_trace_rank_{r}" for r in range(3)], fr["files"]
+    assert "desync in collective #6 of pg 0 (default_pg): rank 1 issued gloo:broadcast" in fr["evidence"]
+    assert [s["path"] for s in result["sources"]] == [f"{tmp_path}/job.tgz/desync/console.log"]  # the logs too
+    assert proc.returncode == 1 and list(scratch.iterdir()) == [], proc.stderr
+    proc, result = _logs(str(tmp_path / "dumps.zip"))
+    v = result["postmortem"]["verdict"]
+    assert proc.returncode == 1 and (v["rank"], v["cause"], v["named_by"]) == (1, "not-enqueued", "flight-recorder")
+    assert result["postmortem"]["files_read"] == [f"{tmp_path}/dumps.zip/nccl_trace_rank_{r}" for r in range(3)]
 
 
 def test_the_library_call_reads_a_directory_of_dumps(dumps: dict[str, Path]) -> None:
