@@ -9,6 +9,8 @@ import os
 import pickle
 from pathlib import Path
 
+import pytest
+
 from ml_debug.postmortem.frdumps import analyse_dump_dir, find, is_dump_path, looks_like_dump, rank_from_name
 
 
@@ -96,3 +98,39 @@ def test_a_real_nccl_dump_from_the_h200() -> None:
     pg0 = next(pg for pg in rank["process_groups"] if pg["pg_id"] == "0")
     assert (pg0["last_completed_seq"], pg0["last_enqueued_seq"]) == (6, 7)
     assert got["analysis"] is None and got["evidence"] == "flight recorder: 1 rank(s) dumped, none behind the others"
+
+
+def test_dumps_in_archives_by_name_a_big_tar_not_listed_and_nothing_left(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import tarfile
+    import tempfile
+    import zipfile
+
+    from ml_debug.postmortem import frdumps
+
+    real = Path(__file__).parents[2] / "data" / "flight_recorder" / "nccl-h200" / "nccl_trace_rank_0"
+    small, big, zipped, logs = (tmp_path / n for n in ("small.tgz", "big.tar", "any.zip", "logs.tgz"))
+    for archive in (small, big):
+        with tarfile.open(archive, "w:gz" if archive.suffix == ".tgz" else "w") as tar:
+            tar.add(real, arcname="job/nccl_trace_rank_0")
+            tar.add(real, arcname="job/fr-3.json")
+            tar.add(real, arcname="job/notes.txt")  # a dump's bytes, not a dump's name: not taken from an archive
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.write(real, "trace_7")  # named by --fr-prefix's base only
+    with tarfile.open(logs, "w:gz") as tar:
+        tar.add(real, arcname="rank0.log")
+    monkeypatch.setattr(frdumps, "ARCHIVE_SEARCH_BYTES", small.stat().st_size)
+    assert big.stat().st_size > frdumps.ARCHIVE_SEARCH_BYTES and zipped.stat().st_size > frdumps.ARCHIVE_SEARCH_BYTES
+    assert frdumps.in_archives([str(small)]) and not frdumps.in_archives([str(big), str(logs)])
+    assert not frdumps.in_archives([str(zipped)]) and frdumps.in_archives([str(zipped)], prefix="/elsewhere/trace_")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with frdumps.unpacked([str(small), str(big), str(zipped)], prefix="trace_") as (found, damaged):
+        assert [(d.path, d.rank, d.how) for d in found] == [
+            (f"{small}/job/nccl_trace_rank_0", 0, "nccl-name"), (f"{small}/job/fr-3.json", 3, "mldebug-name"),
+            (f"{zipped}/trace_7", 7, "prefix")]
+        assert damaged == [] and all(Path(d.file or "").read_bytes() == real.read_bytes() for d in found)
+        records = frdumps.read(found).records
+        assert [(r["file"], r["ok"]) for r in records] == [(d.path, True) for d in found]
+    assert list(scratch.iterdir()) == []
