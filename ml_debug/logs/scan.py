@@ -69,8 +69,6 @@ class Decompressed:
         return b"".join(parts)
 
 
-
-
 class Capped:
     """At most MAX_SOURCE_BYTES of a stream; past that ``src.cut`` says how much was read."""
 

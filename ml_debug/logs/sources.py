@@ -284,8 +284,8 @@ def _unpack(out: Expanded, path: str) -> None:
 def _wanted(rel: str) -> bool:
     """An archive's member that a directory's walk would read (or an `mldebug launch` manifest)."""
     *dirs, name = rel.replace(os.sep, "/").split("/")
-    return (_is_log_name(name) or uncompressed(name)[0] == LAUNCH_MANIFEST) and not any(d in _SKIP_DIRS or d.startswith(".")
-                                                                        for d in dirs)
+    wanted = _is_log_name(name) or uncompressed(name)[0] == LAUNCH_MANIFEST
+    return wanted and not any(d in _SKIP_DIRS or d.startswith(".") for d in dirs)
 
 
 def _walk(out: Expanded, root: str, shown: str | None = None) -> None:
