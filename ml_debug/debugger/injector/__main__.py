@@ -20,21 +20,24 @@ state status: Bad address"), which stops it before ``orig_rax``, left at the -1 
 then does not restart the system call the thread was in (a ``time.sleep``, a wait on a socket), and its
 -ERESTARTNOHAND (errno 514) reaches the program: ``OSError: [Errno 514] Unknown error 514`` killed the job. So
 ``orig_rax`` is kept before the first call and written back after the last (:func:`keeping_the_system_call`),
-and the injection is done again with lldb (its Python-scripted route in debugpy), which writes that state: found
-as ``lldb-NN`` or ``lldb`` (core.extras.find_lldb). ``PYDEVD_ATTACH_PREFER_LLDB=1`` (debugpy's) has lldb do it
-first.
+and the injection is done again with lldb, which writes that state: found as ``lldb-NN`` or ``lldb``
+(core.extras.find_lldb). ``PYDEVD_ATTACH_PREFER_LLDB=1`` (debugpy's) has lldb do it first. lldb runs
+lldb_call.py's command (not debugpy's script, whose calls get 10 s and whose failures lldb's exit status hides):
+each call gets a minute, and a call that failed ends the injection with what lldb said (:func:`inject_with_lldb`).
 
-The rest is debugpy's own injector. Standard library, debugpy and ``ml_debug.core.extras`` only: this runs as a
-script, beside the ml_debug package (the adapter's Python has it).
+The rest is debugpy's own injector. Standard library, debugpy and ml_debug's ``core.extras`` and ``lldb_call`` only:
+this runs as a script, beside the ml_debug package (the adapter's Python has it).
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import shlex
 import subprocess
 import sys
+
+from ml_debug.debugger.injector import lldb_call
+from ml_debug.debugger.injector.lldb_call import CALL_TIMEOUT_S
 
 # Runs inside the job's process; `code` is debugpy's own line, `attach_dir` the folder of its
 # attach_script. debugpy's line may not contain quotes: the whole call travels as bytes (below).
@@ -105,18 +108,13 @@ class GdbCannotCall(Exception):
 
 class Shell:
     """The ``subprocess`` module as debugpy's injector sees it: its gdb command line keeps the system call
-    (:func:`keeping_the_system_call`) and says when gdb cannot call; its ``lldb`` is :attr:`lldb`."""
-
-    lldb: str | None = None
+    (:func:`keeping_the_system_call`) and says when gdb cannot call."""
 
     def __getattr__(self, name: str) -> object:
         return getattr(subprocess, name)
 
     def check_call(self, command: str, **kwargs: object) -> int:
-        if command.startswith("lldb ") and self.lldb:
-            command = shlex.quote(self.lldb) + command[4:]
-        else:
-            command = keeping_the_system_call(command)
+        command = keeping_the_system_call(command)
         proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)  # type: ignore[call-overload]
         said = proc.stdout.decode("utf-8", "replace")
         sys.stdout.write(said)
@@ -126,6 +124,41 @@ class Shell:
         if proc.returncode:
             raise subprocess.CalledProcessError(proc.returncode, command)
         return 0
+
+
+class LldbFailed(Exception):
+    """lldb could not have the process run the injected line (what it said is the message)."""
+
+
+LLDB_RUN_S = 3 * CALL_TIMEOUT_S
+"""The most lldb may take in all (attaching, two calls, detaching) before it is stopped."""
+
+
+def lldb_argv(lldb: str, pid: int, library: str, code: str) -> list[str]:
+    """lldb's command line: attach, load debugpy's library and run ``code`` in the process (lldb_call.py), detach.
+    No shell: lldb's own commands quote with double quotes, which neither the paths nor the code may hold."""
+    script = os.path.abspath(lldb_call.__file__)
+    if any(c in word for word in (library, code, script) for c in '"\\\n'):
+        raise LldbFailed(f"a path holds a quote or a backslash: {library!r}, {script!r}")
+    return [lldb, "--no-lldbinit", "-o", f"process attach --pid {pid}", "-o", f'command script import "{script}"',
+            "-o", f'mldebug_call "{library}" "{code}"', "-o", "process detach", "-o", "script import os; os._exit(0)"]
+
+
+def inject_with_lldb(lldb: str, pid: int, library: str, code: str) -> None:
+    """Have the process run ``code`` through lldb; LldbFailed, with lldb's words, when it did not."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONIOENCODING")}  # for lldb's Python
+    try:
+        proc = subprocess.run(lldb_argv(lldb, pid, library, code), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=LLDB_RUN_S)
+        said, late = proc.stdout.decode("utf-8", "replace"), None
+    except subprocess.TimeoutExpired as e:
+        said, late = (e.stdout or b"").decode("utf-8", "replace"), f"lldb did not finish within {LLDB_RUN_S} s"
+    sys.stdout.write(said)
+    sys.stdout.flush()
+    marks = [ln.split(lldb_call.MARK, 1)[1].strip() for ln in said.splitlines() if ln.startswith(lldb_call.MARK)]
+    if marks[-1:] != ["call ok"]:
+        lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
+        raise LldbFailed(late or (marks[-1] if marks else lines[-1] if lines else "lldb said nothing"))
 
 
 def main() -> None:
@@ -142,24 +175,29 @@ def main() -> None:
     prefer_lldb = os.environ.get("PYDEVD_ATTACH_PREFER_LLDB", "").strip().lower() in ("1", "true", "yes")
 
     def run_quiet(pid: int, python_code: str, *args: object, **kwargs: object) -> object:
-        shell.lldb = find_lldb() if sys.platform.startswith("linux") else None
+        lldb = find_lldb() if sys.platform.startswith("linux") else None
 
-        def with_lldb() -> object:  # debugpy starts in a thread of its own, once lldb's call has returned
-            return inject.run_python_code_linux_lldb(pid, quiet(python_code, attach_dir, in_thread=True), *args,
-                                                     **kwargs)
+        def with_lldb(lldb: str) -> None:  # debugpy starts in a thread of its own, once lldb's call has returned
+            try:
+                inject_with_lldb(lldb, pid, inject.get_target_filename(), quiet(python_code, attach_dir, in_thread=True))
+            except LldbFailed as e:
+                print(f"{FAILED} {lldb} could not call into the process: {e}", flush=True)
+                raise SystemExit(3) from None
 
-        if prefer_lldb and shell.lldb:  # debugpy's own choice, with Debian's lldb-NN found too
-            return with_lldb()
+        if prefer_lldb and lldb:  # debugpy's own choice, with Debian's lldb-NN found too
+            with_lldb(lldb)
+            return None
         try:
             return run(pid, quiet(python_code, attach_dir), *args, **kwargs)
         except GdbCannotCall:
-            if not shell.lldb:
+            if not lldb:
                 print(f"{FAILED} gdb cannot call a function in the process on this CPU (it cannot write back the "
                       "AMX registers' state: Debian 12's gdb 13 cannot), and there is no lldb to do it instead: install "
                       "lldb (Debian 12: apt install lldb-19; Ubuntu 22.04: apt install lldb-15)", flush=True)
                 raise SystemExit(3) from None
-            print(f"gdb cannot call into the process on this CPU: injecting with {shell.lldb}", flush=True)
-            return with_lldb()
+            print(f"gdb cannot call into the process on this CPU: injecting with {lldb}", flush=True)
+            with_lldb(lldb)
+            return None
 
     inject.run_python_code = run_quiet
     inject.subprocess = shell
