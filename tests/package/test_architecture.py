@@ -14,7 +14,7 @@ PACKAGE = REPO / "ml_debug"
 DOC = REPO / "docs" / "architecture.md"
 ROLES = ("options.py", "run.py", "verdict.py", "result.py", "render.py")
 # The modules the page names as the exceptions to "the library never prints and never exits".
-PRINTS_OR_EXITS = {"debugger/rank.py", "debugger/injector/__main__.py"}  # printflock writes to its file, it does not call print()
+PRINTS_OR_EXITS = {"debugger/rank.py", "debugger/injector/__main__.py", "debugger/injector/lldb_call.py"}  # printflock writes to its file, it does not call print()
 HARD_EXITS = {"gputest/stages.py", "tracing/watchdog.py", "train/faults.py", "debugger/session.py"}
 
 
