@@ -9,9 +9,9 @@ A rank's dump is found by its name, by a prefix, or by what it holds:
 - any other file whose first bytes are a pickle or JSON with the dump's keys (``version``,
   ``pg_status``, ``entries``), the rank then taken from the last digits of its name.
 
-Inside an archive named on the command line (``dumps.tar.gz``, as users attach them to a bug report), the members
-named as dumps (the first three ways) are unpacked into a temporary directory and read from there
-(:func:`unpacked`), each shown as ``ARCHIVE/MEMBER``.
+Inside an archive named on the command line (``dumps.tar.gz``, as users attach them to a bug report) or found in a
+directory named there, the members named as dumps (the first three ways) are unpacked into a temporary directory and
+read from there (:func:`unpacked`), each shown as ``ARCHIVE/MEMBER``.
 
 The dumps are read with the restricted unpickler of :mod:`ml_debug.stacks.flight` (plain data only) and
 analysed with the cross-rank analysis dump-stacks uses (:mod:`ml_debug.stacks.fr_analysis`): a desync,
@@ -29,7 +29,7 @@ import stat
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,18 +164,31 @@ def find(paths: list[str], prefix: str | None = None, max_depth: int = 4) -> lis
     return sorted(found.values(), key=lambda d: (d.host or "", d.rank if d.rank is not None else -1, d.path))
 
 
-def _searched(paths: list[str]) -> list[str]:
-    """The archives among ``paths`` that are searched for dump files (regular files, not too big)."""
+def _searched(paths: list[str], max_depth: int = 4) -> list[str]:
+    """The archives among ``paths``, and in the directories among them (``max_depth`` levels down, no link
+    followed), that are searched for dump files: regular files, a tar not too big."""
     out = []
     for p in paths:
-        try:
-            st = os.stat(p)
-        except OSError:
-            continue
-        kind = archives.kind(p)
-        if stat.S_ISREG(st.st_mode) and (kind == "zip" or (kind == "tar" and st.st_size <= ARCHIVE_SEARCH_BYTES)):
+        if os.path.isdir(p) and not os.path.islink(p):
+            base = p.rstrip("/").count("/")
+            for root, dirs, files in os.walk(p, followlinks=False):
+                if root.rstrip("/").count("/") - base >= max_depth:
+                    dirs[:] = []
+                out += [f for f in (os.path.join(root, name) for name in sorted(files)) if _small_archive(f, os.lstat)]
+        elif _small_archive(p, os.stat):
             out.append(p)
     return out
+
+
+def _small_archive(path: str, stat_of: Callable[[str], os.stat_result]) -> bool:
+    kind = archives.kind(path)
+    if kind is None:
+        return False
+    try:
+        st = stat_of(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (kind == "zip" or (kind == "tar" and st.st_size <= ARCHIVE_SEARCH_BYTES))
 
 
 def _member_is_dump(rel: str, prefix: str | None) -> bool:
@@ -183,7 +196,8 @@ def _member_is_dump(rel: str, prefix: str | None) -> bool:
 
 
 def in_archives(paths: list[str], prefix: str | None = None) -> bool:
-    """An archive among ``paths`` holds a file named as a dump (a damaged archive: what could be listed)."""
+    """An archive among ``paths`` or in their directories holds a file named as a dump (a damaged archive: what
+    could be listed)."""
     for p in _searched(paths):
         try:
             if any(_member_is_dump(name, prefix) for name in archives.names(p)):
@@ -195,8 +209,9 @@ def in_archives(paths: list[str], prefix: str | None = None) -> bool:
 
 @contextmanager
 def unpacked(paths: list[str], prefix: str | None = None) -> Iterator[tuple[list[DumpFile], list[dict[str, str]]]]:
-    """The dump files inside the archives among ``paths``, unpacked into a temporary directory for as long as the
-    block runs (each shown as ARCHIVE/MEMBER), and what could not be unpacked (path, reason)."""
+    """The dump files inside the archives among ``paths`` or in their directories, unpacked into a temporary
+    directory for as long as the block runs (each shown as ARCHIVE/MEMBER), and what could not be unpacked (path,
+    reason)."""
     roots: list[str] = []
     found: list[DumpFile] = []
     skipped: list[dict[str, str]] = []

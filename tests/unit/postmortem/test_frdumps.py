@@ -123,6 +123,12 @@ def test_dumps_in_archives_by_name_a_big_tar_not_listed_and_nothing_left(tmp_pat
     assert big.stat().st_size > frdumps.ARCHIVE_SEARCH_BYTES and zipped.stat().st_size > frdumps.ARCHIVE_SEARCH_BYTES
     assert frdumps.in_archives([str(small)]) and not frdumps.in_archives([str(big), str(logs)])
     assert not frdumps.in_archives([str(zipped)]) and frdumps.in_archives([str(zipped)], prefix="/elsewhere/trace_")
+    shared = tmp_path / "shared"  # in a directory named: found, a link to one is not followed
+    (shared / "a" / "b").mkdir(parents=True)
+    (shared / "link.tgz").symlink_to(small)
+    assert not frdumps.in_archives([str(shared)])
+    (shared / "a" / "b" / "job.tgz").write_bytes(small.read_bytes())
+    assert frdumps.in_archives([str(shared)])
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
