@@ -41,13 +41,10 @@ def postmortem(opts: LogsOptions, pm: PostmortemOptions) -> int:
         render(result, console)  # type: ignore[arg-type]
 
     output.emit(SCHEMA, SCHEMA_VERSION, doc, human)
-    if opts.html is not None:  # the logs' page (the post-mortem's own sources are in the text and --json)
-        if report is not None:
-            from ml_debug.page.build import logs_page, write_logged
+    if opts.html is not None:
+        from ml_debug.page.build import postmortem_page, write_logged
 
-            write_logged("--html", opts.html, logs_page(report))
-        else:
-            output.warn("--html: no log file was read, so no page was written")
+        write_logged("--html", opts.html, postmortem_page(report, output.to_jsonable(result.to_json())))
     if v.failed:
         _record(result, opts)
         return ExitCode.PROBLEM

@@ -76,6 +76,34 @@ def logs_page(report: LogsReport, *, created: float | None = None) -> str:
                                    tone=tone, facts=facts, sections=timeline.sections(report), created=created))
 
 
+def postmortem_page(report: LogsReport | None, postmortem: dict[str, Any], *, created: float | None = None) -> str:
+    """The page of `mldebug logs` as a post-mortem (``--slurm-job``, or Flight Recorder dumps among the paths):
+    the verdict over every source and what each one says, then the logs' timeline and tracebacks when logs were read,
+    and the Flight Recorder's grid when dumps were."""
+    from ml_debug.page.text import esc
+
+    v = postmortem["verdict"]
+    unread = postmortem.get("files_unreadable") or []
+    tone = "problem" if v.get("failed") else "partial" if unread else "ok"
+    facts = [f"job {postmortem['job_id']}" if postmortem.get("job_id") else "",
+             f"named by {v['named_by']}" if v.get("named_by") else "",
+             f"{len(postmortem.get('files_read') or [])} file(s) read", f"{len(unread)} not read" if unread else ""]
+    said = "".join(f"<li><b>{esc(f['source'])}</b>: {esc(f['sentence'])}"
+                   + (f" [rank {esc(f['rank'])}]" if f.get("rank") is not None else "")
+                   + (f" [{esc(f['node'])}]" if f.get("node") else "") + "</li>" for f in v.get("findings") or [])
+    said += "".join(f"<li><b>sources disagree</b>: {esc(d)}</li>" for d in v.get("disagreements") or [])
+    said += "".join(f"<li><b>not read</b>: {esc(u['path'])}: {esc(u['reason'])}</li>" for u in unread[:50])
+    parts = [shell.Section("sources", "What each source says", f"<ul>{said}</ul>" if said else
+                           '<p class="dim">no source names a failure</p>')]
+    if report is not None:
+        parts += timeline.sections(report)
+    fr = flight.section(postmortem.get("flight_recorder"))
+    if fr is not None:
+        parts.append(fr)
+    return shell.render(shell.Page(title="mldebug logs: post-mortem", command="logs", verdict=str(v["summary"]),
+                                   tone=tone, facts=[f for f in facts if f], sections=parts, created=created))
+
+
 def incident_page(summary: dict[str, Any], result: DumpStacksResult | None, snapshot: dict[str, Any] | None,
                   health: dict[str, Any] | None, *, created: float | None = None) -> str:
     """The watch bundle's ``incident.html``: the bundle's sentence, the ranks as watched, the stacks, health."""

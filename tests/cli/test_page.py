@@ -255,3 +255,29 @@ def test_a_page_that_cannot_be_written_is_exit_2_with_a_hint(bad: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("mldebug: error: --html ") and "\nhint: " in proc.stderr
     assert ("first failure: rank 2" in proc.stdout) == bad.startswith("/proc/")
+
+
+def test_postmortem_page_of_dumps_and_logs_in_an_archive_in_a_browser(browser: Browser, tmp_path: Path) -> None:  # noqa: F811
+    """`mldebug logs job.tgz --html`, the archive holding a job's console and its ranks' Flight Recorder dumps
+    (tests/golden/flight_recorder/desync-*.json, as fr-N.json): the post-mortem's verdict, what each source says,
+    the logs' timeline and the Flight Recorder's grid with the odd rank's cell, on one page."""
+    import tarfile
+
+    golden = REPO / "tests" / "golden" / "flight_recorder"
+    with tarfile.open(tmp_path / "job.tgz", "w:gz") as tar:
+        for r in (0, 1):
+            tar.add(golden / f"desync-{r}.json", arcname=f"job/fr-{r}.json")
+        tar.add(REPO / "tests" / "data" / "logs" / "raise_then_sigabrt_at_exit" / "console.log", arcname="job/console.log")
+    page = tmp_path / "pm.html"
+    proc = mldebug("logs", str(tmp_path / "job.tgz"), "--html", str(page))
+    assert proc.returncode == 1, proc.stderr
+    html = page.read_text()
+    _self_contained(html)
+    _loads_cleanly(browser, page)
+    assert browser.driver.find_element(By.ID, "verdict").text.startswith("rank ")
+    said = [e.text for e in _shown(browser, "#sources li")]
+    assert any(s.startswith("logs: ") and "bad batch on rank 2" in s for s in said), said
+    assert any(s.startswith("flight-recorder: ") and "desync" in s for s in said), said
+    assert _shown(browser, "#timeline tbody tr")  # the logs' own view, below
+    (odd,) = browser.driver.find_elements(By.CSS_SELECTOR, "#flight-recorder td.desync")
+    assert odd.get_attribute("title") == "#23: desync"
