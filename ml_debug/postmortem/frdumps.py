@@ -49,9 +49,9 @@ MAX_FILES = 65536
 """The most dump files read from one place (a 64k-rank job)."""
 _KEYS = (b"pg_status", b"entries")
 ARCHIVE_SEARCH_BYTES = 64 << 20
-"""The largest tar archive named on the command line that is searched for dump files: listing a tar's members is a
-pass over all of it before its logs are read (0.4 s for 32 MiB of .tar.gz here), where a zip's list is at its end.
-The dumps of a few hundred ranks fit; a bigger tar holds more than dumps: unpack it and give the directory."""
+"""The largest tar archive (named, or in a directory named) that is searched for dump files: listing a tar's members
+is a pass over all of it before its logs are read (0.4 s for 32 MiB of .tar.gz here), where a zip's list is at its
+end. The dumps of a few hundred ranks fit; a bigger tar holds more than dumps: unpack it and give the directory."""
 
 
 @dataclass
