@@ -35,6 +35,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 
 from ml_debug.debugger.injector import lldb_call
 from ml_debug.debugger.injector.lldb_call import CALL_TIMEOUT_S
@@ -147,14 +148,20 @@ def lldb_argv(lldb: str, pid: int, library: str, code: str) -> list[str]:
 def inject_with_lldb(lldb: str, pid: int, library: str, code: str) -> None:
     """Have the process run ``code`` through lldb; LldbFailed, with lldb's words, when it did not."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONIOENCODING")}  # for lldb's Python
-    try:
-        proc = subprocess.run(lldb_argv(lldb, pid, library, code), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=LLDB_RUN_S)
-        said, late = proc.stdout.decode("utf-8", "replace"), None
-    except subprocess.TimeoutExpired as e:
-        said, late = (e.stdout or b"").decode("utf-8", "replace"), f"lldb did not finish within {LLDB_RUN_S} s"
-    sys.stdout.write(said)
-    sys.stdout.flush()
+    proc = subprocess.Popen(lldb_argv(lldb, pid, library, code), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env)
+    timer = threading.Timer(LLDB_RUN_S, proc.kill)
+    timer.start()
+    lines = []
+    assert proc.stdout is not None
+    for raw in proc.stdout:  # passed on as it comes: the adapter's log shows how far lldb got
+        lines.append(raw.decode("utf-8", "replace"))
+        sys.stdout.write(lines[-1])
+        sys.stdout.flush()
+    proc.wait()
+    timer.cancel()
+    said = "".join(lines)
+    late = f"lldb did not finish within {LLDB_RUN_S} s" if proc.returncode == -9 else None
     marks = [ln.split(lldb_call.MARK, 1)[1].strip() for ln in said.splitlines() if ln.startswith(lldb_call.MARK)]
     if marks[-1:] != ["call ok"]:
         lines = [ln.strip() for ln in said.splitlines() if ln.strip()]

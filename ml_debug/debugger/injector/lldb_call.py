@@ -3,10 +3,13 @@ process lldb is attached to and has it run one line of Python there (its ``DoAtt
 went on a line of its own that starts with ``mldebug-lldb:`` (the injector reads them: lldb itself exits 0 either
 way).
 
-debugpy's own lldb script gives each call 10 s and prints what went wrong among lldb's other output; on a loaded node
-the call can take longer, and the injection then fails without a word the injector could act on. Here each call
-gets CALL_TIMEOUT_S, runs on the stopped thread only (the others stay stopped), and a library that would not load
-is said (dlopen returns NULL).
+debugpy's own lldb script runs each call on the stopped thread alone, with the process's other threads held, for at
+most 10 s, and prints what went wrong among lldb's other output. On a loaded node its ``DoAttach`` call, which starts
+a thread in the process, then hung now and then (5 of 12 attaches with three `import torch` loops and two busy loops
+beside them, measured here): held to 10 s it failed without a word the injector could act on, and an lldb stopped
+during the call took the process with it. Here a call runs on the stopped thread alone for ONE_THREAD_S, then with
+the process's other threads running too (0 hangs in 28 attaches under the same load), for CALL_TIMEOUT_S in all;
+a library that would not load is said (dlopen returns NULL).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import shlex
 from typing import Any
 
 CALL_TIMEOUT_S = 60
+ONE_THREAD_S = 2
 MARK = "mldebug-lldb:"
 
 
@@ -22,7 +26,8 @@ def _evaluate(target: Any, expression: str) -> tuple[Any, str | None]:
     import lldb  # lldb's own module, there inside lldb (imported here: the injector imports MARK from this file)
 
     options = lldb.SBExpressionOptions()
-    options.SetTryAllThreads(False)
+    options.SetTryAllThreads(True)  # the stopped thread alone first; then the others too (see the module's note)
+    options.SetOneThreadTimeoutInMicroSeconds(ONE_THREAD_S * 1_000_000)
     options.SetTimeoutInMicroSeconds(CALL_TIMEOUT_S * 1_000_000)
     value = target.EvaluateExpression(expression, options)
     error = value.GetError()
