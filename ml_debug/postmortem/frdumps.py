@@ -170,11 +170,7 @@ def _searched(paths: list[str], max_depth: int = 4) -> list[str]:
     out = []
     for p in paths:
         if os.path.isdir(p) and not os.path.islink(p):
-            base = p.rstrip("/").count("/")
-            for root, dirs, files in os.walk(p, followlinks=False):
-                if root.rstrip("/").count("/") - base >= max_depth:
-                    dirs[:] = []
-                out += [f for f in (os.path.join(root, name) for name in sorted(files)) if _small_archive(f, os.lstat)]
+            out += [f for f in _walk(p, max_depth, archives.kind) if _small_archive(f, os.lstat)]
         elif _small_archive(p, os.stat):
             out.append(p)
     return out
@@ -231,14 +227,18 @@ def unpacked(paths: list[str], prefix: str | None = None) -> Iterator[tuple[list
             archives.remove(root)
 
 
-def _walk(top: str, max_depth: int) -> list[str]:
+def _dump_like(name: str) -> bool:
+    return bool(_NCCL_NAME.search(name) or _MLDEBUG_NAME.fullmatch(name) or _TRAILING_RANK.search(name))
+
+
+def _walk(top: str, max_depth: int, wanted: Callable[[str], object] = _dump_like) -> list[str]:
+    """The files under ``top`` (``max_depth`` levels down, no link followed) whose names ``wanted`` takes."""
     out: list[str] = []
     base = top.rstrip("/").count("/")
     for root, dirs, files in os.walk(top, followlinks=False):
         if root.rstrip("/").count("/") - base >= max_depth:
             dirs[:] = []
-        out += [os.path.join(root, f) for f in files if _NCCL_NAME.search(f) or _MLDEBUG_NAME.fullmatch(f)
-                or _TRAILING_RANK.search(f)]
+        out += [os.path.join(root, f) for f in sorted(files) if wanted(f)]
         if len(out) > MAX_FILES * 4:
             break
     return out

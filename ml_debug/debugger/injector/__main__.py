@@ -164,8 +164,8 @@ def inject_with_lldb(lldb: str, pid: int, library: str, code: str) -> None:
     late = f"lldb did not finish within {LLDB_RUN_S} s" if proc.returncode == -9 else None
     marks = [ln.split(lldb_call.MARK, 1)[1].strip() for ln in said.splitlines() if ln.startswith(lldb_call.MARK)]
     if marks[-1:] != ["call ok"]:
-        lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
-        raise LldbFailed(late or (marks[-1] if marks else lines[-1] if lines else "lldb said nothing"))
+        last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "lldb said nothing")
+        raise LldbFailed(late or (marks[-1] if marks else last))
 
 
 def main() -> None:
