@@ -9,10 +9,11 @@ cd "$(dirname "$0")/.."
 t0=$(date +%s)
 
 # 1. Python: a venv with pinned CPU torch (an open range could pull a multi-GB CUDA build).
-if [ ! -x .venv/bin/python ]; then
+# venv writes bin/activate last (after pip): without it, a venv interrupted while it was made is made again.
+if [ ! -x .venv/bin/python ] || [ ! -f .venv/bin/activate ]; then
   # Debian and Ubuntu ship venv's pip bootstrap (ensurepip) in a separate package.
   python3 -c 'import ensurepip' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv; }
-  python3 -m venv .venv
+  python3 -m venv --clear .venv
 fi
 # On Linux, PyPI's torch wheel is the CUDA build (GBs of NVIDIA libraries). When the index pip uses
 # would bring those (its dry-run plan lists nvidia-* packages) and PyTorch's CPU index answers within
