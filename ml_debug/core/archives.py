@@ -1,5 +1,5 @@
 """Archives users share a job's files in (``logs.tar.gz``, ``.tgz``, ``.tar``, ``.tar.bz2``, ``.tar.xz``, ``.tar.zst``,
-``.zip``),
+``.tar.lz4``, ``.zip``),
 unpacked into a directory to be read as any directory is.
 
 Only the members a caller wants (by name) are written, and only as regular files under the directory: a member's
@@ -25,12 +25,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import IO
 
+from ml_debug.core.lz4frames import Lz4File
 from ml_debug.core.zstd import ZstdFile
 
-ZSTD_TAR = (".tar.zst", ".tzst")
-TAR = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", *ZSTD_TAR)
+STREAMED_TAR: dict[str, Callable[[IO[bytes]], io.BufferedIOBase]] = {
+    ".tar.zst": ZstdFile, ".tzst": ZstdFile, ".tar.lz4": Lz4File}
+"""Tars of a compression tarfile does not know (zstd before Python 3.14, lz4), and their readers: read as a stream."""
+TAR = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", *STREAMED_TAR)
 ZIP = (".zip",)
-UNREADABLE = {".tar.lz4": "lz4 -dc {path} | tar -x", ".7z": "7z x {path}", ".rar": "unrar x {path}"}
+UNREADABLE = {".7z": "7z x {path}", ".rar": "unrar x {path}"}
 """Archives of a compression that is not read: how to unpack them."""
 UNPACK_LIMIT = 32 << 30
 """Bytes unpacked at most from one archive."""
@@ -138,8 +141,9 @@ def _copy(src: IO[bytes], dst: IO[bytes], left: int) -> int:
 
 
 def _tar_members(path: str) -> Iterator[_Member]:
-    if path.lower().endswith(ZSTD_TAR):  # tarfile knows no zstd before Python 3.14: a stream of the tar, read once
-        with open(path, "rb") as raw, tarfile.open(fileobj=ZstdFile(raw), mode="r|") as tar:
+    reader = next((r for suffix, r in STREAMED_TAR.items() if path.lower().endswith(suffix)), None)
+    if reader is not None:  # a stream of the tar, read once
+        with open(path, "rb") as raw, tarfile.open(fileobj=reader(raw), mode="r|") as tar:
             yield from _members_of(tar)
         return
     with tarfile.open(path, "r:*") as tar:

@@ -24,7 +24,7 @@ class LogsOptions:
 
     paths: list[str] = argument(
         default_factory=list, metavar="PATH...",
-        help="Log files, directories (searched for *.log *.out *.err *.txt error*.json *.jsonl, .gz .xz .bz2 .zst too), "
+        help="Log files, directories (searched for *.log *.out *.err *.txt error*.json *.jsonl, .gz .xz .bz2 .zst .lz4 too), "
              "archives of them (.tar.gz .tgz .tar .zip ...), globs, or - for standard input.")
     rank: int | None = option(None, min=0, metavar="R", panel=SHOW,
                               help="Show only the lines rank R wrote (labels removed), in order.")

@@ -14,7 +14,7 @@ Shapes:
   ``--tee``), or to an unknown rank.
 
 A directory is walked (no symbolic links followed; FIFOs, devices and sockets skipped) for ``*.log *.out *.err
-*.txt``, ``error*.json``, ``*.jsonl``, compressed too (``.gz .xz .bz2 .zst``: :data:`CODECS`); what is skipped, and a
+*.txt``, ``error*.json``, ``*.jsonl``, compressed too (``.gz .xz .bz2 .zst .lz4``: :data:`CODECS`); what is skipped, and a
 subdirectory that cannot be listed, is reported as not read. An archive (``logs.tar.gz``, ``.zip``:
 core/archives.py) is such a directory: its log files are unpacked into a temporary one (removed by
 :meth:`Expanded.close`), each shown as ``ARCHIVE/member``; one found in a directory is too, up to
@@ -41,6 +41,7 @@ from typing import IO
 
 from ml_debug.core import archives
 from ml_debug.core.errors import UsageError
+from ml_debug.core.lz4frames import Lz4File
 from ml_debug.core.zstd import ZstdFile
 from ml_debug.logs.result import Who
 
@@ -55,13 +56,12 @@ _POD_NAME = re.compile(r"^(?P<pod>[a-z0-9](?:[a-z0-9.\-]{0,200}?)-(?:master|work
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
 _SKIP_DIRS = ("trace", "fr", "__pycache__")
 _CONSOLE = "console.log"  # an `mldebug launch` node's console, beside its manifest (compressed too)
-CODECS = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2", ".zst": "zstd"}
+CODECS = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2", ".zst": "zstd", ".lz4": "lz4"}
 """The compressions of a single log file that are read (scan.opened), by suffix."""
 OPENERS: dict[str, Callable[[IO[bytes]], io.BufferedIOBase]] = {
-    "gzip": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bzip2": bz2.BZ2File, "zstd": ZstdFile}
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw), "xz": lzma.LZMAFile, "bzip2": bz2.BZ2File, "zstd": ZstdFile,
+    "lz4": Lz4File}
 """A reader of each compression CODECS names."""
-UNREADABLE_CODECS = {".lz4": "lz4 -d {path}"}
-"""Compressions of a single file that are not read: how to decompress it by hand."""
 ARCHIVE_IN_DIR_BYTES = 1 << 30
 """The largest archive found in a directory that is unpacked and read (a bigger one is more likely a dataset or a
 checkpoint than logs: it is listed as not read, and read when named on the command line)."""
@@ -100,7 +100,7 @@ def attempt_of(path: str) -> int | None:
 
 def uncompressed(name: str) -> tuple[str, str]:
     """``name`` without its compression's suffix, and the suffix (``""``: none)."""
-    for suffix in (*CODECS, *UNREADABLE_CODECS):
+    for suffix in CODECS:
         if name.endswith(suffix):
             return name[:-len(suffix)], suffix
     return name, ""
@@ -238,22 +238,8 @@ def _add_path(out: Expanded, path: str, explicit: bool) -> None:
     if archives.kind(path):
         _unpack(out, path)
         return
-    if _undecodable(out, path, path):
-        return
     man = out.manifest(os.path.dirname(os.path.abspath(path)))
     out.add(classify_path(path, _node_of(man), launch=man is not None), st)
-
-
-def _undecodable(out: Expanded, path: str, shown: str, archive: str | None = None) -> bool:
-    """A file of a compression that is not read: listed as not read, with how to decompress it (a member of
-    ``archive``: once the archive is unpacked)."""
-    how = UNREADABLE_CODECS.get(uncompressed(path)[1])
-    if how is not None:
-        first = "" if archive is None else "unpack the archive, then "
-        where = shown if archive is None else shown[len(archive) + 1:]
-        out.skipped.append({"path": shown, "reason": f"a compression mldebug does not read: {first}"
-                            f"{how.format(path=where)}, then give the file"})
-    return how is not None
 
 
 def _unpack(out: Expanded, path: str) -> None:
@@ -323,8 +309,6 @@ def _walk(out: Expanded, root: str, shown: str | None = None) -> None:
                                         "the command line to read it"})
                 else:
                     _unpack(out, full)
-                continue
-            if _undecodable(out, full, show(full), shown):
                 continue
             # torchrun's per-rank files repeat the console's lines (duplicates are merged), but they are
             # read too: a torchrun killed by srun may not have copied their last lines to the console

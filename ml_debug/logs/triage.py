@@ -35,7 +35,7 @@ def _expanded(paths: list[str]) -> Iterator[Expanded]:
             why = "; ".join(f"{s['path']}: {s['reason']}" for s in exp.skipped[:3]) or "no log file under them"
             raise UsageError(f"no logs to read in {' '.join(paths)} ({why})",
                              "give log files, directories (searched for *.log *.out *.err *.txt error*.json *.jsonl, "
-                             ".gz .xz .bz2 .zst too), archives of them (.tar.gz, .zip), globs, or - for standard input")
+                             ".gz .xz .bz2 .zst .lz4 too), archives of them (.tar.gz, .zip), globs, or - for standard input")
         yield exp
     finally:
         exp.close()

@@ -15,8 +15,9 @@ want slurm && ! want netns && parts=(netns "${parts[@]}")
 # everything missing in one apt-get run (each part script checks its own again), plus gdb (and lldb, which
 # mldebug attach injects with where gdb cannot: docs/commands/attach.md) for the
 # stack tests that use the rig, Prometheus (prometheus, promtool) for the exporter's tests, and Chromium with
-# its driver for the HTML pages' browser tests (about 20-45 s more on a fresh machine)
-need "${SSH_PKGS[@]}" "${NETNS_PKGS[@]}" gdb:gdb lldb-19:lldb-19 strace:strace "${PROM_PKGS[@]}" "${BROWSER_PKGS[@]}" \
+# its driver for the HTML pages' browser tests (about 20-45 s more on a fresh machine), and the lz4 tool, whose
+# files `mldebug logs` reads
+need "${SSH_PKGS[@]}" "${NETNS_PKGS[@]}" gdb:gdb lldb-19:lldb-19 strace:strace lz4:lz4 "${PROM_PKGS[@]}" "${BROWSER_PKGS[@]}" \
   $(want slurm && echo "${SLURM_PKGS[@]}" "${SLURMDBD_PKGS[@]}") \
   || echo "WARNING: some packages did not install; the parts that need them will fail" >&2
 rc=0

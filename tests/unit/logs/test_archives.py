@@ -1,4 +1,4 @@
-"""`mldebug logs ARCHIVE`: a job's logs as users share them (.tar.gz, .tar.zst, .zip) read as their directory is, each file
+"""`mldebug logs ARCHIVE`: a job's logs as users share them (.tar.gz, .tar.zst, .tar.lz4, .zip) read as their directory is, each file
 shown under the archive's name, and nothing left behind in the temporary directory."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import lz4.frame
 import pytest
 import zstandard
 
@@ -31,7 +32,7 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _archives(tmp_path: Path) -> list[Path]:
-    tgz, zipped, tzst = tmp_path / "job.tgz", tmp_path / "job.zip", tmp_path / "job.tar.zst"
+    tgz, zipped, tzst, tlz4 = (tmp_path / f"job.{x}" for x in ("tgz", "zip", "tar.zst", "tar.lz4"))
     with tarfile.open(tgz, "w:gz") as tar:
         tar.add(JOB, arcname=JOB.name)
     with zipfile.ZipFile(zipped, "w") as z:
@@ -41,7 +42,8 @@ def _archives(tmp_path: Path) -> list[Path]:
     with tarfile.open(fileobj=plain, mode="w") as tar:
         tar.add(JOB, arcname=JOB.name)
     tzst.write_bytes(zstandard.ZstdCompressor().compress(plain.getvalue()))  # `tar --zstd -cf`'s
-    return [tgz, zipped, tzst]
+    tlz4.write_bytes(lz4.frame.compress(plain.getvalue(), content_checksum=True))  # `tar -c ... | lz4`'s
+    return [tgz, zipped, tzst, tlz4]
 
 
 @pytest.mark.parametrize("jobs", [1, 2])  # 2: reader processes open the unpacked files
@@ -110,15 +112,19 @@ def test_a_refused_path_after_an_archive_leaves_nothing_behind(tmp_path: Path, s
     assert list(scratch.iterdir()) == []
 
 
-@pytest.mark.parametrize("codec", ["xz", "bz2", "zst"])
-def test_a_compressed_log_reads_as_the_plain_one_up_to_its_damage(tmp_path: Path, codec: str) -> None:
-    """logrotate's and `xz -r`'s copies: read as the plain file; one cut short is read up to the cut and said."""
+def _compress(codec: str, data: bytes) -> bytes:
     import bz2
     import lzma
 
-    compress = {"xz": lzma.compress, "bz2": bz2.compress, "zst": zstandard.ZstdCompressor().compress}[codec]
+    return {"xz": lzma.compress, "bz2": bz2.compress, "zst": zstandard.ZstdCompressor().compress,
+            "lz4": lambda d: lz4.frame.compress(d, content_checksum=True)}[codec](data)  # the `lz4` tool's frames
+
+
+@pytest.mark.parametrize("codec", ["xz", "bz2", "zst", "lz4"])
+def test_a_compressed_log_reads_as_the_plain_one_up_to_its_damage(tmp_path: Path, codec: str) -> None:
+    """logrotate's and `xz -r`'s copies: read as the plain file; one cut short is read up to the cut and said."""
     plain = REPO / "tests" / "data" / "logs_corpus" / "mpirun.log"
-    data = compress(plain.read_bytes() + b"".join(b"step %d\n" % i for i in range(300_000)))
+    data = _compress(codec, plain.read_bytes() + b"".join(b"step %d\n" % i for i in range(300_000)))
     whole, cut = tmp_path / f"job.log.{codec}", tmp_path / f"cut.log.{codec}"
     whole.write_bytes(data)
     cut.write_bytes(data[:len(data) // 2])
@@ -128,27 +134,33 @@ def test_a_compressed_log_reads_as_the_plain_one_up_to_its_damage(tmp_path: Path
         assert r.verdict.summary == want.summary and r.verdict.primary is not None, r.verdict.summary
         assert r.sources[0].bytes > len(plain.read_bytes())
     r = triage([str(tmp_path)])
-    name = {"xz": "xz", "bz2": "bzip2", "zst": "zstd"}[codec]
+    name = {"xz": "xz", "bz2": "bzip2", "zst": "zstd", "lz4": "lz4"}[codec]
     assert [(s["path"], s["reason"].split(":")[0]) for s in r.skipped] == [
         (str(cut), f"truncated or damaged {name} file")], r.skipped
 
 
-def test_an_lz4_log_is_listed_with_how_to_decompress_it(tmp_path: Path) -> None:
-    (tmp_path / "rank3.log.lz4").write_bytes(b"\x04\x22\x4d\x18")
-    shutil.copy(REPO / "tests" / "data" / "logs_corpus" / "mpirun.log", tmp_path / "mpirun.log")
+def test_a_damaged_lz4_log_is_read_up_to_the_damage(tmp_path: Path) -> None:
+    """A byte changed in a frame: what came before it is read (the frames before it whole), the damage is said, and
+    a file that is not lz4 at all is said to be damaged; an empty one is an empty log."""
+    plain = (REPO / "tests" / "data" / "logs_corpus" / "mpirun.log").read_bytes()
+    frame = bytearray(_compress("lz4", b"step 2\n" * 100_000))
+    frame[len(frame) // 2] ^= 0xFF
+    (tmp_path / "job.log.lz4").write_bytes(_compress("lz4", plain) + bytes(frame))
+    (tmp_path / "other.log.lz4").write_bytes(b"plain text, named .lz4\n")
+    (tmp_path / "empty.log.lz4").write_bytes(b"")
     r = triage([str(tmp_path)])
-    assert [s.path for s in r.sources] == [str(tmp_path / "mpirun.log")]
-    assert r.skipped == [{"path": str(tmp_path / "rank3.log.lz4"), "reason": "a compression mldebug does not read: "
-                          f"lz4 -d {tmp_path / 'rank3.log.lz4'}, then give the file"}]
-    with pytest.raises(UsageError) as e:
-        triage([str(tmp_path / "rank3.log.lz4")])
-    assert f"lz4 -d {tmp_path / 'rank3.log.lz4'}" in str(e.value)
+    assert r.verdict.summary == triage([str(REPO / "tests" / "data" / "logs_corpus" / "mpirun.log")]).verdict.summary
+    reasons = {s["path"].rsplit("/", 1)[1]: s["reason"] for s in r.skipped}
+    read = int(reasons["job.log.lz4"].removeprefix("truncated or damaged lz4 file: only its first ").split(" B ")[0])
+    assert read >= len(plain) and "(EOFError: damaged lz4 data (LZ4F_decompress failed with code: ERROR_" in \
+        reasons["job.log.lz4"], reasons
+    assert "ERROR_frameType_unknown" in reasons["other.log.lz4"] and "empty.log.lz4" not in reasons, reasons
 
 
 def test_an_archive_in_a_directory_is_read_one_level_deep(tmp_path: Path, scratch: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A directory of what a user collected: the launch directory as an archive beside a console; an archive in
-    that archive, and one too big to be logs, are named as not read."""
+    that archive, and one too big to be logs, are named as not read; a member cut short is read up to the cut."""
     from ml_debug.logs import sources
 
     shared = tmp_path / "shared"
@@ -165,27 +177,25 @@ def test_an_archive_in_a_directory_is_read_one_level_deep(tmp_path: Path, scratc
     r = triage([str(shared)])
     plain = triage([str(JOB)])
     assert r.verdict.summary == plain.verdict.summary, r.verdict.summary
-    assert r.sources and all(s.path.startswith(f"{shared / 'job.tgz'}/{JOB.name}/vm/") for s in r.sources)
+    cut = f"{shared / 'job.tgz'}/{JOB.name}/rank7.log.lz4"
+    assert [s.path for s in r.sources if not s.path.startswith(f"{shared / 'job.tgz'}/{JOB.name}/vm/")] == [cut]
     reasons = {s["path"]: s["reason"] for s in r.skipped}
     assert reasons.pop(f"{shared / 'job.tgz'}/{JOB.name}/inner.tgz").startswith("an archive inside an archive (not opened)")
-    assert reasons.pop(f"{shared / 'job.tgz'}/{JOB.name}/rank7.log.lz4") == (  # a path the user has once it is unpacked
-        f"a compression mldebug does not read: unpack the archive, then lz4 -d {JOB.name}/rank7.log.lz4, then give the file")
+    assert reasons.pop(cut).startswith(  # a member cut short is read too
+        "truncated or damaged lz4 file: only its first 0 B (decompressed) were read")
     assert reasons.pop(str(shared / "big.tgz")).endswith("name it on the command line to read it") and not reasons
     assert list(scratch.iterdir()) == []
 
 
-@pytest.mark.parametrize("codec", ["xz", "zst"])
+@pytest.mark.parametrize("codec", ["xz", "zst", "lz4"])
 def test_a_launch_directory_compressed_file_by_file_reads_as_it_was(tmp_path: Path, codec: str) -> None:
-    """`xz -r` or `zstd -r --rm` over an `mldebug launch` directory, its manifest too: the manifest still names the
-    node, its console stays the node's console, its torchrun files theirs."""
-    import lzma
-
-    compress = lzma.compress if codec == "xz" else zstandard.ZstdCompressor().compress
+    """`xz -r`, `zstd -r --rm` or `lz4 -m --rm` over an `mldebug launch` directory, its manifest too: the manifest
+    still names the node, its console stays the node's console, its torchrun files theirs."""
     job = tmp_path / JOB.name
     shutil.copytree(JOB, job)
     for f in sorted(job.rglob("*")):
         if f.is_file():
-            f.with_name(f"{f.name}.{codec}").write_bytes(compress(f.read_bytes()))
+            f.with_name(f"{f.name}.{codec}").write_bytes(_compress(codec, f.read_bytes()))
             f.unlink()
     assert (job / "vm" / f"launch.json.{codec}").is_file()
     plain, packed = triage([str(JOB)]), triage([str(job)])
