@@ -11,7 +11,8 @@ HELP = """Read a job's logs and name the rank that failed first, and why.
 
 Reads every rank's lines from the common shapes: `srun --label` consoles, torchrun --tee/--role
 prefixes, torchrun --log-dir trees and their error.json files, `mldebug launch` directories,
-per-rank files (*rank*N*), mldebug train metrics; compressed files (.gz .xz .bz2 .zst .lz4), archives (.tar.gz
+per-rank files (*rank*N*), mldebug train metrics, a container runtime's files (/var/log/pods, Docker's
+*-json.log); compressed files (.gz .xz .bz2 .zst .lz4), archives (.tar.gz
 .zip ...) and - (standard input) too.
 Failures are classed: a rank whose error is a consequence of a peer (connection reset or closed,
 broken pipe, NCCL watchdog or gloo timeout, stopped by torchrun's SIGTERM) is secondary; the first

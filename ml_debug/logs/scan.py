@@ -21,6 +21,7 @@ from typing import IO, Any
 from ml_debug.core.inputs import open_regular
 from ml_debug.logs.blocks import HEADER
 from ml_debug.logs.catalogue import NCCL_LINES_PER_SOURCE
+from ml_debug.logs.container import Unwrapped
 from ml_debug.logs.engine import prefilter
 from ml_debug.logs.events import Collector, SourceContext
 from ml_debug.logs.repair import MEND_LIMIT, mend, sniff
@@ -105,15 +106,20 @@ def opened(src: Source) -> Iterator[IO[bytes]]:
     """The source as a binary stream (decompressed, up to any damage; standard input for ``-``), at most
     MAX_SOURCE_BYTES of it."""
     if src.stdin:
-        yield Capped(sys.stdin.buffer, src)  # type: ignore[misc]
+        yield Capped(_text(sys.stdin.buffer, src), src)  # type: ignore[misc]
         return
     if src.codec:
         src.cut = None
         with _open_regular(src.file or src.path) as raw, OPENERS[src.codec](raw) as f:
-            yield Capped(Decompressed(f, src), src)  # type: ignore[arg-type, misc]
+            yield Capped(_text(Decompressed(f, src), src), src)  # type: ignore[arg-type, misc]
         return
     with _open_regular(src.file or src.path) as f:
-        yield Capped(f, src)  # type: ignore[misc]
+        yield Capped(_text(f, src), src)  # type: ignore[misc]
+
+
+def _text(f: IO[bytes], src: Source) -> IO[bytes]:
+    """A text source's lines as the program wrote them: unwrapped from a container runtime's records."""
+    return Unwrapped(f, src) if src.labelled else f  # type: ignore[return-value]
 
 
 def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[tuple[bytes, int]]:
@@ -124,6 +130,9 @@ def _chunks(src: Source, f: IO[bytes], collector: Collector) -> Iterator[tuple[b
         return
     ctx = collector.ctx
     assert ctx is not None
+    if src.container:
+        collector.notes.setdefault(ctx.index, []).append(
+            f"a container runtime's log ({src.container}): each record's text read, with its time")
     damage = sniff(first)
     ctx.node_prefix = damage.node_prefix
     if damage.node_prefix:

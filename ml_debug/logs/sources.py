@@ -53,6 +53,8 @@ _RANK_NAME = re.compile(r"(?:^|[^a-z])rank[-_.]?(\d+)(?![\d])", re.IGNORECASE)
 # `kubectl logs POD > POD.log`: a Kubeflow PyTorchJob's (or MPIJob's) pod, "<job>-master-0", "<job>-worker-3",
 # "<job>-launcher-0": the pod is the node its lines came from (rule 6 of logs/accounting.py)
 _POD_NAME = re.compile(r"^(?P<pod>[a-z0-9](?:[a-z0-9.\-]{0,200}?)-(?:master|worker|launcher)-\d{1,6})(?=[._]|$)")
+# the kubelet's own file of a pod's container (container.py): /var/log/pods/<namespace>_<pod>_<uid>/<container>/0.log
+_POD_DIR = re.compile(r"(?:^|/)pods/[^/_]{1,253}_(?P<pod>[^/_]{1,253})_[^/]{1,100}/[^/]{1,253}/\d{1,6}\.log$")
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl")
 _SKIP_DIRS = ("trace", "fr", "__pycache__")
 _CONSOLE = "console.log"  # an `mldebug launch` node's console, beside its manifest (compressed too)
@@ -85,6 +87,8 @@ class Source:
     """Why the source's end could not be read (a damaged compressed file): what came before it was."""
     file: str = ""
     """The file to open, when it is not ``path`` (an archive's member, unpacked)."""
+    container: str | None = None
+    """The container runtime's format its lines were unwrapped from (container.py), once read."""
 
     @property
     def labelled(self) -> bool:
@@ -135,8 +139,11 @@ def classify_path(path: str, node: str | None = None, launch: bool = False) -> S
         return Source(path, "rank-file", Who(int(r.group(1)), node, None), codec=codec)
     if launch and base == _CONSOLE:
         return Source(path, "launch", Who(None, node, None), codec=codec)
-    pod = _POD_NAME.match(name) if node is None else None
-    return Source(path, "console", Who(None, pod.group("pod") if pod else node, None), codec=codec)
+    if node is None:
+        in_pods = _POD_DIR.search(norm[:len(norm) - len(suffix)])
+        pod = _POD_NAME.match(in_pods["pod"] if in_pods else name)
+        node = pod["pod"] if pod else None
+    return Source(path, "console", Who(None, node, None), codec=codec)
 
 
 def expand(paths: list[str]) -> Expanded:

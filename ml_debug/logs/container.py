@@ -1,0 +1,135 @@
+"""A container runtime's own log files, read as the text the container wrote.
+
+On a Kubernetes or Docker node, the files a log shipper reads (``/var/log/pods/NS_POD_UID/CONTAINER/0.log``, their
+links in ``/var/log/containers/``, Docker's ``/var/lib/docker/containers/ID/ID-json.log``) wrap every line the
+container wrote in a record of the runtime:
+
+- the CRI format (containerd, CRI-O): ``2026-11-28T10:00:00.123456789Z stderr F <text>``; a line over 16 KiB is
+  split into records tagged ``P`` (partial) before its last one, tagged ``F``;
+- Docker's json-file driver: ``{"log":"<text>\\n","stream":"stderr","time":"2026-11-28T10:00:00.123456789Z"}``; a long
+  line is split into records whose text has no newline before its last one.
+
+:class:`Unwrapped` recognises either by the file's first line and gives each line's text, its parts joined, with the
+record's time in front, as ``kubectl logs --timestamps`` shows it (labels.py reads that stamp). Any other file passes
+through untouched. Offsets and sizes are then the unwrapped text's, as a compressed file's are its decompressed
+text's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import IO
+
+from ml_debug.logs.sources import Source
+
+CRI = "CRI"
+DOCKER = "docker json-file"
+_CRI_LINE = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [PF](?:[: ]|$)")
+_WHOLE = (b"stdout F ", b"stderr F ")
+_BLOCK = 1 << 20
+
+
+def kind(first_line: bytes) -> str | None:
+    """The runtime's format a file's first line is in, or None (the container's own text)."""
+    if _CRI_LINE.match(first_line):
+        return CRI
+    if first_line.startswith(b'{"log":"'):
+        try:
+            rec = json.loads(first_line)
+        except ValueError:
+            return None
+        return DOCKER if isinstance(rec, dict) and isinstance(rec.get("log"), str) else None
+    return None
+
+
+class Unwrapped:
+    """A source's stream, the runtime's records unwrapped when its first line is one (``src.container`` then says
+    which format)."""
+
+    def __init__(self, f: IO[bytes], src: Source) -> None:
+        self._f, self._src = f, src
+        self._out = b""  # unwrapped, not yet returned
+        self._rest = b""  # read, after the last whole record
+        self._kind: str | None = None
+        self._started = self._eof = False
+        self._open = False  # the last record's line goes on (a partial record)
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._started:
+            self._start()
+        if self._kind is None and not self._out:  # the container's own text: as it is
+            return self._f.read(size)
+        while self._kind is not None and not self._eof and (size < 0 or len(self._out) < size):
+            self._fill(self._f.read(_BLOCK))
+        n = len(self._out) if size < 0 else size
+        data, self._out = self._out[:n], self._out[n:]
+        return data
+
+    def _start(self) -> None:
+        self._started = True
+        first = self._f.read(_BLOCK)
+        self._kind = kind(first.split(b"\n", 1)[0])
+        if self._kind is None:
+            self._out = first
+            return
+        self._src.container = self._kind
+        self._fill(first)
+
+    def _fill(self, data: bytes) -> None:
+        if not data:
+            self._eof = True
+            records, self._rest = ([self._rest] if self._rest else []), b""
+        else:
+            data = self._rest + data
+            cut = data.rfind(b"\n") + 1
+            records, self._rest = data[:cut].split(b"\n")[:-1], data[cut:]
+        self._out += self._cri_block(records) if self._kind == CRI else self._docker_block(records)
+
+    def _cri_block(self, records: list[bytes]) -> bytes:
+        return b"".join([self._cri(r) for r in records])
+
+    def _docker_block(self, records: list[bytes]) -> bytes:
+        try:  # the block's records in one parse; record by record when one of them is not a record
+            recs = json.loads(b"[" + b",".join(records) + b"]") if records else []
+        except ValueError:
+            recs = None
+        if recs is None or len(recs) != len(records):
+            return b"".join(self._docker(r) for r in records)
+        if not self._open:  # every record a whole line (Docker writes one newline at most, at a record's end)
+            try:
+                text = "".join([rec["time"] + " " + rec["log"] for rec in recs])
+            except (TypeError, KeyError):
+                text = ""
+            if text.count("\n") == len(recs) and text.endswith("\n"):
+                return text.encode("utf-8", "surrogateescape")
+        return b"".join(self._docker_record(rec, r) for rec, r in zip(recs, records, strict=True))
+
+    def _cri(self, record: bytes) -> bytes:
+        at = record.find(b" ") + 1
+        if not self._open and record[at:at + 9] in _WHOLE and record[10:11] == b"T" and record[4:5] == b"-":
+            return record[:at] + record[at + 9:] + b"\n"  # a whole line's record: the common case, quickly
+        parts = record.split(b" ", 3)
+        if len(parts) < 3 or not _CRI_LINE.match(record):
+            self._open = False
+            return record + b"\n"  # not a record: the line as it is
+        stamp = b"" if self._open else parts[0] + b" "
+        self._open = parts[2].split(b":", 1)[0] == b"P"
+        return stamp + (parts[3] if len(parts) > 3 else b"") + (b"" if self._open else b"\n")
+
+    def _docker(self, record: bytes) -> bytes:
+        try:
+            rec = json.loads(record)
+        except ValueError:
+            rec = None
+        return self._docker_record(rec, record)
+
+    def _docker_record(self, rec: object, record: bytes) -> bytes:
+        text = rec.get("log") if isinstance(rec, dict) else None
+        if not isinstance(rec, dict) or not isinstance(text, str):
+            self._open = False
+            return record + b"\n"  # not a record: the line as it is
+        time = rec.get("time")
+        stamp = b"" if self._open or not isinstance(time, str) else time.encode() + b" "
+        self._open = not text.endswith("\n")
+        return stamp + text.encode("utf-8", "surrogateescape")
