@@ -16,6 +16,9 @@ logging lines: time stamps and numbers):
 - ``tracebacks``: a data loader's handled errors, logged at WARNING with their traceback of library frames, every
   other message naming its shard (a repeat whose message is new).
 
+``--wrap cri`` or ``--wrap docker`` writes each file as a container runtime keeps it on a Kubernetes or Docker node
+(container.py: every line a record with its time, a line over 16 KiB in parts); grep reads the same wrapped files.
+
 They are written to a temporary directory, which is deleted at the end. Printed per mix: the wall time
 of the triage with the default readers (as a user's `mldebug logs` reads: one reader process per CPU for
 logs this large), its CPU time (readers included) and peak RSS, beside one `grep -c -i -E` pass over the
@@ -209,14 +212,33 @@ def _end(rank: int, culprit: int = CULPRIT) -> str:
             f"addr=[node{rank // PER_NODE:03d}]:{50000 + rank}, remote=[node000]:29500): Connection reset by peer\n")
 
 
-def generate(root: Path, ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RANK, mix: str = "logging") -> int:
-    """Write the logs under ``root``; the number of bytes written."""
+RUNTIME_SPLIT = 16 << 10  # containerd and Docker split a line into records of at most this many bytes
+
+
+def _wrapped(data: bytes, wrap: str) -> bytes:
+    """``data`` as the container runtime ``wrap`` (cri, docker) writes it: a record per line (or part of one)."""
+    out = []
+    for n, line in enumerate(data.decode().split("\n")[:-1]):
+        stamp = f"2025-03-02T01:{n // 60 % 60:02d}:{n % 60:02d}.{n % 10**9:09d}Z"
+        parts = [line[k:k + RUNTIME_SPLIT] for k in range(0, len(line), RUNTIME_SPLIT)] or [""]
+        for k, part in enumerate(parts):
+            last = k == len(parts) - 1
+            out.append(f"{stamp} stderr {'F' if last else 'P'} {part}" if wrap == "cri" else
+                       json.dumps({"log": part + "\n" * last, "stream": "stderr", "time": stamp}, separators=(",", ":")))
+    return ("\n".join(out) + "\n").encode()
+
+
+def generate(root: Path, ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RANK, mix: str = "logging",
+             wrap: str = "none") -> int:
+    """Write the logs under ``root`` (as the container runtime ``wrap`` keeps them); the number of bytes written."""
     body = _body(bytes_per_rank - 6000, mix)
     total = 0
     for rank in range(ranks):
         d = root / f"node{rank // PER_NODE:03d}"
         d.mkdir(parents=True, exist_ok=True)
         data = _nccl_init(rank, ranks).encode() + body + _end(rank, CULPRIT % ranks).encode()
+        if wrap != "none":
+            data = _wrapped(data, wrap)
         (d / f"rank{rank:03d}.log").write_bytes(data)
         total += len(data)
     return total
@@ -267,14 +289,16 @@ def _grep(root: Path) -> tuple[float, float]:
 
 
 def measure(ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RANK, mixes: list[str] | None = None,
-            jobs: int | None = None) -> list[Result]:
+            jobs: int | None = None, wrap: str = "none") -> list[Result]:
     results: list[Result] = []
     failed: list[str] = []
     for mix in mixes or list(MIXES):
         tmp = Path(tempfile.mkdtemp(prefix=f"bench-logs-{mix}-"))
         try:
             t0 = time.perf_counter()
-            total = generate(tmp, ranks, bytes_per_rank, mix)
+            total = generate(tmp, ranks, bytes_per_rank, mix, wrap)
+            if wrap != "none":
+                mix = f"{mix} as {wrap} records"
             print(f"# logs {mix}: generated {total / 1e9:.2f} GB in {ranks} files in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr)
             grep, grep_cpu = _grep(tmp)
@@ -308,6 +332,8 @@ if __name__ == "__main__":
     ap.add_argument("--mb-per-rank", type=float, default=BYTES_PER_RANK / 2**20)
     ap.add_argument("--mix", action="append", choices=sorted(MIXES), help="a line mix (repeat; default: all)")
     ap.add_argument("--readers", dest="jobs", type=int, default=None, help="reader processes (default: mldebug logs' own choice)")
+    ap.add_argument("--wrap", choices=["none", "cri", "docker"], default="none",
+                    help="write the files as a container runtime keeps them (default: the job's own text)")
     args = ap.parse_args()
-    for r in measure(args.ranks, int(args.mb_per_rank * 2**20), args.mix, args.jobs):
+    for r in measure(args.ranks, int(args.mb_per_rank * 2**20), args.mix, args.jobs, args.wrap):
         print(r.line(), flush=True)

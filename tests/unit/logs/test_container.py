@@ -80,6 +80,8 @@ def test_a_line_that_is_not_a_record_is_kept_as_it_is() -> None:
     data = b"2026-11-28T10:00:00Z stderr F one\nnot a record\n2026-11-28T10:00:01Z stderr P tw\n" \
            b"2026-11-28T10:00:01Z stderr F o"  # the last record without its newline (the runtime was stopped)
     assert _unwrapped(data, 7)[0] == b"2026-11-28T10:00:00Z one\nnot a record\n2026-11-28T10:00:01Z two\n"
+    said = b"2026-11-28T10:00:00Z stdout F echo 'x stdout F y'\n"  # the record's word in its text too: kept there
+    assert _unwrapped(said * 3, 1 << 20)[0] == b"2026-11-28T10:00:00Z echo 'x stdout F y'\n" * 3
     data = b'{"log":"one\\n","time":"t1"}\n{"log":"half-written\n{"log":"two\\n","time":"t2"}\n'
     assert _unwrapped(data, 7)[0] == b't1 one\n{"log":"half-written\nt2 two\n'
 
