@@ -59,12 +59,12 @@ class Unwrapped:
     def read(self, size: int = -1) -> bytes:
         if not self._started:
             self._start()
-        if self._kind is None and self._at == len(self._out):  # the container's own text: as it is
-            return self._f.read(size)
         while self._kind is not None and not self._eof and (size < 0 or len(self._out) - self._at < size):
             self._fill(self._f.read(_BLOCK))
         end = len(self._out) if size < 0 else min(self._at + size, len(self._out))
         data, self._at = self._out[self._at:end], end  # returned from an offset: a small read copies little
+        if self._kind is None and (size < 0 or len(data) < size):  # the container's own text: as it is
+            data += self._f.read(-1 if size < 0 else size - len(data))
         return data
 
     def _start(self) -> None:

@@ -62,8 +62,10 @@ def test_records_are_unwrapped_into_the_lines_with_their_time_in_any_read_size(s
     for split in (SPLIT, 16 << 10):  # most lines in parts; none (a block of whole records is unwrapped at once)
         assert _unwrapped(_cri(text, split), size) == (_stamped(text), CRI)
         assert _unwrapped(_docker(text, split), size) == (_stamped(text), DOCKER)
-    plain = CONSOLE.read_bytes()
+    plain = CONSOLE.read_bytes() * 400  # past the first read
     assert _unwrapped(plain, size) == (plain, None)  # any other file: as it is
+    f = Unwrapped(io.BytesIO(plain), Source("x.log", "console"))
+    assert f.read(10) + f.read(len(plain)) == plain  # a read past what was looked at is whole
 
 
 def test_the_formats_are_known_by_the_first_line_alone() -> None:
