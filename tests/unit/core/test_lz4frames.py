@@ -4,7 +4,6 @@ then said as EOFError (the lz4 package says damage as RuntimeError); an empty fi
 from __future__ import annotations
 
 import io
-import random
 import shutil
 import subprocess
 import tarfile
@@ -15,11 +14,7 @@ import lz4.frame
 from ml_debug.core import archives
 from ml_debug.core.lz4frames import Lz4File
 from tests.conftest import require
-
-
-def _log(lines: int, seed: int = 1) -> bytes:
-    rng = random.Random(seed)
-    return b"".join(b"step %d loss %.6f lr %.3e\n" % (i, rng.random(), rng.random()) for i in range(lines))
+from tests.unit.core.streams import numbered_log, read_up_to_damage
 
 
 def _lz4(data: bytes) -> bytes:
@@ -27,17 +22,11 @@ def _lz4(data: bytes) -> bytes:
 
 
 def _read(data: bytes, size: int = 1 << 20) -> tuple[bytes, str | None]:
-    f, got = Lz4File(io.BytesIO(data)), []
-    try:
-        while piece := f.read1(size):
-            got.append(piece)
-    except EOFError as e:
-        return b"".join(got), str(e)
-    return b"".join(got), None
+    return read_up_to_damage(Lz4File, data, size)
 
 
 def test_whole_frames_one_after_another_and_nothing() -> None:
-    one, two = _log(50_000), b"appended later\n"
+    one, two = numbered_log(50_000), b"appended later\n"
     assert _read(_lz4(one)) == (one, None)
     assert _read(_lz4(one) + _lz4(two)) == (one + two, None)  # `lz4 -c >>`
     assert _read(b"") == (b"", None)
@@ -48,12 +37,12 @@ def test_whole_frames_one_after_another_and_nothing() -> None:
 def test_the_lz4_tools_own_file_reads() -> None:
     """What the `lz4` command writes (4 MiB independent blocks, a content checksum; tests/rig/up.sh installs it)."""
     require(shutil.which("lz4"), "the lz4 command (Debian package lz4)")
-    tool = subprocess.run(["lz4", "-c"], input=_log(100_000), capture_output=True, check=True)
-    assert _read(tool.stdout) == (_log(100_000), None)
+    tool = subprocess.run(["lz4", "-c"], input=numbered_log(100_000), capture_output=True, check=True)
+    assert _read(tool.stdout) == (numbered_log(100_000), None)
 
 
 def test_a_cut_or_damaged_stream_is_read_up_to_the_damage_and_said() -> None:
-    one = _log(200_000)
+    one = numbered_log(200_000)
     data = _lz4(one)
     got, why = _read(data[:len(data) // 2])
     assert one.startswith(got) and 0 < len(got) < len(one)
@@ -70,7 +59,7 @@ def test_a_cut_or_damaged_stream_is_read_up_to_the_damage_and_said() -> None:
 def test_a_tar_lz4_is_unpacked_and_one_cut_keeps_what_came_before(tmp_path: Path) -> None:
     plain = io.BytesIO()
     with tarfile.open(fileobj=plain, mode="w") as tar:
-        for name, data in (("job/rank0.log", b"step 1\n"), ("job/rank1.log", _log(100_000, 2))):
+        for name, data in (("job/rank0.log", b"step 1\n"), ("job/rank1.log", numbered_log(100_000, 2))):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -80,7 +69,7 @@ def test_a_tar_lz4_is_unpacked_and_one_cut_keeps_what_came_before(tmp_path: Path
     cut.write_bytes(data[:len(data) // 2])
     got = archives.unpack(str(whole), str(tmp_path / "whole"), lambda rel: True)
     assert got.files == 2 and not got.skipped
-    assert (tmp_path / "whole/job/rank1.log").read_bytes() == _log(100_000, 2)
+    assert (tmp_path / "whole/job/rank1.log").read_bytes() == numbered_log(100_000, 2)
     got = archives.unpack(str(cut), str(tmp_path / "cut"), lambda rel: True)
     assert got.files == 1 and (tmp_path / "cut/job/rank0.log").read_bytes() == b"step 1\n"
     assert [s["path"] for s in got.skipped] == [str(cut)]

@@ -4,7 +4,6 @@ is then said (the zstandard package's own reader returns a cut frame's data as i
 from __future__ import annotations
 
 import io
-import random
 import tarfile
 from pathlib import Path
 
@@ -13,25 +12,15 @@ import zstandard
 
 from ml_debug.core import archives
 from ml_debug.core.zstd import ZstdFile
-
-
-def _log(lines: int, seed: int = 1) -> bytes:
-    rng = random.Random(seed)  # numbers that do not repeat: the compressed stream is long
-    return b"".join(b"step %d loss %.6f lr %.3e\n" % (i, rng.random(), rng.random()) for i in range(lines))
+from tests.unit.core.streams import numbered_log, read_up_to_damage
 
 
 def _read(data: bytes, size: int = 1 << 20) -> tuple[bytes, str | None]:
-    f, got = ZstdFile(io.BytesIO(data)), []
-    try:
-        while piece := f.read1(size):
-            got.append(piece)
-    except EOFError as e:
-        return b"".join(got), str(e)
-    return b"".join(got), None
+    return read_up_to_damage(ZstdFile, data, size)
 
 
 def test_whole_frames_one_after_another_and_nothing() -> None:
-    one, two = _log(50_000), b"appended later\n"
+    one, two = numbered_log(50_000), b"appended later\n"
     zstd = zstandard.ZstdCompressor()
     assert _read(zstd.compress(one)) == (one, None)
     assert _read(zstd.compress(one) + zstd.compress(two)) == (one + two, None)  # `zstd -c >>`, pzstd
@@ -42,7 +31,7 @@ def test_whole_frames_one_after_another_and_nothing() -> None:
 
 
 def test_a_cut_stream_is_read_up_to_the_cut_and_said() -> None:
-    one = _log(200_000)
+    one = numbered_log(200_000)
     data = zstandard.ZstdCompressor().compress(one)
     # what zstandard itself gives: the cut frame's data, no error
     alone = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data[:len(data) // 2])).read()
@@ -62,7 +51,7 @@ def test_damaged_data_is_said() -> None:
 def test_a_tar_zst_is_unpacked_and_one_cut_keeps_what_came_before(tmp_path: Path) -> None:
     plain = io.BytesIO()
     with tarfile.open(fileobj=plain, mode="w") as tar:
-        for name, data in (("job/rank0.log", b"step 1\n"), ("job/rank1.log", _log(100_000, 2))):
+        for name, data in (("job/rank0.log", b"step 1\n"), ("job/rank1.log", numbered_log(100_000, 2))):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -72,7 +61,7 @@ def test_a_tar_zst_is_unpacked_and_one_cut_keeps_what_came_before(tmp_path: Path
     cut.write_bytes(data[:len(data) // 2])
     got = archives.unpack(str(whole), str(tmp_path / "whole"), lambda rel: True)
     assert got.files == 2 and not got.skipped
-    assert (tmp_path / "whole/job/rank1.log").read_bytes() == _log(100_000, 2)
+    assert (tmp_path / "whole/job/rank1.log").read_bytes() == numbered_log(100_000, 2)
     got = archives.unpack(str(cut), str(tmp_path / "cut"), lambda rel: True)
     assert got.files == 1 and (tmp_path / "cut/job/rank0.log").read_bytes() == b"step 1\n"
     assert [s["path"] for s in got.skipped] == [str(cut)]
@@ -81,5 +70,5 @@ def test_a_tar_zst_is_unpacked_and_one_cut_keeps_what_came_before(tmp_path: Path
 
 @pytest.mark.parametrize("size", [1, 4096, 1 << 20])
 def test_any_read_size_gives_the_same_bytes(size: int) -> None:
-    one = _log(5_000)
+    one = numbered_log(5_000)
     assert _read(zstandard.ZstdCompressor(level=19).compress(one), size) == (one, None)
