@@ -6,15 +6,13 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
-import tarfile
 from pathlib import Path
 
 import lz4.frame
 
-from ml_debug.core import archives
 from ml_debug.core.lz4frames import Lz4File
 from tests.conftest import require
-from tests.unit.core.streams import numbered_log, read_up_to_damage
+from tests.unit.core.streams import numbered_log, read_up_to_damage, unpack_whole_and_cut
 
 
 def _lz4(data: bytes) -> bytes:
@@ -57,21 +55,6 @@ def test_a_cut_or_damaged_stream_is_read_up_to_the_damage_and_said() -> None:
 
 
 def test_a_tar_lz4_is_unpacked_and_one_cut_keeps_what_came_before(tmp_path: Path) -> None:
-    plain = io.BytesIO()
-    with tarfile.open(fileobj=plain, mode="w") as tar:
-        for name, data in (("job/rank0.log", b"step 1\n"), ("job/rank1.log", numbered_log(100_000, 2))):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    data = _lz4(plain.getvalue())
-    whole, cut = tmp_path / "job.tar.lz4", tmp_path / "cut.tar.lz4"
-    whole.write_bytes(data)
-    cut.write_bytes(data[:len(data) // 2])
-    got = archives.unpack(str(whole), str(tmp_path / "whole"), lambda rel: True)
-    assert got.files == 2 and not got.skipped
-    assert (tmp_path / "whole/job/rank1.log").read_bytes() == numbered_log(100_000, 2)
-    got = archives.unpack(str(cut), str(tmp_path / "cut"), lambda rel: True)
-    assert got.files == 1 and (tmp_path / "cut/job/rank0.log").read_bytes() == b"step 1\n"
-    assert [s["path"] for s in got.skipped] == [str(cut)]
+    got = unpack_whole_and_cut(tmp_path, _lz4, "job.tar.lz4", "cut.tar.lz4")
     assert got.skipped[0]["reason"] == ("a damaged or truncated archive: Compressed file ended before the "
                                         "end-of-stream marker was reached (1 file(s) before it were read)")

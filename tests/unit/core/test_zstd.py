@@ -4,15 +4,13 @@ is then said (the zstandard package's own reader returns a cut frame's data as i
 from __future__ import annotations
 
 import io
-import tarfile
 from pathlib import Path
 
 import pytest
 import zstandard
 
-from ml_debug.core import archives
 from ml_debug.core.zstd import ZstdFile
-from tests.unit.core.streams import numbered_log, read_up_to_damage
+from tests.unit.core.streams import numbered_log, read_up_to_damage, unpack_whole_and_cut
 
 
 def _read(data: bytes, size: int = 1 << 20) -> tuple[bytes, str | None]:
@@ -49,22 +47,7 @@ def test_damaged_data_is_said() -> None:
 
 
 def test_a_tar_zst_is_unpacked_and_one_cut_keeps_what_came_before(tmp_path: Path) -> None:
-    plain = io.BytesIO()
-    with tarfile.open(fileobj=plain, mode="w") as tar:
-        for name, data in (("job/rank0.log", b"step 1\n"), ("job/rank1.log", numbered_log(100_000, 2))):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    data = zstandard.ZstdCompressor().compress(plain.getvalue())
-    whole, cut = tmp_path / "job.tar.zst", tmp_path / "cut.tzst"
-    whole.write_bytes(data)
-    cut.write_bytes(data[:len(data) // 2])
-    got = archives.unpack(str(whole), str(tmp_path / "whole"), lambda rel: True)
-    assert got.files == 2 and not got.skipped
-    assert (tmp_path / "whole/job/rank1.log").read_bytes() == numbered_log(100_000, 2)
-    got = archives.unpack(str(cut), str(tmp_path / "cut"), lambda rel: True)
-    assert got.files == 1 and (tmp_path / "cut/job/rank0.log").read_bytes() == b"step 1\n"
-    assert [s["path"] for s in got.skipped] == [str(cut)]
+    got = unpack_whole_and_cut(tmp_path, zstandard.ZstdCompressor().compress, "job.tar.zst", "cut.tzst")
     assert got.skipped[0]["reason"].startswith("a damaged or truncated archive: the data ends inside a zstd frame")
 
 
