@@ -171,6 +171,52 @@ def test_readme_table_groups_the_commands_as_help_does():
     assert seen == {q: list(names) for q, names in GROUPS.items()}, seen
 
 
+
+# `mldebug CMD ... --flag` in a page, a sbatch template or a help text: up to the program's own arguments
+# (after `--`, trace's `-m`/`-c`), a comment or the sentence's next clause; a flag inside another's value
+# (--sbatch-arg=--gres=...) is not CMD's
+COMMAND_LINE = re.compile(r"mldebug ([a-z][a-z-]+)([^|`;&>\n]*)")
+COMMAND_END = re.compile(r" -- | -m | -c | ?#|, |\. ")
+FLAG = re.compile(r"(?<![\w=-])(--[a-z][a-z0-9-]*)")
+# hidden options the docs show on purpose: an earlier name's deprecation line, the agents a page explains
+HIDDEN_SHOWN = {("gpu-test", "--timeout"), ("top", "--agent"), ("attach", "--dap-agent")}
+
+
+def visible_flags() -> dict[str, set[str]]:
+    """Each command's flags as its --help lists them (hidden ones, earlier names included, left out)."""
+    import typer.main
+
+    from ml_debug.cli.app import build_app
+
+    group = typer.main.get_command(build_app([]))
+    return {name: {o for p in cmd.params if getattr(p, "param_type_name", "") == "option" and not p.hidden
+                   for o in (*p.opts, *p.secondary_opts)} | {"--help", "-h"}
+            for name, cmd in group.commands.items()}  # type: ignore[attr-defined]
+
+
+def unknown_flags(files: list[Path], flags: dict[str, set[str]], root: Path = REPO) -> list[str]:
+    """'file:line: mldebug CMD --flag' for every flag a command line in ``files`` gives that CMD does not show."""
+    problems = []
+    for f in files:
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            for m in COMMAND_LINE.finditer(line):
+                name = m.group(1)
+                if name not in flags:
+                    continue
+                for flag in FLAG.findall(COMMAND_END.split(m.group(2))[0]):
+                    if flag not in flags[name] and (name, flag) not in HIDDEN_SHOWN:
+                        problems.append(f"{f.relative_to(root)}:{n}: mldebug {name} {flag}")
+    return problems
+
+
+def test_every_flag_the_docs_show_is_one_the_command_shows():
+    """A renamed or removed flag leaves no page, template or help text behind (docs/conventions.md: one name
+    per meaning)."""
+    files = doc_files() + sorted((REPO / "slurm").glob("*.sbatch")) + sorted((REPO / "ml_debug").rglob("*.py"))
+    problems = unknown_flags(files, visible_flags())
+    assert not problems, "flags no command shows:\n" + "\n".join(problems)
+
+
 # ---- the checker itself must be able to fail
 
 
@@ -202,3 +248,14 @@ def test_checker_finds_a_broken_file_link_and_a_broken_anchor(tmp_path: Path):
 ])
 def test_slug_matches_github(heading: str, anchor: str):
     assert slug(heading) == anchor
+
+
+def test_flag_checker_finds_a_gone_flag_and_leaves_a_programs_own_alone(tmp_path: Path):
+    md = tmp_path / "page.md"
+    md.write_text("mldebug logs --jobs 2 DIR\n"
+                  "`mldebug logs --json DIR` and mldebug logs --nosuch\n"
+                  "mldebug launch --nproc-per-node 2 -- python train.py --lr 3e-4  # torchrun --tee 3\n"
+                  "mldebug drill --sbatch-arg=--gres=gpu:8\n"
+                  "give what mldebug logs read, or --jobs 1\n", encoding="utf-8")
+    flags = {"logs": {"--json"}, "launch": {"--nproc-per-node"}, "drill": {"--sbatch-arg"}}
+    assert unknown_flags([md], flags, root=tmp_path) == ["page.md:1: mldebug logs --jobs", "page.md:2: mldebug logs --nosuch"]
