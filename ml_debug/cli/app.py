@@ -221,8 +221,6 @@ def _interrupted(command: str | None) -> int:
     return _ended(command, ExitCode.INTERRUPTED, message, None, signal=sig)
 
 
-SAME_CTRL_C_S = lifecycle.SAME_CTRL_C_S
-
 # The commands whose processes are ranks when a launcher (torchrun, srun, mpirun) started them: their
 # launcher stops them with SIGTERM, which keeps its default meaning there (gpu-test first finishes its
 # verdict, see gputest.stages).

@@ -2,13 +2,18 @@
 
 The rule (docs/conventions.md, "Signals"): in the process a person or a script started, SIGINT (Ctrl-C)
 and SIGTERM (what `kill`, `timeout` and `scancel` send first) both interrupt the command: it stops what
-it started, keeps and prints what it gathered, and exits 130 saying which signal it was. A SIGINT within
-:data:`SAME_CTRL_C_S` of the first is the same Ctrl-C delivered twice (`timeout -s INT` signals the process,
-then its group) and is not a second interruption.
+it started, keeps and prints what it gathered, and exits 130 saying which signal it was. The same signal
+again within :data:`SAME_SIGNAL_S` of the first is the same one delivered twice, not a second interruption:
+`timeout -s INT` signals the process, then its group; a parent-death signal comes once per thread of the
+dying parent (below).
 
 A process that mldebug starts and that must not outlive it (a self-launched rank, `mldebug launch`'s
 torchrun, the commands `check` and `drill` run) is tied to it with Linux's parent-death signal
-(``prctl(PR_SET_PDEATHSIG)``): a SIGKILL of the launcher, which no handler sees, still ends them.
+(``prctl(PR_SET_PDEATHSIG)``): a SIGKILL of the launcher, which no handler sees, still ends them. The kernel
+sends it as the thread that started the child ends, then again each time the child, handed to another thread
+of the same process, loses that one too: a parent of N threads killed at once may send it N times (measured:
+1 to 3 SIGTERMs from a parent of 6 threads). A child that is not mldebug and cannot take a second one is
+started from a process with one thread (``mldebug launch``: torchrun).
 
 A child that mldebug stops when interrupted is started inside :func:`held_signals`: an interrupt that
 comes while ``subprocess.Popen`` runs, after the fork, would otherwise raise before mldebug holds the
@@ -28,12 +33,12 @@ from typing import Any
 
 from ml_debug.core import testhooks
 
-SAME_CTRL_C_S = 1.0
+SAME_SIGNAL_S = 1.0
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "MLDEBUG_DIE_WITH_PARENT"
 """Set by mldebug in the environment of a child that must die with it: ``<parent pid>:<signal number>``."""
 
-_last = [-SAME_CTRL_C_S]
+_last: list[tuple[int, float]] = [(0, -SAME_SIGNAL_S)]
 _received: list[int] = []
 
 
@@ -49,9 +54,9 @@ def note(signum: int) -> None:
 
 def _interrupt(signum: int, _frame: object) -> None:
     now = time.monotonic()
-    last, _last[0] = _last[0], now
-    if signum == signal.SIGINT and now - last < SAME_CTRL_C_S:
-        return  # the same Ctrl-C, delivered to the process and then to its group
+    last, _last[0] = _last[0], (signum, now)
+    if last[0] == signum and now - last[1] < SAME_SIGNAL_S:
+        return  # the same signal delivered twice: to the process, then its group; or a parent-death signal again
     note(signum)
     raise KeyboardInterrupt
 

@@ -23,11 +23,12 @@ import datetime as _dt
 import json
 import os
 import re
+import select
+import selectors
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,9 @@ TORCHELASTIC = "torchelastic"
 FR_BUFFER = "2000"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 STOP_GRACE_S = 30.0
+DRAIN_S = 10.0
+TERMINAL_BACKLOG = 8 << 20  # bytes kept for a terminal that does not take them now
+_PIPE_BUF = 4096
 
 
 @dataclass
@@ -190,14 +194,132 @@ def prepare(p: LaunchPlan) -> None:
         raise UsageError(f"cannot write the logs to {p.node_dir}: {e}", hint or "give a writable --log-dir") from None
 
 
-def _pump(src: IO[bytes], dst: IO[bytes], log: IO[bytes], lock: threading.Lock) -> None:
-    for line in iter(src.readline, b""):
-        with lock:
-            log.write(line)
-            log.flush()
-        with contextlib.suppress(OSError, ValueError):  # the terminal may be gone; the log file is not
-            dst.write(line)
-            dst.flush()
+class _Terminal:
+    """One of this process's own streams (the terminal, a pipe), written without ever blocking the loop that
+    waits for torchrun: what it does not take now waits, up to TERMINAL_BACKLOG bytes, until it takes more."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._backlog = bytearray()
+        self.dropped = 0
+        self._fd: int | None = None
+        with contextlib.suppress(OSError, ValueError):  # closed, or not a file (streams.prepare's stand-in)
+            stream.flush()
+            self._fd = stream.fileno()
+
+    def put(self, data: bytes) -> None:
+        if self._fd is None:
+            with contextlib.suppress(OSError, ValueError):
+                self._stream.write(data)
+                self._stream.flush()
+            return
+        keep = max(0, TERMINAL_BACKLOG - len(self._backlog))
+        self.dropped += max(0, len(data) - keep)
+        self._backlog += data[:keep]
+
+    @property
+    def lost(self) -> int:
+        """Bytes it has not taken: dropped, or still waiting."""
+        return self.dropped + len(self._backlog)
+
+    def push(self) -> bool:
+        """Write what the stream takes now; True while some is left."""
+        while self._backlog and self._fd is not None:
+            if not select.select([], [self._fd], [], 0)[1]:
+                return True
+            try:
+                n = os.write(self._fd, self._backlog[:_PIPE_BUF])  # a pipe ready for writing takes this much
+            except BlockingIOError:
+                return True
+            except OSError:  # the terminal is gone; console.log is not
+                self._fd = None
+                self._backlog.clear()
+                return False
+            del self._backlog[:n]
+        return False
+
+
+class _Output:
+    """torchrun's stdout and stderr, copied line by line to console.log and to this process's stdout and
+    stderr, by this (main) thread while it waits for torchrun.
+
+    No thread of its own: the kernel sends torchrun its parent-death signal (lifecycle.tie_to_this_process) once
+    per thread of this process as a SIGKILL ends them one by one, and a second SIGTERM that lands inside
+    torchrun's own shutdown leaves its log-tailing threads running, so that it never exits (seen under load:
+    tests/cli/test_lifecycle.py). With this process single-threaded, torchrun gets one SIGTERM."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], out: IO[bytes], err: IO[bytes], log: IO[bytes]) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self._proc, self._log = proc, log
+        self._terminals = (_Terminal(out), _Terminal(err))
+        self._sel = selectors.DefaultSelector()
+        for pipe, dst in zip((proc.stdout, proc.stderr), self._terminals, strict=True):
+            self._sel.register(pipe, selectors.EVENT_READ, [dst, b""])  # where it goes, its unfinished line
+
+    def wait(self, timeout: float | None) -> int:
+        """Copy the output until torchrun exits and its pipes are closed (its exit code), or ``timeout`` s pass
+        (subprocess.TimeoutExpired, as Popen.wait). Once torchrun has exited, its pipes are read for at most
+        DRAIN_S more: a process it left behind may hold them open."""
+        end = None if timeout is None else time.monotonic() + timeout
+        drained_by = None
+        while self._sel.get_map():
+            now = time.monotonic()
+            if drained_by is None and self._proc.poll() is not None:
+                drained_by = now + DRAIN_S
+            if drained_by is not None and now >= drained_by:
+                break
+            if end is not None and now >= end:
+                raise subprocess.TimeoutExpired(self._proc.args, timeout or 0.0)
+            behind = [t.push() for t in self._terminals]  # a terminal not taking its lines: looked at again soon
+            tick = 0.05 if any(behind) else 0.5
+            for key, _ in self._sel.select(min([tick, *(t - now for t in (end, drained_by) if t is not None)])):
+                self._copy(key)
+        return self._proc.wait(None if end is None else max(0.0, end - time.monotonic()))
+
+    def _copy(self, key: selectors.SelectorKey) -> None:
+        # an interrupt (KeyboardInterrupt, raised between any two steps) waits until the chunk read is in
+        # console.log and queued for the terminal
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            chunk = os.read(key.fd, 1 << 16)
+            dst, rest = key.data
+            if not chunk:  # the pipe is closed: its last line, even without a newline
+                self._sel.unregister(key.fileobj)
+                lines = rest
+            else:
+                data = rest + chunk
+                cut = data.rfind(b"\n") + 1
+                key.data[1] = data[cut:]
+                lines = data[:cut]  # whole lines only: stdout's and stderr's do not cut into each other
+            self._out(lines, dst)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        dst.push()
+
+    def say(self, line: str) -> None:
+        """A line of mldebug launch's own, in console.log and on stderr among torchrun's."""
+        self._out(line.encode(), self._terminals[1])
+        self._terminals[1].push()
+
+    def _out(self, lines: bytes, dst: _Terminal) -> None:
+        if lines:
+            self._log.write(lines)
+            self._log.flush()
+            dst.put(lines)
+
+    def close(self) -> None:
+        """Stop reading; give the terminal what it takes within a second or two, and say what it did not."""
+        for key in list(self._sel.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self._sel.close()
+        end = time.monotonic() + 2.0
+        while any(t.push() for t in self._terminals) and time.monotonic() < end:
+            time.sleep(0.05)
+        lost = sum(t.lost for t in self._terminals)
+        if lost:
+            self._terminals[1].put(f"mldebug launch: the terminal did not take {lost} bytes of the job's output; "
+                                   f"console.log has all of it\n".encode())
+            self._terminals[1].push()
 
 
 def _children(pid: int) -> list[int]:
@@ -215,19 +337,19 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], output: _Output) -> None:
     """SIGTERM torchrun (it stops its ranks); then SIGKILL it and its ranks by pid (each rank runs in its
     own session, so killing torchrun alone would leave them running)."""
     ranks = _children(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(STOP_GRACE_S)
+        output.wait(STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         for pid in [proc.pid, *ranks, *(c for r in ranks for c in _children(r))]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        proc.wait(STOP_GRACE_S)
+        output.wait(STOP_GRACE_S)
 
 
 def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None = None,
@@ -238,7 +360,6 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
     env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun gives each rank its own
     out = stdout or sys.stdout.buffer
     err = stderr or sys.stderr.buffer
-    lock = threading.Lock()
     code: int = ExitCode.PROBLEM
     from ml_debug.core import safefs
 
@@ -251,27 +372,20 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
                               stdin=subprocess.DEVNULL, preexec_fn=lifecycle.tie_to_this_process(signal.SIGTERM))
         except OSError as e:
             raise UsageError(f"cannot start torchrun: {e}", "is torch installed in this Python?") from e
-        assert proc.stdout is not None and proc.stderr is not None
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, log, lock), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, err, log, lock), daemon=True)]
-        for t in pumps:
-            t.start()
+        output = _Output(proc, out, err, log)
         deadline = time.monotonic() + timeout if timeout else None
         interrupted = False
         while True:
             try:
                 held.release()  # the first time round: what came while torchrun started
-                rc = proc.wait(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
+                rc = output.wait(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
                 if deadline is not None and time.monotonic() >= deadline:
                     # "error" and the time make `mldebug logs` read this line as the cause, at its time
                     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-                    msg = f"mldebug launch: error: --run-timeout {timeout:g} s reached at {now}: stopping the job\n"
-                    with lock:
-                        log.write(msg.encode())
-                    err.write(msg.encode())
-                    _stop(proc)
+                    output.say(f"mldebug launch: error: --run-timeout {timeout:g} s reached at {now}: stopping the job\n")
+                    _stop(proc, output)
                     deadline = None
             except KeyboardInterrupt:
                 # the terminal's SIGINT reached torchrun too (same process group): let it stop its ranks; a
@@ -286,15 +400,14 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
                         with contextlib.suppress(ProcessLookupError):
                             proc.send_signal(sig)
                     try:
-                        proc.wait(STOP_GRACE_S)
+                        output.wait(STOP_GRACE_S)
                     except subprocess.TimeoutExpired:
-                        _stop(proc)
+                        _stop(proc, output)
                 finally:
                     lifecycle.restore(saved)
                 rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
                 break
-        for t in pumps:
-            t.join(10)
+        output.close()
         code = ExitCode.INTERRUPTED if interrupted else (rc if rc >= 0 else 128 - rc)
     p.manifest["ended"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     p.manifest["exit_code"] = code

@@ -100,7 +100,7 @@ def _left(token: str) -> str:
 
 def test_sigterm_and_sigkill_of_mldebug_launch_leave_no_rank_alive(tmp_path: Path) -> None:
     """SIGTERM: torchrun and its ranks stopped, launch.json says when and how it ended (130). SIGKILL (no
-    handler runs): torchrun gets SIGTERM from the kernel and stops its ranks."""
+    handler runs): torchrun gets SIGTERM from the kernel, once, and stops its ranks."""
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     procs: dict[signal.Signals, tuple[str, Path, subprocess.Popen[str]]] = {}
     for sig in (signal.SIGTERM, signal.SIGKILL):  # both at once: the suite waits for one torchrun start
@@ -111,6 +111,10 @@ def test_sigterm_and_sigkill_of_mldebug_launch_leave_no_rank_alive(tmp_path: Pat
         for _, logs, _ in procs.values():
             wait_until(lambda: (c := next(iter(logs.glob("*/console.log")), None)) is not None  # noqa: B023
                        and c.read_text().count("rank up") == 2, 90, "both ranks to start")
+        for _, _, proc in procs.values():
+            # one thread: the kernel sends torchrun its parent-death SIGTERM once per thread of a killed parent,
+            # and a second one inside torchrun's shutdown leaves it hanging at exit (lifecycle.py)
+            assert os.listdir(f"/proc/{proc.pid}/task") == [str(proc.pid)]
         for sig, (_, _, proc) in procs.items():
             proc.send_signal(sig)
         for sig, (token, logs, proc) in procs.items():
@@ -130,3 +134,39 @@ def test_sigterm_and_sigkill_of_mldebug_launch_leave_no_rank_alive(tmp_path: Pat
             if proc.poll() is None:
                 proc.kill()
             proc.communicate()
+
+
+CHATTY = ("import time\nfor i in range(200):\n    print(f'line {i} ' + 'x' * 1000, flush=True)\n"
+          "print('all printed', flush=True)\ntime.sleep(600)\n")
+
+
+def test_a_terminal_that_takes_nothing_neither_cuts_console_log_nor_holds_the_stop(tmp_path: Path) -> None:
+    """`mldebug launch ... | less`, the pager never read: 400 KiB of the job's output fill the pipe, and console.log
+    still gets every line; SIGTERM still stops the job at once (launch copies torchrun's output from its one thread,
+    which never waits on the terminal), and stderr says what the terminal did not take."""
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    token, logs = uuid.uuid4().hex, tmp_path / "logs"
+    with open(tmp_path / "stderr", "w") as err:
+        env = {**os.environ, MARKER: token, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath(os.environ)}
+        proc = subprocess.Popen([sys.executable, "-m", "ml_debug", "launch", "--nproc-per-node", "2", "--log-dir",
+                                 str(logs), "--", "python", "chatty.py"], stdout=subprocess.PIPE, stderr=err, env=env,
+                                cwd=tmp_path, stdin=subprocess.DEVNULL)
+        try:
+            console = lambda: next(iter(logs.glob("*/console.log")), tmp_path / "none")  # noqa: E731
+            wait_until(lambda: console().is_file() and console().read_text().count("all printed") == 2, 120,
+                       "both ranks' 200 lines in console.log while nobody reads the terminal")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 130
+        finally:
+            _kill_all(token)
+            if proc.poll() is None:
+                proc.kill()
+            assert proc.stdout is not None
+            proc.stdout.close()
+            proc.wait()
+    text = console().read_text()
+    assert all(f"rank{r}]:line {i} " in text for r in (0, 1) for i in range(200))
+    said = (tmp_path / "stderr").read_text()
+    assert "mldebug: error: interrupted by SIGTERM" in said, said
+    assert "mldebug launch: the terminal did not take " in said and "console.log has all of it" in said, said
+    wait_until(lambda: not pids_with_env(MARKER, token), 60, "torchrun and its ranks to stop", why=lambda: _left(token))

@@ -25,7 +25,7 @@ def ours() -> Iterator[None]:
     saved = lifecycle.handlers()
     received, last = list(lifecycle._received), list(lifecycle._last)
     lifecycle._received.clear()
-    lifecycle._last[0] = -lifecycle.SAME_CTRL_C_S
+    lifecycle._last[0] = (0, -lifecycle.SAME_SIGNAL_S)
     signal.signal(signal.SIGINT, lifecycle._interrupt)
     signal.signal(signal.SIGTERM, lifecycle._interrupt)
     try:
@@ -75,6 +75,19 @@ def test_the_same_ctrl_c_twice_is_one_interrupt() -> None:
             _stop(proc)
     signal.raise_signal(signal.SIGINT)  # within a second of the first: passed over, nothing raised
     assert lifecycle._received == [signal.SIGINT]
+
+
+def test_a_parent_death_sigterm_again_is_one_interrupt_and_another_signal_is_not() -> None:
+    """The kernel sends a tied child its parent-death signal once per thread of the dying parent: a SIGTERM
+    again within a second is the same one (the stop it started goes on); a SIGINT then is a new interrupt."""
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGTERM)
+    signal.raise_signal(signal.SIGTERM)  # passed over, nothing raised
+    signal.raise_signal(signal.SIGTERM)
+    assert lifecycle._received == [signal.SIGTERM]
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    assert lifecycle._received == [signal.SIGTERM, signal.SIGINT]
 
 
 def test_a_handler_that_is_not_ours_gets_the_signal_after_the_block() -> None:
