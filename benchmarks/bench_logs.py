@@ -19,6 +19,10 @@ logging lines: time stamps and numbers):
 ``--wrap cri`` or ``--wrap docker`` writes each file as a container runtime keeps it on a Kubernetes or Docker node
 (container.py: every line a record with its time, a line over 16 KiB in parts); grep reads the same wrapped files.
 
+``--compress gz`` (or ``xz``, ``bz2``, ``zst``, ``lz4``) writes each file compressed at its tool's default level, as
+logrotate leaves old logs (``rank037.log.gz``); the floor is then the tool decompressing every file into one
+`grep -c -i -E` (``gzip -dc FILES | grep ...``).
+
 They are written to a temporary directory, which is deleted at the end. Printed per mix: the wall time
 of the triage with the default readers (as a user's `mldebug logs` reads: one reader process per CPU for
 logs this large), its CPU time (readers included) and peak RSS, beside one `grep -c -i -E` pass over the
@@ -30,6 +34,8 @@ triage names the wrong rank.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import resource
@@ -44,6 +50,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.common import Result  # noqa: E402
+
+# --compress: each suffix's Python module (its compress() at the default level writes the files), and the command
+# that decompresses files to its output
+COMPRESSORS = {
+    "gz": ("gzip", ["gzip", "-dc"]),
+    "xz": ("lzma", ["xz", "-dc"]),
+    "bz2": ("bz2", ["bzip2", "-dc"]),
+    "zst": ("zstandard", ["zstd", "-dcq"]),
+    "lz4": ("lz4.frame", ["lz4", "-dcqm"]),
+}
 
 RANKS = 256
 PER_NODE = 8
@@ -229,8 +245,9 @@ def _wrapped(data: bytes, wrap: str) -> bytes:
 
 
 def generate(root: Path, ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RANK, mix: str = "logging",
-             wrap: str = "none") -> int:
-    """Write the logs under ``root`` (as the container runtime ``wrap`` keeps them); the number of bytes written."""
+             wrap: str = "none", compress: str = "none") -> int:
+    """Write the logs under ``root`` (as the container runtime ``wrap`` keeps them, compressed by ``compress``); the
+    number of bytes of text written (before compression)."""
     body = _body(bytes_per_rank - 6000, mix)
     total = 0
     for rank in range(ranks):
@@ -239,7 +256,11 @@ def generate(root: Path, ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RAN
         data = _nccl_init(rank, ranks).encode() + body + _end(rank, CULPRIT % ranks).encode()
         if wrap != "none":
             data = _wrapped(data, wrap)
-        (d / f"rank{rank:03d}.log").write_bytes(data)
+        if compress == "none":
+            (d / f"rank{rank:03d}.log").write_bytes(data)
+        else:
+            (d / f"rank{rank:03d}.log.{compress}").write_bytes(
+                importlib.import_module(COMPRESSORS[compress][0]).compress(data))
         total += len(data)
     return total
 
@@ -270,17 +291,26 @@ def _triage(root: Path, jobs: int | None) -> tuple[float, float, int, dict[str, 
 GREP = "traceback|error|nccl|cuda|sig|killed|connection|exit|fail"
 
 
-def _grep(root: Path) -> tuple[float, float]:
-    """(wall s, CPU s) of one `grep -c -i -E` pass over the files, its output into a file (GNU grep stops at the
-    first match when its output is /dev/null, and a pipe read by Python adds its own time); the best of two (the
-    first may read from disk)."""
-    files = sorted(str(p) for p in root.rglob("*.log"))
+def _grep(root: Path, compress: str = "none") -> tuple[float, float]:
+    """(wall s, CPU s) of one `grep -c -i -E` pass over the files (decompressed by their tool into it), its output
+    into a file (GNU grep stops at the first match when its output is /dev/null, and a pipe read by Python adds its
+    own time); the best of two (the first may read from disk)."""
+    files = sorted(str(p) for p in root.rglob("*.log" if compress == "none" else f"*.log.{compress}"))
+    grep = ["grep", "-c", "-i", "-E", GREP]
     best, best_cpu = float("inf"), float("inf")
     with tempfile.TemporaryFile() as out:
         for _ in range(2):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            subprocess.run(["grep", "-c", "-i", "-E", GREP, *files], stdout=out, timeout=600, check=False)
+            if compress == "none":
+                subprocess.run([*grep, *files], stdout=out, timeout=600, check=False)
+            else:
+                with subprocess.Popen([*COMPRESSORS[compress][1], *files], stdout=subprocess.PIPE) as dec:
+                    subprocess.run(grep, stdin=dec.stdout, stdout=out, timeout=600, check=False)
+                    assert dec.stdout is not None
+                    dec.stdout.close()
+                if dec.returncode != 0:
+                    raise RuntimeError(f"{' '.join(COMPRESSORS[compress][1])} failed (exit {dec.returncode})")
             wall = time.perf_counter() - t0
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
@@ -289,37 +319,54 @@ def _grep(root: Path) -> tuple[float, float]:
 
 
 def measure(ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RANK, mixes: list[str] | None = None,
-            jobs: int | None = None, wrap: str = "none") -> list[Result]:
+            jobs: int | None = None, wrap: str = "none", compress: str = "none") -> list[Result]:
+    if compress != "none":
+        module, tool = COMPRESSORS[compress]
+        missing = [what for what, ok in ((f"the Python package {module}", _importable(module)),
+                                         (f"the command {tool[0]}", shutil.which(tool[0]) is not None)) if not ok]
+        if missing:
+            raise SystemExit(f"bench_logs: --compress {compress} needs {' and '.join(missing)}")
     results: list[Result] = []
     failed: list[str] = []
     for mix in mixes or list(MIXES):
         tmp = Path(tempfile.mkdtemp(prefix=f"bench-logs-{mix}-"))
         try:
             t0 = time.perf_counter()
-            total = generate(tmp, ranks, bytes_per_rank, mix, wrap)
+            total = generate(tmp, ranks, bytes_per_rank, mix, wrap, compress)
             if wrap != "none":
                 mix = f"{mix} as {wrap} records"
+            if compress != "none":
+                mix = f"{mix}, .{compress}"
             print(f"# logs {mix}: generated {total / 1e9:.2f} GB in {ranks} files in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr)
-            grep, grep_cpu = _grep(tmp)
+            grep, grep_cpu = _grep(tmp, compress)
             wall, cpu, rss, verdict = _triage(tmp, jobs)
             primary = verdict.get("primary") or {}
             who = (primary.get("who") or {}) if isinstance(primary, dict) else {}
             wrong = who.get("rank") != CULPRIT % ranks
             readers = "default readers" if jobs is None else f"--readers {jobs}"
-            detail = (f"{total / 1e9:.2f} GB, {ranks} files, {readers}: {wall:.2f} s wall, {cpu:.1f} s CPU, peak RSS "
-                      f"{rss / 2**20:.0f} MiB ({total / wall / 1e6:.0f} MB/s); grep -c -i -E: {grep:.2f} s wall, "
+            floor = "grep -c -i -E" if compress == "none" else f"{' '.join(COMPRESSORS[compress][1])} | grep -c -i -E"
+            detail = (f"{total / 1e9:.2f} GB of text, {ranks} files, {readers}: {wall:.2f} s wall, {cpu:.1f} s CPU, peak RSS "
+                      f"{rss / 2**20:.0f} MiB ({total / wall / 1e6:.0f} MB/s); {floor}: {grep:.2f} s wall, "
                       f"{grep_cpu:.2f} s CPU; CPU ratio {cpu / max(grep_cpu, 1e-3):.1f}")
             if wrong:
                 detail = f"WRONG RANK ({verdict.get('summary')}); {detail}"
                 failed.append(mix)
-            results.append(Result(f"logs {mix}: triage / one grep pass", wall / grep, detail))
+            name = "one grep pass" if compress == "none" else f"{COMPRESSORS[compress][1][0]} | grep"
+            results.append(Result(f"logs {mix}: triage / {name}", wall / grep, detail))
             print(results[-1].line(), file=sys.stderr, flush=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     if failed:
         raise RuntimeError(f"the triage named the wrong rank in the mixes {', '.join(failed)}")
     return results
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its package is missing
+        return False
 
 
 def run() -> list[Result]:
@@ -334,6 +381,8 @@ if __name__ == "__main__":
     ap.add_argument("--readers", dest="jobs", type=int, default=None, help="reader processes (default: mldebug logs' own choice)")
     ap.add_argument("--wrap", choices=["none", "cri", "docker"], default="none",
                     help="write the files as a container runtime keeps them (default: the job's own text)")
+    ap.add_argument("--compress", choices=["none", *COMPRESSORS], default="none",
+                    help="write each file compressed, as logrotate leaves old logs (default: plain)")
     args = ap.parse_args()
-    for r in measure(args.ranks, int(args.mb_per_rank * 2**20), args.mix, args.jobs, args.wrap):
+    for r in measure(args.ranks, int(args.mb_per_rank * 2**20), args.mix, args.jobs, args.wrap, args.compress):
         print(r.line(), flush=True)
