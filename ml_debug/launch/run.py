@@ -165,7 +165,7 @@ def plan(opts: LaunchJobOptions, host: str | None = None, environ: dict[str, str
                 "torchrun": argv, "prefix_template": PREFIX_TEMPLATE, "console": CONSOLE,
                 "torchelastic": TORCHELASTIC, "trace": opts.trace, "flight_recorder": opts.flight_recorder,
                 "cuda_sync": opts.cuda_sync,
-                "started": None, "ended": None, "exit_code": None}
+                "started": None, "ended": None, "exit_code": None, "signal": None}
     return LaunchPlan(argv=argv, env=env, host=host, node_dir=node_dir, manifest=manifest)
 
 
@@ -411,5 +411,6 @@ def run(p: LaunchPlan, *, timeout: float | None = None, stdout: IO[bytes] | None
         code = ExitCode.INTERRUPTED if interrupted else (rc if rc >= 0 else 128 - rc)
     p.manifest["ended"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     p.manifest["exit_code"] = code
+    p.manifest["signal"] = lifecycle.interrupting_signal() if code == ExitCode.INTERRUPTED else None
     _write_manifest(p)
     return int(code)

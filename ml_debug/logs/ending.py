@@ -14,13 +14,23 @@ from ml_debug.logs.labels import clock
 from ml_debug.logs.result import PRIMARY, SECONDARY, Event, SourceInfo, Verdict
 
 
-def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: int | None) -> Verdict:
-    """The verdict in the light of how `mldebug launch` ended (its manifests' ``exit_code``). 130: it was
-    interrupted (Ctrl-C, or SIGINT to torchrun): the ranks' KeyboardInterrupt and SIGINT lines are that, not
-    a failure of the job's own. 0: the job succeeded, so a failure in the logs was survived: torchrun
-    restarted the ranks (--max-restarts) and a later attempt finished."""
+def launched(v: Verdict, code: int, failed_attempts: list[int], last_attempt: int | None,
+             signal: str | None = None) -> Verdict:
+    """The verdict in the light of how `mldebug launch` ended (its manifests' ``exit_code`` and ``signal``). 130:
+    it was interrupted. By Ctrl-C (``SIGINT``; no ``signal``: a launch.json of before 2026-11-29): the ranks'
+    KeyboardInterrupt and SIGINT lines are that, not a failure of the job's own. By another signal (SIGTERM: kill,
+    timeout, a scheduler's time limit or scancel): a stop from outside, which torchrun's agent's own line
+    names as a failure; with no failure in the logs, the job was stopped from outside, not by a failure of its
+    own. 0: the job succeeded, so a failure in the logs was survived: torchrun restarted the ranks
+    (--max-restarts) and a later attempt finished."""
+    if code == ExitCode.INTERRUPTED and signal not in (None, "SIGINT"):
+        if v.status == "failure":  # torchrun's agent's "Received 15 death signal", or a failure before it
+            return v
+        return _stopped(v, f"from outside ({signal}: mldebug launch exited with code 130; kill, timeout, a "
+                           "scheduler's time limit or scancel)", "")
     if code == ExitCode.INTERRUPTED:
-        return _by_user(v, "Ctrl-C: mldebug launch exited with code 130", "the job was stopped by the user (Ctrl-C)")
+        return _stopped(v, "by the user (Ctrl-C: mldebug launch exited with code 130)",
+                        "the job was stopped by the user (Ctrl-C)")
     if code == 0 and v.failed:
         if failed_attempts and last_attempt is not None and last_attempt > max(failed_attempts):
             return _recovered(v, f"the job recovered: the failure of attempt {', '.join(map(str, failed_attempts))} "
@@ -62,17 +72,17 @@ def interrupted(v: Verdict, events: Iterable[Event]) -> Verdict:
     if stop is None:
         return v
     at = f" at {clock(stop.time)}" if stop.time is not None else ""
-    return _by_user(v, f"torchrun received SIGINT{at}: Ctrl-C", "torchrun was interrupted (SIGINT, Ctrl-C)")
+    return _stopped(v, f"by the user (torchrun received SIGINT{at}: Ctrl-C)", "torchrun was interrupted (SIGINT, Ctrl-C)")
 
 
-def _by_user(v: Verdict, how: str, then: str) -> Verdict:
-    """The user stopped the job (``how``): the verdict says so, unless a failure of its own came first (``then``: what
-    followed it)."""
+def _stopped(v: Verdict, how: str, then: str) -> Verdict:
+    """The job was stopped (``how``: by whom, and what says so): the verdict says so, unless a failure of its own
+    came first (``then``: what followed it)."""
     if v.status == "failure":
         return dataclasses.replace(v, summary=f"{v.summary}; then {then}")
     return dataclasses.replace(
         v, status="interrupted", hint=None, basis=None,
-        summary=f"the job was stopped by the user ({how}), not by a failure of its own"
+        summary=f"the job was stopped {how}, not by a failure of its own"
                 + (f"; the ranks' lines: {v.summary}" if v.status != "none" else ""))
 
 

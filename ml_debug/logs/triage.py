@@ -80,6 +80,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     # `mldebug launch` ended (130: interrupted, Ctrl-C)
     launch_world = _agreed(_world(man) for man in launches)
     launch_exit = _agreed(man.get("exit_code") for man in launches)
+    launch_signal = next((str(man["signal"]) for man in launches if man.get("signal")), None)
     ids = accounting.Identities(collector)
     for ev in collector.events:
         if ev.kind in JOB_KINDS:
@@ -110,7 +111,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     if launch_exit is not None:
         failed = {a for e in collector.events if e.cls == PRIMARY and (a := attempt_of(e.source)) is not None}
         last = max((a for s in infos if (a := attempt_of(s.path)) is not None), default=None)
-        verdict = launched(verdict, launch_exit, sorted(failed), last)
+        verdict = launched(verdict, launch_exit, sorted(failed), last, launch_signal)
     else:
         verdict = went_on(restarted(verdict, collector.events), collector.events, infos, collector.reported)
         verdict = interrupted(verdict, collector.events)

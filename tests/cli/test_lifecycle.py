@@ -127,7 +127,8 @@ def test_sigterm_and_sigkill_of_mldebug_launch_leave_no_rank_alive(tmp_path: Pat
                 assert proc.returncode == 130, err
                 assert "mldebug: error: interrupted by SIGTERM" in err, err
                 manifest = json.loads(next(iter(logs.glob("*/launch.json"))).read_text())
-                assert manifest["ended"] and manifest["exit_code"] == 130, manifest
+                assert manifest["ended"] and manifest["exit_code"] == 130 and manifest["signal"] == "SIGTERM", manifest
+                assert "stopped by the user" not in err, err  # its closing verdict: a stop from outside
     finally:
         for token, _, proc in procs.values():
             _kill_all(token)

@@ -76,6 +76,34 @@ def test_ctrl_c_with_no_failure_before_it_is_an_interruption() -> None:
                                 "by a failure of its own; the ranks' lines: no primary failure found"), v.summary
 
 
+def _launch_ended_by(tmp: Path, data: str, sig: str) -> Path:
+    """A copy of a real launch directory whose launch.json says ``sig`` stopped mldebug launch."""
+    import json
+    import shutil
+
+    shutil.copytree(DATA / data, tmp / data)
+    manifest = tmp / data / "vm" / "launch.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "signal": sig}))
+    return tmp / data
+
+
+def test_a_launch_stopped_by_sigterm_was_stopped_from_outside_not_by_the_user(tmp_path: Path) -> None:
+    """A scheduler's time limit, scancel or kill sends mldebug launch SIGTERM (launch.json's ``signal``): the job was
+    stopped from outside, not by the user's Ctrl-C; the same directory that says SIGINT is the user's Ctrl-C."""
+    v = triage([str(_launch_ended_by(tmp_path / "term", "launch_ctrl_c_only", "SIGTERM"))]).verdict
+    assert v.status == "interrupted" and not v.failed, v.summary
+    assert v.summary.startswith("the job was stopped from outside (SIGTERM: mldebug launch exited with code 130; kill, "
+                                "timeout, a scheduler's time limit or scancel), not by a failure of its own"), v.summary
+    v = triage([str(_launch_ended_by(tmp_path / "int", "launch_ctrl_c_only", "SIGINT"))]).verdict
+    assert v.summary.startswith("the job was stopped by the user (Ctrl-C: mldebug launch exited with code 130)"), v.summary
+
+
+def test_a_failure_then_sigterm_is_the_failure_with_no_ctrl_c_said_after_it(tmp_path: Path) -> None:
+    v = triage([str(_launch_ended_by(tmp_path, "launch_fail_then_ctrl_c", "SIGTERM"))]).verdict
+    assert v.status == "failure" and v.primary is not None and v.primary.who.rank == 1, v.summary
+    assert "Ctrl-C" not in v.summary and "stopped by the user" not in v.summary, v.summary
+
+
 # ----------------------------------------------------------------------------- Slurm and bash
 
 # Slurm's srun (src/api/step_launch.c, _task_finish's messages): "Exited with exit code N", "Out Of Memory", or the
