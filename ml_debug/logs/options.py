@@ -36,7 +36,8 @@ class LogsOptions:
                              help="How many distinct tracebacks to show (most important first).")
     jobs: int | None = option(None, flags=("--readers",), renamed_from=("--jobs",), min=1, metavar="N",
                               help="Reader processes (1: read everything in this process). Default: one per CPU, "
-                                   "at most 16, when the logs are over 64 MiB; smaller logs are read in this process.")
+                                   "at most 16, when the logs hold over 64 MiB of text (a compressed file counted as the text it holds); "
+                                   "smaller logs are read in this process.")
     html: Path | None = option(None, metavar="FILE.html", dir_okay=False, forward=False, panel=SHOW,
                                help="Also write the answer as one self-contained HTML page (the ranks' timeline per "
                                     "node, the tracebacks) to share.")

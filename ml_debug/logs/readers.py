@@ -38,7 +38,10 @@ MAX_JOBS = 16
 """Reader processes at most: what they find is taken in by this process alone (16k files: 1.1 s of CPU
 here against 15 s in the readers), which more readers do not shorten."""
 PARALLEL_BYTES = 64 << 20
-"""Below this much input (or with fewer sources than two shares) every source is read in this process."""
+"""Below this much text (or with fewer sources than two shares) every source is read in this process."""
+TEXT_PER_BYTE = {"gzip": 8, "zstd": 8, "xz": 20, "bzip2": 15, "lz4": 4}
+"""About how much text a byte of each compression holds in a job's logs, at least (benchmarks/bench_logs.py's
+mixes: gzip 10-52, zstd 10-62, xz 30-130, bzip2 21-100, lz4 5-28): a source's share of the reading is its text's."""
 SHARES_PER_JOB = 4
 """Shares per reader: progress moves in steps of one share, and a share of big files holds no one up long."""
 READER = [sys.executable, "-c", "import sys; del sys.path[0]; from ml_debug.logs.readers import serve; serve()"]
@@ -91,7 +94,7 @@ def read_all(exp: Expanded, on_source: OnSource | None = None, *,
     """Every source of ``exp`` read, in source order, by ``jobs`` readers (None: :func:`default_jobs` when the
     input is over PARALLEL_BYTES, else here; 1: here)."""
     if jobs is None:
-        jobs = default_jobs() if sum(s.size for s in exp.sources) >= PARALLEL_BYTES else 1
+        jobs = readers_for(exp.sources)
     shares = _shares(exp.sources, jobs * SHARES_PER_JOB) if jobs > 1 else []
     if len(shares) < 2 or any(s.stdin for s in exp.sources):
         return _read_here(exp.sources, range(len(exp.sources)), on_source)
@@ -109,15 +112,25 @@ def _read_here(sources: list[Source], share: range, on_source: OnSource | None) 
     return collector, reads
 
 
+def readers_for(sources: list[Source]) -> int:
+    """The readers :func:`read_all` starts by default: one per CPU for PARALLEL_BYTES of text or more, else none."""
+    return default_jobs() if sum(text_bytes(s) for s in sources) >= PARALLEL_BYTES else 1
+
+
+def text_bytes(src: Source) -> int:
+    """About how much text reading ``src`` gives (a compressed file's, by TEXT_PER_BYTE); at least 1."""
+    return max(1, src.size * TEXT_PER_BYTE.get(src.codec, 1))
+
+
 def _shares(sources: list[Source], want: int) -> list[range]:
-    """The sources cut into about ``want`` runs of neighbours of similar size. A cut waits for the next
+    """The sources cut into about ``want`` runs of neighbours of similar text size. A cut waits for the next
     directory (a rank's stdout and stderr, one process's lines, stay in one share) up to twice a share's
     size: a flat directory of many files is still shared out."""
-    step = sum(max(1, s.size) for s in sources) / max(1, want)
+    step = sum(text_bytes(s) for s in sources) / max(1, want)
     out: list[range] = []
     start, acc = 0, 0
     for i, src in enumerate(sources):
-        acc += max(1, src.size)
+        acc += text_bytes(src)
         due = step * (len(out) + 1)
         if i + 1 == len(sources) or (acc >= due and (acc >= due + step or os.path.dirname(sources[i + 1].path)
                                                      != os.path.dirname(src.path))):

@@ -88,6 +88,18 @@ def test_shares_cover_every_source_in_order_and_keep_a_directory_together() -> N
     assert max(len(s) for s in flat) <= 2 * 64 // 8
 
 
+def test_a_compressed_source_weighs_as_the_text_it_holds() -> None:
+    """A job's .gz logs hold about 8 times their size in text (10-52x in benchmarks/bench_logs.py's mixes): 10 MiB of
+    them are read by reader processes as 80 MiB of text would be, and share out against plain files by their text."""
+    mib = 1 << 20
+    assert readers.readers_for([Source(path="a.log.gz", shape="console", size=10 * mib, codec="gzip")]) \
+        == readers.default_jobs()
+    assert readers.readers_for([Source(path="a.log", shape="console", size=10 * mib)]) == 1
+    both = [Source(path="n0/a.log.gz", shape="console", size=100, codec="gzip"),
+            Source(path="n1/b.log", shape="console", size=800)]
+    assert readers._shares(both, 2) == [range(0, 1), range(1, 2)]
+
+
 def _document(paths: list[str], jobs: int) -> dict[str, Any]:
     return to_jsonable(triage(paths, jobs=jobs))
 
