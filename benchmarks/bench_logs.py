@@ -346,7 +346,7 @@ def measure(ranks: int = RANKS, bytes_per_rank: int = BYTES_PER_RANK, mixes: lis
             wrong = who.get("rank") != CULPRIT % ranks
             readers = "default readers" if jobs is None else f"--readers {jobs}"
             floor = "grep -c -i -E" if compress == "none" else f"{' '.join(COMPRESSORS[compress][1])} | grep -c -i -E"
-            detail = (f"{total / 1e9:.2f} GB of text, {ranks} files, {readers}: {wall:.2f} s wall, {cpu:.1f} s CPU, peak RSS "
+            detail = (f"{total / 1e9:.2f} GB uncompressed, {ranks} files, {readers}: {wall:.2f} s wall, {cpu:.1f} s CPU, peak RSS "
                       f"{rss / 2**20:.0f} MiB ({total / wall / 1e6:.0f} MB/s); {floor}: {grep:.2f} s wall, "
                       f"{grep_cpu:.2f} s CPU; CPU ratio {cpu / max(grep_cpu, 1e-3):.1f}")
             if wrong:

@@ -27,6 +27,7 @@ CRI = "CRI"
 DOCKER = "docker json-file"
 _CRI_LINE = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [PF](?:[: ]|$)")
 _WHOLE = (b"stdout F ", b"stderr F ")
+_TAG_CUT = len(b" stdout F ") - 1  # what unwrapping a whole line's record takes off it
 _BLOCK = 1 << 20
 
 
@@ -91,11 +92,12 @@ class Unwrapped:
 
     def _cri_block(self, block: bytes) -> bytes:
         lines = block.count(b"\n")
-        # every line a whole line's record (a year first, one stream-and-tag word each; a partial record has none):
-        # each such word is its line's own, and all go in one pass
-        if not self._open and block[:1] == b"2" and block.count(b"\n2") == lines - 1 \
-                and block.count(b" stdout F ") + block.count(b" stderr F ") == lines:
-            return block.replace(b" stdout F ", b" ").replace(b" stderr F ", b" ")
+        # every line a whole line's record (a year first, one stream-and-tag word each, which the replacing counts:
+        # each takes _TAG_CUT bytes off; a partial record has none): each such word is its line's own
+        if not self._open and block[:1] == b"2" and block.count(b"\n2") == lines - 1:
+            text = block.replace(b" stdout F ", b" ").replace(b" stderr F ", b" ")
+            if len(block) - len(text) == _TAG_CUT * lines:
+                return text
         return b"".join([self._cri(r) for r in block[:-1].split(b"\n")])
 
     def _docker_block(self, block: bytes) -> bytes:
