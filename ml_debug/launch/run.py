@@ -313,7 +313,7 @@ class _Output:
             key.fileobj.close()  # type: ignore[union-attr]
         self._sel.close()
         end = time.monotonic() + 2.0
-        while any(t.push() for t in self._terminals) and time.monotonic() < end:
+        while any([t.push() for t in self._terminals]) and time.monotonic() < end:  # each one pushed
             time.sleep(0.05)
         lost = sum(t.lost for t in self._terminals)
         if lost:
