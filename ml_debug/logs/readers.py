@@ -91,8 +91,7 @@ def default_jobs() -> int:
 
 def read_all(exp: Expanded, on_source: OnSource | None = None, *,
              jobs: int | None = None) -> tuple[Collector, list[Read]]:
-    """Every source of ``exp`` read, in source order, by ``jobs`` readers (None: :func:`default_jobs` when the
-    input is over PARALLEL_BYTES, else here; 1: here)."""
+    """Every source of ``exp`` read, in source order, by ``jobs`` readers (None: :func:`readers_for`; 1: here)."""
     if jobs is None:
         jobs = readers_for(exp.sources)
     shares = _shares(exp.sources, jobs * SHARES_PER_JOB) if jobs > 1 else []

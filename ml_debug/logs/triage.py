@@ -77,7 +77,7 @@ def build_report(collector: Collector, infos: list[SourceInfo], metrics: list[di
     directory (sources.Expanded)."""
     launches = list((manifests or {}).values())
     # the job's rank count (a rank that never failed may have no labelled line to count it by), and how
-    # `mldebug launch` ended (130: interrupted, Ctrl-C)
+    # `mldebug launch` ended (130: interrupted, by the signal it names: SIGINT is Ctrl-C)
     launch_world = _agreed(_world(man) for man in launches)
     launch_exit = _agreed(man.get("exit_code") for man in launches)
     launch_signal = next((str(man["signal"]) for man in launches if man.get("signal")), None)
